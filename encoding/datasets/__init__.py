@@ -1,0 +1,1 @@
+"""encoding.datasets (work in progress)."""

@@ -1,0 +1,1 @@
+"""encoding.models (work in progress)."""

@@ -1,0 +1,2 @@
+"""encoding.utils (work in progress)."""
+from . import files  # noqa: F401

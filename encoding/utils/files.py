@@ -1,0 +1,2 @@
+"""Download / verify / extract helpers (work in progress)."""
+__all__ = []

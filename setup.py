@@ -1,0 +1,38 @@
+"""Install script for ``encoding``: a pure-Python semantic-segmentation toolkit for PyTorch."""
+import os
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_version() -> str:
+    """Read ``__version__`` from ``encoding/version.py`` without importing torch."""
+    scope: dict = {}
+    with open(os.path.join(HERE, "encoding", "version.py"), encoding="utf-8") as f:
+        exec(f.read(), scope)
+    return scope["__version__"]
+
+
+setup(
+    name="encoding",
+    version=read_version(),
+    description="Balanced multi-GPU semantic segmentation for PyTorch (PyTorch-Encoding compatible, pure Python)",
+    long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.9",
+    packages=find_packages(include=["encoding", "encoding.*"]),
+    install_requires=[
+        "torch>=2.2",
+        "torchvision>=0.17",
+        "pillow",
+        "tqdm",
+        "numpy",
+    ],
+    extras_require={"test": ["pytest"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
