@@ -1,0 +1,143 @@
+"""Replicate a module onto several devices, with replication callbacks (``__data_parallel_replicate__``)."""
+from __future__ import annotations
+
+import functools
+from typing import Dict, List, Sequence
+
+import torch
+from torch import nn
+
+from .comm import broadcast
+from .devices import DeviceLike, resolve_devices
+
+__all__ = ["CallbackContext", "replicate", "execute_replication_callbacks", "patch_replication_callback",
+           "DataParallelWithCallback"]
+
+
+class CallbackContext:
+    """An attribute bag shared by the copies of one submodule during replication.
+
+    Every copy's ``__data_parallel_replicate__(ctx, copy_id)`` receives the same instance, so the master copy
+    (``copy_id == 0``, called first) can leave things there for the others (e.g. a queue to synchronise on).
+    """
+
+    def __repr__(self) -> str:
+        return f"CallbackContext({vars(self)})"
+
+
+def execute_replication_callbacks(replicas: Sequence[nn.Module]) -> None:
+    """Call ``__data_parallel_replicate__(ctx, copy_id)`` on every copy of every submodule that defines it.
+
+    Copies are visited replica by replica, so the master copy (``copy_id == 0``) of each submodule is called before
+    the others; the copies of one submodule share one :class:`CallbackContext`.
+
+    Args:
+        replicas: the replicas of one module, in device order (replica 0 is the master copy).
+    """
+    if not replicas:
+        return
+    contexts: Dict[int, CallbackContext] = {}
+    for copy_id, replica in enumerate(replicas):
+        for position, module in enumerate(replica.modules()):
+            callback = getattr(module, "__data_parallel_replicate__", None)
+            if callback is not None:
+                callback(contexts.setdefault(position, CallbackContext()), copy_id)
+
+
+def _tensor_copies(tensors: List[torch.Tensor], devices: List[torch.device], detach: bool):
+    """Per-device copies of parameters or buffers; tensors that need no grad are always broadcast detached."""
+    grad = [t for t in tensors if t.requires_grad and not detach]
+    plain = [t for t in tensors if not (t.requires_grad and not detach)]
+    copies: Dict[int, List[torch.Tensor]] = {}
+    for group, group_detach in ((grad, False), (plain, True)):
+        for j, replica_copies in enumerate(broadcast(group, devices, detach=group_detach)):
+            copies.setdefault(j, [])
+            for t, c in zip(group, replica_copies):
+                copies[j].append((id(t), c))
+    return [dict(copies.get(j, [])) for j in range(len(devices))]
+
+
+def replicate(network: nn.Module, devices: Sequence[DeviceLike], detach: bool = None,
+              callbacks: bool = True) -> List[nn.Module]:
+    """Copies of ``network`` for each device, sharing the original parameters through autograd.
+
+    Replicas hold their parameters as plain (non-leaf) tensors, so ``replica.parameters()`` is empty and gradients
+    flow back into the original module's parameters. Replica 0, when it lives on the source device, shares the
+    original buffers (its BatchNorm running-stat updates persist); the other replicas get their own copies.
+
+    Args:
+        network: the module, with all parameters and buffers on ``devices[0]``.
+        devices: one device per replica (may repeat, e.g. ``["cpu"] * 3``).
+        detach: copy without autograd (default: when grad mode is off).
+        callbacks: call ``__data_parallel_replicate__`` on the copies (see :func:`execute_replication_callbacks`).
+
+    Returns:
+        The list of replicas.
+    """
+    devices = resolve_devices(devices)
+    if detach is None:
+        detach = not torch.is_grad_enabled()
+    modules = list(network.modules())
+    params = list(network.parameters())
+    buffers = list(network.buffers())
+    param_copies = _tensor_copies(params, devices, detach)
+    buffer_copies = _tensor_copies(buffers, devices, detach)
+    index = {id(m): i for i, m in enumerate(modules)}
+    copies = [[m._replicate_for_data_parallel() for m in modules] for _ in devices]
+    for i, module in enumerate(modules):
+        for j in range(len(devices)):
+            _fill_replica(module, copies[j][i], copies[j], index, param_copies[j], buffer_copies[j])
+    replicas = [c[0] for c in copies]
+    if callbacks:
+        execute_replication_callbacks(replicas)
+    return replicas
+
+
+def _fill_replica(module: nn.Module, replica: nn.Module, replica_modules: List[nn.Module], index: Dict[int, int],
+                  params: Dict[int, torch.Tensor], buffers: Dict[int, torch.Tensor]) -> None:
+    replica._former_parameters = {}
+    for key, child in module._modules.items():
+        replica._modules[key] = None if child is None else replica_modules[index[id(child)]]
+    for key, param in module._parameters.items():
+        if param is None:
+            replica._parameters[key] = None
+        else:
+            setattr(replica, key, params[id(param)])  # a plain attribute: replicas hold non-leaf tensors
+            replica._former_parameters[key] = params[id(param)]
+    for key, buf in module._buffers.items():
+        replica._buffers[key] = None if buf is None else buffers[id(buf)]
+
+
+def patch_replication_callback(data_parallel: nn.DataParallel) -> nn.DataParallel:
+    """Make an existing ``torch.nn.DataParallel`` call replication callbacks after each replicate.
+
+    Args:
+        data_parallel: the wrapper (built elsewhere) to patch in place.
+
+    Returns:
+        The same object, for chaining.
+
+    Example:
+        >>> dp = patch_replication_callback(nn.DataParallel(nn.Linear(2, 2), device_ids=[]))
+    """
+    if not isinstance(data_parallel, nn.DataParallel):
+        raise TypeError(f"patch_replication_callback expects a torch.nn.DataParallel, got {type(data_parallel).__name__}")
+    original = data_parallel.replicate
+
+    @functools.wraps(original)
+    def replicate_with_callback(module, device_ids):
+        replicas = original(module, device_ids)
+        execute_replication_callbacks(replicas)
+        return replicas
+
+    data_parallel.replicate = replicate_with_callback
+    return data_parallel
+
+
+class DataParallelWithCallback(nn.DataParallel):
+    """``torch.nn.DataParallel`` that calls ``__data_parallel_replicate__`` on the replicas (gathers outputs)."""
+
+    def replicate(self, module: nn.Module, device_ids):
+        replicas = super().replicate(module, device_ids)
+        execute_replication_callbacks(replicas)
+        return replicas
