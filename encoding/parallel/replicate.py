@@ -39,9 +39,8 @@ def execute_replication_callbacks(replicas: Sequence[nn.Module]) -> None:
     contexts: Dict[int, CallbackContext] = {}
     for copy_id, replica in enumerate(replicas):
         for position, module in enumerate(replica.modules()):
-            callback = getattr(module, "__data_parallel_replicate__", None)
-            if callback is not None:
-                callback(contexts.setdefault(position, CallbackContext()), copy_id)
+            if hasattr(type(module), "__data_parallel_replicate__"):  # class lookup: cheap for the common miss
+                module.__data_parallel_replicate__(contexts.setdefault(position, CallbackContext()), copy_id)
 
 
 def _tensor_copies(tensors: List[torch.Tensor], devices: List[torch.device], detach: bool):
@@ -83,7 +82,7 @@ def replicate(network: nn.Module, devices: Sequence[DeviceLike], detach: bool = 
     param_copies = _tensor_copies(params, devices, detach)
     buffer_copies = _tensor_copies(buffers, devices, detach)
     index = {id(m): i for i, m in enumerate(modules)}
-    copies = [[m._replicate_for_data_parallel() for m in modules] for _ in devices]
+    copies = [[_shallow_copy(m) for m in modules] for _ in devices]
     for i, module in enumerate(modules):
         for j in range(len(devices)):
             _fill_replica(module, copies[j][i], copies[j], index, param_copies[j], buffer_copies[j])
@@ -93,19 +92,36 @@ def replicate(network: nn.Module, devices: Sequence[DeviceLike], detach: bool = 
     return replicas
 
 
+_MODULE_REPLICATE = nn.Module._replicate_for_data_parallel
+
+
+def _shallow_copy(module: nn.Module) -> nn.Module:
+    """``Module._replicate_for_data_parallel`` without the per-attribute ``__setattr__`` cost (replication of a
+    ResNet-101 is dominated by Python overhead); classes that override it (e.g. RNNs) keep their own version."""
+    if type(module)._replicate_for_data_parallel is not _MODULE_REPLICATE:
+        replica = module._replicate_for_data_parallel()
+        replica.__dict__["_former_parameters"] = {}
+        return replica
+    replica = object.__new__(type(module))
+    state = module.__dict__.copy()
+    state.update(_parameters={}, _buffers=state["_buffers"].copy(), _modules=state["_modules"].copy(),
+                 _is_replica=True, _former_parameters={})
+    object.__setattr__(replica, "__dict__", state)
+    return replica
+
+
 def _fill_replica(module: nn.Module, replica: nn.Module, replica_modules: List[nn.Module], index: Dict[int, int],
                   params: Dict[int, torch.Tensor], buffers: Dict[int, torch.Tensor]) -> None:
-    replica._former_parameters = {}
+    state = replica.__dict__
     for key, child in module._modules.items():
-        replica._modules[key] = None if child is None else replica_modules[index[id(child)]]
+        state["_modules"][key] = None if child is None else replica_modules[index[id(child)]]
     for key, param in module._parameters.items():
         if param is None:
-            replica._parameters[key] = None
-        else:
-            setattr(replica, key, params[id(param)])  # a plain attribute: replicas hold non-leaf tensors
-            replica._former_parameters[key] = params[id(param)]
+            state["_parameters"][key] = None
+        else:  # a plain attribute: replicas hold non-leaf tensors, and replica.parameters() is empty
+            state[key] = state["_former_parameters"][key] = params[id(param)]
     for key, buf in module._buffers.items():
-        replica._buffers[key] = None if buf is None else buffers[id(buf)]
+        state["_buffers"][key] = None if buf is None else buffers[id(buf)]
 
 
 def patch_replication_callback(data_parallel: nn.DataParallel) -> nn.DataParallel:
