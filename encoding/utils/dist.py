@@ -1,0 +1,150 @@
+"""Distributed helpers: set up ``torch.distributed`` from ``torchrun`` and query/reduce across processes.
+
+Every helper degrades to the single-process answer when ``torch.distributed`` is unavailable or not initialized
+(rank 0, world size 1, barrier and reductions are no-ops), so training and evaluation code can call them
+unconditionally.
+
+Example:
+    >>> # torchrun --nproc_per_node=4 train.py
+    >>> distributed = init_distributed_mode()   # False when started with plain `python train.py`
+    >>> if is_main_process():
+    ...     print("only rank 0 logs")
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Optional, Union
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = [
+    "init_distributed_mode",
+    "is_dist_avail_and_initialized",
+    "get_rank",
+    "get_local_rank",
+    "get_world_size",
+    "is_main_process",
+    "barrier",
+    "reduce_across_processes",
+    "default_backend",
+]
+
+_REDUCE_OPS = ("sum", "mean", "max", "min")
+
+
+def default_backend() -> str:
+    """``"nccl"`` when CUDA (and NCCL) is available, otherwise ``"gloo"``."""
+    if torch.cuda.is_available() and dist.is_available() and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def init_distributed_mode(backend: Optional[str] = None, timeout_s: Optional[float] = None) -> bool:
+    """Initialize the default process group from the ``torchrun`` environment.
+
+    Reads ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` (plus ``MASTER_ADDR``/``MASTER_PORT`` for the ``env://``
+    rendezvous). With CUDA it selects ``cuda:LOCAL_RANK`` as the current device.
+
+    Args:
+        backend: process-group backend (default: :func:`default_backend`, i.e. nccl on CUDA, gloo on CPU).
+        timeout_s: collective timeout in seconds (default: torch's).
+
+    Returns:
+        ``True`` when running distributed (also when the group was already initialized), ``False`` when the process
+        was not launched by ``torchrun`` (no ``RANK``/``WORLD_SIZE`` in the environment); then nothing is done.
+
+    Raises:
+        RuntimeError: the environment is incomplete (e.g. ``MASTER_ADDR`` missing) or ``torch.distributed`` is
+            unavailable in this build.
+    """
+    if is_dist_avail_and_initialized():
+        return True
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return False
+    if not dist.is_available():
+        raise RuntimeError("RANK/WORLD_SIZE are set but this PyTorch build has no torch.distributed")
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise RuntimeError(f"distributed launch is missing environment variable(s) {missing}; start with torchrun")
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    backend = backend or default_backend()
+    if backend == "nccl":
+        torch.cuda.set_device(get_local_rank())
+    kwargs = {}
+    if timeout_s is not None:
+        kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size, **kwargs)
+    return True
+
+
+def is_dist_avail_and_initialized() -> bool:
+    """Whether ``torch.distributed`` is available and its default process group is initialized."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    """Global rank of this process (0 when not distributed)."""
+    return dist.get_rank() if is_dist_avail_and_initialized() else 0
+
+
+def get_local_rank() -> int:
+    """Rank on this node, from ``LOCAL_RANK`` (0 when unset)."""
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
+def get_world_size() -> int:
+    """Number of processes (1 when not distributed)."""
+    return dist.get_world_size() if is_dist_avail_and_initialized() else 1
+
+
+def is_main_process() -> bool:
+    """True on rank 0 (and always when not distributed): the process that logs and saves checkpoints."""
+    return get_rank() == 0
+
+
+def barrier() -> None:
+    """Wait for every process (no-op when not distributed)."""
+    if is_dist_avail_and_initialized():
+        dist.barrier()
+
+
+def _collective_device(tensor: Tensor) -> torch.device:
+    """NCCL reduces CUDA tensors only; other backends take the tensor where it is."""
+    if dist.get_backend() == "nccl" and tensor.device.type != "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return tensor.device
+
+
+def reduce_across_processes(value: Union[Tensor, float, int], op: str = "sum") -> Union[Tensor, float, int]:
+    """All-reduce a tensor or number over every process.
+
+    Args:
+        value: a tensor (any device; moved to the current CUDA device for NCCL and back) or a Python number.
+        op: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``.
+
+    Returns:
+        A new tensor on ``value``'s device with ``value``'s dtype (``"mean"`` of an integer tensor returns float64), or
+        a Python number for a number. Without ``torch.distributed`` the value itself comes back (a copy for tensors).
+    """
+    if op not in _REDUCE_OPS:
+        raise ValueError(f"op must be one of {_REDUCE_OPS}, got {op!r}")
+    is_number = not isinstance(value, Tensor)
+    tensor = torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else torch.int64) if is_number \
+        else value
+    if op == "mean" and not tensor.is_floating_point():
+        tensor = tensor.double()
+    if is_dist_avail_and_initialized():
+        work = tensor.detach().to(_collective_device(tensor), copy=True)
+        dist_op = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM,
+                   "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+        dist.all_reduce(work, op=dist_op)
+        if op == "mean":
+            work /= get_world_size()
+        result = work.to(tensor.device)
+    else:
+        result = tensor.detach().clone()
+    return result.item() if is_number else result

@@ -1,0 +1,273 @@
+"""Training logs: smoothed per-iteration values for a progress bar and one row per epoch on disk.
+
+* :class:`SmoothedValue` / :class:`MetricLogger`: running loss, lr, time, ... with a window median and a global
+  average; :meth:`MetricLogger.postfix` gives the strings for ``tqdm.set_postfix``.
+* :class:`EpochLogger`: appends one row per epoch to ``log.csv`` and ``log.jsonl`` (and TensorBoard scalars when
+  ``tensorboard`` is installed and requested). Writes happen on the main process only.
+* :class:`AverageMeter`: PyTorch-Encoding's simple running average.
+
+Nothing here replaces ``print`` or touches global logging configuration.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import warnings
+from collections import deque
+from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional
+
+import torch
+from torch import Tensor
+
+from .dist import is_main_process, reduce_across_processes
+
+__all__ = ["SmoothedValue", "MetricLogger", "AverageMeter", "EpochLogger"]
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"expected a scalar, got a tensor of shape {tuple(value.shape)}")
+        return float(value.detach().item())
+    return float(value)
+
+
+class SmoothedValue:
+    """A series of numbers with a sliding-window median/average and a global (count-weighted) average.
+
+    Args:
+        window_size: number of recent values in the window.
+        fmt: format of :meth:`__str__`, with fields ``value``, ``median``, ``avg``, ``global_avg``, ``max``.
+    """
+
+    def __init__(self, window_size: int = 20, fmt: str = "{median:.4f} ({global_avg:.4f})") -> None:
+        if window_size < 1:
+            raise ValueError(f"window_size must be >= 1, got {window_size}")
+        self.deque: Deque[float] = deque(maxlen=window_size)
+        self.total = 0.0
+        self.count = 0
+        self.fmt = fmt
+
+    def update(self, value: Any, n: int = 1) -> None:
+        """Add ``value`` (a number or scalar tensor) observed ``n`` times (e.g. a batch mean with ``n`` = batch)."""
+        value = _number(value)
+        self.deque.append(value)
+        self.total += value * n
+        self.count += n
+
+    def synchronize_between_processes(self) -> None:
+        """Sum ``count`` and ``total`` over processes (the window stays local). No-op when not distributed."""
+        reduced = reduce_across_processes(torch.tensor([float(self.count), self.total], dtype=torch.float64))
+        self.count, self.total = int(reduced[0].item()), float(reduced[1].item())
+
+    @property
+    def value(self) -> float:
+        return self.deque[-1] if self.deque else math.nan
+
+    @property
+    def median(self) -> float:
+        if not self.deque:
+            return math.nan
+        ordered = sorted(self.deque)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+    @property
+    def avg(self) -> float:
+        return sum(self.deque) / len(self.deque) if self.deque else math.nan
+
+    @property
+    def global_avg(self) -> float:
+        return self.total / self.count if self.count else math.nan
+
+    @property
+    def max(self) -> float:
+        return max(self.deque) if self.deque else math.nan
+
+    def __str__(self) -> str:
+        return self.fmt.format(value=self.value, median=self.median, avg=self.avg, global_avg=self.global_avg,
+                               max=self.max)
+
+
+class MetricLogger:
+    """Named :class:`SmoothedValue` meters, created on first update.
+
+    Example:
+        >>> logger = MetricLogger()
+        >>> logger.update(loss=0.5, lr=0.01)
+        >>> logger.update(loss=0.3, lr=0.01)
+        >>> logger.postfix()["loss"]
+        '0.4000'
+        >>> # with tqdm: bar.set_postfix(logger.postfix())
+    """
+
+    def __init__(self, window_size: int = 20, fmt: str = "{median:.4f}") -> None:
+        self.window_size = window_size
+        self.fmt = fmt
+        self.meters: Dict[str, SmoothedValue] = {}
+
+    def add_meter(self, name: str, meter: SmoothedValue) -> None:
+        """Register a meter with its own window/format."""
+        self.meters[name] = meter
+
+    def update(self, n: int = 1, **values: Any) -> None:
+        """Add one observation per keyword (numbers or scalar tensors), each weighted by ``n``."""
+        for name, value in values.items():
+            if name not in self.meters:
+                self.meters[name] = SmoothedValue(self.window_size, self.fmt)
+            self.meters[name].update(value, n)
+
+    def __getitem__(self, name: str) -> SmoothedValue:
+        return self.meters[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.meters
+
+    def postfix(self, names: Optional[Iterable[str]] = None) -> Dict[str, str]:
+        """``{name: formatted value}`` for ``tqdm.set_postfix`` (all meters, or ``names`` in that order)."""
+        selected = list(self.meters) if names is None else list(names)
+        return {name: str(self.meters[name]) for name in selected if name in self.meters}
+
+    def global_averages(self) -> Dict[str, float]:
+        """``{name: global average}``: the per-epoch summary to hand to :class:`EpochLogger`."""
+        return {name: meter.global_avg for name, meter in self.meters.items()}
+
+    def synchronize_between_processes(self) -> None:
+        """Make the global averages cover every process (collective: call on all ranks)."""
+        for name in sorted(self.meters):
+            self.meters[name].synchronize_between_processes()
+
+    def __str__(self) -> str:
+        return "  ".join(f"{name}: {meter}" for name, meter in self.meters.items())
+
+
+class AverageMeter:
+    """Current value and running average (PyTorch-Encoding's ``AverageMeter``)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.val = 0.0
+        self.avg = 0.0
+        self.sum = 0.0
+        self.count = 0
+
+    def update(self, val: Any, n: int = 1) -> None:
+        self.val = _number(val)
+        self.sum += self.val * n
+        self.count += n
+        self.avg = self.sum / self.count
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON values: tensors/numpy become numbers or lists, NaN/inf become ``null``."""
+    if isinstance(value, Tensor):
+        value = value.detach().cpu().tolist()
+    elif hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()  # numpy arrays and scalars
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def _csv_cell(value: Any) -> Any:
+    value = _jsonable(value)
+    return json.dumps(value) if isinstance(value, (list, dict)) else ("" if value is None else value)
+
+
+class EpochLogger:
+    """Appends one row per epoch to ``<log_dir>/log.csv`` and ``<log_dir>/log.jsonl`` (optionally TensorBoard).
+
+    Rows may gain new keys over time: the CSV is then rewritten with the extended header (old rows get empty
+    cells). Resuming into an existing directory appends.
+
+    Args:
+        log_dir: directory of the files (created).
+        csv_name, jsonl_name: file names (``None`` disables that file).
+        tensorboard: also write scalars with ``torch.utils.tensorboard`` when the ``tensorboard`` package is
+            installed (a warning otherwise; it is not a dependency).
+        enabled: whether this process writes (default: only the main process under ``torch.distributed``).
+
+    Example:
+        >>> with EpochLogger("runs/shapes/fcn") as log:  # doctest: +SKIP
+        ...     log.write(epoch, train_loss=0.41, lr=0.009, pixAcc=0.93, mIoU=0.71)
+    """
+
+    def __init__(self, log_dir: str, csv_name: Optional[str] = "log.csv", jsonl_name: Optional[str] = "log.jsonl",
+                 tensorboard: bool = False, enabled: Optional[bool] = None) -> None:
+        self.log_dir = os.fspath(log_dir)
+        self.enabled = is_main_process() if enabled is None else bool(enabled)
+        self.csv_path = os.path.join(self.log_dir, csv_name) if csv_name else None
+        self.jsonl_path = os.path.join(self.log_dir, jsonl_name) if jsonl_name else None
+        self._tb = None
+        if self.enabled:
+            os.makedirs(self.log_dir, exist_ok=True)
+            if tensorboard:
+                self._tb = self._open_tensorboard()
+
+    def _open_tensorboard(self) -> Any:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            warnings.warn("tensorboard is not installed; EpochLogger writes CSV/JSONL only "
+                          "(pip install tensorboard to enable it)", RuntimeWarning, stacklevel=3)
+            return None
+        return SummaryWriter(self.log_dir)
+
+    def write(self, epoch: int, **values: Any) -> Dict[str, Any]:
+        """Record ``epoch`` and ``values`` (numbers, tensors, short lists) and return the row as written to JSONL."""
+        row = {"epoch": int(epoch), **{k: _jsonable(v) for k, v in values.items()}}
+        if not self.enabled:
+            return row
+        if self.jsonl_path:
+            with open(self.jsonl_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+        if self.csv_path:
+            self._append_csv(row)
+        if self._tb is not None:
+            for key, value in row.items():
+                if key != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(key, value, global_step=int(epoch))
+            self._tb.flush()
+        return row
+
+    def _append_csv(self, row: Dict[str, Any]) -> None:
+        header: List[str] = []
+        rows: List[Dict[str, Any]] = []
+        if os.path.exists(self.csv_path) and os.path.getsize(self.csv_path) > 0:
+            with open(self.csv_path, newline="", encoding="utf-8") as f:
+                reader = csv.DictReader(f)
+                header = list(reader.fieldnames or [])
+                if not set(row) <= set(header):
+                    rows = list(reader)
+        cells = {k: _csv_cell(v) for k, v in row.items()}
+        if header and set(row) <= set(header):
+            with open(self.csv_path, "a", newline="", encoding="utf-8") as f:
+                csv.DictWriter(f, fieldnames=header).writerow(cells)
+            return
+        header = header + [k for k in row if k not in header]
+        with open(self.csv_path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=header)
+            writer.writeheader()
+            writer.writerows(rows + [cells])
+
+    def close(self) -> None:
+        """Close the TensorBoard writer (CSV/JSONL files are closed after every row)."""
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> "EpochLogger":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,97 @@
+"""Distributed helpers: single-process fallbacks and a real 2-process gloo run on CPU."""
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from encoding.utils import (MetricLogger, SegmentationMetric, barrier, default_backend, get_rank, get_world_size,
+                            init_distributed_mode, is_main_process, reduce_across_processes)
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def test_single_process_fallbacks(monkeypatch):
+    for name in TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    assert init_distributed_mode() is False
+    assert get_rank() == 0 and get_world_size() == 1 and is_main_process()
+    barrier()
+    t = torch.tensor([1, 2])
+    out = reduce_across_processes(t)
+    assert torch.equal(out, t) and out is not t
+    assert reduce_across_processes(3) == 3 and reduce_across_processes(2.5, op="mean") == 2.5
+    with pytest.raises(ValueError, match="op must be one of"):
+        reduce_across_processes(1, op="prod")
+
+
+def test_incomplete_torchrun_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(RuntimeError, match="MASTER_ADDR"):
+        init_distributed_mode()
+
+
+def test_default_backend(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_backend() == "gloo"
+
+
+def _data(rank):
+    g = torch.Generator().manual_seed(100 + rank)
+    logits = torch.randn(2 + rank, 5, 6, 7, generator=g)  # uneven: rank 0 has 2 images, rank 1 has 3
+    target = torch.randint(-1, 5, (2 + rank, 6, 7), generator=g)
+    return logits, target
+
+
+def _worker(rank, world_size, port, out_dir):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    assert init_distributed_mode(backend="gloo", timeout_s=60) is True
+    assert init_distributed_mode() is True  # idempotent
+    try:
+        metric = SegmentationMetric(5)
+        metric.update(*_data(rank))
+        metric.reduce_from_all_processes()
+        single = SegmentationMetric(5)
+        for r in range(world_size):
+            single.update(*_data(r))
+        logger = MetricLogger()
+        logger.update(loss=float(rank + 1), n=rank + 1)  # rank 0: 1 x 1.0, rank 1: 2 x 2.0
+        logger.synchronize_between_processes()
+        barrier()
+        result = {
+            "rank": get_rank(), "world": get_world_size(), "main": is_main_process(),
+            "same_confusion": bool(torch.equal(metric.confusion, single.confusion)),
+            "scores": [metric.get(), single.get()],
+            "sum": reduce_across_processes(torch.tensor([rank, 10 * rank])).tolist(),
+            "mean": reduce_across_processes(rank + 1, op="mean"),
+            "max": reduce_across_processes(float(rank), op="max"),
+            "min": reduce_across_processes(torch.tensor(rank + 5), op="min").item(),
+            "loss_avg": logger["loss"].global_avg,
+        }
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_gloo(tmp_path):
+    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r, res in enumerate(results):
+        assert res["rank"] == r and res["world"] == 2 and res["main"] == (r == 0)
+        assert res["same_confusion"]  # DDP evaluation == single-process evaluation over all data
+        assert res["scores"][0] == res["scores"][1]
+        assert res["sum"] == [1, 10] and res["mean"] == 1.5 and res["max"] == 1.0 and res["min"] == 5
+        assert res["loss_avg"] == pytest.approx((1 * 1.0 + 2 * 2.0) / 3)
