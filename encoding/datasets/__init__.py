@@ -1,1 +1,97 @@
-"""encoding.datasets (work in progress)."""
+"""encoding.datasets: segmentation datasets with PyTorch-Encoding names, joint transforms and prepare helpers.
+
+Registry names (``datasets[name]`` is the class; each class has ``NUM_CLASS``, ``CLASSES``, ``PALETTE``):
+
+==============  ==============================  =========
+name            class                           NUM_CLASS
+==============  ==============================  =========
+``ade20k``      :class:`ADE20KSegmentation`     150
+``pascal_voc``  :class:`VOCSegmentation`        21
+``pascal_aug``  :class:`VOCAugSegmentation`     21
+``pcontext``    :class:`ContextSegmentation`    59
+``citys``       :class:`CitySegmentation`       19
+``coco``        :class:`COCOSegmentation`       21
+``shapes``      :class:`ShapesSegmentation`     7 (embedded, generated locally)
+==============  ==============================  =========
+
+Example:
+    >>> from encoding.datasets import get_segmentation_dataset, pad_collate
+    >>> train = get_segmentation_dataset("shapes", split="train")            # doctest: +SKIP
+    >>> val = get_segmentation_dataset("shapes", split="val", mode="testval")  # doctest: +SKIP
+"""
+from typing import Any, Dict, Optional, Type
+
+from .base import BaseDataset, DatasetError, MODES, default_root
+from .transforms import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD
+from .collate import pad_collate, pad_stack
+from .ade20k import ADE20KSegmentation, prepare_ade20k
+from .pascal_voc import VOCSegmentation, prepare_pascal
+from .pascal_aug import VOCAugSegmentation
+from .pcontext import ContextSegmentation, prepare_pcontext
+from .cityscapes import CitySegmentation, prepare_citys
+from .coco import COCOSegmentation, prepare_coco
+from .shapes import ShapesSegmentation, prepare_shapes
+
+__all__ = [
+    "datasets",
+    "get_segmentation_dataset",
+    "get_dataset",
+    "BaseDataset",
+    "DatasetError",
+    "MODES",
+    "IGNORE_INDEX",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "default_root",
+    "pad_collate",
+    "pad_stack",
+    "ADE20KSegmentation",
+    "VOCSegmentation",
+    "VOCAugSegmentation",
+    "ContextSegmentation",
+    "CitySegmentation",
+    "COCOSegmentation",
+    "ShapesSegmentation",
+    "prepare_ade20k",
+    "prepare_pascal",
+    "prepare_pcontext",
+    "prepare_citys",
+    "prepare_coco",
+    "prepare_shapes",
+]
+
+#: Dataset registry: PyTorch-Encoding name -> dataset class.
+datasets: Dict[str, Type[BaseDataset]] = {
+    "ade20k": ADE20KSegmentation,
+    "pascal_voc": VOCSegmentation,
+    "pascal_aug": VOCAugSegmentation,
+    "pcontext": ContextSegmentation,
+    "citys": CitySegmentation,
+    "coco": COCOSegmentation,
+    "shapes": ShapesSegmentation,
+}
+
+
+def get_segmentation_dataset(name: str, root: Optional[str] = None, split: str = "train", mode: Optional[str] = None,
+                             transform: Any = None, **kwargs: Any) -> BaseDataset:
+    """Build a registered dataset by name.
+
+    Args:
+        name: registry name (case-insensitive), see :data:`datasets`.
+        root: data root (default ``$ENCODING_DATA`` or ``~/.encoding/data``).
+        split: sample list, e.g. ``train`` / ``val``.
+        mode: ``train``, ``val``, ``testval`` or ``test`` (default derived from ``split``).
+        transform: image-only transform (default: ImageNet normalisation).
+        **kwargs: forwarded to the class (``base_size``, ``crop_size``, ``skip_bad``, ...).
+
+    Raises:
+        ValueError: unknown name (the message lists the valid ones).
+    """
+    key = name.lower()
+    if key not in datasets:
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(sorted(datasets))}")
+    return datasets[key](root=root, split=split, mode=mode, transform=transform, **kwargs)
+
+
+#: PyTorch-Encoding alias.
+get_dataset = get_segmentation_dataset

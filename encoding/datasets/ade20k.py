@@ -1,0 +1,116 @@
+"""ADE20K (MIT Scene Parsing, ``ADEChallengeData2016``): 150 classes; raw label 0 ("other") is ignored."""
+from __future__ import annotations
+
+import glob
+import os
+from typing import List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from .base import BaseDataset, DatasetError, default_root, shifted_table
+from .resources import Resource, fetch_resources
+from ..utils.files import extract
+
+__all__ = ["ADE20KSegmentation", "prepare_ade20k"]
+
+ADE20K_CLASSES = (
+    "wall", "building", "sky", "floor", "tree", "ceiling", "road", "bed", "windowpane", "grass", "cabinet", "sidewalk",
+    "person", "earth", "door", "table", "mountain", "plant", "curtain", "chair", "car", "water", "painting", "sofa",
+    "shelf", "house", "sea", "mirror", "rug", "field", "armchair", "seat", "fence", "desk", "rock", "wardrobe", "lamp",
+    "bathtub", "railing", "cushion", "base", "box", "column", "signboard", "chest of drawers", "counter", "sand",
+    "sink", "skyscraper", "fireplace", "refrigerator", "grandstand", "path", "stairs", "runway", "case", "pool table",
+    "pillow", "screen door", "stairway", "river", "bridge", "bookcase", "blind", "coffee table", "toilet", "flower",
+    "book", "hill", "bench", "countertop", "stove", "palm", "kitchen island", "computer", "swivel chair", "boat",
+    "bar", "arcade machine", "hovel", "bus", "towel", "light", "truck", "tower", "chandelier", "awning",
+    "streetlight", "booth", "television receiver", "airplane", "dirt track", "apparel", "pole", "land", "bannister",
+    "escalator", "ottoman", "bottle", "buffet", "poster", "stage", "van", "ship", "fountain", "conveyer belt",
+    "canopy", "washer", "plaything", "swimming pool", "stool", "barrel", "basket", "waterfall", "tent", "bag",
+    "minibike", "cradle", "oven", "ball", "food", "step", "tank", "trade name", "microwave", "pot", "animal",
+    "bicycle", "lake", "dishwasher", "screen", "blanket", "sculpture", "hood", "sconce", "vase", "traffic light",
+    "tray", "ashcan", "fan", "pier", "crt screen", "plate", "monitor", "bulletin board", "shower", "radiator", "glass",
+    "clock", "flag",
+)
+
+RESOURCES = {
+    "trainval": Resource("http://data.csail.mit.edu/places/ADEchallenge/ADEChallengeData2016.zip",
+                         "sha1:219e1696abb36c8ba3a3afe7fb2f4b4606a897c7"),
+    "test": Resource("http://data.csail.mit.edu/places/ADEchallenge/release_test.zip",
+                     "sha1:e05747892219d10e9243933371a497e905a4860c"),
+}
+_SPLIT_FOLDERS = {"train": ("training",), "val": ("validation",), "trainval": ("training", "validation")}
+
+
+class ADE20KSegmentation(BaseDataset):
+    """ADE20K scene parsing.
+
+    Layout under the data root::
+
+        ADEChallengeData2016/images/{training,validation}/*.jpg
+        ADEChallengeData2016/annotations/{training,validation}/*.png   # 0 = other, 1..150 = classes
+        release_test/testing/*.jpg                                      # split "test" (images only)
+
+    Labels are shifted by one: raw 0 becomes ignore (-1), raw ``k`` class ``k - 1``.
+    Splits: ``train``, ``val``, ``trainval``, ``test``. See :class:`BaseDataset` for the arguments.
+    """
+
+    NAME = "ade20k"
+    NUM_CLASS = 150
+    CLASSES = ADE20K_CLASSES
+    SPLITS = ("train", "val", "trainval", "test")
+    BASE_DIR = "ADEChallengeData2016"
+
+    @property
+    def dataset_dir(self) -> str:
+        return os.path.join(self.root, "release_test" if self.split == "test" else self.BASE_DIR)
+
+    @property
+    def pred_offset(self) -> int:
+        return 1
+
+    @classmethod
+    def label_table(cls) -> np.ndarray:
+        return shifted_table(cls.NUM_CLASS)
+
+    def _find_samples(self) -> Tuple[List[str], Optional[List[str]]]:
+        if self.split == "test":
+            images = sorted(glob.glob(os.path.join(self.dataset_dir, "testing", "*.jpg")))
+            return images, None
+        images, masks = [], []
+        for folder in _SPLIT_FOLDERS[self.split]:
+            image_dir = os.path.join(self.dataset_dir, "images", folder)
+            if not os.path.isdir(image_dir):
+                raise DatasetError(image_dir, "image folder is missing")
+            found = sorted(glob.glob(os.path.join(image_dir, "*.jpg")))
+            if not found:
+                raise DatasetError(image_dir, "image folder holds no .jpg image")
+            images += found
+            masks += [os.path.join(self.dataset_dir, "annotations", folder,
+                                   os.path.splitext(os.path.basename(p))[0] + ".png") for p in found]
+        return images, masks
+
+
+def prepare_ade20k(root: Optional[str] = None, *, download_dir: Optional[str] = None, mirror: Optional[str] = None,
+                   checksums: Optional[Mapping[str, Optional[str]]] = None, with_test: bool = False,
+                   overwrite: bool = False, progress: bool = True) -> str:
+    """Download and extract ADE20K into ``root`` (see :func:`encoding.datasets.resources.fetch_resources`).
+
+    Args:
+        root: data root (default :func:`default_root`).
+        download_dir: where archives are kept (default ``<root>/downloads``).
+        mirror, checksums, overwrite, progress: see :func:`fetch_resources`.
+        with_test: also fetch the unlabelled test images (``release_test``).
+
+    Returns:
+        The dataset folder ``<root>/ADEChallengeData2016``.
+    """
+    root = os.path.expanduser(root or default_root())
+    wanted = [RESOURCES["trainval"]] + ([RESOURCES["test"]] if with_test else [])
+    archives = fetch_resources(wanted, download_dir or os.path.join(root, "downloads"), mirror=mirror,
+                               checksums=checksums, overwrite=overwrite, progress=progress)
+    for archive in archives:
+        extract(archive, root, overwrite=overwrite, progress=progress)
+    out = os.path.join(root, ADE20KSegmentation.BASE_DIR)
+    for folder in ("images/training", "annotations/training", "images/validation", "annotations/validation"):
+        if not os.path.isdir(os.path.join(out, folder)):
+            raise DatasetError(os.path.join(out, folder), "missing after extraction; is the archive the right one?")
+    return out

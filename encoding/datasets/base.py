@@ -1,0 +1,365 @@
+"""The common segmentation dataset: sample lists, checked file loading, label mapping and the mode transforms.
+
+A concrete dataset only says where its files are (:meth:`BaseDataset._find_samples`), how to read a raw label file if
+it is not a PNG (:meth:`BaseDataset._read_label`) and how raw label values map to class indices
+(:meth:`BaseDataset.label_table`). Everything else (modes, transforms, validation, ``skip_bad``) lives here, so every
+dataset -- including the embedded ``shapes`` -- goes through the same file-loading code path.
+
+Modes:
+    ``train``: random flip, long side to a random size in ``SCALE_RANGE * base_size`` (``[0.5, 2.0]`` for the real
+    datasets), random crop to ``crop_size`` (image padded with 0 after normalisation, mask with ignore), optional
+    photometric jitter.
+    ``val``: short side resized to ``crop_size`` and a centre crop (``val_crop=False``: the whole image).
+    ``testval``: the original image and mask (for multi-scale evaluation).
+    ``test``: images only; returns ``(image, file_name)``.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+
+from .transforms import (IMAGENET_MEAN, IMAGENET_STD, LABEL_IGNORE, PadTo, image_transform, to_index_mask,
+                         train_joint_transform, val_joint_transform)
+
+__all__ = [
+    "BaseDataset",
+    "DatasetError",
+    "default_root",
+    "read_split_file",
+    "identity_table",
+    "shifted_table",
+    "mapped_table",
+    "MODES",
+]
+
+MODES = ("train", "val", "testval", "test")
+#: Marks raw label values that are neither a class nor ignore in a label table.
+INVALID_LABEL = 254
+_LABEL_MODES = ("L", "P", "I", "I;16", "1")
+
+
+class DatasetError(ValueError):
+    """A dataset file is missing, unreadable or inconsistent.
+
+    Attributes:
+        path: the offending file or folder.
+        problem: what is wrong with it.
+    """
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path, self.problem = path, problem
+
+
+def default_root() -> str:
+    """The data root: ``$ENCODING_DATA`` if set, else ``~/.encoding/data``."""
+    return os.path.expanduser(os.environ.get("ENCODING_DATA") or os.path.join("~", ".encoding", "data"))
+
+
+def read_split_file(path: str) -> List[str]:
+    """Read a split list (one sample id per line; blank lines and ``#`` comments skipped).
+
+    Raises:
+        DatasetError: the file is missing or lists no sample.
+    """
+    if not os.path.isfile(path):
+        raise DatasetError(path, "split file is missing")
+    with open(path, encoding="utf-8") as f:
+        ids = [line.split()[0] for line in f if line.strip() and not line.lstrip().startswith("#")]
+    if not ids:
+        raise DatasetError(path, "split file is empty")
+    return ids
+
+
+def identity_table(num_class: int, ignore: Sequence[int] = (255,)) -> np.ndarray:
+    """Label table for masks that already hold class indices ``0..num_class-1`` plus ignore values."""
+    table = np.full(256, INVALID_LABEL, dtype=np.uint8)
+    table[:num_class] = np.arange(num_class)
+    table[list(ignore)] = LABEL_IGNORE
+    return table
+
+
+def shifted_table(num_class: int) -> np.ndarray:
+    """Label table for masks where 0 means "other" (ignored) and ``1..num_class`` are the classes (ADE20K, PContext)."""
+    table = np.full(256, INVALID_LABEL, dtype=np.uint8)
+    table[0] = LABEL_IGNORE
+    table[1:num_class + 1] = np.arange(num_class)
+    return table
+
+
+def mapped_table(mapping: Dict[int, int], max_raw: int, ignore: Sequence[int] = (255,)) -> np.ndarray:
+    """Label table from an explicit ``raw -> class`` mapping; other raw values up to ``max_raw`` are ignored."""
+    table = np.full(256, INVALID_LABEL, dtype=np.uint8)
+    table[:max_raw + 1] = LABEL_IGNORE
+    table[list(ignore)] = LABEL_IGNORE
+    for raw, cls in mapping.items():
+        table[raw] = cls
+    return table
+
+
+class _LazyPalette:
+    """Class attribute resolved on first access from ``encoding.utils.palette.get_palette(<dataset NAME>)``."""
+
+    def __get__(self, obj: Any, owner: type) -> Any:
+        cache = owner.__dict__.get("_palette_cache")
+        if cache is None:
+            try:
+                from ..utils.palette import get_palette
+            except ImportError:  # the palette module is optional for loading data
+                return None
+            try:
+                cache = get_palette(owner.NAME)
+            except (KeyError, ValueError):  # a user subclass without a registered palette
+                return None
+            setattr(owner, "_palette_cache", cache)
+        return cache
+
+
+class BaseDataset(Dataset):
+    """Base class of every segmentation dataset.
+
+    Args:
+        root: data root (default: :func:`default_root`, i.e. ``$ENCODING_DATA`` or ``~/.encoding/data``).
+        split: which sample list (``train``, ``val``, ... -- see each dataset's ``SPLITS``).
+        mode: ``train``, ``val``, ``testval`` or ``test``; default ``train`` for training splits, ``test`` for the
+            ``test`` split, ``val`` otherwise.
+        transform: image-only transform applied after the geometric ones; it receives a ``uint8``
+            ``3 x H x W`` :class:`tv_tensors.Image`. Default: scale to ``[0, 1]`` and normalise with the ImageNet
+            mean/std (``mean``/``std`` arguments).
+        target_transform: applied to the final ``int64`` mask.
+        base_size: reference long side for the training scale jitter (default: the class's ``BASE_SIZE``).
+        crop_size: training / validation crop (default: the class's ``CROP_SIZE``).
+        scale_range: relative range of the training long side (default: the class's ``SCALE_RANGE``,
+            PyTorch-Encoding's ``(0.5, 2.0)`` for the real datasets).
+        jitter: photometric jitter strength in training (``None``/0: off).
+        val_crop: ``val`` mode resizes + centre-crops (``True``) or returns the whole image (``False``).
+        return_name: also return the image file name (``(image, mask, name)``); ``test`` mode always does.
+        skip_bad: skip unusable samples with a warning (counted in ``num_skipped``) instead of raising.
+        mean, std: normalisation of the default image transform.
+
+    Returns from ``__getitem__``:
+        ``(image, mask)``: ``float32 3 x H x W`` and ``int64 H x W`` with ``-1`` = ignore; ``(image, name)`` in ``test``
+        mode.
+    """
+
+    NAME: ClassVar[str] = ""
+    NUM_CLASS: ClassVar[int] = 0
+    CLASSES: ClassVar[Tuple[str, ...]] = ()
+    SPLITS: ClassVar[Tuple[str, ...]] = ("train", "val")
+    BASE_SIZE: ClassVar[int] = 520
+    CROP_SIZE: ClassVar[int] = 480
+    SCALE_RANGE: ClassVar[Tuple[float, float]] = (0.5, 2.0)
+    PALETTE = _LazyPalette()
+
+    def __init__(self, root: Optional[str] = None, split: str = "train", mode: Optional[str] = None,
+                 transform: Optional[Callable] = None, target_transform: Optional[Callable] = None,
+                 base_size: Optional[int] = None, crop_size: Optional[int] = None, *,
+                 scale_range: Optional[Tuple[float, float]] = None, jitter: Optional[float] = None,
+                 val_crop: bool = True, return_name: bool = False, skip_bad: bool = False,
+                 mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> None:
+        if split not in self.SPLITS:
+            raise ValueError(f"{type(self).__name__}: unknown split {split!r}; valid splits: {', '.join(self.SPLITS)}")
+        mode = mode or ("train" if split.startswith("train") else "test" if split == "test" else "val")
+        if mode not in MODES:
+            raise ValueError(f"{type(self).__name__}: unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+        self.root = os.path.abspath(os.path.expanduser(root if root is not None else default_root()))
+        self.split, self.mode = split, mode
+        self.base_size = int(base_size or self.BASE_SIZE)
+        self.crop_size = int(crop_size or self.CROP_SIZE)
+        self.transform = transform if transform is not None else image_transform(mean, std)
+        self.target_transform = target_transform
+        self.return_name, self.skip_bad = return_name, skip_bad
+        self.num_skipped = 0
+        self.skipped: List[Tuple[str, str]] = []
+        self._bad: set = set()
+        self._table = self.label_table()
+        if mode == "train":
+            self._joint = train_joint_transform(self.base_size, self.crop_size, scale_range or self.SCALE_RANGE,
+                                                jitter=jitter)
+            self._pad = PadTo(self.crop_size)
+        else:
+            self._joint = val_joint_transform(self.crop_size) if mode == "val" and val_crop else None
+            self._pad = None
+        self._check_root()
+        images, masks = self._find_samples()
+        self.images, self.masks = self._drop_missing(images, None if mode == "test" else masks)
+        if not self.images:
+            raise DatasetError(self.root, f"no samples found for split {split!r}")
+
+    # ----------------------------------------------------------------------------------------------- subclass hooks
+    def _check_root(self) -> None:
+        """Raise a clear error when the dataset folder is absent (override to point at the prepare script)."""
+        folder = self.dataset_dir
+        if not os.path.isdir(folder):
+            raise DatasetError(folder, f"{self.NAME} dataset not found; run scripts/prepare_{self.NAME}.py "
+                                       f"or pass root=<your data root> (or set ENCODING_DATA)")
+
+    @property
+    def dataset_dir(self) -> str:
+        """The folder holding this dataset under :attr:`root`."""
+        return self.root
+
+    def _find_samples(self) -> Tuple[List[str], Optional[List[str]]]:
+        """Return the image paths and the matching mask paths (``None`` when the split has no masks)."""
+        raise NotImplementedError
+
+    def _read_label(self, path: str) -> np.ndarray:
+        """Read a raw label file into a 2-D integer array (PNG by default)."""
+        try:
+            with Image.open(path) as im:
+                mode = im.mode
+                array = np.array(im) if mode in _LABEL_MODES else None
+        except FileNotFoundError:
+            raise DatasetError(path, "mask file is missing") from None
+        except (OSError, SyntaxError, ValueError) as e:
+            raise DatasetError(path, f"cannot decode mask ({e})") from e
+        if array is None:
+            raise DatasetError(path, f"mask has mode {mode}; expected a single-channel label image (mode L or P)")
+        return array.astype(np.uint8) if array.dtype == bool else array
+
+    @classmethod
+    def label_table(cls) -> np.ndarray:
+        """256-entry ``uint8`` table raw value -> class index (255 ignore, 254 invalid). Default: identity."""
+        return identity_table(cls.NUM_CLASS)
+
+    # -------------------------------------------------------------------------------------------------- properties
+    @property
+    def num_class(self) -> int:
+        """Number of classes (PyTorch-Encoding name)."""
+        return self.NUM_CLASS
+
+    @property
+    def pred_offset(self) -> int:
+        """Add this to a predicted class index to get the raw label value written in submissions."""
+        return 0
+
+    def make_pred(self, prediction: Any) -> Any:
+        """Predicted class indices -> raw label values as written in submissions (PyTorch-Encoding helper)."""
+        return prediction + self.pred_offset
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(root={self.root!r}, split={self.split!r}, mode={self.mode!r}, "
+                f"samples={len(self)}, base_size={self.base_size}, crop_size={self.crop_size})")
+
+    # ------------------------------------------------------------------------------------------------------ loading
+    def _skip(self, path: str, problem: str) -> None:
+        warnings.warn(f"skipping bad sample {path}: {problem}", RuntimeWarning, stacklevel=3)
+        self.num_skipped += 1
+        self.skipped.append((path, problem))
+
+    def _drop_missing(self, images: List[str], masks: Optional[List[str]]) -> Tuple[List[str], Optional[List[str]]]:
+        keep_images, keep_masks = [], [] if masks is not None else None
+        for i, image in enumerate(images):
+            missing = image if not os.path.isfile(image) else None
+            if missing is None and masks is not None and not os.path.isfile(masks[i]):
+                missing = masks[i]
+            if missing is not None:
+                kind = "image" if missing == image else "mask"
+                if not self.skip_bad:
+                    raise DatasetError(missing, f"{kind} file is missing")
+                self._skip(missing, f"{kind} file is missing")
+                continue
+            keep_images.append(image)
+            if keep_masks is not None:
+                keep_masks.append(masks[i])
+        return keep_images, keep_masks
+
+    @staticmethod
+    def _read_image(path: str) -> tv_tensors.Image:
+        try:
+            with Image.open(path) as im:
+                im.load()
+                rgb = im if im.mode == "RGB" else im.convert("RGB")
+                array = np.array(rgb)
+        except FileNotFoundError:
+            raise DatasetError(path, "image file is missing") from None
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+            raise DatasetError(path, f"cannot decode image ({e})") from e
+        return tv_tensors.Image(torch.from_numpy(array).permute(2, 0, 1))
+
+    def _load_mask(self, index: int, image_size: Tuple[int, int]) -> tv_tensors.Mask:
+        path = self.masks[index]
+        raw = self._read_label(path)
+        if raw.ndim != 2:
+            raise DatasetError(path, f"mask has shape {raw.shape}; expected a 2-D label image")
+        if tuple(raw.shape) != tuple(image_size):
+            raise DatasetError(path, f"mask size {raw.shape[1]}x{raw.shape[0]} (WxH) differs from its image "
+                                     f"{self.images[index]} ({image_size[1]}x{image_size[0]})")
+        if raw.dtype != np.uint8:
+            out_of_byte = (raw < 0) | (raw > 255)
+            if out_of_byte.any():
+                raise DatasetError(path, f"label values {np.unique(raw[out_of_byte])[:10].tolist()} are outside "
+                                         f"the {self.NUM_CLASS} classes (and not ignore)")
+            raw = raw.astype(np.uint8)
+        mapped = self._table[raw]
+        invalid = mapped == INVALID_LABEL
+        if invalid.any():
+            raise DatasetError(path, f"label values {np.unique(raw[invalid])[:10].tolist()} are outside the "
+                                     f"{self.NUM_CLASS} classes (and not ignore)")
+        return tv_tensors.Mask(torch.from_numpy(mapped))
+
+    def _load(self, index: int) -> tuple:
+        name = os.path.basename(self.images[index])
+        image = self._read_image(self.images[index])
+        if self.mode == "test":
+            return self.transform(image).as_subclass(Tensor), name
+        mask = self._load_mask(index, tuple(image.shape[-2:]))
+        if self._joint is not None:
+            image, mask = self._joint(image, mask)
+        image = self.transform(image)
+        if self._pad is not None:
+            image, mask = self._pad(tv_tensors.Image(image), mask)
+        mask = to_index_mask(mask)
+        if self.target_transform is not None:
+            mask = self.target_transform(mask)
+        image = image.as_subclass(Tensor) if isinstance(image, Tensor) else image
+        return (image, mask, name) if self.return_name else (image, mask)
+
+    def __getitem__(self, index: int) -> tuple:
+        if not self.skip_bad:
+            return self._load(index)
+        for step in range(len(self)):
+            i = (index + step) % len(self)
+            if i in self._bad:
+                continue
+            try:
+                return self._load(i)
+            except DatasetError as e:
+                self._bad.add(i)
+                self._skip(e.path, e.problem)
+        raise DatasetError(self.root, f"every sample of split {self.split!r} is unusable")
+
+    def verify(self) -> int:
+        """Load every sample once (without augmentation) to find bad files early.
+
+        Returns:
+            The number of bad samples (each raises :class:`DatasetError` unless ``skip_bad``, which drops them).
+        """
+        bad = []
+        for i in range(len(self)):
+            try:
+                image = self._read_image(self.images[i])
+                if self.masks is not None:
+                    self._load_mask(i, tuple(image.shape[-2:]))
+            except DatasetError as e:
+                if not self.skip_bad:
+                    raise
+                self._skip(e.path, e.problem)
+                bad.append(i)
+        for i in reversed(bad):
+            del self.images[i]
+            if self.masks is not None:
+                del self.masks[i]
+        self._bad.clear()
+        return len(bad)

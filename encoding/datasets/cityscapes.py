@@ -1,0 +1,121 @@
+"""Cityscapes fine annotations: 19 evaluation classes from ``*_gtFine_labelIds.png`` via the official id -> trainId."""
+from __future__ import annotations
+
+import glob
+import os
+from typing import Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from .base import BaseDataset, DatasetError, default_root, mapped_table
+from ..utils.files import extract, verify_checksum
+
+__all__ = ["CitySegmentation", "CITYSCAPES_CLASSES", "CITYSCAPES_ID_TO_TRAIN_ID", "prepare_citys"]
+
+CITYSCAPES_CLASSES = (
+    "road", "sidewalk", "building", "wall", "fence", "pole", "traffic light", "traffic sign", "vegetation", "terrain",
+    "sky", "person", "rider", "car", "truck", "bus", "train", "motorcycle", "bicycle",
+)
+#: Official ``labelId -> trainId`` of the 19 evaluated classes; every other id (0..33) is ignored.
+CITYSCAPES_ID_TO_TRAIN_ID: Dict[int, int] = {
+    7: 0, 8: 1, 11: 2, 12: 3, 13: 4, 17: 5, 19: 6, 20: 7, 21: 8, 22: 9, 23: 10, 24: 11, 25: 12, 26: 13, 27: 14,
+    28: 15, 31: 16, 32: 17, 33: 18,
+}
+MAX_LABEL_ID = 33
+#: The two login-gated packages from https://www.cityscapes-dataset.com/downloads/ (no public checksum).
+PACKAGES = ("gtFine_trainvaltest.zip", "leftImg8bit_trainvaltest.zip")
+INSTRUCTIONS = """\
+Cityscapes needs a (free) login, so it cannot be downloaded automatically:
+  1. register at https://www.cityscapes-dataset.com/register/
+  2. download gtFine_trainvaltest.zip (241 MB) and leftImg8bit_trainvaltest.zip (11 GB) from
+     https://www.cityscapes-dataset.com/downloads/
+  3. run: python scripts/prepare_citys.py --zips <folder holding the two zips> [--root <data root>]
+"""
+
+
+class CitySegmentation(BaseDataset):
+    """Cityscapes semantic segmentation (fine annotations, 19 classes).
+
+    Layout under the data root::
+
+        citys/leftImg8bit/<split>/<city>/<name>_leftImg8bit.png
+        citys/gtFine/<split>/<city>/<name>_gtFine_labelIds.png
+
+    Splits: ``train``, ``val``, ``trainval``, ``test`` (images only). Default sizes follow the PyTorch-Encoding
+    Cityscapes recipe (base 1024, crop 768). See :class:`BaseDataset` for the arguments.
+    """
+
+    NAME = "citys"
+    NUM_CLASS = 19
+    CLASSES = CITYSCAPES_CLASSES
+    SPLITS = ("train", "val", "trainval", "test")
+    BASE_SIZE = 1024
+    CROP_SIZE = 768
+    BASE_DIR = "citys"
+
+    @property
+    def dataset_dir(self) -> str:
+        return os.path.join(self.root, self.BASE_DIR)
+
+    @classmethod
+    def label_table(cls) -> np.ndarray:
+        return mapped_table(CITYSCAPES_ID_TO_TRAIN_ID, MAX_LABEL_ID)
+
+    def _find_samples(self) -> Tuple[List[str], Optional[List[str]]]:
+        images: List[str] = []
+        for split in (("train", "val") if self.split == "trainval" else (self.split,)):
+            image_dir = os.path.join(self.dataset_dir, "leftImg8bit", split)
+            if not os.path.isdir(image_dir):
+                raise DatasetError(image_dir, "image folder is missing")
+            found = sorted(glob.glob(os.path.join(image_dir, "*", "*_leftImg8bit.png")))
+            if not found:
+                raise DatasetError(image_dir, "no <city>/*_leftImg8bit.png image found")
+            images += found
+        if self.split == "test":
+            return images, None
+        masks = []
+        for path in images:
+            rel = os.path.relpath(path, os.path.join(self.dataset_dir, "leftImg8bit"))
+            masks.append(os.path.join(self.dataset_dir, "gtFine",
+                                      rel[:-len("_leftImg8bit.png")] + "_gtFine_labelIds.png"))
+        return images, masks
+
+
+def prepare_citys(root: Optional[str] = None, *, zips: Optional[str] = None,
+                  checksums: Optional[Mapping[str, Optional[str]]] = None, overwrite: bool = False,
+                  progress: bool = True) -> str:
+    """Extract the two Cityscapes packages (downloaded by hand, see :data:`INSTRUCTIONS`) into ``<root>/citys``.
+
+    The zips are read where they are (no copy); extraction is all-or-nothing and skipped on re-runs.
+
+    Args:
+        root: data root (default :func:`default_root`).
+        zips: folder holding ``gtFine_trainvaltest.zip`` and ``leftImg8bit_trainvaltest.zip``.
+        checksums: optional expected checksums per file name (verified before extracting).
+        overwrite: extract again even if already done.
+        progress: show progress bars.
+
+    Returns:
+        The dataset folder ``<root>/citys``.
+
+    Raises:
+        FileNotFoundError: ``zips`` not given or a package is missing (the message explains the manual download).
+        ChecksumError: a package does not match its checksum.
+    """
+    root = os.path.expanduser(root or default_root())
+    if zips is None:
+        raise FileNotFoundError(INSTRUCTIONS)
+    archives = [os.path.join(os.path.expanduser(zips), name) for name in PACKAGES]
+    for archive in archives:
+        if not os.path.isfile(archive):
+            raise FileNotFoundError(f"{archive} not found.\n{INSTRUCTIONS}")
+        expected = (checksums or {}).get(os.path.basename(archive))
+        if expected is not None:
+            verify_checksum(archive, expected, progress)
+    out = os.path.join(root, CitySegmentation.BASE_DIR)
+    for archive in archives:
+        extract(archive, out, overwrite=overwrite, progress=progress)
+    for folder in ("leftImg8bit/train", "leftImg8bit/val", "gtFine/train", "gtFine/val"):
+        if not os.path.isdir(os.path.join(out, folder)):
+            raise DatasetError(os.path.join(out, folder), "missing after extraction; are these the right packages?")
+    return out

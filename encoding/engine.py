@@ -1,0 +1,158 @@
+"""Training and evaluation loops shared by ``experiments/segmentation`` (and usable in your own scripts).
+
+The loops are device-agnostic: ``model`` may be a plain module, a :class:`~encoding.parallel.DataParallelModel`
+(inputs stay on the CPU and are scattered to the replicas) or a DDP module (inputs are moved to ``device``).
+The criterion is called as ``criterion(model(image), target)``; with ``DataParallelModel`` use a
+:class:`~encoding.parallel.DataParallelCriterion` so the loss is computed on every device and reduced exactly.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from .parallel import DataParallelModel
+from .utils.dist import is_main_process
+from .utils.logger import MetricLogger, SmoothedValue
+
+__all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch", "evaluate"]
+
+
+def param_groups(model: nn.Module) -> List[Dict[str, Any]]:
+    """Optimizer parameter groups: the backbone first, then everything else (the heads).
+
+    :class:`~encoding.utils.LR_Scheduler` gives group 0 the base learning rate and later groups 10x (the
+    PyTorch-Encoding convention for pretrained backbones and new heads). A model without a ``backbone`` attribute
+    gives a single group.
+
+    Args:
+        model: the (possibly wrapped) segmentation model.
+
+    Returns:
+        A list of ``{"params": [...]}`` dicts for ``torch.optim``; parameters with ``requires_grad=False`` are left out.
+    """
+    module = getattr(model, "module", model)
+    backbone = getattr(module, "backbone", None)
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    if not isinstance(backbone, nn.Module):
+        return [{"params": trainable}]
+    backbone_ids = {id(p) for p in backbone.parameters()}
+    return [{"params": [p for p in trainable if id(p) in backbone_ids]},
+            {"params": [p for p in trainable if id(p) not in backbone_ids]}]
+
+
+def autocast_context(device: torch.device, dtype: Optional[torch.dtype]) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` for mixed precision on ``device`` when ``dtype`` is given, else a no-op context."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def backward_step(loss: Tensor, optimizer: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler] = None,
+                  clip_grad_norm: Optional[float] = None) -> None:
+    """``zero_grad`` → backward → (unscale →) optional gradient clipping → step (→ scaler update).
+
+    Args:
+        loss: the scalar loss.
+        optimizer: the optimizer.
+        scaler: a ``torch.amp.GradScaler`` for float16 training (``None`` otherwise).
+        clip_grad_norm: clip the global gradient norm to this value (``None``: no clipping).
+    """
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+    else:
+        loss.backward()
+    if clip_grad_norm is not None:
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+
+
+def _inputs_on(batch: Sequence[Any], model: nn.Module, device: Optional[torch.device]) -> List[Any]:
+    """Keep inputs on the CPU for a DataParallelModel (it scatters them); otherwise move them to ``device``."""
+    if device is None or isinstance(model, DataParallelModel):
+        return list(batch)
+    return [b.to(device, non_blocking=True) if isinstance(b, Tensor) else b for b in batch]
+
+
+def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.optim.Optimizer,
+                    loader: Iterable, scheduler: Any, epoch: int, device: Optional[torch.device] = None,
+                    scaler: Optional[torch.amp.GradScaler] = None, amp_dtype: Optional[torch.dtype] = None,
+                    clip_grad_norm: Optional[float] = None, best_pred: float = 0.0) -> Dict[str, float]:
+    """Train for one epoch with a tqdm bar showing the smoothed loss and the learning rate.
+
+    Args:
+        model: plain module, ``DataParallelModel`` or DDP module.
+        criterion: called as ``criterion(model(image), target)``.
+        optimizer: the optimizer.
+        loader: yields ``(image, target, ...)`` batches.
+        scheduler: a PE-style :class:`~encoding.utils.LR_Scheduler`, called ``scheduler(optimizer, i, epoch,
+            best_pred)`` before each step (``None``: constant learning rate).
+        epoch: the epoch index (for the scheduler and the progress bar).
+        device: where plain/DDP models expect their inputs (``None``: leave the batch where it is).
+        scaler: GradScaler for float16 autocast.
+        amp_dtype: autocast dtype (``torch.bfloat16`` / ``torch.float16``) or ``None`` for full precision.
+        clip_grad_norm: optional gradient-norm clipping.
+        best_pred: passed to the scheduler (PE signature).
+
+    Returns:
+        ``{"loss": mean training loss, "lr": mean learning rate of group 0}`` (averaged over processes under DDP).
+
+    Raises:
+        FloatingPointError: when the loss becomes NaN or infinite (names the epoch and iteration).
+    """
+    model.train()
+    meters = MetricLogger()
+    meters.add_meter("lr", SmoothedValue(window_size=1, fmt="{value:.2e}"))
+    autocast_device = device if device is not None else torch.device("cpu")
+    bar = tqdm(loader, desc=f"train {epoch}", disable=not is_main_process(), dynamic_ncols=True, leave=False)
+    for i, batch in enumerate(bar):
+        if scheduler is not None:
+            scheduler(optimizer, i, epoch, best_pred)
+        image, target = _inputs_on(batch[:2], model, device)
+        with autocast_context(autocast_device, amp_dtype):
+            loss = criterion(model(image), target)
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"loss is {loss.item()} at epoch {epoch}, iteration {i}; lower the learning "
+                                     "rate or check the data")
+        backward_step(loss, optimizer, scaler, clip_grad_norm)
+        meters.update(loss=loss.item(), lr=optimizer.param_groups[0]["lr"])
+        bar.set_postfix(meters.postfix())
+    meters.synchronize_between_processes()
+    return meters.global_averages()
+
+
+@torch.inference_mode()
+def evaluate(model: nn.Module, loader: Iterable, metric: Any, device: Optional[torch.device] = None,
+             amp_dtype: Optional[torch.dtype] = None) -> Dict[str, Any]:
+    """Evaluate ``model`` on ``loader`` with ``metric`` (a :class:`~encoding.utils.SegmentationMetric`).
+
+    The model's (possibly ungathered, per-device) outputs go straight into ``metric.update`` — no logits are
+    gathered onto one device. Under ``torch.distributed`` the confusion matrices of all processes are summed.
+
+    Returns:
+        ``metric.compute()`` (pixAcc, mIoU, per-class IoU, ...).
+    """
+    model.eval()
+    metric.reset()
+    autocast_device = device if device is not None else torch.device("cpu")
+    bar = tqdm(loader, desc="eval", disable=not is_main_process(), dynamic_ncols=True, leave=False)
+    for batch in bar:
+        image, target = _inputs_on(batch[:2], model, device)
+        with autocast_context(autocast_device, amp_dtype):
+            outputs = model(image)
+        metric.update(outputs, target)
+        pix_acc, miou = metric.get()
+        bar.set_postfix(pixAcc=f"{pix_acc:.4f}", mIoU=f"{miou:.4f}")
+    metric.reduce_from_all_processes()
+    return metric.compute()

@@ -1,0 +1,206 @@
+"""Dilated ResNet-family backbones built from torchvision's model builders.
+
+``get_backbone(name, output_stride=8)`` builds torchvision's ResNet / ResNeXt / Wide-ResNet, drops its classifier and
+turns the last stages' strides into dilations (output stride 8: ``layer3`` dilation 2 and ``layer4`` dilation 4,
+the first 3x3 conv of each dilated stage keeping the previous dilation, as torchvision's
+``replace_stride_with_dilation`` does for bottleneck blocks; the same rule also covers the basic blocks of
+ResNet-18/34, which torchvision refuses to dilate).
+
+Weights: ``pretrained=True`` loads torchvision's default ImageNet weights through its weights API (from the torch hub
+cache, ``$TORCH_HOME/hub/checkpoints``, or downloaded there); ``pretrained="file.pth"`` loads a local state dict with
+``torch.load(weights_only=True)``. ``pretrained=False`` never touches the network.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Mapping, Tuple, Union
+
+import torch
+import torchvision
+from torch import Tensor, nn
+
+from ..nn.customize import NormLayer
+
+__all__ = ["ResNetBackbone", "get_backbone", "backbone_list", "load_state_dict_file", "fetch_torchvision_weights",
+           "load_weights"]
+
+Pretrained = Union[bool, str, os.PathLike]
+
+#: Backbone names, which are also the names of torchvision's builders and weights.
+_BACKBONES: Tuple[str, ...] = (
+    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
+    "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2", "wide_resnet101_2",
+)
+
+#: Output stride -> (previous dilation, dilation) for layer3 and layer4; ``None`` keeps the stage strided.
+_DILATIONS: Dict[int, Tuple] = {8: ((1, 2), (2, 4)), 16: (None, (1, 2)), 32: (None, None)}
+
+
+def backbone_list() -> List[str]:
+    """Names accepted by :func:`get_backbone` (torchvision builder names)."""
+    return list(_BACKBONES)
+
+
+class ResNetBackbone(nn.Module):
+    """The stem and four stages of a torchvision ResNet, returning every stage's output.
+
+    Its state-dict keys are those of the torchvision ResNet without ``fc`` (``conv1``, ``bn1``, ``layer1``...), as
+    in torchvision's segmentation models.
+
+    Args:
+        resnet: a torchvision ``ResNet`` (its ``avgpool`` and ``fc`` are not kept).
+        output_stride: the stride of ``layer4`` relative to the input (8, 16 or 32); stages past it are dilated.
+
+    Attributes:
+        channels: output channels of ``(c1, c2, c3, c4)``.
+        output_stride: as given.
+
+    Shape:
+        - Input: ``B x 3 x H x W``.
+        - Output: list ``[c1, c2, c3, c4]`` at strides ``4, 8, min(16, os), os``.
+    """
+
+    def __init__(self, resnet: torchvision.models.ResNet, output_stride: int = 8) -> None:
+        super().__init__()
+        if output_stride not in _DILATIONS:
+            raise ValueError(f"output_stride must be one of {sorted(_DILATIONS)}, got {output_stride}")
+        self.conv1, self.bn1, self.relu, self.maxpool = resnet.conv1, resnet.bn1, resnet.relu, resnet.maxpool
+        self.layer1, self.layer2, self.layer3, self.layer4 = resnet.layer1, resnet.layer2, resnet.layer3, resnet.layer4
+        self.output_stride = output_stride
+        for stage, dilation in zip((self.layer3, self.layer4), _DILATIONS[output_stride]):
+            if dilation is not None:
+                _dilate_stage(stage, *dilation)
+        self.channels = tuple(_stage_channels(stage) for stage in self.stages())
+
+    def stages(self) -> Tuple[nn.Sequential, ...]:
+        """``(layer1, layer2, layer3, layer4)``."""
+        return self.layer1, self.layer2, self.layer3, self.layer4
+
+    def forward(self, x: Tensor) -> List[Tensor]:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        features = []
+        for stage in self.stages():
+            x = stage(x)
+            features.append(x)
+        return features
+
+
+def _stage_channels(stage: nn.Sequential) -> int:
+    """Output channels of a stage: those of the last conv of its last block (residual branch or shortcut alike)."""
+    return [m for m in stage[-1].modules() if isinstance(m, nn.Conv2d)][-1].out_channels
+
+
+def _dilate_stage(stage: nn.Sequential, previous: int, dilation: int) -> None:
+    """Replace the stage's stride 2 by stride 1 and dilate its 3x3 convs in place.
+
+    The first 3x3 conv of the stage (where the stride was) gets ``previous``, every later one ``dilation``.
+    """
+    first = True
+    for module in stage.modules():
+        if not isinstance(module, nn.Conv2d):
+            continue
+        module.stride = (1, 1)
+        if module.kernel_size == (3, 3):
+            d = previous if first else dilation
+            module.dilation, module.padding = (d, d), (d, d)
+            first = False
+
+
+def load_state_dict_file(path: Union[str, os.PathLike]) -> Dict[str, Tensor]:
+    """Load a state dict saved with ``torch.save`` from a local file, safely (``weights_only=True``).
+
+    Accepts a plain state dict or a checkpoint dict holding it under ``"state_dict"`` or ``"model"``; a
+    ``"module."`` prefix (from a ``DataParallel``-wrapped model) is removed.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: the file does not hold a state dict.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"weights file not found: {path!r}")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    for key in ("state_dict", "model"):
+        if isinstance(state, Mapping) and isinstance(state.get(key), Mapping):
+            state = state[key]
+    if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise ValueError(f"{path!r} does not contain a state dict (a mapping of names to tensors)")
+    return {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
+
+
+def fetch_torchvision_weights(weights: torchvision.models.WeightsEnum) -> Dict[str, Tensor]:
+    """The state dict of torchvision ``weights``, from the torch hub cache or downloaded into it.
+
+    Raises:
+        RuntimeError: the file is not cached and cannot be downloaded (offline); the message names the URL and the
+            cache path where the file can be placed by hand.
+    """
+    filename = os.path.basename(weights.url)
+    cached = os.path.join(torch.hub.get_dir(), "checkpoints", filename)
+    try:
+        return weights.get_state_dict(progress=False, check_hash=True, map_location="cpu", weights_only=True)
+    except OSError as err:  # URLError, HTTPError, timeouts, DNS failures
+        raise RuntimeError(
+            f"could not download torchvision weights {weights} from {weights.url} ({err}). When offline, put the "
+            f"file at {cached} (or set TORCH_HOME), or pass a local file as pretrained='path/to/weights.pth'."
+        ) from err
+
+
+def load_weights(module: nn.Module, state: Mapping[str, Tensor], source: str) -> None:
+    """``module.load_state_dict(state, strict=True)``, checked first so that nothing is loaded on a mismatch.
+
+    Raises:
+        ValueError: missing/unexpected keys or shape mismatches; the message names ``source`` and the keys.
+    """
+    expected = module.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    mismatched = [f"{k}: {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
+                  if k in state and state[k].shape != v.shape]
+    if missing or unexpected or mismatched:
+        def show(keys: List[str]) -> str:
+            return ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "") or "none"
+        raise ValueError(f"weights from {source} do not fit {type(module).__name__}: missing keys: {show(missing)}; "
+                         f"unexpected keys: {show(unexpected)}; shape mismatches: {show(mismatched)}")
+    module.load_state_dict(state, strict=True)
+
+
+def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: NormLayer = nn.BatchNorm2d,
+                 pretrained: Pretrained = False) -> ResNetBackbone:
+    """Build a (dilated) ResNet-family backbone.
+
+    Args:
+        name: one of :func:`backbone_list` (``resnet18`` ... ``resnet152``, ``resnext50_32x4d``,
+            ``resnext101_32x8d``, ``resnext101_64x4d``, ``wide_resnet50_2``, ``wide_resnet101_2``).
+        output_stride: 8 (default, dilated ``layer3`` and ``layer4``), 16 (dilated ``layer4``) or 32 (plain).
+        norm_layer: normalization layer class, e.g. ``nn.BatchNorm2d`` or ``encoding.nn.SyncBatchNorm``.
+        pretrained: ``False`` (random init, no network access), ``True`` (torchvision's default ImageNet weights)
+            or the path of a local state-dict file (a torchvision ResNet's keys; ``fc.*`` is ignored).
+
+    Returns:
+        A :class:`ResNetBackbone`.
+
+    Raises:
+        ValueError: unknown name (the message lists the valid ones) or output stride, or weights that do not fit.
+        RuntimeError: ``pretrained=True`` while offline and the weights are not cached.
+
+    Example:
+        >>> backbone = get_backbone("resnet18", output_stride=8)
+        >>> [f.shape[1] for f in backbone(torch.randn(1, 3, 64, 64))]
+        [64, 128, 256, 512]
+    """
+    if name not in _BACKBONES:
+        raise ValueError(f"unknown backbone {name!r}; valid backbones: {', '.join(_BACKBONES)}")
+    resnet = getattr(torchvision.models, name)(weights=None, norm_layer=norm_layer)
+    backbone = ResNetBackbone(resnet, output_stride)
+    if pretrained is True:
+        weights = torchvision.models.get_model_weights(name).DEFAULT
+        state, source = fetch_torchvision_weights(weights), str(weights)
+    elif isinstance(pretrained, (str, os.PathLike)):
+        state, source = load_state_dict_file(pretrained), repr(os.fspath(pretrained))
+    elif pretrained is False or pretrained is None:
+        return backbone
+    else:
+        raise ValueError(f"pretrained must be True, False or a file path, got {pretrained!r}")
+    load_weights(backbone, {k: v for k, v in state.items() if not k.startswith("fc.")}, source)
+    return backbone

@@ -1,0 +1,142 @@
+"""Multi-scale, flipped, sliding-window inference (PyTorch-Encoding's ``MultiEvalModule`` semantics).
+
+For every scale ``s`` the image is resized so that its long side is ``ceil(base_size * s)`` (aspect ratio kept).
+If that long side fits in ``crop_size`` the image is padded to ``crop_size x crop_size`` (bottom/right, with the
+normalized value of a black pixel, ``-mean/std``), evaluated and cropped back. Otherwise it is padded up to at least
+``crop_size`` in each dimension and evaluated window by window (``crop_size`` windows every
+``int(crop_size * stride_rate)`` pixels, border windows padded), overlapping logits being averaged. Each scale's
+logits are resized to the original size; with ``flip`` the horizontally flipped image is evaluated too.
+
+Difference from PyTorch-Encoding: the result is the *mean* over scales and flips (PE summed them); the argmax is the
+same.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..nn.customize import resize
+
+__all__ = ["MultiEvalModule"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _logits(output) -> Tensor:
+    """The main logits of a model output (dict ``"out"``, first element of a tuple, or the tensor itself)."""
+    if isinstance(output, dict):
+        return output["out"]
+    if isinstance(output, (tuple, list)):
+        return output[0]
+    return output
+
+
+class MultiEvalModule(nn.Module):
+    """Evaluate a segmentation model over several scales and flips with sliding-window inference.
+
+    Args:
+        module: the model; ``module(x)`` returns logits ``B x nclass x h x w`` at its input's size (or a dict with
+            ``"out"``). Put it in eval mode.
+        nclass: number of classes.
+        base_size: long side of the image at scale 1.
+        crop_size: window size (and the size small images are padded to).
+        scales: resize factors relative to ``base_size``.
+        flip: also evaluate the horizontally flipped image.
+        stride_rate: window stride as a fraction of ``crop_size``.
+        mean: per-channel normalization mean of the input (for the padding value ``-mean/std``).
+        std: per-channel normalization std of the input.
+
+    Shape:
+        - Input: normalized images ``B x C x H x W`` (any size; all images of the batch share it).
+        - Output: averaged logits ``B x nclass x H x W``, on the input's device, computed without autograd.
+
+    Memory: one window (and its flip) is evaluated at a time; only the current scale's accumulated logits and the
+    running sum are held, on the image's device.
+
+    Example:
+        >>> evaluator = MultiEvalModule(model.eval(), nclass=21, base_size=520, crop_size=480)
+        >>> prediction = evaluator(image).argmax(1)
+    """
+
+    def __init__(self, module: nn.Module, nclass: int, base_size: int = 520, crop_size: int = 480,
+                 scales: Sequence[float] = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75), flip: bool = True,
+                 stride_rate: float = 2.0 / 3.0, mean: Sequence[float] = IMAGENET_MEAN,
+                 std: Sequence[float] = IMAGENET_STD) -> None:
+        super().__init__()
+        if not scales:
+            raise ValueError("MultiEvalModule needs at least one scale")
+        if not 0 < stride_rate <= 1:
+            raise ValueError(f"stride_rate must be in (0, 1], got {stride_rate}")
+        if len(mean) != len(std):
+            raise ValueError(f"mean and std must have the same length, got {len(mean)} and {len(std)}")
+        self.module = module
+        self.nclass = nclass
+        self.base_size, self.crop_size = base_size, crop_size
+        self.scales = tuple(scales)
+        self.flip = flip
+        self.stride = max(int(crop_size * stride_rate), 1)
+        self.pad_value = tuple(-m / s for m, s in zip(mean, std))
+
+    @torch.no_grad()
+    def forward(self, image: Tensor) -> Tensor:
+        if image.dim() != 4 or image.shape[1] != len(self.pad_value):
+            raise ValueError(f"MultiEvalModule expects B x {len(self.pad_value)} x H x W images, "
+                             f"got shape {tuple(image.shape)}")
+        h, w = image.shape[-2:]
+        scores = None
+        for scale in self.scales:
+            size = self._scaled_size(h, w, scale)
+            score = resize(self._evaluate_scale(resize(image, size)), (h, w))
+            scores = score if scores is None else scores + score
+        return scores / len(self.scales)
+
+    def _scaled_size(self, h: int, w: int, scale: float) -> Tuple[int, int]:
+        long_size = int(math.ceil(self.base_size * scale))
+        if h > w:
+            return long_size, int(1.0 * w * long_size / h + 0.5)
+        return int(1.0 * h * long_size / w + 0.5), long_size
+
+    def _evaluate_scale(self, image: Tensor) -> Tensor:
+        """Logits of the whole (resized) image, by one padded pass or by sliding windows."""
+        height, width = image.shape[-2:]
+        crop = self.crop_size
+        if max(height, width) <= crop:
+            return self._infer(self._pad(image, crop, crop))[..., :height, :width]
+        padded = self._pad(image, max(height, crop), max(width, crop))
+        ph, pw = padded.shape[-2:]
+        dtype = torch.promote_types(image.dtype, torch.float32)
+        logits = image.new_zeros(image.shape[0], self.nclass, ph, pw, dtype=dtype)
+        count = image.new_zeros(1, 1, ph, pw, dtype=dtype)
+        for h0 in self._window_starts(ph):
+            for w0 in self._window_starts(pw):
+                h1, w1 = min(h0 + crop, ph), min(w0 + crop, pw)
+                window = self._pad(padded[..., h0:h1, w0:w1], crop, crop)
+                logits[..., h0:h1, w0:w1] += self._infer(window)[..., :h1 - h0, :w1 - w0]
+                count[..., h0:h1, w0:w1] += 1
+        return (logits / count)[..., :height, :width]
+
+    def _window_starts(self, length: int) -> range:
+        grids = int(math.ceil((length - self.crop_size) / self.stride)) + 1
+        return range(0, grids * self.stride, self.stride)
+
+    def _pad(self, image: Tensor, height: int, width: int) -> Tensor:
+        """Pad bottom/right to ``height x width`` with the per-channel value of a black pixel."""
+        h, w = image.shape[-2:]
+        if h >= height and w >= width:
+            return image
+        value = torch.tensor(self.pad_value, dtype=image.dtype, device=image.device)
+        padded = value.view(1, -1, 1, 1).expand(image.shape[0], -1, height, width).clone()
+        padded[..., :h, :w] = image
+        return padded
+
+    def _infer(self, image: Tensor) -> Tensor:
+        """Logits of one padded window (at least float32), averaged with those of its horizontal flip."""
+        logits = _logits(self.module(image))
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        if self.flip:
+            logits = (logits + _logits(self.module(image.flip(-1))).flip(-1)) / 2
+        return logits

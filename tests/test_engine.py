@@ -1,0 +1,104 @@
+"""encoding.engine / encoding.run and the training script, end to end on a tiny generated `shapes` dataset."""
+import csv
+import functools
+import importlib.util
+import math
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import encoding.run
+from encoding.datasets import get_segmentation_dataset
+from encoding.engine import backward_step, evaluate, param_groups, train_one_epoch
+from encoding.models import get_segmentation_model
+from encoding.nn import SyncBatchNorm
+from encoding.utils import SegmentationMetric, load_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--crop-size", "32", "--base-size", "40", "--batch-size", "4", "--workers", "0", "--epochs", "1"]
+
+
+def load_train_script():
+    spec = importlib.util.spec_from_file_location("train_script",
+                                                  os.path.join(ROOT, "experiments", "segmentation", "train.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def tiny_shapes(tmp_path, monkeypatch):
+    """Point the data root at tmp_path and make the run build an 8-train / 4-val shapes dataset."""
+    monkeypatch.setenv("ENCODING_DATA", str(tmp_path / "data"))
+    small = functools.partial(get_segmentation_dataset, num_train=8, num_val=4, progress=False)
+    monkeypatch.setattr(encoding.run, "get_segmentation_dataset", small)
+    return tmp_path
+
+
+def test_param_groups_split_backbone_and_heads():
+    model = get_segmentation_model("fcn", dataset="shapes", backbone="resnet18", aux=True)
+    backbone, heads = param_groups(model)
+    assert {id(p) for p in backbone["params"]} == {id(p) for p in model.backbone.parameters()}
+    assert len(backbone["params"]) + len(heads["params"]) == len(list(model.parameters()))
+    assert len(param_groups(nn.Linear(2, 2))) == 1
+
+
+def test_backward_step_clips_and_steps():
+    layer = nn.Linear(3, 1, bias=False)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=1.0)
+    before = layer.weight.detach().clone()
+    loss = (layer(torch.full((1, 3), 100.0)) ** 2).sum()
+    backward_step(loss, optimizer, clip_grad_norm=1.0)
+    assert torch.linalg.vector_norm(layer.weight.grad) == pytest.approx(1.0, rel=1e-5)
+    torch.testing.assert_close(layer.weight.detach(), before - layer.weight.grad)
+
+
+def test_train_one_epoch_rejects_nan_loss():
+    model = nn.Conv2d(3, 2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = [(torch.full((2, 3, 4, 4), float("nan")), torch.zeros(2, 4, 4, dtype=torch.long))]
+    with pytest.raises(FloatingPointError, match="epoch 3, iteration 0"):
+        train_one_epoch(model, nn.CrossEntropyLoss(), optimizer, loader, None, epoch=3)
+
+
+def test_train_then_evaluate_learns_a_batch():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 2, 1))
+    image = torch.randn(4, 3, 8, 8)
+    target = (image[:, 0] > 0).long()
+    loader = [(image, target)] * 20
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    stats = train_one_epoch(model, nn.CrossEntropyLoss(), optimizer, loader, None, epoch=0)
+    assert set(stats) == {"loss", "lr"} and math.isfinite(stats["loss"])
+    result = evaluate(model, loader[:1], SegmentationMetric(2))
+    assert result["pixAcc"] > 0.9
+
+
+def test_train_script_runs_checkpoints_and_resumes(tiny_shapes):
+    script = load_train_script()
+    out = str(tiny_shapes / "runs")
+    result = script.main(TINY + ["--output-dir", out])
+    run_dir = os.path.join(out, "shapes", "fcn", "default")
+    assert 0.0 <= result["mIoU"] <= 1.0 and 0.0 <= result["pixAcc"] <= 1.0
+    for name in ("checkpoint.pth", "model_best.pth", "log.csv", "log.jsonl"):
+        assert os.path.isfile(os.path.join(run_dir, name)), name
+    checkpoint = load_checkpoint(os.path.join(run_dir, "checkpoint.pth"), map_location="cpu")
+    assert checkpoint["epoch"] == 0 and checkpoint["args"]["dataset"] == "shapes"
+    script.main(TINY[:-2] + ["--epochs", "2", "--output-dir", out,
+                             "--resume", os.path.join(run_dir, "checkpoint.pth")])
+    with open(os.path.join(run_dir, "log.csv"), newline="") as f:
+        assert [row["epoch"] for row in csv.DictReader(f)] == ["0", "1"]
+    evaluated = script.main(TINY + ["--output-dir", out, "--eval", "--resume", os.path.join(run_dir,
+                                                                                              "model_best.pth")])
+    assert set(evaluated) >= {"pixAcc", "mIoU"}
+
+
+def test_two_cpu_replicas_use_sync_batchnorm(tiny_shapes):
+    args = load_train_script().parse_args(TINY + ["--device-ids", "cpu,cpu", "--aux"])
+    run = encoding.run.build_run(args)
+    assert [str(d) for d in run.model.device_ids] == ["cpu", "cpu"]
+    assert any(isinstance(m, SyncBatchNorm) for m in run.model.module.modules())
+    stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, run.scheduler, 0)
+    assert math.isfinite(stats["loss"])

@@ -1,0 +1,219 @@
+"""SegmentationLosses / OhemCrossEntropy: values against plain torch formulas, input forms, errors, and exact
+reduction under DataParallelCriterion (float64, CPU replicas)."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from encoding.nn import OhemCrossEntropy, SegmentationLosses
+from encoding.parallel import DataParallelCriterion, DataParallelModel, reduce_loss_terms
+
+NCLASS = 5
+DEVICES = ["cpu"] * 3
+
+
+def _outputs(batch=3, size=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = torch.randn(batch, NCLASS, size, size, generator=g, dtype=torch.float64)
+    aux = torch.randn(batch, NCLASS, size, size, generator=g, dtype=torch.float64)
+    se = torch.randn(batch, NCLASS, generator=g, dtype=torch.float64)
+    target = torch.randint(-1, NCLASS, (batch, size, size), generator=g)
+    target[0, :2] = -1
+    return out, aux, se, target
+
+
+def _presence_reference(target):
+    """Class-present vector per image, computed one image at a time from Python sets."""
+    rows = []
+    for image in target:
+        present = set(image[image >= 0].tolist())
+        rows.append([1.0 if c in present else 0.0 for c in range(NCLASS)])
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("se_loss,aux", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_matches_plain_formula(se_loss, aux, weighted, smoothing):
+    out, aux_out, se, target = _outputs()
+    weight = torch.linspace(0.5, 2.0, NCLASS, dtype=torch.float64) if weighted else None
+    criterion = SegmentationLosses(se_loss=se_loss, aux=aux, nclass=NCLASS, weight=weight, aux_weight=0.3,
+                                   se_weight=0.7, label_smoothing=smoothing)
+    output = {"out": out, "aux": aux_out, "se": se}
+    expected = F.cross_entropy(out, target, weight=weight, ignore_index=-1, label_smoothing=smoothing)
+    if aux:
+        expected = expected + 0.3 * F.cross_entropy(aux_out, target, weight=weight, ignore_index=-1,
+                                                     label_smoothing=smoothing)
+    if se_loss:  # PyTorch-Encoding: BCELoss(weight)(sigmoid(se), present)
+        expected = expected + 0.7 * F.binary_cross_entropy(torch.sigmoid(se), _presence_reference(target),
+                                                           weight=weight)
+    torch.testing.assert_close(criterion(output, target), expected, rtol=0, atol=1e-12)
+
+
+def test_output_forms_agree():
+    out, aux, se, target = _outputs()
+    criterion = SegmentationLosses(se_loss=True, aux=True)
+    by_dict = criterion({"out": out, "aux": aux, "se": se, "extra": out}, target)
+    by_tuple = criterion((out, se, aux), target)  # PyTorch-Encoding order: out, se, aux
+    by_flat = criterion(out, se, aux, target)  # PyTorch-Encoding call
+    assert by_dict.item() == by_tuple.item() == by_flat.item()
+    plain = SegmentationLosses()
+    assert plain(out, target).item() == plain((out,), target).item() == plain({"out": out, "aux": aux}, target).item()
+
+
+def test_loss_terms_are_sums_and_counts():
+    out, aux, se, target = _outputs()
+    weight = torch.rand(NCLASS, dtype=torch.float64)
+    criterion = SegmentationLosses(se_loss=True, aux=True, weight=weight, aux_weight=0.4, se_weight=0.2)
+    main, aux_term, se_term = criterion.loss_terms({"out": out, "aux": aux, "se": se}, target)
+    valid = target >= 0
+    assert main.count.item() == pytest.approx(weight[target[valid]].sum().item())
+    assert (main.weight, aux_term.weight, se_term.weight) == (1.0, 0.4, 0.2)
+    assert se_term.count == out.shape[0] * NCLASS
+    assert reduce_loss_terms([[main]]).item() == pytest.approx(
+        F.cross_entropy(out, target, weight=weight, ignore_index=-1).item(), abs=1e-12)
+
+
+def test_bad_target_values_raise_naming_them():
+    out, _, _, target = _outputs()
+    target[1, 0, 0], target[2, 3, 3], target[0, 5, 5] = 7, -3, 9
+    with pytest.raises(ValueError, match=r"\[-3, 7, 9\].*outside \[0, 5\)"):
+        SegmentationLosses()(out, target)
+    with pytest.raises(ValueError, match=r"\[5\]"):
+        SegmentationLosses(nclass=NCLASS)(out, torch.full_like(target, NCLASS))
+
+
+def test_custom_ignore_index_is_accepted():
+    out, _, _, target = _outputs()
+    target255 = target.masked_fill(target < 0, 255)
+    loss = SegmentationLosses(ignore_index=255)(out, target255)
+    torch.testing.assert_close(loss, F.cross_entropy(out, target, ignore_index=-1))
+    with pytest.raises(ValueError, match=r"\[-1\]"):  # -1 is not ignored when ignore_index=255
+        SegmentationLosses(ignore_index=255)(out, target)
+
+
+def test_malformed_outputs_raise():
+    out, aux, se, target = _outputs()
+    with pytest.raises(ValueError, match="'aux'"):
+        SegmentationLosses(aux=True)({"out": out}, target)
+    with pytest.raises(ValueError, match="'se'"):
+        SegmentationLosses(se_loss=True)({"out": out, "aux": aux}, target)
+    with pytest.raises(ValueError, match=r"\(out, se, aux\)"):
+        SegmentationLosses(se_loss=True, aux=True)((out, aux), target)
+    with pytest.raises(ValueError, match="nclass=4"):
+        SegmentationLosses(nclass=4)(out, target)
+    with pytest.raises(ValueError, match="target must be"):
+        SegmentationLosses()(out, target[:, :3])
+    with pytest.raises(ValueError, match="se output"):
+        SegmentationLosses(se_loss=True)((out, se[:, :2]), target)
+    with pytest.raises(TypeError):
+        SegmentationLosses()(out)
+
+
+class _SegNet(nn.Module):
+    """Tiny network with the model contract: {"out", "aux", "se"} at input resolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, NCLASS, 1)
+        self.aux = nn.Conv2d(8, NCLASS, 1)
+        self.se = nn.Linear(8, NCLASS)
+
+    def forward(self, x):
+        feat = torch.relu(self.body(x))
+        return {"out": self.head(feat), "aux": self.aux(feat), "se": self.se(feat.mean((2, 3)))}
+
+
+def _uneven_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(7, 3, 8, 8, generator=g, dtype=torch.float64)
+    target = torch.randint(0, NCLASS, (7, 8, 8), generator=g)
+    ignore_rate = torch.tensor([0.9, 0.8, 0.9, 0.1, 0.0, 0.3, 0.05]).view(7, 1, 1)  # replica 0 mostly ignored
+    target[torch.rand(7, 8, 8, generator=g) < ignore_rate] = -1
+    return x, target
+
+
+def _grads(net):
+    return [p.grad.clone() for p in net.parameters()]
+
+
+@pytest.mark.parametrize("criterion", [
+    SegmentationLosses(se_loss=True, aux=True, nclass=NCLASS),
+    SegmentationLosses(se_loss=True, aux=True, weight=torch.linspace(0.2, 3.0, NCLASS, dtype=torch.float64),
+                       label_smoothing=0.1),
+], ids=["plain", "weighted-smoothed"])
+def test_data_parallel_criterion_is_exact(criterion):
+    torch.manual_seed(0)
+    net = _SegNet().double()
+    x, target = _uneven_batch()
+    single = criterion(net(x), target)
+    single.backward()
+    expected_grads = _grads(net)
+    net.zero_grad()
+
+    outputs = DataParallelModel(net, DEVICES)(x)
+    assert [o["out"].shape[0] for o in outputs] == [3, 2, 2]
+    loss = DataParallelCriterion(criterion, DEVICES)(outputs, target)
+    torch.testing.assert_close(loss, single, rtol=0, atol=1e-10)
+    loss.backward()
+    for got, want in zip(_grads(net), expected_grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    # the test can fail: PyTorch-Encoding's unweighted mean of per-replica losses is visibly off here
+    naive = sum(criterion(o, t) for o, t in zip(outputs, target.split([3, 2, 2]))) / 3
+    assert abs(naive.item() - single.item()) > 1e-3
+
+
+def _ohem_reference(logits, target, thresh, min_kept):
+    """Straightforward OHEM: sort the true-class probabilities of the valid pixels, pick the threshold, average."""
+    prob = F.softmax(logits, 1)
+    pixels = []
+    for b, i, j in (target >= 0).nonzero().tolist():
+        pixels.append((prob[b, target[b, i, j], i, j].item(), b, i, j))
+    probs = sorted(p for p, *_ in pixels)
+    threshold = thresh
+    if min_kept > 0 and probs:
+        threshold = max(thresh, probs[min(min_kept, len(probs)) - 1])
+    kept = target.clone().fill_(-1)
+    for p, b, i, j in pixels:
+        if p <= threshold:
+            kept[b, i, j] = target[b, i, j]
+    return F.cross_entropy(logits, kept, ignore_index=-1)
+
+
+@pytest.mark.parametrize("thresh,min_kept", [(0.7, 0), (0.7, 20), (0.05, 60), (0.3, 1000)])
+def test_ohem_matches_reference(thresh, min_kept):
+    out, _, _, target = _outputs(seed=3)
+    loss = OhemCrossEntropy(thresh=thresh, min_kept=min_kept)(out, target)
+    torch.testing.assert_close(loss, _ohem_reference(out, target, thresh, min_kept), rtol=0, atol=1e-12)
+
+
+def test_ohem_keeps_all_pixels_when_fewer_than_min_kept():
+    out, _, _, target = _outputs(seed=4)
+    loss = OhemCrossEntropy(thresh=0.0, min_kept=10 ** 6)(out, target)
+    torch.testing.assert_close(loss, F.cross_entropy(out, target, ignore_index=-1), rtol=0, atol=1e-12)
+
+
+def test_ohem_under_data_parallel_is_exact_when_threshold_decides():
+    torch.manual_seed(0)
+    net = _SegNet().double()
+    x, target = _uneven_batch(seed=1)
+    criterion = OhemCrossEntropy(thresh=0.9, min_kept=5, aux=True, se_loss=True)
+    single = criterion(net(x), target)
+    outputs = DataParallelModel(net, DEVICES)(x)
+    for output, part in zip(outputs, target.split([3, 2, 2])):  # the premise: every replica has enough hard pixels
+        hard = criterion.hard_pixels(output["out"], part, part >= 0)
+        assert hard.sum() >= 5
+    loss = DataParallelCriterion(criterion, DEVICES)(outputs, target)
+    torch.testing.assert_close(loss, single, rtol=0, atol=1e-10)
+
+
+def test_constructor_validates():
+    with pytest.raises(ValueError, match="weight"):
+        SegmentationLosses(nclass=NCLASS, weight=torch.ones(3))
+    with pytest.raises(ValueError, match="nclass"):
+        SegmentationLosses(nclass=0)
+    with pytest.raises(ValueError, match="thresh"):
+        OhemCrossEntropy(thresh=1.5)
+    with pytest.raises(ValueError, match="min_kept"):
+        OhemCrossEntropy(min_kept=-1)

@@ -1,0 +1,404 @@
+"""Tests of encoding.models: backbones, the model registry, torchvision compatibility, data parallelism and
+multi-scale evaluation (CPU, small backbones and inputs; nothing is downloaded)."""
+import os
+import urllib.error
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+from torchvision.models.segmentation import (DeepLabV3_ResNet50_Weights, FCN_ResNet50_Weights, deeplabv3_resnet50,
+                                             fcn_resnet50)
+
+import encoding
+from encoding.models import (ARCHITECTURES, EncNet, MultiEvalModule, backbone_list, get_backbone, get_model,
+                             get_segmentation_model, model_list)
+from encoding.nn import SegmentationLosses
+from encoding.parallel import DataParallelCriterion, DataParallelModel
+
+NCLASS = 5
+CONFIGS = [(name, aux, se) for name, arch in ARCHITECTURES.items()
+           for aux, se in ((False, False), (True, arch.se_loss))]
+
+
+def build(name, aux=False, se_loss=False, **kwargs):
+    kwargs.setdefault("nclass", NCLASS)
+    return get_segmentation_model(name, backbone="resnet18", aux=aux, se_loss=se_loss, **kwargs)
+
+
+def expected_keys(aux, se):
+    return {"out"} | ({"aux"} if aux else set()) | ({"se"} if se else set())
+
+
+def randomize_running_stats(model):
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._NormBase):
+            m.running_mean.normal_(0, 0.1)
+            m.running_var.uniform_(0.5, 1.5)
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+    """An empty torch hub cache (TORCH_HOME) and no network: returns the checkpoint cache directory."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.hub, "_hub_dir", None)
+
+    def no_network(*args, **kwargs):
+        raise urllib.error.URLError("network disabled in tests")
+
+    monkeypatch.setattr(torch.hub, "urlopen", no_network)
+    return tmp_path / "hub" / "checkpoints"
+
+
+# ---------------------------------------------------------------------------------------- the registry tester
+@pytest.mark.parametrize("name, aux, se", CONFIGS)
+def test_model_contract_and_backward(name, aux, se):
+    torch.manual_seed(0)
+    model = build(name, aux, se).train()
+    outputs = model(torch.randn(2, 3, 32, 32))
+    assert isinstance(outputs, dict) and set(outputs) == expected_keys(aux, se)
+    assert list(outputs)[0] == "out"
+    for key in ("out", "aux"):
+        if key in outputs:
+            assert outputs[key].shape == (2, NCLASS, 32, 32)
+    if se:
+        assert outputs["se"].shape == (2, NCLASS)
+    sum(v.square().mean() for v in outputs.values()).backward()
+    # every parameter takes part (DDP without find_unused_parameters) and gets a finite gradient
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_model_under_data_parallel_matches_plain_run(name):
+    """Two CPU replicas, uneven split (2 + 1): per-replica outputs, loss and gradients equal the plain run."""
+    torch.manual_seed(0)
+    se = ARCHITECTURES[name].se_loss
+    model = build(name, aux=True, se_loss=se).eval()  # eval: BN running stats, no dropout
+    randomize_running_stats(model)
+    x = torch.randn(3, 3, 32, 32)
+    target = torch.randint(-1, NCLASS, (3, 32, 32))
+    target[2, :20] = -1  # uneven ignore mask across replicas
+    criterion = SegmentationLosses(se_loss=se, nclass=NCLASS, aux=True)
+
+    outputs = DataParallelModel(model, device_ids=["cpu", "cpu"])(x)
+    assert len(outputs) == 2 and all(set(o) == expected_keys(True, se) for o in outputs)
+    loss = DataParallelCriterion(criterion, device_ids=["cpu", "cpu"])(outputs, target)
+    loss.backward()
+    parallel_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    plain = model(x)
+    for key, value in plain.items():
+        torch.testing.assert_close(torch.cat([o[key] for o in outputs]), value, rtol=1e-5, atol=1e-5)
+    plain_loss = criterion(plain, target)
+    plain_loss.backward()
+    assert loss.dim() == 0
+    torch.testing.assert_close(loss, plain_loss, rtol=1e-6, atol=1e-6)
+    for (n, p), a in zip(model.named_parameters(), parallel_grads):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_sync_batchnorm_model_under_data_parallel_trains_like_full_batch():
+    """Train mode with encoding.nn.SyncBatchNorm on 2 CPU replicas = nn.BatchNorm2d on the whole batch."""
+    torch.manual_seed(0)
+    reference = build("psp", aux=True).double().train()
+    synced = build("psp", aux=True, norm_layer=encoding.nn.SyncBatchNorm).double().train()
+    synced.load_state_dict(reference.state_dict())
+    for model in (reference, synced):
+        for m in model.modules():
+            if isinstance(m, nn.Dropout):
+                m.p = 0.0
+    x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
+    target = torch.randint(0, NCLASS, (3, 32, 32))
+    criterion = SegmentationLosses(nclass=NCLASS, aux=True)
+    loss = DataParallelCriterion(criterion, device_ids=["cpu", "cpu"])(
+        DataParallelModel(synced, device_ids=["cpu", "cpu"])(x), target)
+    loss.backward()
+    plain_loss = criterion(reference(x), target)
+    plain_loss.backward()
+    torch.testing.assert_close(loss, plain_loss, rtol=1e-10, atol=1e-10)
+    for (name, a), b in zip(synced.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-7, atol=1e-10, msg=name)
+    for a, b in zip(synced.buffers(), reference.buffers()):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+# ------------------------------------------------------------------------------------------------ registry API
+def test_registry_errors():
+    with pytest.raises(ValueError, match="valid models: fcn, psp, deeplab, encnet, danet, upernet, fcfpn"):
+        get_segmentation_model("segformer", nclass=NCLASS)
+    with pytest.raises(ValueError, match="valid backbones: resnet18.*wide_resnet101_2"):
+        get_segmentation_model("fcn", backbone="vgg16", nclass=NCLASS)
+    with pytest.raises(ValueError, match="se_loss=True is not supported by 'fcn'.*encnet"):
+        build("fcn", se_loss=True)
+    with pytest.raises(ValueError, match="output_stride=32"):
+        build("fcn", jpu=True, output_stride=8)
+    with pytest.raises(TypeError, match="lateral"):
+        build("fcn", lateral=True)  # head options are checked by the head factory
+    with pytest.raises(ValueError, match="unknown dataset 'nope'.*pascal_voc"):
+        get_segmentation_model("fcn", dataset="nope", backbone="resnet18")
+
+
+def test_number_of_classes_comes_from_the_dataset_registry():
+    from encoding.datasets import datasets
+    model = get_segmentation_model("fcn", dataset="shapes", backbone="resnet18")
+    assert model.classifier[-1].out_channels == datasets["shapes"].NUM_CLASS == 7
+
+
+def test_presets():
+    assert {"encnet_resnet50_pcontext", "fcn_resnet50_ade", "deeplab_resnet101_coco"} <= set(model_list)
+    with torch.device("meta"):  # structure only: no memory, no initialization cost
+        model = get_model("encnet_resnet50_pcontext")
+    assert isinstance(model, EncNet) and model.aux_classifier is not None
+    assert model.classifier.encmodule.selayer.out_features == 59  # pcontext, from the dataset registry
+    assert model.backbone.channels == (256, 512, 1024, 2048)
+    with pytest.raises(ValueError, match="<model>_<backbone>_<dataset>.*encnet.*pcontext"):
+        get_model("encnet_resnet50_nowhere")
+
+
+@pytest.mark.parametrize("short, dataset", [("ade", "ade20k"), ("pcontext", "pcontext"), ("voc", "pascal_voc"),
+                                            ("aug", "pascal_aug"), ("citys", "citys"), ("coco", "coco")])
+def test_preset_dataset_names(short, dataset):
+    from encoding.datasets import datasets
+    assert f"fcn_resnet101_{short}" in model_list
+    with torch.device("meta"):
+        model = get_model(f"fcn_resnet101_{short}")
+    assert model.classifier[-1].out_channels == model.aux_classifier[-1].out_channels == datasets[dataset].NUM_CLASS
+    assert len(model.backbone.layer3) == 23  # resnet101
+
+
+@pytest.mark.parametrize("options, shape, rates", [
+    (dict(output_stride=16), (2, 512, 4, 4), [6, 12, 18]),
+    (dict(output_stride=32), (2, 512, 2, 2), [3, 6, 9]),
+    (dict(jpu=True), (2, 2048, 8, 8), [12, 24, 36]),  # JPU features are at stride 8
+])
+def test_output_stride_and_jpu(options, shape, rates):
+    model = build("deeplab", aux=True, **options)
+    x = torch.randn(2, 3, 64, 64)
+    features = model.backbone(x)
+    if model.neck is not None:
+        features = model.neck(*features)
+    assert features[3].shape == shape
+    assert [branch[0].dilation[0] for branch in model.classifier[0].convs[1:4]] == rates
+    outputs = model(x)
+    assert outputs["out"].shape == outputs["aux"].shape == (2, NCLASS, 64, 64)
+
+
+def test_norm_layer_reaches_every_module():
+    class MarkedNorm(nn.BatchNorm2d):
+        pass
+
+    model = build("encnet", aux=True, se_loss=True, lateral=True, norm_layer=MarkedNorm)
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase)]
+    assert norms and all(type(m) is MarkedNorm for m in norms)
+
+
+def test_head_parameters_split():
+    model = build("encnet", aux=True, se_loss=True)
+    head = {id(p) for p in model.head_parameters()}
+    backbone = {id(p) for p in model.backbone.parameters()}
+    assert head and not head & backbone and head | backbone == {id(p) for p in model.parameters()}
+
+
+def test_pretrained_model_file_round_trip(tmp_path):
+    torch.manual_seed(0)
+    model = build("psp", aux=True).eval()
+    randomize_running_stats(model)
+    path = tmp_path / "psp.pth"
+    torch.save({"epoch": 3, "state_dict": {"module." + k: v for k, v in model.state_dict().items()}}, path)
+    loaded = build("psp", aux=True, pretrained=str(path)).eval()
+    x = torch.randn(1, 3, 32, 32)
+    torch.testing.assert_close(loaded(x)["out"], model(x)["out"], rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"psp.pth.*missing keys: aux_classifier"):
+        torch.save(build("psp").state_dict(), path)
+        build("psp", aux=True, pretrained=path)
+    with pytest.raises(FileNotFoundError, match="nothing.pth"):
+        build("psp", pretrained=tmp_path / "nothing.pth")
+    with pytest.raises(ValueError, match="no published weights for psp"):
+        build("psp", pretrained=True)
+
+
+# --------------------------------------------------------------------------------------------------- backbones
+@pytest.mark.parametrize("output_stride, sizes", [(8, (16, 8, 8, 8)), (16, (16, 8, 4, 4)), (32, (16, 8, 4, 2))])
+def test_backbone_output_stride(output_stride, sizes):
+    backbone = get_backbone("resnet18", output_stride)
+    features = backbone(torch.randn(1, 3, 64, 64))
+    assert [f.shape[-1] for f in features] == list(sizes)
+    assert [f.shape[1] for f in features] == list(backbone.channels) == [64, 128, 256, 512]
+    with pytest.raises(ValueError, match="output_stride must be one of"):
+        get_backbone("resnet18", 4)
+
+
+def test_dilation_matches_torchvision_replace_stride_with_dilation():
+    for output_stride, replace in ((8, [False, True, True]), (16, [False, False, True])):
+        ours = get_backbone("resnext50_32x4d", output_stride)
+        theirs = torchvision.models.resnext50_32x4d(replace_stride_with_dilation=replace)
+        convs = {n: (m.stride, m.dilation, m.padding) for n, m in theirs.named_modules()
+                 if isinstance(m, nn.Conv2d)}
+        assert convs == {n: (m.stride, m.dilation, m.padding) for n, m in ours.named_modules()
+                         if isinstance(m, nn.Conv2d)}
+
+
+def test_every_backbone_is_torchvisions_without_classifier():
+    for name in backbone_list():
+        with torch.device("meta"):
+            backbone = get_backbone(name)
+        weights = torchvision.models.get_model_weights(name).DEFAULT
+        fc = 2048 * 1000 + 1000 if backbone.channels[-1] == 2048 else 512 * 1000 + 1000
+        assert sum(p.numel() for p in backbone.parameters()) == weights.meta["num_params"] - fc, name
+
+
+def test_pretrained_backbone_offline_error_and_cache(offline_hub):
+    message = r"ResNet18_Weights.*download\.pytorch\.org.*put the file at .*hub.checkpoints"
+    with pytest.raises(RuntimeError, match=message):
+        get_backbone("resnet18", pretrained=True)
+    # once the file is in the cache, the weights API loads it without network access
+    reference = torchvision.models.resnet18()
+    url = torchvision.models.ResNet18_Weights.DEFAULT.url
+    offline_hub.mkdir(parents=True, exist_ok=True)
+    torch.save(reference.state_dict(), offline_hub / os.path.basename(url))
+    backbone = get_backbone("resnet18", pretrained=True)
+    torch.testing.assert_close(backbone.layer4[1].conv2.weight, reference.layer4[1].conv2.weight, rtol=0, atol=0)
+
+
+def test_pretrained_backbone_from_file(tmp_path, offline_hub):
+    reference = torchvision.models.resnet18()
+    path = tmp_path / "r18.pth"
+    torch.save(reference.state_dict(), path)
+    backbone = get_backbone("resnet18", pretrained=str(path))
+    torch.testing.assert_close(backbone.conv1.weight, reference.conv1.weight, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"r18.pth.*ResNetBackbone.*shape mismatches: layer1"):
+        get_backbone("resnet50", pretrained=path)
+    torch.save([1, 2, 3], path)
+    with pytest.raises(ValueError, match="does not contain a state dict"):
+        get_backbone("resnet18", pretrained=path)
+    # pretrained=False (the default everywhere) never goes to the hub
+    build("fcn")
+    assert not offline_hub.exists() or not any(offline_hub.iterdir())
+
+
+# ------------------------------------------------------------------------------------ torchvision compatibility
+@pytest.mark.parametrize("name, factory, weights", [
+    ("fcn", fcn_resnet50, FCN_ResNet50_Weights.DEFAULT),
+    ("deeplab", deeplabv3_resnet50, DeepLabV3_ResNet50_Weights.DEFAULT),
+])
+def test_torchvision_segmentation_compatibility(name, factory, weights, offline_hub):
+    torch.manual_seed(0)
+    reference = factory(weights=None, weights_backbone=None, num_classes=21, aux_loss=True).eval()
+    randomize_running_stats(reference)
+    ours = get_segmentation_model(name, backbone="resnet50", nclass=21, aux=True).eval()
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in reference.parameters())
+    ours.load_state_dict(reference.state_dict())  # same keys, no mapping
+    x = torch.randn(1, 3, 48, 48)
+    expected, got = reference(x), ours(x)
+    assert list(got) == list(expected)
+    for key in expected:
+        assert torch.equal(got[key], expected[key]), key
+    # pretrained="torchvision" goes through torchvision's weights API (here: from a pre-filled cache)
+    with pytest.raises(RuntimeError, match="could not download"):
+        get_segmentation_model(name, nclass=21, aux=True, pretrained="torchvision")
+    offline_hub.mkdir(parents=True, exist_ok=True)
+    torch.save(reference.state_dict(), offline_hub / os.path.basename(weights.url))
+    loaded = get_segmentation_model(name, nclass=21, pretrained=True).eval()  # no aux: aux weights dropped
+    assert loaded.aux_classifier is None and torch.equal(loaded(x)["out"], expected["out"])
+    with pytest.raises(ValueError, match="predict 21 classes"):
+        get_segmentation_model(name, nclass=NCLASS, pretrained="torchvision")
+
+
+# ------------------------------------------------------------------------------------------------ multi-scale
+class PixelLinear(nn.Module):
+    """A per-pixel linear map (1x1 conv): translation- and flip-equivariant, unaffected by padding elsewhere."""
+
+    def __init__(self, nclass=4):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, nclass, 1).double()
+        self.calls = []
+
+    def forward(self, x):
+        self.calls.append(x.clone())
+        return {"out": self.conv(x)}
+
+
+def test_multieval_sliding_windows_stitch_exactly():
+    model = PixelLinear()
+    image = torch.randn(1, 3, 45, 56, dtype=torch.float64)
+    evaluator = MultiEvalModule(model, 4, base_size=56, crop_size=24, scales=(1.0,))
+    result = evaluator(image)
+    torch.testing.assert_close(result, model.conv(image).detach(), rtol=1e-12, atol=1e-12)
+    # windows every int(24 * 2/3) = 16 px: 3 rows (0, 16, 32) x 3 columns (0, 16, 32), each also flipped
+    assert len(model.calls) == 18 and all(c.shape == (1, 3, 24, 24) for c in model.calls)
+    assert all(torch.equal(b, a.flip(-1)) for a, b in zip(model.calls[::2], model.calls[1::2]))
+
+
+def test_multieval_scales_windows_and_mean():
+    model = PixelLinear()
+    image = torch.full((2, 3, 64, 64), 0.3, dtype=torch.float64)
+    result = MultiEvalModule(model, 4, base_size=64, crop_size=64, scales=(0.5, 1.0, 1.5))(image)
+    # 0.5: 32x32 padded to 64 (1 window); 1.0: 1 window; 1.5: 96x96, stride 42 -> 2 x 2 windows; all flipped
+    assert len(model.calls) == 2 * (1 + 1 + 4) and all(c.shape == (2, 3, 64, 64) for c in model.calls)
+    assert model.calls[0][0, 0, 31, 31] == 0.3 and model.calls[0][0, 0, 32, 32] == -0.485 / 0.229
+    expected = model.conv(image[:, :, :1, :1]).detach().expand(-1, -1, 64, 64)  # the mean over scales, not a sum
+    torch.testing.assert_close(result, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_multieval_pads_small_images_with_black():
+    class GlobalMean(nn.Module):
+        def forward(self, x):
+            return x[:, :1].mean((2, 3), keepdim=True).expand(-1, 2, *x.shape[-2:])
+
+    image = torch.randn(1, 3, 20, 30, dtype=torch.float64)
+    result = MultiEvalModule(GlobalMean(), 2, base_size=30, crop_size=40, scales=(1.0,), flip=False)(image)
+    pad = -0.485 / 0.229
+    expected = (image[0, 0].sum() + pad * (40 * 40 - 20 * 30)) / (40 * 40)
+    torch.testing.assert_close(result, expected.expand(1, 2, 20, 30), rtol=1e-12, atol=1e-12)
+
+
+def test_multieval_flip_averages_mirrored_logits():
+    class Ramp(nn.Module):  # logits = column index, whatever the input
+        def forward(self, x):
+            return torch.arange(x.shape[-1], dtype=x.dtype).expand(x.shape[0], 1, *x.shape[-2:])
+
+    image = torch.randn(1, 3, 16, 16)
+    flipped = MultiEvalModule(Ramp(), 1, base_size=16, crop_size=16, scales=(1.0,), flip=True)(image)
+    torch.testing.assert_close(flipped, torch.full((1, 1, 16, 16), 7.5))
+    plain = MultiEvalModule(Ramp(), 1, base_size=16, crop_size=16, scales=(1.0,), flip=False)(image)
+    torch.testing.assert_close(plain, torch.arange(16.0).expand(1, 1, 16, 16))
+
+
+def test_multieval_on_a_model():
+    model = build("fcn").eval()
+    evaluator = MultiEvalModule(model, NCLASS, base_size=64, crop_size=48, scales=(0.75, 1.0))
+    result = evaluator(torch.randn(1, 3, 50, 70))
+    assert result.shape == (1, NCLASS, 50, 70) and not result.requires_grad
+    with pytest.raises(ValueError, match=r"B x 3 x H x W"):
+        evaluator(torch.randn(3, 50, 70))
+
+
+# ------------------------------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_model_on_cuda_matches_cpu(name, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    torch.manual_seed(0)
+    se = ARCHITECTURES[name].se_loss
+    model = build(name, aux=True, se_loss=se).eval()
+    randomize_running_stats(model)
+    with torch.no_grad():
+        for m in model.modules():  # let the attention branches contribute
+            if hasattr(m, "gamma"):
+                m.gamma.fill_(0.5)
+    x = torch.randn(2, 3, 64, 64)
+    expected = model(x)
+    got = model.cuda()(x.cuda())
+    assert set(got) == set(expected)
+    for key in expected:
+        torch.testing.assert_close(got[key].cpu(), expected[key], rtol=1e-4, atol=1e-4)
+    model.train()
+    sum(v.square().mean() for v in model(x.cuda()).values()).backward()
+    assert all(p.grad is not None and p.grad.is_cuda for p in model.parameters())
+    evaluator = MultiEvalModule(model.eval(), NCLASS, base_size=64, crop_size=48, scales=(0.75, 1.25))
+    assert evaluator(x.cuda()).device.type == "cuda"

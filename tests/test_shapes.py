@@ -1,0 +1,124 @@
+"""The embedded ``shapes`` dataset: scene generator, atomic/idempotent generation, and loading through the dataset."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import encoding.datasets.shapes as shapes
+from encoding.datasets import DatasetError, ShapesSegmentation, get_segmentation_dataset, pad_collate
+
+
+def _scenes(seed, n, split="train"):
+    return [shapes._scene_for(seed, split, i) for i in range(n)]
+
+
+def test_scenes_are_deterministic_per_seed_and_index():
+    a, b = _scenes(3, 3), _scenes(3, 3)
+    for (ia, la), (ib, lb) in zip(a, b):
+        assert np.array_equal(ia, ib) and np.array_equal(la, lb)
+    other = _scenes(4, 3)
+    assert not any(np.array_equal(la, lo) for (_, la), (_, lo) in zip(a, other))
+    # each image has its own stream: generating image 2 alone gives the same scene
+    image, label = shapes._scene_for(3, "train", 2)
+    assert np.array_equal(image, a[2][0]) and np.array_equal(label, a[2][1])
+
+
+def test_scenes_have_all_classes_sizes_and_thin_ignore_boundaries():
+    scenes = _scenes(0, 40)
+    seen = set()
+    for image, label in scenes:
+        h, w = label.shape
+        assert image.shape == (h, w, 3) and image.dtype == np.uint8 and label.dtype == np.uint8
+        assert shapes.SIDE_RANGE[0] <= h <= shapes.SIDE_RANGE[1] and shapes.SIDE_RANGE[0] <= w <= shapes.SIDE_RANGE[1]
+        values = set(np.unique(label).tolist())
+        assert values <= set(range(7)) | {255}
+        seen |= values
+        # every boundary between two labels is covered by ignore: 4-neighbours never hold two different classes
+        for a, b in ((label[1:, :], label[:-1, :]), (label[:, 1:], label[:, :-1])):
+            both = (a != 255) & (b != 255)
+            assert np.all(a[both] == b[both])
+        ignore = label == 255
+        assert ignore.mean() < 0.15  # thin band, not a mask of its own
+    assert seen == set(range(7)) | {255}
+    sizes = {label.shape for _, label in scenes}
+    assert len(sizes) > 10  # varied image sizes (exercises the padding collate)
+
+
+def test_object_colour_does_not_give_away_the_class():
+    """Colours are drawn independently of the class: per-class mean colours are close to one another."""
+    sums, counts = np.zeros((7, 3)), np.zeros(7)
+    for image, label in _scenes(1, 60):
+        for cls in range(1, 7):
+            inside = label == cls
+            if inside.any():
+                sums[cls] += image[inside].mean(0)
+                counts[cls] += 1
+    means = sums[1:] / counts[1:, None]
+    assert counts[1:].min() >= 15
+    spread = np.abs(means[:, None, :] - means[None, :, :]).max()
+    assert spread < 45, means
+
+
+def test_generation_layout_marker_and_idempotence(tmp_path):
+    folder = shapes.ensure_shapes(str(tmp_path), seed=5, num_train=6, num_val=3, progress=False)
+    assert folder == str(tmp_path / "shapes-seed5-6-3")
+    for split, n in (("train", 6), ("val", 3), ("trainval", 9)):
+        with open(os.path.join(folder, "ImageSets", split + ".txt")) as f:
+            assert len(f.read().split()) == n
+    assert len(os.listdir(os.path.join(folder, "JPEGImages"))) == 9
+    assert len(os.listdir(os.path.join(folder, "SegmentationClass"))) == 9
+    with open(os.path.join(folder, shapes.MARKER)) as f:
+        marker = json.load(f)
+    assert marker["generator_version"] == shapes.GENERATOR_VERSION and marker["seed"] == 5
+    stamp = os.stat(os.path.join(folder, "JPEGImages", "train_00000.jpg")).st_mtime_ns
+    assert shapes.ensure_shapes(str(tmp_path), seed=5, num_train=6, num_val=3, progress=False) == folder
+    assert os.stat(os.path.join(folder, "JPEGImages", "train_00000.jpg")).st_mtime_ns == stamp  # not regenerated
+    # A stale marker (older generator) triggers a regeneration.
+    marker["generator_version"] = -1
+    with open(os.path.join(folder, shapes.MARKER), "w") as f:
+        json.dump(marker, f)
+    shapes.ensure_shapes(str(tmp_path), seed=5, num_train=6, num_val=3, progress=False)
+    with open(os.path.join(folder, shapes.MARKER)) as f:
+        assert json.load(f)["generator_version"] == shapes.GENERATOR_VERSION
+    assert sorted(os.listdir(tmp_path)) == ["shapes-seed5-6-3"]  # no staging or old folders left
+
+
+def test_interrupted_generation_leaves_no_dataset(tmp_path, monkeypatch):
+    real = shapes._scene_for
+    calls = []
+
+    def dying(seed, split, index):
+        calls.append(index)
+        if len(calls) == 4:
+            raise KeyboardInterrupt("killed")
+        return real(seed, split, index)
+
+    monkeypatch.setattr(shapes, "_scene_for", dying)
+    with pytest.raises(KeyboardInterrupt):
+        ShapesSegmentation(str(tmp_path), split="train", num_train=6, num_val=2, progress=False)
+    assert os.listdir(tmp_path) == []
+    monkeypatch.setattr(shapes, "_scene_for", real)
+    ds = ShapesSegmentation(str(tmp_path), split="train", num_train=6, num_val=2, progress=False)
+    assert len(ds) == 6
+
+
+def test_dataset_reads_generated_files_in_every_mode(tmp_path):
+    kw = dict(root=str(tmp_path), num_train=8, num_val=4, progress=False)
+    train = get_segmentation_dataset("shapes", split="train", **kw)
+    assert (train.base_size, train.crop_size) == (ShapesSegmentation.BASE_SIZE, ShapesSegmentation.CROP_SIZE)
+    torch.manual_seed(0)
+    image, mask = train[0]
+    assert image.shape == (3, 128, 128) and mask.dtype == torch.int64
+    assert int(mask.min()) >= -1 and int(mask.max()) <= 6
+    val = get_segmentation_dataset("shapes", split="val", mode="testval", return_name=True, **kw)
+    image, mask, name = val[1]
+    raw = np.array(Image.open(os.path.join(val.dataset_dir, "SegmentationClass", "val_00001.png")))
+    assert name == "val_00001.jpg"
+    assert torch.equal(mask, torch.from_numpy(np.where(raw == 255, -1, raw.astype(np.int64))))
+    images, masks, names = pad_collate([val[i] for i in range(4)])
+    assert images.shape[0] == 4 and list(names) == [f"val_{i:05d}.jpg" for i in range(4)]
+    with pytest.raises(DatasetError, match="shapes dataset not found"):
+        ShapesSegmentation(str(tmp_path / "empty"), generate=False)
