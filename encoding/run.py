@@ -134,13 +134,14 @@ def build_run(args: argparse.Namespace) -> TrainingRun:
     synced = distributed or len(device_ids) > 1
     model = get_segmentation_model(args.model, dataset=args.dataset, backbone=args.backbone, aux=args.aux,
                                    se_loss=args.se_loss, pretrained_backbone=args.pretrained,
+                                   output_stride=args.output_stride,
                                    norm_layer=SyncBatchNorm if synced else nn.BatchNorm2d).to(model_device)
     criterion = SegmentationLosses(se_loss=args.se_loss, se_weight=args.se_weight, nclass=nclass, aux=args.aux,
                                    aux_weight=args.aux_weight, ignore_index=-1).to(model_device)
     optimizer = torch.optim.SGD(param_groups(model), lr=args.lr, momentum=args.momentum,
                                 weight_decay=args.weight_decay)
     scheduler = LR_Scheduler(args.lr_scheduler, args.lr, args.epochs, len(train_loader), lr_step=args.lr_step,
-                             warmup_epochs=args.warmup_epochs)
+                             warmup_epochs=args.warmup_epochs, head_multiplier=args.head_lr_mult)
     amp_dtype = _AMP_DTYPES[args.amp]
     scaler = torch.amp.GradScaler(model_device.type) if amp_dtype == torch.float16 else None
     start_epoch, best_pred = args.start_epoch, 0.0

@@ -4,7 +4,7 @@ import argparse
 # Per-dataset recipe defaults (PyTorch-Encoding's train.py; lr is for batch 16 and scales linearly with the batch).
 # `shapes` is the embedded offline dataset: a small model learns it in a few CPU minutes.
 RECIPES = {
-    "shapes": dict(epochs=6, lr=0.02, batch_size=8, model="fcn", backbone="resnet18"),
+    "shapes": dict(epochs=16, lr=0.02, batch_size=8, model="fcn", backbone="resnet18", output_stride=16),
     "coco": dict(epochs=30, lr=0.004),
     "pascal_aug": dict(epochs=80, lr=0.001),
     "pascal_voc": dict(epochs=50, lr=0.0001),
@@ -12,7 +12,7 @@ RECIPES = {
     "ade20k": dict(epochs=180, lr=0.004),
     "citys": dict(epochs=240, lr=0.004),
 }
-GENERIC = dict(epochs=50, lr=0.004, batch_size=16, model="encnet", backbone="resnet50")
+GENERIC = dict(epochs=50, lr=0.004, batch_size=16, model="encnet", backbone="resnet50", output_stride=None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-scheduler", default="poly", choices=["poly", "cos", "step"])
     p.add_argument("--lr-step", type=int, default=0)
     p.add_argument("--warmup-epochs", type=int, default=0)
+    p.add_argument("--head-lr-mult", type=float, default=None,
+                   help="learning-rate factor of the heads (default: 10 with --pretrained, as in PE; else 1)")
+    p.add_argument("--output-stride", type=int, default=None, choices=[8, 16, 32],
+                   help="backbone output stride (default: the recipe's; else the model's, 8 for dilated models)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="mixed precision")
@@ -62,11 +66,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     """Parse ``argv`` and fill unset options from the dataset recipe."""
     args = build_parser().parse_args(argv)
     recipe = {**GENERIC, **RECIPES.get(args.dataset, {})}
-    for name in ("epochs", "batch_size", "model", "backbone"):
+    for name in ("epochs", "batch_size", "model", "backbone", "output_stride"):
         if getattr(args, name) is None:
             setattr(args, name, recipe[name])
     if args.lr is None:
         args.lr = recipe["lr"] if args.dataset == "shapes" else recipe["lr"] * args.batch_size / 16
+    if args.head_lr_mult is None:
+        args.head_lr_mult = 10.0 if args.pretrained else 1.0
     if args.test_batch_size is None:
         args.test_batch_size = args.batch_size
     return args

@@ -23,10 +23,12 @@ from encoding.utils import EpochLogger, format_table, is_main_process, save_chec
 def main(argv=None) -> dict:
     args = parse_args(argv)
     run = build_run(args)
-    print(run.describe())
+    if is_main_process():
+        print(run.describe())
     if args.eval:
         result = evaluate(run.model, run.val_loader, run.metric, run.input_device, run.amp_dtype)
-        print(format_table(result, run.class_names))
+        if is_main_process():
+            print(format_table(result, run.class_names))
         return result
     best_pred, result = run.best_pred, {}
     with EpochLogger(run.output_dir) as log:
