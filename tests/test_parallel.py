@@ -286,6 +286,22 @@ def test_mismatched_splits_raise_clearly():
         DataParallelCriterion(nn.MSELoss(), CPU3)(outputs, torch.zeros(6, 2))
 
 
+def test_unbatched_tensors_are_fine_when_nothing_is_split():
+    """Like torch's DataParallel, [] and one device call the module directly: no split, so no size check."""
+
+    class Scaled(nn.Module):
+        def forward(self, x, scale):
+            return x * scale
+
+    x, scale = torch.ones(5, 3), torch.tensor([1.0, 2.0, 3.0])
+    for device_ids in ([], ["cpu"]):
+        outputs = DataParallelModel(Scaled(), device_ids)(x, scale)
+        torch.testing.assert_close(outputs[0], x * scale)
+        assert outputs.split_sizes == [None]
+    with pytest.raises(ValueError, match="split differently"):
+        DataParallelModel(Scaled(), ["cpu"] * 2)(x, scale)
+
+
 def test_criterion_uses_model_split_not_a_fresh_chunking():
     """Targets follow the model's split even when outputs came from fewer replicas than the criterion's devices."""
     net = nn.Linear(3, 2).double()

@@ -12,12 +12,12 @@ from .parallel_apply import ReplicaAbortedError, ReplicaContext, get_replica_con
 from .reduction import LossTerm, criterion_loss_terms, cross_entropy_terms, reduce_loss_terms
 from .replicate import (CallbackContext, DataParallelWithCallback, execute_replication_callbacks,
                         patch_replication_callback, replicate)
-from .scatter_gather import batch_size_of, gather, get_split_sizes, scatter, scatter_kwargs
+from .scatter_gather import batch_size_of, gather, get_split_sizes, scatter, scatter_kwargs, to_device
 from .structures import PerSample
 
 __all__ = [
     "DataParallelModel", "DataParallelCriterion", "data_parallel", "ReplicaOutputs",
-    "scatter", "scatter_kwargs", "gather", "replicate", "parallel_apply", "get_split_sizes", "batch_size_of",
+    "scatter", "scatter_kwargs", "gather", "to_device", "replicate", "parallel_apply", "get_split_sizes", "batch_size_of",
     "PerSample", "CallbackContext", "execute_replication_callbacks", "patch_replication_callback",
     "DataParallelWithCallback", "allreduce", "AllReduce", "broadcast",
     "ReplicaContext", "ReplicaAbortedError", "get_replica_context",

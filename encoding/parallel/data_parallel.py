@@ -12,7 +12,7 @@ from .devices import DeviceLike, check_module_device, resolve_device, resolve_de
 from .parallel_apply import parallel_apply
 from .reduction import criterion_loss_terms, reduce_loss_terms
 from .replicate import replicate
-from .scatter_gather import batch_size_of, gather, scatter_kwargs
+from .scatter_gather import batch_size_of, gather, scatter_kwargs, to_device
 from .structures import iter_leaves
 
 __all__ = ["ReplicaOutputs", "DataParallelModel", "DataParallelCriterion", "data_parallel"]
@@ -122,10 +122,8 @@ class DataParallelModel(_DataParallelBase):
         return fn
 
     def _run(self, method: Optional[str], inputs: tuple, kwargs: dict) -> ReplicaOutputs:
-        if not self.device_ids:
-            output = self._method(self.module, method)(*inputs, **kwargs)
-            return ReplicaOutputs([output], [batch_size_of((inputs, kwargs), self.dim)], [_device_of(output)],
-                                  self.dim)
+        if len(self.device_ids) <= 1:  # like torch: call the module directly, nothing to split or check
+            return self._run_direct(method, inputs, kwargs)
         check_module_device(self.module, self.device_ids[0])
         inputs_per_replica, kwargs_per_replica, sizes = scatter_kwargs(inputs, kwargs, self.device_ids, self.dim)
         devices = self.device_ids[:len(sizes)]
@@ -136,6 +134,19 @@ class DataParallelModel(_DataParallelBase):
         outputs = parallel_apply([self._method(r, method) for r in replicas], inputs_per_replica,
                                  kwargs_per_replica, devices)
         return ReplicaOutputs(outputs, sizes, devices, self.dim)
+
+
+    def _run_direct(self, method: Optional[str], inputs: tuple, kwargs: dict) -> ReplicaOutputs:
+        if self.device_ids:
+            check_module_device(self.module, self.device_ids[0])
+            inputs, kwargs = to_device((inputs, kwargs), self.device_ids[0])
+        output = self._method(self.module, method)(*inputs, **kwargs)
+        try:
+            size = batch_size_of((inputs, kwargs), self.dim)
+        except ValueError:  # tensors that are not batched: fine when nothing is split
+            size = None
+        device = self.device_ids[0] if self.device_ids else _device_of(output)
+        return ReplicaOutputs([output], [size], [device], self.dim)
 
 
 def _device_of(output: Any) -> torch.device:
@@ -184,9 +195,8 @@ class DataParallelCriterion(_DataParallelBase):
         if not outputs:
             raise ValueError("DataParallelCriterion got an empty list of outputs")
         if len(outputs) == 1:
-            device = self._replica_device(outputs[0], 0)
-            parts, kw_parts, _ = scatter_kwargs(targets, kwargs, [device])
-            return self.criterion(outputs[0], *parts[0], **kw_parts[0])
+            targets, kwargs = to_device((targets, kwargs), self._replica_device(outputs[0], 0))
+            return self.criterion(outputs[0], *targets, **kwargs)
         sizes = self._split_sizes(outputs)
         devices = [self._replica_device(o, i) for i, o in enumerate(outputs)]
         target_parts, kw_parts, _ = scatter_kwargs(targets, kwargs, devices, self.dim, split_sizes=sizes)

@@ -10,7 +10,7 @@ from torch.nn.parallel._functions import Scatter as _CudaScatter
 from .devices import DeviceLike, all_distinct_cuda, resolve_device, resolve_devices
 from .structures import PerSample, iter_leaves, transpose_map, zip_map
 
-__all__ = ["get_split_sizes", "batch_size_of", "scatter", "scatter_kwargs", "gather"]
+__all__ = ["get_split_sizes", "batch_size_of", "scatter", "scatter_kwargs", "gather", "to_device"]
 
 
 def get_split_sizes(batch_size: int, num_devices: int) -> List[int]:
@@ -144,6 +144,17 @@ def scatter_kwargs(inputs: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]], de
     """
     parts, sizes = _scatter_tree((tuple(inputs), kwargs or {}), devices, dim, split_sizes, "args")
     return [p[0] for p in parts], [p[1] for p in parts], sizes
+
+
+def to_device(tree: Any, device: DeviceLike) -> Any:
+    """Move every tensor of a nested structure to ``device`` (nothing is split or checked).
+
+    Example:
+        >>> to_device({"x": torch.zeros(2), "tag": "a"}, "cpu")["tag"]
+        'a'
+    """
+    device = resolve_device(device)
+    return transpose_map(lambda leaf: [leaf.to(device) if isinstance(leaf, Tensor) else leaf], tree, 1)[0]
 
 
 def _gather_leaf(values: List[Any], target: torch.device, dim: int) -> Any:
