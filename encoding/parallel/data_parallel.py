@@ -135,7 +135,6 @@ class DataParallelModel(_DataParallelBase):
                                  kwargs_per_replica, devices)
         return ReplicaOutputs(outputs, sizes, devices, self.dim)
 
-
     def _run_direct(self, method: Optional[str], inputs: tuple, kwargs: dict) -> ReplicaOutputs:
         if self.device_ids:
             check_module_device(self.module, self.device_ids[0])
