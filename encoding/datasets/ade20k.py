@@ -5,9 +5,8 @@ import glob
 import os
 from typing import List, Mapping, Optional, Tuple
 
-import numpy as np
 
-from .base import BaseDataset, DatasetError, default_root, shifted_table
+from .base import BaseDataset, DatasetError, ShiftedLabels, default_root
 from .resources import Resource, fetch_resources
 from ..utils.files import extract
 
@@ -40,7 +39,7 @@ RESOURCES = {
 _SPLIT_FOLDERS = {"train": ("training",), "val": ("validation",), "trainval": ("training", "validation")}
 
 
-class ADE20KSegmentation(BaseDataset):
+class ADE20KSegmentation(ShiftedLabels, BaseDataset):
     """ADE20K scene parsing.
 
     Layout under the data root::
@@ -62,14 +61,6 @@ class ADE20KSegmentation(BaseDataset):
     @property
     def dataset_dir(self) -> str:
         return os.path.join(self.root, "release_test" if self.split == "test" else self.BASE_DIR)
-
-    @property
-    def pred_offset(self) -> int:
-        return 1
-
-    @classmethod
-    def label_table(cls) -> np.ndarray:
-        return shifted_table(cls.NUM_CLASS)
 
     def _find_samples(self) -> Tuple[List[str], Optional[List[str]]]:
         if self.split == "test":

@@ -36,6 +36,7 @@ __all__ = [
     "read_split_file",
     "identity_table",
     "shifted_table",
+    "ShiftedLabels",
     "mapped_table",
     "MODES",
 ]
@@ -363,3 +364,16 @@ class BaseDataset(Dataset):
                 del self.masks[i]
         self._bad.clear()
         return len(bad)
+
+
+class ShiftedLabels:
+    """Mixin for datasets whose raw label 0 means "other" (ignored) and class ``k`` is stored as ``k + 1``
+    (ADE20K, PASCAL-Context): the label table shifts by one and predictions are written back with offset 1."""
+
+    @property
+    def pred_offset(self) -> int:
+        return 1
+
+    @classmethod
+    def label_table(cls) -> np.ndarray:
+        return shifted_table(cls.NUM_CLASS)

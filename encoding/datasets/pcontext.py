@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
-from .base import BaseDataset, DatasetError, default_root, shifted_table
+from .base import BaseDataset, DatasetError, ShiftedLabels, default_root
 from .pascal_voc import list_split
 from .resources import Resource, fetch_resources
 from ..utils.files import extract, staged_dir
@@ -50,7 +50,7 @@ MASK_DIR = "SegmentationClassContext"
 LIST_DIR = os.path.join("ImageSets", "SegmentationContext")
 
 
-class ContextSegmentation(BaseDataset):
+class ContextSegmentation(ShiftedLabels, BaseDataset):
     """PASCAL-Context with the usual 59 classes (background / other ignored).
 
     Layout under the data root (``scripts/prepare_pcontext.py`` builds the last two from the JSON)::
@@ -71,14 +71,6 @@ class ContextSegmentation(BaseDataset):
     @property
     def dataset_dir(self) -> str:
         return os.path.join(self.root, self.BASE_DIR)
-
-    @property
-    def pred_offset(self) -> int:
-        return 1
-
-    @classmethod
-    def label_table(cls) -> np.ndarray:
-        return shifted_table(cls.NUM_CLASS)
 
     def _check_root(self) -> None:
         super()._check_root()

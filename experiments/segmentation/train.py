@@ -10,7 +10,6 @@ loss reduction, SyncBatchNorm across replicas); under torchrun each process owns
 import os
 import sys
 
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from option import parse_args  # noqa: E402
