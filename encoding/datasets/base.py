@@ -155,6 +155,8 @@ class BaseDataset(Dataset):
     NUM_CLASS: ClassVar[int] = 0
     CLASSES: ClassVar[Tuple[str, ...]] = ()
     SPLITS: ClassVar[Tuple[str, ...]] = ("train", "val")
+    #: Folder of the dataset under the data root ("" = the root itself).
+    BASE_DIR: ClassVar[str] = ""
     BASE_SIZE: ClassVar[int] = 520
     CROP_SIZE: ClassVar[int] = 480
     SCALE_RANGE: ClassVar[Tuple[float, float]] = (0.5, 2.0)
@@ -205,8 +207,8 @@ class BaseDataset(Dataset):
 
     @property
     def dataset_dir(self) -> str:
-        """The folder holding this dataset under :attr:`root`."""
-        return self.root
+        """The folder holding this dataset: :attr:`root` joined with the class's ``BASE_DIR`` (if any)."""
+        return os.path.join(self.root, self.BASE_DIR) if self.BASE_DIR else self.root
 
     def _find_samples(self) -> Tuple[List[str], Optional[List[str]]]:
         """Return the image paths and the matching mask paths (``None`` when the split has no masks)."""

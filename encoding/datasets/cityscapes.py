@@ -53,10 +53,6 @@ class CitySegmentation(BaseDataset):
     CROP_SIZE = 768
     BASE_DIR = "citys"
 
-    @property
-    def dataset_dir(self) -> str:
-        return os.path.join(self.root, self.BASE_DIR)
-
     @classmethod
     def label_table(cls) -> np.ndarray:
         return mapped_table(CITYSCAPES_ID_TO_TRAIN_ID, MAX_LABEL_ID)

@@ -110,10 +110,7 @@ class COCOSegmentation(BaseDataset):
     NUM_CLASS = 21
     CLASSES = VOC_CLASSES
     SPLITS = ("train", "val")
-
-    @property
-    def dataset_dir(self) -> str:
-        return os.path.join(self.root, BASE_DIR)
+    BASE_DIR = BASE_DIR
 
     def _find_samples(self) -> Tuple[List[str], Optional[List[str]]]:
         list_file = build_coco_masks(self.dataset_dir, self.split)

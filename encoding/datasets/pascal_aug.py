@@ -31,10 +31,6 @@ class VOCAugSegmentation(BaseDataset):
     SPLITS = ("train", "val", "trainval")
     BASE_DIR = os.path.join("VOCaug", "dataset")
 
-    @property
-    def dataset_dir(self) -> str:
-        return os.path.join(self.root, self.BASE_DIR)
-
     def _find_samples(self) -> Tuple[List[str], Optional[List[str]]]:
         base = self.dataset_dir
         return list_split(os.path.join(base, self.split + ".txt"), os.path.join(base, "img"), ".jpg",

@@ -50,10 +50,6 @@ class VOCSegmentation(BaseDataset):
     SPLITS = ("train", "val", "trainval", "test")
     BASE_DIR = os.path.join("VOCdevkit", "VOC2012")
 
-    @property
-    def dataset_dir(self) -> str:
-        return os.path.join(self.root, self.BASE_DIR)
-
     def _find_samples(self) -> Tuple[List[str], Optional[List[str]]]:
         base = self.dataset_dir
         return list_split(os.path.join(base, "ImageSets", "Segmentation", self.split + ".txt"),

@@ -68,10 +68,6 @@ class ContextSegmentation(ShiftedLabels, BaseDataset):
     SPLITS = ("train", "val")
     BASE_DIR = BASE_DIR
 
-    @property
-    def dataset_dir(self) -> str:
-        return os.path.join(self.root, self.BASE_DIR)
-
     def _check_root(self) -> None:
         super()._check_root()
         if not os.path.isdir(os.path.join(self.dataset_dir, MASK_DIR)):
