@@ -21,6 +21,8 @@ from .utils.logger import MetricLogger, SmoothedValue
 
 __all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch", "evaluate"]
 
+_EVAL_POSTFIX_EVERY = 10
+
 
 def param_groups(model: nn.Module) -> List[Dict[str, Any]]:
     """Optimizer parameter groups: the backbone first, then everything else (the heads).
@@ -122,11 +124,12 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
         image, target = _inputs_on(batch[:2], model, device)
         with autocast_context(autocast_device, amp_dtype):
             loss = criterion(model(image), target)
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"loss is {loss.item()} at epoch {epoch}, iteration {i}; lower the learning "
+        value = loss.item()  # one host sync per step, used for the check and the log
+        if not math.isfinite(value):
+            raise FloatingPointError(f"loss is {value} at epoch {epoch}, iteration {i}; lower the learning "
                                      "rate or check the data")
         backward_step(loss, optimizer, scaler, clip_grad_norm)
-        meters.update(loss=loss.item(), lr=optimizer.param_groups[0]["lr"])
+        meters.update(loss=value, lr=optimizer.param_groups[0]["lr"])
         bar.set_postfix(meters.postfix())
     meters.synchronize_between_processes()
     return meters.global_averages()
@@ -147,12 +150,13 @@ def evaluate(model: nn.Module, loader: Iterable, metric: Any, device: Optional[t
     metric.reset()
     autocast_device = device if device is not None else torch.device("cpu")
     bar = tqdm(loader, desc="eval", disable=not is_main_process(), dynamic_ncols=True, leave=False)
-    for batch in bar:
+    for i, batch in enumerate(bar):
         image, target = _inputs_on(batch[:2], model, device)
         with autocast_context(autocast_device, amp_dtype):
             outputs = model(image)
         metric.update(outputs, target)
-        pix_acc, miou = metric.get()
-        bar.set_postfix(pixAcc=f"{pix_acc:.4f}", mIoU=f"{miou:.4f}")
+        if i % _EVAL_POSTFIX_EVERY == 0:  # scores need a host sync: refresh the bar only now and then
+            pix_acc, miou = metric.get()
+            bar.set_postfix(pixAcc=f"{pix_acc:.4f}", mIoU=f"{miou:.4f}")
     metric.reduce_from_all_processes()
     return metric.compute()

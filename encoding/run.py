@@ -130,7 +130,8 @@ def build_run(args: argparse.Namespace) -> TrainingRun:
     torch.manual_seed(args.seed + get_rank())
     device_ids, model_device, input_device = _devices(args, distributed)
     train_loader, val_loader, samplers = _loaders(args, distributed, pin_memory=model_device.type == "cuda")
-    nclass = len(_class_names(train_loader.dataset))
+    class_names = _class_names(train_loader.dataset)
+    nclass = len(class_names)
     synced = distributed or len(device_ids) > 1
     model = get_segmentation_model(args.model, dataset=args.dataset, backbone=args.backbone, aux=args.aux,
                                    se_loss=args.se_loss, pretrained_backbone=args.pretrained,
@@ -163,7 +164,7 @@ def build_run(args: argparse.Namespace) -> TrainingRun:
     return TrainingRun(args=args, model=model, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
                        train_loader=train_loader, val_loader=val_loader,
                        metric=SegmentationMetric(nclass, ignore_index=-1, device=model_device),
-                       class_names=_class_names(train_loader.dataset), output_dir=output_dir,
+                       class_names=class_names, output_dir=output_dir,
                        input_device=input_device, device_ids=device_ids, distributed=distributed,
                        amp_dtype=amp_dtype, scaler=scaler, start_epoch=start_epoch, best_pred=best_pred,
                        samplers=samplers)
