@@ -6,14 +6,14 @@ import itertools
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from .devices import DeviceLike, check_module_device, resolve_device, resolve_devices
 from .parallel_apply import parallel_apply
 from .reduction import criterion_loss_terms, reduce_loss_terms
 from .replicate import replicate
 from .scatter_gather import batch_size_of, gather, scatter_kwargs, to_device
-from .structures import iter_leaves
+from .structures import device_of
 
 __all__ = ["ReplicaOutputs", "DataParallelModel", "DataParallelCriterion", "data_parallel"]
 
@@ -33,10 +33,6 @@ class ReplicaOutputs(list):
         self.split_sizes = list(split_sizes)
         self.devices = list(devices)
         self.dim = dim
-
-
-def _first_tensor(obj: Any) -> Optional[Tensor]:
-    return next((leaf for _, leaf in iter_leaves(obj) if isinstance(leaf, Tensor)), None)
 
 
 class _DataParallelBase(nn.Module):
@@ -144,13 +140,8 @@ class DataParallelModel(_DataParallelBase):
             size = batch_size_of((inputs, kwargs), self.dim)
         except ValueError:  # tensors that are not batched: fine when nothing is split
             size = None
-        device = self.device_ids[0] if self.device_ids else _device_of(output)
+        device = self.device_ids[0] if self.device_ids else device_of(output, torch.device("cpu"))
         return ReplicaOutputs([output], [size], [device], self.dim)
-
-
-def _device_of(output: Any) -> torch.device:
-    tensor = _first_tensor(output)
-    return tensor.device if tensor is not None else torch.device("cpu")
 
 
 class DataParallelCriterion(_DataParallelBase):
@@ -208,9 +199,9 @@ class DataParallelCriterion(_DataParallelBase):
         return gather(results, output_device, self.dim)
 
     def _replica_device(self, output: Any, index: int) -> torch.device:
-        tensor = _first_tensor(output)
-        if tensor is not None:
-            return tensor.device
+        device = device_of(output)
+        if device is not None:
+            return device
         if index < len(self.device_ids):
             return self.device_ids[index]
         raise ValueError(f"output {index} holds no tensor and device_ids has no entry {index}")

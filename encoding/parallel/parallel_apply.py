@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .devices import DeviceLike, resolve_device
-from .structures import iter_leaves
+from .structures import device_of
 
 __all__ = ["ReplicaContext", "ReplicaAbortedError", "get_replica_context", "parallel_apply"]
 
@@ -96,13 +96,6 @@ class _ThreadState:
             stack.enter_context(torch.cuda.stream(stream))
 
 
-def _infer_device(args: Any, kwargs: Any) -> torch.device:
-    for _, leaf in iter_leaves((args, kwargs)):
-        if isinstance(leaf, torch.Tensor):
-            return leaf.device
-    return torch.device("cpu")
-
-
 def _describe(index: int, device: torch.device, exc: BaseException) -> str:
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return f"Caught {type(exc).__name__} in replica {index} on device {device}.\nOriginal traceback:\n{text}"
@@ -149,7 +142,7 @@ def parallel_apply(modules: Sequence[Callable[..., Any]], inputs: Sequence[Any],
         raise ValueError(f"parallel_apply got {len(modules)} modules but {len(kwargs_tup)} kwargs")
     inputs = [args if isinstance(args, (tuple, list)) else (args,) for args in inputs]
     devices = ([resolve_device(d) for d in devices] if devices is not None
-               else [_infer_device(a, k) for a, k in zip(inputs, kwargs_tup)])
+               else [device_of((a, k), torch.device("cpu")) for a, k in zip(inputs, kwargs_tup)])
     state = _ThreadState.capture()
     streams = [torch.cuda.current_stream(d) if d.type == "cuda" else None for d in devices]
     failed = threading.Event()

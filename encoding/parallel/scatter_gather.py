@@ -8,7 +8,7 @@ from torch import Tensor
 from torch.nn.parallel._functions import Scatter as _CudaScatter
 
 from .devices import DeviceLike, all_distinct_cuda, resolve_device, resolve_devices
-from .structures import PerSample, iter_leaves, transpose_map, zip_map
+from .structures import PerSample, device_of, iter_leaves, transpose_map, zip_map
 
 __all__ = ["get_split_sizes", "batch_size_of", "scatter", "scatter_kwargs", "gather", "to_device"]
 
@@ -197,8 +197,7 @@ def gather(outputs: Sequence[Any], target_device: Optional[DeviceLike] = None, d
     if not isinstance(outputs, (list, tuple)) or not outputs:
         raise ValueError("gather expects a non-empty list with one output per replica")
     if target_device is None:
-        first = next((leaf for _, leaf in iter_leaves(outputs[0]) if isinstance(leaf, Tensor)), None)
-        target = first.device if first is not None else torch.device("cpu")
+        target = device_of(outputs[0], torch.device("cpu"))
     else:
         target = resolve_device(target_device)
     return zip_map(lambda values: _gather_leaf(values, target, dim), list(outputs))

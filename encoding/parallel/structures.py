@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Callable, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["PerSample", "iter_leaves", "transpose_map", "zip_map"]
+__all__ = ["PerSample", "iter_leaves", "transpose_map", "zip_map", "device_of"]
 
 
 class PerSample(list):
@@ -90,6 +90,12 @@ def iter_leaves(obj: Any, path: str = "") -> Iterator[Tuple[str, Any]]:
         return
     for key, child in _children(obj):
         yield from iter_leaves(child, _join(path, key))
+
+
+def device_of(obj: Any, default: Optional[torch.device] = None) -> Optional[torch.device]:
+    """The device of the first tensor in a nested structure, or ``default`` when it holds none."""
+    tensor = next((leaf for _, leaf in iter_leaves(obj) if isinstance(leaf, torch.Tensor)), None)
+    return tensor.device if tensor is not None else default
 
 
 def transpose_map(fn: Callable[[Any], List[Any]], obj: Any, num: int) -> List[Any]:
