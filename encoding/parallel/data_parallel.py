@@ -11,11 +11,11 @@ from torch import nn
 from .devices import DeviceLike, check_module_device, resolve_device, resolve_devices
 from .parallel_apply import parallel_apply
 from .reduction import criterion_loss_terms, reduce_loss_terms
-from .replicate import replicate
+from .replicate import execute_replication_callbacks, replicate
 from .scatter_gather import batch_size_of, gather, scatter_kwargs, to_device
 from .structures import device_of
 
-__all__ = ["ReplicaOutputs", "DataParallelModel", "DataParallelCriterion", "data_parallel"]
+__all__ = ["ReplicaOutputs", "DataParallelModel", "DataParallelCriterion", "data_parallel", "check_chunk_sizes"]
 
 
 class ReplicaOutputs(list):
@@ -71,6 +71,12 @@ class DataParallelModel(_DataParallelBase):
         device_ids: devices to use (default: all CUDA devices, or ``[]`` without CUDA).
         output_device: kept for API compatibility (used by :meth:`gather`; default ``device_ids[0]``).
         dim: the batch dimension of inputs and outputs.
+        chunk_sizes: explicit samples per device (one entry per device, ``0`` = the device sits this batch out;
+            the argument of torch's C++ ``Scatter``), e.g. ``[1, 3, 3]`` to unload device 0. Every batch must then
+            have ``sum(chunk_sizes)`` samples. Settable later as the ``chunk_sizes`` attribute.
+        balance: ``"memory"`` (or a :class:`~encoding.parallel.memory.MemoryBalancer`) picks, per batch size, the
+            integer split that minimises the heaviest device's simulated peak memory of a training step (see
+            ``docs/memory.md``); ``None`` (default) splits evenly (:func:`~encoding.parallel.get_split_sizes`).
 
     Returns (forward):
         A :class:`ReplicaOutputs` list with one output per replica that ran (fewer than ``len(device_ids)`` when the
@@ -86,12 +92,41 @@ class DataParallelModel(_DataParallelBase):
         >>> outputs = net(torch.randn(7, 4))
         >>> [o.shape[0] for o in outputs]
         [3, 2, 2]
+        >>> net.chunk_sizes = [1, 0, 6]
+        >>> net(torch.randn(7, 4)).split_sizes
+        [1, 6]
     """
 
     def __init__(self, module: nn.Module, device_ids: Optional[Sequence[DeviceLike]] = None,
-                 output_device: Optional[DeviceLike] = None, dim: int = 0):
+                 output_device: Optional[DeviceLike] = None, dim: int = 0,
+                 chunk_sizes: Optional[Sequence[int]] = None, balance: Any = None):
         super().__init__(device_ids, output_device, dim)
         self.module = module
+        self.chunk_sizes = chunk_sizes
+        self.balance = balance
+
+    @property
+    def chunk_sizes(self) -> Optional[List[int]]:
+        """Samples per device (``None``: even split, or the one ``balance`` plans)."""
+        return self._chunk_sizes
+
+    @chunk_sizes.setter
+    def chunk_sizes(self, sizes: Optional[Sequence[int]]) -> None:
+        self._chunk_sizes = None if sizes is None else check_chunk_sizes(sizes, len(self.device_ids))
+
+    @property
+    def balance(self) -> Any:
+        """The split planner (``None`` or a :class:`~encoding.parallel.memory.MemoryBalancer`)."""
+        return self._balance
+
+    @balance.setter
+    def balance(self, balance: Any) -> None:
+        if balance == "memory":
+            from .memory import MemoryBalancer  # lazy: the simulator is only needed when asked for
+            balance = MemoryBalancer()
+        elif balance is not None and not callable(getattr(balance, "plan", None)):
+            raise ValueError(f"balance must be None, 'memory' or a MemoryBalancer, got {balance!r}")
+        self._balance = balance
 
     def forward(self, *inputs: Any, **kwargs: Any) -> ReplicaOutputs:
         return self._run(None, inputs, kwargs)
@@ -117,19 +152,53 @@ class DataParallelModel(_DataParallelBase):
                                  f"'{method}' method")
         return fn
 
+    def device_split(self, inputs: tuple, kwargs: dict) -> Optional[List[int]]:
+        """Samples per device for this call (one entry per device, zeros allowed), or ``None`` for the even split.
+
+        Raises:
+            ValueError: ``chunk_sizes`` and ``balance`` are both set, or ``chunk_sizes`` does not sum to the batch.
+        """
+        if self.chunk_sizes is not None and self.balance is not None:
+            raise ValueError("DataParallelModel: set either chunk_sizes or balance, not both")
+        if self.chunk_sizes is None and self.balance is None:
+            return None
+        batch = batch_size_of((inputs, kwargs), self.dim, name="args")
+        if self.chunk_sizes is not None:
+            if batch is not None and sum(self.chunk_sizes) != batch:
+                raise ValueError(f"chunk_sizes {self.chunk_sizes} sum to {sum(self.chunk_sizes)} but the batch has "
+                                 f"{batch} samples")
+            return self.chunk_sizes
+        if batch is None or len(self.device_ids) <= 1:
+            return None
+        return self.balance.plan(self.module, inputs, kwargs, self.device_ids, self.dim)
+
     def _run(self, method: Optional[str], inputs: tuple, kwargs: dict) -> ReplicaOutputs:
+        split = self.device_split(inputs, kwargs)
         if len(self.device_ids) <= 1:  # like torch: call the module directly, nothing to split or check
             return self._run_direct(method, inputs, kwargs)
         check_module_device(self.module, self.device_ids[0])
-        inputs_per_replica, kwargs_per_replica, sizes = scatter_kwargs(inputs, kwargs, self.device_ids, self.dim)
-        devices = self.device_ids[:len(sizes)]
-        if len(devices) == 1:
+        devices = self.device_ids
+        if split is not None:  # devices with no sample sit this batch out
+            devices = [d for d, n in zip(self.device_ids, split) if n > 0]
+            split = [n for n in split if n > 0]
+        inputs_per_replica, kwargs_per_replica, sizes = scatter_kwargs(inputs, kwargs, devices, self.dim, split)
+        devices = devices[:len(sizes)]
+        if len(devices) == 1 and devices[0] == self.device_ids[0]:
             output = self._method(self.module, method)(*inputs_per_replica[0], **kwargs_per_replica[0])
             return ReplicaOutputs([output], sizes, devices, self.dim)
-        replicas = replicate(self.module, devices)
+        replicas = self._replicate(devices)
         outputs = parallel_apply([self._method(r, method) for r in replicas], inputs_per_replica,
                                  kwargs_per_replica, devices)
         return ReplicaOutputs(outputs, sizes, devices, self.dim)
+
+    def _replicate(self, devices: List[torch.device]) -> List[nn.Module]:
+        """Replicas for ``devices``; when the source device sits out, its copy is made (it aliases the module)
+        and dropped, and the replication callbacks see only the replicas that run."""
+        if devices[0] == self.device_ids[0]:
+            return replicate(self.module, devices)
+        replicas = replicate(self.module, [self.device_ids[0]] + devices, callbacks=False)[1:]
+        execute_replication_callbacks(replicas)
+        return replicas
 
     def _run_direct(self, method: Optional[str], inputs: tuple, kwargs: dict) -> ReplicaOutputs:
         if self.device_ids:
@@ -142,6 +211,22 @@ class DataParallelModel(_DataParallelBase):
             size = None
         device = self.device_ids[0] if self.device_ids else device_of(output, torch.device("cpu"))
         return ReplicaOutputs([output], [size], [device], self.dim)
+
+
+def check_chunk_sizes(sizes: Sequence[int], num_devices: int) -> List[int]:
+    """Validate per-device split sizes: one non-negative integer per device, at least one positive.
+
+    Raises:
+        ValueError: naming the offending value.
+    """
+    sizes = list(sizes)
+    if num_devices and len(sizes) != num_devices:
+        raise ValueError(f"chunk_sizes {sizes} must have one entry per device ({num_devices} devices)")
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes):
+        raise ValueError(f"chunk_sizes {sizes} must be non-negative integers")
+    if not any(sizes):
+        raise ValueError(f"chunk_sizes {sizes} gives no device a sample")
+    return sizes
 
 
 class DataParallelCriterion(_DataParallelBase):

@@ -1,0 +1,114 @@
+"""Per-device split sizes (``chunk_sizes``): skewed and empty shares stay exact (float64, CPU replicas)."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from encoding.nn import SegmentationLosses, convert_sync_batchnorm
+from encoding.parallel import DataParallelCriterion, DataParallelModel
+
+CPU3 = ["cpu"] * 3
+
+
+def close(got, want):
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def _net(nclass=5):
+    return nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(),
+                         nn.Conv2d(6, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6, momentum=None), nn.ReLU(),
+                         nn.Conv2d(6, nclass, 1)).double()
+
+
+def _batch(n, seed, nclass=5, size=6):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, size, size, generator=g, dtype=torch.float64) * 2 + 1
+    y = torch.randint(0, nclass, (n, size, size), generator=g)
+    y[torch.rand(n, size, size, generator=g) < torch.linspace(0.0, 0.6, n).view(n, 1, 1)] = -1  # uneven ignore
+    return x, y
+
+
+def _bn_state(net):
+    return {k: v for k, v in net.state_dict().items() if "running" in k or "num_batches" in k}
+
+
+@pytest.mark.parametrize("chunk_sizes", [[1, 3, 3], [5, 1, 1], [0, 4, 3], [3, 0, 4], [0, 0, 7]],
+                         ids=["1-3-3", "5-1-1", "device0-empty", "middle-empty", "one-device-not-source"])
+def test_skewed_split_matches_plain_training_with_sync_batchnorm(chunk_sizes):
+    """Loss, input and parameter gradients, and BatchNorm statistics over 3 SGD steps equal the whole batch's."""
+    torch.manual_seed(0)
+    plain = _net()
+    sync = convert_sync_batchnorm(copy.deepcopy(plain))
+    model = DataParallelModel(sync, CPU3, chunk_sizes=chunk_sizes)
+    criterion = DataParallelCriterion(SegmentationLosses(nclass=5), CPU3)
+    reference = SegmentationLosses(nclass=5)
+    opt_plain = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
+    opt_sync = torch.optim.SGD(sync.parameters(), lr=0.1, momentum=0.9)
+    for step in range(3):
+        x, y = _batch(7, step)
+        x_plain, x_sync = x.clone().requires_grad_(), x.clone().requires_grad_()
+        loss_plain = reference(plain(x_plain), y)
+        outputs = model(x_sync)
+        assert outputs.split_sizes == [n for n in chunk_sizes if n]
+        assert [o.shape[0] for o in outputs] == outputs.split_sizes
+        assert outputs.devices == [torch.device("cpu")] * len(outputs.split_sizes)
+        loss_sync = criterion(outputs, y)
+        close(loss_sync, loss_plain)
+        opt_plain.zero_grad()
+        opt_sync.zero_grad()
+        loss_plain.backward()
+        loss_sync.backward()
+        close(x_sync.grad, x_plain.grad)
+        for p, q in zip(plain.parameters(), sync.parameters()):
+            close(q.grad, p.grad)
+        opt_plain.step()
+        opt_sync.step()
+    for key, value in _bn_state(plain).items():
+        close(sync.state_dict()[key], value)
+
+
+def test_skewed_split_cross_entropy_loss_is_exact_where_the_unweighted_mean_is_not():
+    torch.manual_seed(1)
+    net = _net().eval()  # plain BatchNorm: running statistics, so only the loss reduction is under test
+    x, y = _batch(7, 3)
+    model = DataParallelModel(net, CPU3, chunk_sizes=[1, 3, 3])
+    outputs = model(x)
+    loss = DataParallelCriterion(nn.CrossEntropyLoss(ignore_index=-1), CPU3)(outputs, y)
+    reference = F.cross_entropy(net(x), y, ignore_index=-1)
+    close(loss, reference)
+    parts = torch.split(y, [1, 3, 3])
+    unweighted = sum(F.cross_entropy(o, t, ignore_index=-1) for o, t in zip(outputs, parts)) / 3
+    assert abs(unweighted.item() - reference.item()) > 1e-4  # far outside the 1e-6 tolerance
+
+
+def test_chunk_sizes_attribute_can_change_between_calls():
+    model = DataParallelModel(nn.Linear(4, 2), CPU3)
+    assert model(torch.randn(7, 4)).split_sizes == [3, 2, 2]
+    model.chunk_sizes = [2, 2, 6]
+    assert model(torch.randn(10, 4)).split_sizes == [2, 2, 6]
+    model.chunk_sizes = None
+    assert model(torch.randn(10, 4)).split_sizes == [4, 3, 3]
+
+
+@pytest.mark.parametrize("sizes,message", [
+    ([1, 2], "one entry per device"),
+    ([1, -1, 2], "non-negative integers"),
+    ([1.5, 1, 1], "non-negative integers"),
+    ([0, 0, 0], "no device a sample"),
+])
+def test_bad_chunk_sizes_are_named(sizes, message):
+    with pytest.raises(ValueError, match=message):
+        DataParallelModel(nn.Linear(4, 2), CPU3, chunk_sizes=sizes)
+
+
+def test_chunk_sizes_must_sum_to_the_batch():
+    model = DataParallelModel(nn.Linear(4, 2), CPU3, chunk_sizes=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"sum to 6 but the batch has 7"):
+        model(torch.randn(7, 4))
+
+
+def test_bad_balance_value_is_named():
+    with pytest.raises(ValueError, match="balance must be None, 'memory'"):
+        DataParallelModel(nn.Linear(4, 2), CPU3, balance="speed")
