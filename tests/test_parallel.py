@@ -1,5 +1,6 @@
 """encoding.parallel: exactness against the plain single-device computation (float64) and the wrapper contract."""
 import collections
+import copy
 import dataclasses
 import gc
 import threading
@@ -9,10 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from encoding.parallel import (CallbackContext, DataParallelCriterion, DataParallelModel, LossTerm, PerSample,
-                               ReplicaAbortedError, allreduce, data_parallel, gather, get_replica_context,
-                               get_split_sizes, parallel_apply, patch_replication_callback, reduce_loss_terms,
-                               replicate, scatter)
+from encoding.nn import SyncBatchNorm
+from encoding.parallel import (CallbackContext, DataParallelCriterion, DataParallelModel, DataParallelWithCallback,
+                               LossTerm, PerSample, ReplicaAbortedError, allreduce, broadcast, data_parallel, gather,
+                               get_replica_context, get_split_sizes, parallel_apply, patch_replication_callback,
+                               reduce_loss_terms, replicate, scatter)
 
 CPU3 = ["cpu"] * 3
 TOL = dict(rtol=0, atol=1e-6)
@@ -447,6 +449,48 @@ def test_allreduce_sums_and_is_differentiable():
         allreduce(2, a, b, c)
 
 
+def test_broadcast_copies_of_tensors_without_grad_do_not_require_grad():
+    a = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, dtype=torch.float64)
+    copies = broadcast([a, b], [torch.device("cpu")] * 3)
+    assert [[t.requires_grad for t in replica] for replica in copies] == [[True, False]] * 3
+    assert all(torch.equal(replica[1], b) for replica in copies)
+    sum(replica[0] * (j + 1) for j, replica in enumerate(copies)).sum().backward()
+    torch.testing.assert_close(a.grad, torch.full_like(a, 6.0), **TOL)
+
+
+def test_lazy_module_with_uninitialized_parameters_is_refused_clearly():
+    with pytest.raises(RuntimeError, match="uninitialized parameters can't be used with DataParallel"):
+        DataParallelModel(nn.LazyLinear(3), CPU3)(torch.randn(6, 4))
+    lazy = nn.LazyLinear(3).double()
+    x = torch.randn(6, 4, dtype=torch.float64)
+    torch.testing.assert_close(torch.cat(list(DataParallelModel(lazy, [])(x))), lazy(x), **TOL)  # direct call inits
+    torch.testing.assert_close(torch.cat(list(DataParallelModel(lazy, CPU3)(x))), lazy(x), **TOL)
+
+
+def test_data_parallel_none_means_no_inputs():
+    class Constant(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.value = nn.Parameter(torch.ones(2, dtype=torch.float64))
+
+        def forward(self):
+            return self.value * 3
+
+    torch.testing.assert_close(data_parallel(Constant(), None, CPU3), torch.full((2,), 3.0, dtype=torch.float64))
+
+
+def test_minus_one_is_the_cpu_like_torch_gather():
+    parts = [torch.ones(2, 3), torch.zeros(1, 3)]
+    assert gather(parts, -1).device == torch.device("cpu")
+    net = nn.Linear(4, 2).double()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    torch.testing.assert_close(data_parallel(net, x, CPU3, output_device=-1), net(x), **TOL)
+    assert DataParallelModel(net, [-1, -1]).device_ids == [torch.device("cpu")] * 2
+    with pytest.raises(ValueError, match="negative"):
+        gather(parts, -2)
+
+
 class Recorder(nn.Module):
     def __init__(self):
         super().__init__()
@@ -480,6 +524,74 @@ def test_patch_replication_callback_wraps_replicate():
     assert [r.record[1] for r in replicas] == [0, 1]
     with pytest.raises(TypeError, match="DataParallel"):
         patch_replication_callback(nn.Linear(1, 1))
+
+
+def test_data_parallel_model_is_a_torch_data_parallel_with_device_agnostic_ids():
+    net = nn.Linear(4, 2).double()
+    model = DataParallelModel(net, CPU3)
+    assert isinstance(model, nn.DataParallel)
+    assert (model.module if isinstance(model, nn.DataParallel) else model) is net
+    assert model.device_ids == [torch.device("cpu")] * 3  # torch's __init__ would reset them to [] without CUDA
+    assert model.src_device_obj == torch.device("cpu") and model.output_device == torch.device("cpu")
+    assert list(model.state_dict()) == ["module.weight", "module.bias"]
+    assert DataParallelModel(net, []).src_device_obj is None
+
+
+class Overridden(DataParallelModel):
+    """torch-style overrides of the four steps, recording that each one ran."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = []
+
+    def scatter(self, inputs, kwargs, device_ids):
+        self.calls.append(("scatter", len(device_ids)))
+        return super().scatter(inputs, kwargs, device_ids)
+
+    def replicate(self, module, device_ids):
+        self.calls.append(("replicate", len(device_ids)))
+        return super().replicate(module, device_ids)
+
+    def parallel_apply(self, replicas, inputs, kwargs, devices=None):
+        self.calls.append(("parallel_apply", len(replicas)))
+        return super().parallel_apply(replicas, inputs, kwargs, devices)
+
+
+def test_scatter_replicate_parallel_apply_are_overridable_methods():
+    net = nn.Linear(4, 2).double()
+    model = Overridden(net, CPU3)
+    x = torch.randn(7, 4, dtype=torch.float64)
+    outputs = model(x)
+    assert model.calls == [("scatter", 3), ("replicate", 3), ("parallel_apply", 3)]
+    assert outputs.split_sizes == [3, 2, 2]
+    torch.testing.assert_close(model.gather(outputs, -1), net(x), **TOL)
+
+
+def test_data_parallel_with_callback_replicates_on_cpu_and_gathers():
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3)).double()
+    synced = copy.deepcopy(plain)
+    synced[1] = SyncBatchNorm(3).double()
+    synced[1].load_state_dict(plain[1].state_dict())
+    model = DataParallelWithCallback(synced, ["cpu", "cpu"])
+    assert isinstance(model, nn.DataParallel)
+    x = torch.randn(7, 4, dtype=torch.float64)
+    out = model(x)
+    assert isinstance(out, torch.Tensor)  # gathered, like torch's DataParallel
+    torch.testing.assert_close(out, plain(x), **TOL)  # statistics of the whole batch: the replicas synchronised
+    torch.testing.assert_close(synced[1].running_var, plain[1].running_var, **TOL)
+
+
+def test_patch_replication_callback_accepts_our_wrapper_and_calls_callbacks_once():
+    root = nn.Sequential(Recorder(), Recorder())
+    model = patch_replication_callback(DataParallelModel(root, CPU3))
+    replicas = model.replicate(root, CPU3)
+    assert [r[0].record[1] for r in replicas] == [0, 1, 2]
+    assert replicas[0][0].record[0].queue == [0, 1, 2]  # once per copy, not twice
+    bn = SyncBatchNorm(3).double()
+    model = patch_replication_callback(DataParallelModel(bn, CPU3))
+    x = torch.randn(7, 3, dtype=torch.float64)
+    torch.testing.assert_close(torch.cat(list(model(x))), F.batch_norm(x, None, None, training=True), **TOL)
 
 
 def test_parallel_apply_standalone():
@@ -535,3 +647,12 @@ def test_cuda_autocast_dtype_in_replicas():
     with torch.autocast("cuda", dtype=torch.bfloat16):
         outputs = DataParallelModel(net, devices)(torch.randn(6, 8, device="cuda"))
     assert [o.dtype for o in outputs] == [torch.bfloat16] * 2
+
+
+@pytest.mark.gpu
+def test_cuda_broadcast_marks_constants_like_the_cpu_path():
+    devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    a = torch.randn(3, device=devices[0], requires_grad=True)
+    b = torch.randn(3, device=devices[0])
+    copies = broadcast([a, b], devices)
+    assert [[t.requires_grad for t in replica] for replica in copies] == [[True, False]] * len(devices)

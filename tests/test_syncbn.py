@@ -132,6 +132,22 @@ def test_float32_statistics_are_stable_with_a_large_mean():
     close(torch.cat(list(outputs)), reference, atol=1e-3)
 
 
+def test_channels_last_bfloat16_backward_matches_batchnorm():
+    """The gradient keeps the input's memory format: torch's CPU kernel would otherwise sum grad_bias in bf16."""
+    torch.manual_seed(5)
+    x = torch.randn(4, 8, 10, 10).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    g = torch.randn(4, 8, 10, 10).to(torch.bfloat16)
+    plain, sync = nn.BatchNorm2d(8), SyncBatchNorm(8)
+    x_plain, x_sync = x.contiguous().requires_grad_(), x.clone().requires_grad_()
+    (plain(x_plain).float() * g.float()).sum().backward()
+    outputs = DataParallelModel(sync, ["cpu"] * 2)(x_sync)
+    assert all(o.is_contiguous(memory_format=torch.channels_last) for o in outputs)
+    (torch.cat(list(outputs)).float() * g.float()).sum().backward()
+    close(sync.bias.grad, plain.bias.grad, atol=1e-4)
+    close(sync.weight.grad, plain.weight.grad, atol=1e-4)
+    close(x_sync.grad.float(), x_plain.grad.float(), atol=2 ** -6)
+
+
 def test_layer_called_twice_per_forward():
     torch.manual_seed(4)
     plain_bn, sync_bn = nn.BatchNorm2d(3).double(), SyncBatchNorm(3).double()

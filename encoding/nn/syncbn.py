@@ -283,7 +283,7 @@ class _Normalize(Function):
         # defined weight
         kernel_weight = weight if weight is not None else torch.ones_like(invstd)
         grad_input, grad_weight, grad_bias = torch.ops.aten.native_batch_norm_backward(
-            grad.contiguous(), input, kernel_weight, mean, var, mean, invstd, False, ctx.eps,
+            _like(grad, input), input, kernel_weight, mean, var, mean, invstd, False, ctx.eps,
             [ctx.needs_input_grad[0], True, True])
         scale = kernel_weight.to(invstd.dtype) * invstd
         grad_mean = -scale * grad_bias.to(invstd.dtype)
@@ -291,6 +291,14 @@ class _Normalize(Function):
         return (grad_input, grad_mean, grad_var,
                 grad_weight if weight is not None and ctx.needs_input_grad[3] else None,
                 grad_bias if ctx.needs_input_grad[4] else None, None)
+
+
+def _like(grad: Tensor, input: Tensor) -> Tensor:
+    """``grad`` laid out like ``input`` (e.g. channels_last): torch's CPU kernel takes a slower, lower-precision
+    mixed-layout path otherwise (it sums ``grad_bias`` in bf16)."""
+    if grad.stride() == input.stride():
+        return grad
+    return torch.empty_like(input, dtype=grad.dtype).copy_(grad)
 
 
 def _group_size(group: Optional[object]) -> int:

@@ -6,12 +6,12 @@ loss where each output lives and reduces it exactly (the whole-batch value). Dev
 See ``docs/parallel.md``.
 """
 from .comm import AllReduce, allreduce, broadcast
-from .data_parallel import DataParallelCriterion, DataParallelModel, ReplicaOutputs, data_parallel
+from .data_parallel import (DataParallelCriterion, DataParallelModel, DataParallelWithCallback, ReplicaOutputs,
+                            data_parallel)
 from .devices import resolve_device, resolve_devices
 from .parallel_apply import ReplicaAbortedError, ReplicaContext, get_replica_context, parallel_apply
 from .reduction import LossTerm, criterion_loss_terms, cross_entropy_terms, reduce_loss_terms
-from .replicate import (CallbackContext, DataParallelWithCallback, execute_replication_callbacks,
-                        patch_replication_callback, replicate)
+from .replicate import CallbackContext, execute_replication_callbacks, patch_replication_callback, replicate
 from .scatter_gather import batch_size_of, gather, get_split_sizes, scatter, scatter_kwargs, to_device
 from .structures import PerSample
 

@@ -35,7 +35,10 @@ class _GenericBroadcast(Function):
         ctx.set_materialize_grads(False)
         ctx.num_inputs = len(inputs)
         ctx.source_devices = [t.device for t in inputs]
-        return tuple(t if t.device == d else t.to(d) for d in devices for t in inputs)
+        outputs = tuple(t if t.device == d else t.to(d) for d in devices for t in inputs)
+        constant = [not needs for needs in ctx.needs_input_grad[1:]]
+        ctx.mark_non_differentiable(*(o for k, o in enumerate(outputs) if constant[k % len(inputs)]))
+        return outputs
 
     @staticmethod
     def backward(ctx, *grads: Tensor):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -12,10 +12,11 @@ from .devices import DeviceLike, check_module_device, resolve_device, resolve_de
 from .parallel_apply import parallel_apply
 from .reduction import criterion_loss_terms, reduce_loss_terms
 from .replicate import execute_replication_callbacks, replicate
-from .scatter_gather import batch_size_of, gather, scatter_kwargs, to_device
+from .scatter_gather import batch_size_of, gather, get_split_sizes, scatter_kwargs, to_device
 from .structures import device_of
 
-__all__ = ["ReplicaOutputs", "DataParallelModel", "DataParallelCriterion", "data_parallel", "check_chunk_sizes"]
+__all__ = ["ReplicaOutputs", "DataParallelModel", "DataParallelWithCallback", "DataParallelCriterion", "data_parallel",
+           "check_chunk_sizes"]
 
 
 class ReplicaOutputs(list):
@@ -36,10 +37,14 @@ class ReplicaOutputs(list):
 
 
 class _DataParallelBase(nn.Module):
-    """Device bookkeeping shared by the model and criterion wrappers."""
+    """Device bookkeeping shared by the model and criterion wrappers.
+
+    ``nn.Module.__init__`` is called directly: ``torch.nn.DataParallel.__init__`` (a base of
+    :class:`DataParallelModel`) would reset ``device_ids`` to ``[]`` on a machine without CUDA.
+    """
 
     def __init__(self, device_ids: Optional[Sequence[DeviceLike]], output_device: Optional[DeviceLike], dim: int):
-        super().__init__()
+        nn.Module.__init__(self)
         self.device_ids: List[torch.device] = resolve_devices(device_ids)
         if output_device is not None:
             self.output_device: Optional[torch.device] = resolve_device(output_device)
@@ -51,7 +56,7 @@ class _DataParallelBase(nn.Module):
         return f"device_ids={[str(d) for d in self.device_ids]}, output_device={self.output_device}, dim={self.dim}"
 
 
-class DataParallelModel(_DataParallelBase):
+class DataParallelModel(_DataParallelBase, nn.DataParallel):
     """Data parallelism that returns the **ungathered** per-device outputs.
 
     The batch is split along ``dim`` over ``device_ids`` (balanced sizes, see
@@ -77,6 +82,11 @@ class DataParallelModel(_DataParallelBase):
         balance: ``"memory"`` (or a :class:`~encoding.parallel.memory.MemoryBalancer`) picks, per batch size, the
             integer split that minimises the heaviest device's simulated peak memory of a training step (see
             ``docs/memory.md``); ``None`` (default) splits evenly (:func:`~encoding.parallel.get_split_sizes`).
+
+    It is a ``torch.nn.DataParallel`` (``model.module``, ``"module."`` state-dict keys, wrapper checks), with
+    ``device_ids`` kept as ``torch.device``s and torch's four steps as methods a subclass may override:
+    :meth:`scatter`, :meth:`replicate` (replication callbacks included), :meth:`parallel_apply` and :meth:`gather`
+    (which ``forward`` does not call: the outputs stay where they were computed).
 
     Returns (forward):
         A :class:`ReplicaOutputs` list with one output per replica that ran (fewer than ``len(device_ids)`` when the
@@ -139,6 +149,31 @@ class DataParallelModel(_DataParallelBase):
         """Call the wrapped module's ``val_step`` through the same scatter/replicate path (mmcv style)."""
         return self._run("val_step", inputs, kwargs)
 
+    @property
+    def src_device_obj(self) -> Optional[torch.device]:
+        """The device holding the module (``device_ids[0]``; ``None`` without devices), as in torch."""
+        return self.device_ids[0] if self.device_ids else None
+
+    def scatter(self, inputs: tuple, kwargs: Optional[dict], device_ids: Sequence[DeviceLike],
+                split_sizes: Optional[Sequence[int]] = None) -> Tuple[List[tuple], List[dict]]:
+        """Split the call's arguments over ``device_ids`` (torch's signature; see :func:`scatter_kwargs`).
+
+        Returns:
+            ``(inputs_per_replica, kwargs_per_replica)``.
+        """
+        inputs_per_replica, kwargs_per_replica, _ = scatter_kwargs(inputs, kwargs, device_ids, self.dim, split_sizes)
+        return inputs_per_replica, kwargs_per_replica
+
+    def replicate(self, module: nn.Module, device_ids: Sequence[DeviceLike]) -> List[nn.Module]:
+        """Copies of ``module`` for ``device_ids``, replication callbacks called (see :func:`replicate`)."""
+        return replicate(module, device_ids)
+
+    def parallel_apply(self, replicas: Sequence[Callable[..., Any]], inputs: Sequence[Any], kwargs: Sequence[dict],
+                       devices: Optional[Sequence[DeviceLike]] = None) -> List[Any]:
+        """Run the replicas concurrently (see :func:`parallel_apply`); ``devices`` default to ``device_ids``."""
+        return parallel_apply(replicas, inputs, kwargs, devices if devices is not None else
+                              self.device_ids[:len(replicas)])
+
     def gather(self, outputs: Sequence[Any], output_device: Optional[DeviceLike] = None) -> Any:
         """Concatenate the per-replica outputs on ``output_device`` (default: this wrapper's)."""
         return gather(outputs, output_device if output_device is not None else self.output_device, self.dim)
@@ -176,27 +211,39 @@ class DataParallelModel(_DataParallelBase):
         split = self.device_split(inputs, kwargs)
         if len(self.device_ids) <= 1:  # like torch: call the module directly, nothing to split or check
             return self._run_direct(method, inputs, kwargs)
-        check_module_device(self.module, self.device_ids[0])
+        check_module_device(self.module, self.src_device_obj)
         devices = self.device_ids
         if split is not None:  # devices with no sample sit this batch out
             devices = [d for d, n in zip(self.device_ids, split) if n > 0]
             split = [n for n in split if n > 0]
-        inputs_per_replica, kwargs_per_replica, sizes = scatter_kwargs(inputs, kwargs, devices, self.dim, split)
+        inputs_per_replica, kwargs_per_replica, sizes = self._scatter(inputs, kwargs, devices, split)
         devices = devices[:len(sizes)]
-        if len(devices) == 1 and devices[0] == self.device_ids[0]:
+        if len(devices) == 1 and devices[0] == self.src_device_obj:
             output = self._method(self.module, method)(*inputs_per_replica[0], **kwargs_per_replica[0])
             return ReplicaOutputs([output], sizes, devices, self.dim)
         replicas = self._replicate(devices)
-        outputs = parallel_apply([self._method(r, method) for r in replicas], inputs_per_replica,
-                                 kwargs_per_replica, devices)
+        outputs = self.parallel_apply([self._method(r, method) for r in replicas], inputs_per_replica,
+                                      kwargs_per_replica, devices)
         return ReplicaOutputs(outputs, sizes, devices, self.dim)
+
+    def _scatter(self, inputs: tuple, kwargs: dict, devices: List[torch.device], split: Optional[List[int]]
+                 ) -> Tuple[List[tuple], List[dict], List[Optional[int]]]:
+        """:meth:`scatter` (called with torch's arguments unless a split is planned) and the sizes it used."""
+        if split is None:
+            batch = batch_size_of((inputs, kwargs), self.dim, name="args")
+            sizes = [None] if batch is None else get_split_sizes(batch, len(devices))
+            inputs_per_replica, kwargs_per_replica = self.scatter(inputs, kwargs, devices)
+        else:
+            sizes = split
+            inputs_per_replica, kwargs_per_replica = self.scatter(inputs, kwargs, devices, split_sizes=split)
+        return inputs_per_replica, kwargs_per_replica, sizes
 
     def _replicate(self, devices: List[torch.device]) -> List[nn.Module]:
         """Replicas for ``devices``; when the source device sits out, its copy is made (it aliases the module)
         and dropped, and the replication callbacks see only the replicas that run."""
-        if devices[0] == self.device_ids[0]:
-            return replicate(self.module, devices)
-        replicas = replicate(self.module, [self.device_ids[0]] + devices, callbacks=False)[1:]
+        if devices[0] == self.src_device_obj:
+            return self.replicate(self.module, devices)
+        replicas = replicate(self.module, [self.src_device_obj] + devices, callbacks=False)[1:]
         execute_replication_callbacks(replicas)
         return replicas
 
@@ -327,7 +374,8 @@ def data_parallel(module: nn.Module, inputs: Any, device_ids: Optional[Sequence[
 
     Args:
         module: the module to run.
-        inputs: the positional input(s); a non-tuple is the single argument.
+        inputs: the positional input(s); a non-tuple is the single argument and ``None`` means no inputs (as in
+            torch).
         device_ids: as for :class:`DataParallelModel`.
         output_device: where the gathered output lives (default ``device_ids[0]``).
         dim: the batch dimension.
@@ -340,7 +388,21 @@ def data_parallel(module: nn.Module, inputs: Any, device_ids: Optional[Sequence[
         >>> data_parallel(nn.Linear(4, 2), torch.randn(5, 4), device_ids=["cpu", "cpu"]).shape
         torch.Size([5, 2])
     """
-    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
-    wrapper = DataParallelModel(module, device_ids, output_device, dim)
-    outputs = wrapper(*inputs, **(module_kwargs or {}))
-    return gather(outputs, wrapper.output_device, dim)
+    if not isinstance(inputs, tuple):
+        inputs = () if inputs is None else (inputs,)
+    return DataParallelWithCallback(module, device_ids, output_device, dim)(*inputs, **(module_kwargs or {}))
+
+
+class DataParallelWithCallback(DataParallelModel):
+    """A :class:`DataParallelModel` that gathers, like ``torch.nn.DataParallel``: one output on ``output_device``.
+
+    Replicas are made by :func:`replicate`, so replication callbacks run and :class:`~encoding.nn.SyncBatchNorm`
+    synchronises, on any device list (``["cpu", "cpu"]`` included). Vacancy's Synchronized-BatchNorm name.
+
+    Example:
+        >>> DataParallelWithCallback(nn.Linear(4, 2), ["cpu", "cpu"])(torch.randn(5, 4)).shape
+        torch.Size([5, 2])
+    """
+
+    def _run(self, method: Optional[str], inputs: tuple, kwargs: dict) -> Any:
+        return self.gather(super()._run(method, inputs, kwargs), self.output_device)

@@ -10,25 +10,30 @@ __all__ = ["DeviceLike", "resolve_device", "resolve_devices", "all_distinct_cuda
 
 DeviceLike = Union[int, str, torch.device]
 
+#: The integer that stands for the CPU where torch (``gather``'s target device) and mmcv accept an index.
+CPU_INDEX = -1
+
 
 def resolve_device(device: DeviceLike) -> torch.device:
     """Turn a CUDA index, a string or a ``torch.device`` into a ``torch.device`` with an explicit CUDA index.
 
     Args:
-        device: e.g. ``0``, ``"cuda:1"``, ``"cpu"``, ``torch.device("cuda")``.
+        device: e.g. ``0``, ``"cuda:1"``, ``"cpu"``, ``torch.device("cuda")``; ``-1`` is the CPU (the sentinel of
+            torch's ``gather`` target device and of mmcv's CPU scatter).
 
     Returns:
         The ``torch.device`` (``"cuda"`` without index means the current CUDA device).
 
     Raises:
-        ValueError: for a negative index, a CUDA device that does not exist, or an unparsable value.
+        ValueError: for a negative index other than ``-1``, a CUDA device that does not exist, or an unparsable
+            value.
     """
     if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
         raise ValueError(f"device_ids entries must be CUDA indices, strings or torch.device, got {device!r}")
     if isinstance(device, int):
-        if device < 0:
-            raise ValueError(f"device_ids contains a negative CUDA index: {device}")
-        device = torch.device("cuda", device)
+        if device < CPU_INDEX:
+            raise ValueError(f"device_ids contains a negative CUDA index: {device} (only -1, the CPU, is allowed)")
+        device = torch.device("cpu") if device == CPU_INDEX else torch.device("cuda", device)
     else:
         try:
             device = torch.device(device)

@@ -6,12 +6,16 @@ from typing import Dict, List, Sequence
 
 import torch
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
 
 from .comm import broadcast
 from .devices import DeviceLike, resolve_devices
 
-__all__ = ["CallbackContext", "replicate", "execute_replication_callbacks", "patch_replication_callback",
-           "DataParallelWithCallback"]
+__all__ = ["CallbackContext", "replicate", "check_replicable", "execute_replication_callbacks",
+           "patch_replication_callback"]
+
+
+_CALLBACKS_DONE = "_replication_callbacks_done"
 
 
 class CallbackContext:
@@ -29,13 +33,15 @@ def execute_replication_callbacks(replicas: Sequence[nn.Module]) -> None:
     """Call ``__data_parallel_replicate__(ctx, copy_id)`` on every copy of every submodule that defines it.
 
     Copies are visited replica by replica, so the master copy (``copy_id == 0``) of each submodule is called before
-    the others; the copies of one submodule share one :class:`CallbackContext`.
+    the others; the copies of one submodule share one :class:`CallbackContext`. A second call on the same replicas
+    does nothing (e.g. a :class:`~encoding.parallel.DataParallelModel` patched by :func:`patch_replication_callback`).
 
     Args:
         replicas: the replicas of one module, in device order (replica 0 is the master copy).
     """
-    if not replicas:
+    if not replicas or replicas[0].__dict__.get(_CALLBACKS_DONE):
         return
+    replicas[0].__dict__[_CALLBACKS_DONE] = True
     contexts: Dict[int, CallbackContext] = {}
     for copy_id, replica in enumerate(replicas):
         for position, module in enumerate(replica.modules()):
@@ -73,6 +79,7 @@ def replicate(network: nn.Module, devices: Sequence[DeviceLike], detach: bool = 
     Returns:
         The list of replicas.
     """
+    check_replicable(network)
     devices = resolve_devices(devices)
     if detach is None:
         detach = not torch.is_grad_enabled()
@@ -90,6 +97,19 @@ def replicate(network: nn.Module, devices: Sequence[DeviceLike], detach: bool = 
     if callbacks:
         execute_replication_callbacks(replicas)
     return replicas
+
+
+def check_replicable(network: nn.Module) -> None:
+    """Refuse, before anything is broadcast, a module that still has uninitialized (lazy) parameters.
+
+    Raises:
+        RuntimeError: naming the first such submodule (torch's message: run a dummy forward pass first).
+    """
+    for name, module in network.named_modules():
+        if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
+            raise RuntimeError(f"Modules with uninitialized parameters can't be used with DataParallel: "
+                               f"{name or type(network).__name__} ({type(module).__name__}) is not initialized yet. "
+                               "Run a dummy forward pass (e.g. on one device) to initialize it first")
 
 
 _MODULE_REPLICATE = nn.Module._replicate_for_data_parallel
@@ -127,6 +147,9 @@ def _fill_replica(module: nn.Module, replica: nn.Module, replica_modules: List[n
 def patch_replication_callback(data_parallel: nn.DataParallel) -> nn.DataParallel:
     """Make an existing ``torch.nn.DataParallel`` call replication callbacks after each replicate.
 
+    Harmless on wrappers that already call them (:class:`~encoding.parallel.DataParallelModel`): callbacks run once
+    per replication.
+
     Args:
         data_parallel: the wrapper (built elsewhere) to patch in place.
 
@@ -148,12 +171,3 @@ def patch_replication_callback(data_parallel: nn.DataParallel) -> nn.DataParalle
 
     data_parallel.replicate = replicate_with_callback
     return data_parallel
-
-
-class DataParallelWithCallback(nn.DataParallel):
-    """``torch.nn.DataParallel`` that calls ``__data_parallel_replicate__`` on the replicas (gathers outputs)."""
-
-    def replicate(self, module: nn.Module, device_ids):
-        replicas = super().replicate(module, device_ids)
-        execute_replication_callbacks(replicas)
-        return replicas
