@@ -1,4 +1,4 @@
-"""Tests of the layers in encoding.nn.encoding / encoding.nn.customize (CPU, float64 references)."""
+"""Tests of the Encoding layer (encoding.nn) and of the model heads (encoding.models.<arch>), CPU, float64 references."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,8 +7,10 @@ from torchvision.models.segmentation.deeplabv3 import ASPP as TorchvisionASPP
 from torchvision.models.segmentation.deeplabv3 import DeepLabHead
 from torchvision.models.segmentation.fcn import FCNHead as TorchvisionFCNHead
 
-from encoding.nn import (ASPP, CAM, DANetHead, DeepLabV3Head, EncHead, EncModule, Encoding, FCNHead, FPNHead, JPU,
-                         PAM, PSPHead, PyramidPooling)
+import encoding.nn
+from encoding.models import (ASPP, CAM, DANetHead, DeepLabV3Head, EncHead, EncModule, FCNHead, FPNHead, JPU, PAM,
+                             PSPHead, PyramidPooling)
+from encoding.nn import Encoding
 
 DOUBLE = torch.float64
 
@@ -217,3 +219,13 @@ class MarkedNorm(nn.BatchNorm2d):
 def test_norm_layer_is_used_everywhere(build):
     norms = [m for m in build(MarkedNorm).modules() if isinstance(m, nn.modules.batchnorm._NormBase)]
     assert norms and all(type(m) is MarkedNorm for m in norms)
+
+
+def test_pytorch_encoding_head_names_still_import_from_encoding_nn():
+    from encoding.nn import FCNHead as nn_fcn_head, JPU as nn_jpu  # noqa: N813 - PE import path
+
+    assert nn_fcn_head is FCNHead and nn_jpu is JPU
+    for head in (ASPP, CAM, DANetHead, DeepLabV3Head, EncHead, EncModule, FPNHead, PAM, PSPHead, PyramidPooling):
+        assert getattr(encoding.nn, head.__name__) is head
+    with pytest.raises(AttributeError, match="no attribute 'NotAHead'"):
+        encoding.nn.NotAHead

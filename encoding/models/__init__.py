@@ -2,22 +2,27 @@
 
 Build a model with :func:`get_segmentation_model` (``"fcn"``, ``"psp"``, ``"deeplab"``, ``"encnet"``, ``"danet"``,
 ``"upernet"``, ``"fcfpn"``) or a named preset with :func:`get_model` (see :data:`model_list`). Every model returns
-``{"out": B x nclass x H x W}`` (+ ``"aux"``, + ``"se"``) at the input resolution.
+``{"out": B x nclass x H x W}`` (+ ``"aux"``, + ``"se"``) at the input resolution. Each architecture lives in one
+file, ``encoding/models/<arch>.py``: its head, its model class and its ``get_<arch>`` builder.
 """
 from .backbone import ResNetBackbone, backbone_list, get_backbone
-from .base import SegmentationModel
-from .danet import DANet
-from .deeplab import DeepLabV3
-from .encnet import EncNet
-from .fcn import FCN
-from .fpn import FCFPN, UperNet
-from .model_zoo import (ARCHITECTURES, Architecture, get_danet, get_deeplab, get_encnet, get_fcfpn, get_fcn,
-                        get_model, get_psp, get_segmentation_model, get_upernet, model_list)
+from .base import FeatureInfo, SegmentationModel
+from .model_zoo import get_model, get_segmentation_model
+from .registry import ARCHITECTURES, Architecture, model_list, register_architecture
+# One module per architecture; importing them registers them (in this order: the order of ARCHITECTURES).
+from .fcn import FCN, FCNHead, get_fcn
+from .psp import PSP, PSPHead, PyramidPooling, get_psp
+from .deeplab import ASPP, DeepLabV3, DeepLabV3Head, get_deeplab
+from .encnet import EncHead, EncModule, EncNet, get_encnet
+from .danet import CAM, PAM, DANet, DANetHead, get_danet
+from .fpn import FCFPN, FPNHead, UperNet, get_fcfpn, get_upernet
+from .jpu import JPU
 from .multieval import MultiEvalModule
-from .psp import PSP
 
-__all__ = ["ResNetBackbone", "backbone_list", "get_backbone", "SegmentationModel",
+__all__ = ["ResNetBackbone", "backbone_list", "get_backbone", "SegmentationModel", "FeatureInfo",
            "FCN", "PSP", "DeepLabV3", "EncNet", "DANet", "UperNet", "FCFPN",
-           "Architecture", "ARCHITECTURES", "get_segmentation_model", "get_model", "model_list",
-           "get_fcn", "get_psp", "get_deeplab", "get_encnet", "get_danet", "get_upernet", "get_fcfpn",
+           "FCNHead", "PSPHead", "PyramidPooling", "ASPP", "DeepLabV3Head", "EncModule", "EncHead",
+           "PAM", "CAM", "DANetHead", "FPNHead", "JPU",
+           "Architecture", "ARCHITECTURES", "register_architecture", "get_segmentation_model", "get_model",
+           "model_list", "get_fcn", "get_psp", "get_deeplab", "get_encnet", "get_danet", "get_upernet", "get_fcfpn",
            "MultiEvalModule"]

@@ -19,7 +19,7 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
-from ..nn.customize import NormLayer
+from ..nn.blocks import NormLayer
 
 __all__ = ["ResNetBackbone", "get_backbone", "backbone_list", "load_state_dict_file", "fetch_torchvision_weights",
            "load_weights"]

@@ -1,13 +1,25 @@
 """The segmentation-model base class: a backbone, an optional neck, a head and an optional auxiliary head."""
 from __future__ import annotations
 
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, NamedTuple, Optional, Tuple
 
 from torch import Tensor, nn
 
-from ..nn.customize import resize
+from ..nn.blocks import resize
 
-__all__ = ["SegmentationModel"]
+__all__ = ["SegmentationModel", "FeatureInfo"]
+
+
+class FeatureInfo(NamedTuple):
+    """What a head factory needs to know about the features it consumes.
+
+    Attributes:
+        channels: channels of the stages ``(c1, c2, c3, c4)`` (after the neck, if any).
+        output_stride: stride of ``c4`` relative to the input.
+    """
+
+    channels: Tuple[int, ...]
+    output_stride: int
 
 
 class SegmentationModel(nn.Module):
@@ -23,7 +35,7 @@ class SegmentationModel(nn.Module):
         classifier: the head; called with the features selected by ``head_inputs``; returns the logits, or
             ``(logits, se_logits)`` for heads with an SE-loss branch.
         aux_classifier: optional head on ``c3`` (e.g. ``FCNHead(c3_channels, nclass)``).
-        neck: optional module mapping the feature list to a new one (e.g. :class:`~encoding.nn.JPU`).
+        neck: optional module mapping the feature list to a new one (e.g. :class:`~encoding.models.jpu.JPU`).
 
     Returns (``forward``):
         ``{"out": B x nclass x H x W}`` plus ``"aux"`` (same shape) with an auxiliary head and ``"se"``

@@ -1,33 +1,101 @@
 """DeepLabV3 (Chen et al., 2017): atrous spatial pyramid pooling on a dilated backbone.
 
 With a ResNet-50/101 backbone, output stride 8 and ``aux=True`` this is torchvision's ``deeplabv3_resnet50/101``
-module for module (same parameters, same state-dict keys, same outputs).
+module for module (same parameters, same state-dict keys, same outputs): :class:`ASPP` and :class:`DeepLabV3Head`
+have the layout of torchvision's ``ASPP`` / ``DeepLabHead``.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
-from ..nn.customize import DeepLabV3Head, NormLayer
-from .base import SegmentationModel
+from ..nn.blocks import NormLayer, conv_norm_act, resize
+from .base import FeatureInfo, SegmentationModel
+from .model_zoo import get_segmentation_model
+from .registry import register_architecture
 
-__all__ = ["DeepLabV3", "deeplab_head"]
+__all__ = ["ASPP", "DeepLabV3Head", "DeepLabV3", "deeplab_head", "get_deeplab"]
+
+
+class _ImagePooling(nn.Sequential):
+    """ASPP image-level branch: global average pool, 1x1 conv, norm, ReLU, upsampled back to the input size
+    (bilinear like torchvision, so outputs match it bit for bit)."""
+
+    def __init__(self, in_channels: int, out_channels: int, norm_layer: NormLayer) -> None:
+        super().__init__(nn.AdaptiveAvgPool2d(1), *conv_norm_act(in_channels, out_channels, 1, norm_layer))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return resize(super().forward(x), x.shape[-2:])
+
+
+class ASPP(nn.Module):
+    """Atrous spatial pyramid pooling (DeepLabV3): a 1x1 branch, one 3x3 branch per rate, image pooling, projection.
+
+    Same layout as torchvision's ``ASPP`` (``convs``: 1x1, the atrous branches, pooling; ``project``: 1x1 conv,
+    norm, ReLU, dropout 0.5).
+
+    Args:
+        in_channels: channels of the input.
+        atrous_rates: dilation of each 3x3 branch ((12, 24, 36) at output stride 8).
+        out_channels: channels of every branch and of the output.
+        norm_layer: normalization layer class.
+
+    Shape:
+        - Input: ``B x in_channels x H x W``.
+        - Output: ``B x out_channels x H x W``.
+    """
+
+    def __init__(self, in_channels: int, atrous_rates: Sequence[int] = (12, 24, 36), out_channels: int = 256,
+                 norm_layer: NormLayer = nn.BatchNorm2d) -> None:
+        super().__init__()
+        branches = [conv_norm_act(in_channels, out_channels, 1, norm_layer)]
+        branches += [conv_norm_act(in_channels, out_channels, 3, norm_layer, dilation=r) for r in atrous_rates]
+        branches.append(_ImagePooling(in_channels, out_channels, norm_layer))
+        self.convs = nn.ModuleList(branches)
+        self.project = nn.Sequential(*conv_norm_act(len(branches) * out_channels, out_channels, 1, norm_layer),
+                                     nn.Dropout(0.5))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.project(torch.cat([branch(x) for branch in self.convs], dim=1))
+
+
+class DeepLabV3Head(nn.Sequential):
+    """DeepLabV3 head: :class:`ASPP` (256 channels), 3x3 conv, norm, ReLU, 1x1 classifier.
+
+    Same layout as torchvision's ``DeepLabHead``.
+
+    Shape:
+        - Input: ``B x in_channels x H x W``.
+        - Output: ``B x out_channels x H x W``.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, atrous_rates: Sequence[int] = (12, 24, 36),
+                 norm_layer: NormLayer = nn.BatchNorm2d, channels: int = 256) -> None:
+        super().__init__(ASPP(in_channels, atrous_rates, channels, norm_layer),
+                         *conv_norm_act(channels, channels, 3, norm_layer), nn.Conv2d(channels, out_channels, 1))
 
 
 class DeepLabV3(SegmentationModel):
-    """DeepLabV3: backbone → :class:`~encoding.nn.DeepLabV3Head` (ASPP) on ``c4``. See :class:`SegmentationModel`
-    for the arguments and the output dict."""
+    """DeepLabV3: backbone → :class:`DeepLabV3Head` (ASPP) on ``c4``. See :class:`SegmentationModel` for the
+    arguments and the output dict."""
 
 
-def deeplab_head(channels: Sequence[int], nclass: int, *, norm_layer: NormLayer = nn.BatchNorm2d,
-                 output_stride: int = 8, atrous_rates: Optional[Sequence[int]] = None) -> nn.Module:
-    """The DeepLabV3 head for backbone stage ``channels`` (uses ``c4``).
+@register_architecture("deeplab", DeepLabV3)
+def deeplab_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = nn.BatchNorm2d,
+                 atrous_rates: Optional[Sequence[int]] = None) -> nn.Module:
+    """The DeepLabV3 head for the backbone ``features`` (uses ``c4``).
 
     Args:
         atrous_rates: ASPP dilations; default (12, 24, 36) at output stride 8, scaled for other strides
             ((6, 12, 18) at 16).
     """
     if atrous_rates is None:
-        atrous_rates = tuple(r * 8 // output_stride for r in (12, 24, 36))
-    return DeepLabV3Head(channels[3], nclass, atrous_rates, norm_layer)
+        atrous_rates = tuple(r * 8 // features.output_stride for r in (12, 24, 36))
+    return DeepLabV3Head(features.channels[3], nclass, atrous_rates, norm_layer)
+
+
+def get_deeplab(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs: Any) -> SegmentationModel:
+    """DeepLabV3; see :func:`~encoding.models.get_segmentation_model` for the arguments."""
+    return get_segmentation_model("deeplab", dataset, backbone, **kwargs)

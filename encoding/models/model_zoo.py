@@ -1,78 +1,33 @@
-"""Model registry and builders: ``get_segmentation_model``, the ``get_<model>`` variants and named presets.
+"""Model builders: :func:`get_segmentation_model` and the named presets of :func:`get_model`.
 
-Every builder follows one path: a public variant (``get_fcn`` ... or a preset name for :func:`get_model`) →
-:func:`get_segmentation_model` → the private assembler ``_assemble``, which looks the architecture up in
-:data:`ARCHITECTURES` and builds backbone, neck and heads and hands them to the model class.
+Every builder follows one path: a public variant (``get_fcn`` in ``fcn.py`` ... or a preset name for
+:func:`get_model`) → :func:`get_segmentation_model` → the private assembler ``_assemble``, which looks the
+architecture up in :data:`~encoding.models.registry.ARCHITECTURES` and builds backbone, neck and heads and hands them
+to the model class.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Type, Union
+from typing import Optional, Union
 
 import torchvision
 from torch import nn
 
-from ..nn.customize import JPU, FCNHead, NormLayer
+from ..nn.blocks import NormLayer
 from .backbone import Pretrained, fetch_torchvision_weights, get_backbone, load_state_dict_file, load_weights
-from .base import SegmentationModel
-from .danet import DANet, danet_head
-from .deeplab import DeepLabV3, deeplab_head
-from .encnet import EncNet, encnet_head
-from .fcn import FCN, fcn_head
-from .fpn import FCFPN, UperNet, fcfpn_head, upernet_head
-from .psp import PSP, psp_head
+from .base import FeatureInfo, SegmentationModel
+from .jpu import JPU
+from .registry import ARCHITECTURES, PRESET_BACKBONES, PRESET_DATASETS, PRESETS, Architecture, get_architecture
 
-__all__ = ["Architecture", "ARCHITECTURES", "get_segmentation_model", "get_model", "model_list",
-           "get_fcn", "get_psp", "get_deeplab", "get_encnet", "get_danet", "get_upernet", "get_fcfpn"]
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """How to assemble one kind of segmentation model.
-
-    Attributes:
-        model: the :class:`SegmentationModel` subclass (decides which stages feed the head).
-        head: factory ``head(channels, nclass, *, norm_layer, output_stride, **options) -> nn.Module``.
-        output_stride: the backbone's default output stride (8 = dilated, 32 = plain for pyramid heads).
-        se_loss: whether the head has an SE-loss branch (its factory then takes ``se_loss``).
-    """
-
-    model: Type[SegmentationModel]
-    head: Callable[..., nn.Module]
-    output_stride: int = 8
-    se_loss: bool = False
-
-
-#: Registry of the segmentation models: name -> :class:`Architecture`.
-ARCHITECTURES: Dict[str, Architecture] = {
-    "fcn": Architecture(FCN, fcn_head),
-    "psp": Architecture(PSP, psp_head),
-    "deeplab": Architecture(DeepLabV3, deeplab_head),
-    "encnet": Architecture(EncNet, encnet_head, se_loss=True),
-    "danet": Architecture(DANet, danet_head),
-    "upernet": Architecture(UperNet, upernet_head, output_stride=32),
-    "fcfpn": Architecture(FCFPN, fcfpn_head, output_stride=32),
-}
+__all__ = ["get_segmentation_model", "get_model"]
 
 #: (model, backbone) -> torchvision segmentation weights enum (COCO subset with the 21 Pascal VOC classes).
-_TORCHVISION_WEIGHTS: Dict[tuple, str] = {
+_TORCHVISION_WEIGHTS = {
     ("fcn", "resnet50"): "FCN_ResNet50_Weights",
     ("fcn", "resnet101"): "FCN_ResNet101_Weights",
     ("deeplab", "resnet50"): "DeepLabV3_ResNet50_Weights",
     ("deeplab", "resnet101"): "DeepLabV3_ResNet101_Weights",
 }
-
-#: Dataset names used in preset names -> registry names of :data:`encoding.datasets.datasets`.
-_PRESET_DATASETS: Dict[str, str] = {"ade": "ade20k", "pcontext": "pcontext", "voc": "pascal_voc",
-                                    "aug": "pascal_aug", "citys": "citys", "coco": "coco"}
-_PRESET_BACKBONES = ("resnet50", "resnet101")
-
-
-def _architecture(name: str) -> Architecture:
-    if name not in ARCHITECTURES:
-        raise ValueError(f"unknown segmentation model {name!r}; valid models: {', '.join(ARCHITECTURES)}")
-    return ARCHITECTURES[name]
 
 
 def _num_classes(dataset: str) -> int:
@@ -90,6 +45,8 @@ def _assemble(arch: Architecture, nclass: int, backbone: str, aux: bool, norm_la
     if jpu and output_stride not in (None, 32):
         raise ValueError(f"jpu=True replaces dilation and needs output_stride=32, got {output_stride}")
     output_stride = 32 if jpu else (output_stride or arch.output_stride)
+    from .fcn import FCNHead  # the auxiliary head of every model; fcn.py imports this module for get_fcn
+
     body = get_backbone(backbone, output_stride, norm_layer, pretrained_backbone)
     channels = body.channels
     neck = None
@@ -97,7 +54,7 @@ def _assemble(arch: Architecture, nclass: int, backbone: str, aux: bool, norm_la
         neck = JPU(channels[1:], norm_layer=norm_layer)
         channels = (*channels[:3], neck.out_channels)
         output_stride = 8
-    head = arch.head(channels, nclass, norm_layer=norm_layer, output_stride=output_stride, **head_options)
+    head = arch.head(FeatureInfo(tuple(channels), output_stride), nclass, norm_layer=norm_layer, **head_options)
     aux_head = FCNHead(channels[arch.model.aux_input], nclass, norm_layer) if aux else None
     return arch.model(body, head, aux_head, neck)
 
@@ -144,7 +101,7 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
             ``fcfpn``.
         dataset: name in :data:`encoding.datasets.datasets`; gives the number of classes.
         backbone: see :func:`~encoding.models.backbone.backbone_list`.
-        aux: add the auxiliary :class:`~encoding.nn.FCNHead` on ``c3`` (output ``"aux"``).
+        aux: add the auxiliary :class:`~encoding.models.fcn.FCNHead` on ``c3`` (output ``"aux"``).
         se_loss: add the SE-loss branch (output ``"se"``); EncNet only.
         pretrained: ``False``; ``"torchvision"`` (or ``True``) for torchvision's published weights of
             ``fcn``/``deeplab`` with ``resnet50``/``resnet101`` (21 classes); or the path of a state-dict /
@@ -152,7 +109,7 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
         nclass: number of classes, overriding the dataset's (for custom datasets).
         norm_layer: normalization layer for the whole model, e.g. ``encoding.nn.SyncBatchNorm``.
         output_stride: backbone output stride (default 8 for dilated models, 32 for ``upernet``/``fcfpn``).
-        jpu: use a plain (stride-32) backbone with FastFCN's :class:`~encoding.nn.JPU` instead of dilation.
+        jpu: use a plain (stride-32) backbone with FastFCN's :class:`~encoding.models.jpu.JPU` instead of dilation.
         pretrained_backbone: ``True`` for torchvision's ImageNet weights, or a local file (ignored parts of the
             model stay randomly initialised). Default ``False``: nothing is downloaded.
         **head_options: options of the head factory (e.g. ``lateral=True`` / ``ncodes`` for ``encnet``,
@@ -169,7 +126,7 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
         >>> model = get_segmentation_model("encnet", dataset="pcontext", backbone="resnet50", aux=True,
         ...                                se_loss=True)
     """
-    arch = _architecture(name)
+    arch = get_architecture(name)
     if nclass is None:
         nclass = _num_classes(dataset)
     if se_loss and not arch.se_loss:
@@ -185,57 +142,6 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
     return model
 
 
-def get_fcn(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs) -> SegmentationModel:
-    """FCN; see :func:`get_segmentation_model` for the arguments."""
-    return get_segmentation_model("fcn", dataset, backbone, **kwargs)
-
-
-def get_psp(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs) -> SegmentationModel:
-    """PSPNet; see :func:`get_segmentation_model` for the arguments."""
-    return get_segmentation_model("psp", dataset, backbone, **kwargs)
-
-
-def get_deeplab(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs) -> SegmentationModel:
-    """DeepLabV3; see :func:`get_segmentation_model` for the arguments."""
-    return get_segmentation_model("deeplab", dataset, backbone, **kwargs)
-
-
-def get_encnet(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs) -> SegmentationModel:
-    """EncNet; see :func:`get_segmentation_model` for the arguments (``se_loss``, ``lateral``, ``ncodes``)."""
-    return get_segmentation_model("encnet", dataset, backbone, **kwargs)
-
-
-def get_danet(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs) -> SegmentationModel:
-    """DANet; see :func:`get_segmentation_model` for the arguments."""
-    return get_segmentation_model("danet", dataset, backbone, **kwargs)
-
-
-def get_upernet(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs) -> SegmentationModel:
-    """UperNet; see :func:`get_segmentation_model` for the arguments."""
-    return get_segmentation_model("upernet", dataset, backbone, **kwargs)
-
-
-def get_fcfpn(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs) -> SegmentationModel:
-    """FCFPN; see :func:`get_segmentation_model` for the arguments."""
-    return get_segmentation_model("fcfpn", dataset, backbone, **kwargs)
-
-
-def _presets() -> Dict[str, dict]:
-    """``<model>_<backbone>_<dataset>`` -> builder arguments (PyTorch-Encoding's training recipe: aux head on,
-    SE loss on for EncNet)."""
-    return {f"{model}_{backbone}_{short}": dict(name=model, backbone=backbone, dataset=dataset, aux=True,
-                                                se_loss=arch.se_loss)
-            for model, arch in ARCHITECTURES.items()
-            for backbone in _PRESET_BACKBONES
-            for short, dataset in _PRESET_DATASETS.items()}
-
-
-_PRESETS = _presets()
-
-#: Names accepted by :func:`get_model`, e.g. ``"encnet_resnet50_pcontext"``.
-model_list: List[str] = sorted(_PRESETS)
-
-
 def get_model(name: str, **kwargs) -> SegmentationModel:
     """Build a named preset ``<model>_<backbone>_<dataset>``, e.g. ``"encnet_resnet50_pcontext"``.
 
@@ -248,11 +154,11 @@ def get_model(name: str, **kwargs) -> SegmentationModel:
         ValueError: unknown name; the message lists the valid ones (also in :data:`model_list`).
     """
     key = name.lower()
-    if key not in _PRESETS:
+    if key not in PRESETS:
         raise ValueError(
             f"unknown model {name!r}; valid names are <model>_<backbone>_<dataset> with model in "
-            f"{{{', '.join(ARCHITECTURES)}}}, backbone in {{{', '.join(_PRESET_BACKBONES)}}}, dataset in "
-            f"{{{', '.join(_PRESET_DATASETS)}}} (see encoding.models.model_list)")
-    options = dict(_PRESETS[key])
+            f"{{{', '.join(ARCHITECTURES)}}}, backbone in {{{', '.join(PRESET_BACKBONES)}}}, dataset in "
+            f"{{{', '.join(PRESET_DATASETS)}}} (see encoding.models.model_list)")
+    options = dict(PRESETS[key])
     options.update(kwargs)
     return get_segmentation_model(**options)

@@ -18,7 +18,7 @@ from typing import Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..nn.customize import resize
+from ..nn.blocks import resize
 
 __all__ = ["MultiEvalModule"]
 

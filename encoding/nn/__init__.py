@@ -1,8 +1,28 @@
-"""encoding.nn: synchronized BatchNorm, the Encoding layer, segmentation heads and losses (pure PyTorch)."""
+"""encoding.nn: synchronized BatchNorm, the Encoding layer, small generic blocks and the losses (pure PyTorch).
+
+The segmentation heads live with their models (``encoding.models.<arch>``); their PyTorch-Encoding import path
+``encoding.nn.FCNHead`` (``PSPHead``, ``ASPP``, ``EncModule``, ``JPU``, ...) keeps working.
+"""
 from .syncbn import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403
 from .encoding import *  # noqa: F401,F403
-from .customize import *  # noqa: F401,F403
-from . import syncbn, loss, encoding, customize
+from .blocks import *  # noqa: F401,F403
+from . import syncbn, loss, encoding, blocks
 
-__all__ = syncbn.__all__ + loss.__all__ + encoding.__all__ + customize.__all__
+__all__ = syncbn.__all__ + loss.__all__ + encoding.__all__ + blocks.__all__
+
+#: Heads and blocks PyTorch-Encoding exported from ``encoding.nn``, now in ``encoding.models``: name -> module.
+_MOVED_TO_MODELS = {
+    "FCNHead": "fcn", "PyramidPooling": "psp", "PSPHead": "psp", "ASPP": "deeplab", "DeepLabV3Head": "deeplab",
+    "EncModule": "encnet", "EncHead": "encnet", "PAM": "danet", "CAM": "danet", "DANetHead": "danet",
+    "FPNHead": "fpn", "JPU": "jpu",
+}
+
+
+def __getattr__(name: str):
+    """Resolve the PyTorch-Encoding names of the heads lazily (``encoding.models`` imports this package)."""
+    if name in _MOVED_TO_MODELS:
+        import importlib
+
+        return getattr(importlib.import_module(f"encoding.models.{_MOVED_TO_MODELS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,90 @@
+"""The registry of segmentation architectures and of the named presets built from them.
+
+Each ``encoding/models/<arch>.py`` registers its head factory with :func:`register_architecture`; registering also
+adds the PyTorch-Encoding presets ``<arch>_<backbone>_<dataset>`` (see :data:`model_list`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Type
+
+from torch import nn
+
+from .base import SegmentationModel
+
+__all__ = ["Architecture", "ARCHITECTURES", "register_architecture", "get_architecture", "PRESETS", "model_list",
+           "PRESET_DATASETS", "PRESET_BACKBONES"]
+
+#: Head factory ``head(features: FeatureInfo, nclass, *, norm_layer, **options) -> nn.Module``.
+HeadFactory = Callable[..., nn.Module]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """How to assemble one kind of segmentation model.
+
+    Attributes:
+        model: the :class:`SegmentationModel` subclass (decides which stages feed the head).
+        head: factory ``head(features, nclass, *, norm_layer, **options) -> nn.Module`` where ``features`` is the
+            backbone's :class:`~encoding.models.base.FeatureInfo` (stage channels and output stride).
+        output_stride: the backbone's default output stride (8 = dilated, 32 = plain for pyramid heads).
+        se_loss: whether the head has an SE-loss branch (its factory then takes ``se_loss``).
+    """
+
+    model: Type[SegmentationModel]
+    head: HeadFactory
+    output_stride: int = 8
+    se_loss: bool = False
+
+
+#: Registry of the segmentation models: name -> :class:`Architecture` (filled by :func:`register_architecture`).
+ARCHITECTURES: Dict[str, Architecture] = {}
+
+#: Dataset names used in preset names -> registry names of :data:`encoding.datasets.datasets`.
+PRESET_DATASETS: Dict[str, str] = {"ade": "ade20k", "pcontext": "pcontext", "voc": "pascal_voc",
+                                   "aug": "pascal_aug", "citys": "citys", "coco": "coco"}
+PRESET_BACKBONES = ("resnet50", "resnet101")
+
+#: ``<model>_<backbone>_<dataset>`` -> builder arguments (PyTorch-Encoding's recipe: aux head on, SE loss on for
+#: EncNet).
+PRESETS: Dict[str, dict] = {}
+
+#: Names accepted by :func:`encoding.models.get_model`, e.g. ``"encnet_resnet50_pcontext"`` (kept sorted).
+model_list: List[str] = []
+
+
+def register_architecture(name: str, model: Type[SegmentationModel], *, output_stride: int = 8,
+                          se_loss: bool = False) -> Callable[[HeadFactory], HeadFactory]:
+    """Decorator registering a head factory as the architecture ``name`` (and its presets).
+
+    Args:
+        name: the name :func:`~encoding.models.get_segmentation_model` accepts.
+        model: the model class the head goes into.
+        output_stride: default backbone output stride.
+        se_loss: the head has an SE-loss branch.
+
+    Raises:
+        ValueError: ``name`` is already registered.
+    """
+    def decorator(head: HeadFactory) -> HeadFactory:
+        if name in ARCHITECTURES:
+            raise ValueError(f"architecture {name!r} is already registered")
+        ARCHITECTURES[name] = Architecture(model, head, output_stride, se_loss)
+        for backbone in PRESET_BACKBONES:
+            for short, dataset in PRESET_DATASETS.items():
+                PRESETS[f"{name}_{backbone}_{short}"] = dict(name=name, backbone=backbone, dataset=dataset,
+                                                             aux=True, se_loss=se_loss)
+        model_list[:] = sorted(PRESETS)
+        return head
+    return decorator
+
+
+def get_architecture(name: str) -> Architecture:
+    """The registered :class:`Architecture` ``name``.
+
+    Raises:
+        ValueError: unknown name (the message lists the valid ones).
+    """
+    if name not in ARCHITECTURES:
+        raise ValueError(f"unknown segmentation model {name!r}; valid models: {', '.join(ARCHITECTURES)}")
+    return ARCHITECTURES[name]

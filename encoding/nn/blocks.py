@@ -1,0 +1,54 @@
+"""Small generic building blocks shared by the model heads, all with a configurable ``norm_layer``.
+
+``norm_layer`` is any callable ``norm_layer(num_features) -> nn.Module`` accepting ``B x C x H x W`` input, such as
+``nn.BatchNorm2d`` (the default) or ``encoding.nn.SyncBatchNorm``. The heads themselves live with their models in
+``encoding.models.<arch>``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["NormLayer", "resize", "conv_norm_act", "SeparableConv2d"]
+
+#: ``norm_layer(num_features) -> nn.Module``, e.g. ``nn.BatchNorm2d`` or ``encoding.nn.SyncBatchNorm``.
+NormLayer = Callable[[int], nn.Module]
+
+
+def resize(x: Tensor, size: Sequence[int]) -> Tensor:
+    """Bilinear resize of ``B x C x H x W`` to ``size`` (``align_corners=False``); a no-op at the same size."""
+    if tuple(x.shape[-2:]) == tuple(size):
+        return x
+    return F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False)
+
+
+def conv_norm_act(in_channels: int, out_channels: int, kernel_size: int = 3, norm_layer: NormLayer = nn.BatchNorm2d,
+                  dilation: int = 1) -> nn.Sequential:
+    """``Conv2d`` (no bias, "same" padding) → ``norm_layer`` → ``ReLU``, as ``nn.Sequential`` (keys ``0``, ``1``)."""
+    padding = dilation * (kernel_size // 2)
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, kernel_size, padding=padding, dilation=dilation, bias=False),
+        norm_layer(out_channels),
+        nn.ReLU(inplace=True),
+    )
+
+
+class SeparableConv2d(nn.Sequential):
+    """Depthwise conv → norm → pointwise 1x1 conv (FastFCN's separable convolution).
+
+    Shape:
+        - Input: ``B x in_channels x H x W``.
+        - Output: ``B x out_channels x H' x W'``.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, stride: int = 1,
+                 dilation: int = 1, bias: bool = False, norm_layer: NormLayer = nn.BatchNorm2d) -> None:
+        padding = dilation * (kernel_size // 2)
+        super().__init__(
+            nn.Conv2d(in_channels, in_channels, kernel_size, stride, padding, dilation, groups=in_channels,
+                      bias=bias),
+            norm_layer(in_channels),
+            nn.Conv2d(in_channels, out_channels, 1, bias=bias),
+        )
