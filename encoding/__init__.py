@@ -2,13 +2,16 @@
 
 Subpackages:
     parallel: ``DataParallelModel`` / ``DataParallelCriterion`` with ungathered outputs and exact loss reduction.
-    nn: ``SyncBatchNorm``, the ``Encoding`` layer, segmentation heads and ``SegmentationLosses``.
-    models: dilated backbones and segmentation models (``get_segmentation_model``, ``get_model``).
+    nn: ``SyncBatchNorm``, the ``Encoding`` layer, small generic blocks and ``SegmentationLosses``.
+    models: dilated backbones and segmentation models, one file per architecture (``get_segmentation_model``).
     datasets: segmentation datasets (``get_segmentation_dataset``) including the embedded ``shapes`` dataset.
     utils: metrics, learning-rate schedules, palettes, checkpoints, distributed helpers and logging.
-    engine: ``train_one_epoch`` / ``evaluate`` loops; run: assembling a training run from options.
+    engine: ``train_one_epoch`` / ``evaluate`` loops; builders: small typed builders (model, criterion, loaders,
+        optimizer + schedule, dp/ddp wrapping, resume) for your own scripts.
 """
 from .version import __version__
-from . import utils, parallel, nn, datasets, models, engine, run
+from . import utils, parallel, nn, datasets, models, engine, builders
+from . import functions, transforms  # PyTorch-Encoding's functional forms and classification transforms
 
-__all__ = ["__version__", "parallel", "nn", "models", "datasets", "utils", "engine", "run"]
+__all__ = ["__version__", "parallel", "nn", "models", "datasets", "utils", "engine", "builders", "functions",
+           "transforms"]

@@ -1,4 +1,4 @@
-"""encoding.engine / encoding.run and the training script, end to end on a tiny generated `shapes` dataset."""
+"""encoding.engine / encoding.builders and the training script, end to end on a tiny generated `shapes` dataset."""
 import csv
 import functools
 import importlib.util
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-import encoding.run
+import encoding.builders
 from encoding.datasets import get_segmentation_dataset
 from encoding.engine import backward_step, evaluate, param_groups, train_one_epoch
 from encoding.models import get_segmentation_model
@@ -33,7 +33,7 @@ def tiny_shapes(tmp_path, monkeypatch):
     """Point the data root at tmp_path and make the run build an 8-train / 4-val shapes dataset."""
     monkeypatch.setenv("ENCODING_DATA", str(tmp_path / "data"))
     small = functools.partial(get_segmentation_dataset, num_train=8, num_val=4, progress=False)
-    monkeypatch.setattr(encoding.run, "get_segmentation_dataset", small)
+    monkeypatch.setattr(encoding.builders, "get_segmentation_dataset", small)
     return tmp_path
 
 
@@ -96,9 +96,36 @@ def test_train_script_runs_checkpoints_and_resumes(tiny_shapes):
 
 
 def test_two_cpu_replicas_use_sync_batchnorm(tiny_shapes):
-    args = load_train_script().parse_args(TINY + ["--device-ids", "cpu,cpu", "--aux"])
-    run = encoding.run.build_run(args)
+    script = load_train_script()
+    args = script.parse_args(TINY + ["--device-ids", "cpu,cpu", "--aux"])
+    run = script.build_run(args)
     assert [str(d) for d in run.model.device_ids] == ["cpu", "cpu"]
     assert any(isinstance(m, SyncBatchNorm) for m in run.model.module.modules())
     stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, run.scheduler, 0)
     assert math.isfinite(stats["loss"])
+
+
+def test_balance_option_reaches_the_dp_wrapper(tiny_shapes):
+    script = load_train_script()
+    assert script.parse_args([]).balance == "none"
+    assert script.parse_args(["--balance", "memory"]).balance == "memory"
+    with pytest.raises(SystemExit):
+        script.parse_args(["--balance", "fastest"])
+    run = script.build_run(script.parse_args(TINY + ["--device-ids", "cpu,cpu"]))
+    assert run.model.balance is None
+
+
+def test_builders_compose_without_an_options_namespace(tiny_shapes):
+    placement = encoding.builders.select_devices(["cpu", "cpu"])
+    assert placement.synced and placement.input_device is None
+    loaders = encoding.builders.build_loaders("shapes", batch_size=4, crop_size=32, base_size=40, workers=0)
+    model = encoding.builders.build_model("fcn", "shapes", backbone="resnet18", aux=True, sync_bn=placement.synced)
+    criterion = encoding.builders.build_criterion(7, aux=True)
+    optimizer = encoding.builders.build_optimizer(model, 0.01)
+    scheduler = encoding.builders.build_scheduler("poly", 0.01, 1, len(loaders.train), head_lr_mult=1.0)
+    model, criterion = encoding.builders.wrap_model(model, criterion, placement)
+    stats = train_one_epoch(model, criterion, optimizer, loaders.train, scheduler, 0)
+    assert math.isfinite(stats["loss"]) and len(loaders.val.dataset) == 4
+    ddp = encoding.builders.Placement([], torch.device("cpu"), torch.device("cpu"), True)
+    with pytest.raises(ValueError, match="balance applies to DataParallelModel"):
+        encoding.builders.wrap_model(nn.Conv2d(3, 2, 1), nn.CrossEntropyLoss(), ddp, balance="memory")

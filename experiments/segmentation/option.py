@@ -1,5 +1,15 @@
-"""Command-line options of the segmentation scripts (PyTorch-Encoding names), with per-dataset defaults."""
+"""Command-line options of the segmentation scripts (PyTorch-Encoding names), with per-dataset defaults.
+
+The one option parser of ``experiments/segmentation``: ``train.py`` uses it, and so do the other scripts of this
+folder, so option names, defaults and validation are written once.
+"""
 import argparse
+from typing import Any, List, Optional
+
+import torch
+
+#: ``--amp`` choice -> autocast dtype (``None``: full precision).
+AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Per-dataset recipe defaults (PyTorch-Encoding's train.py; lr is for batch 16 and scales linearly with the batch).
 # `shapes` is the embedded offline dataset: a small model learns it in a few CPU minutes.
@@ -16,6 +26,7 @@ GENERIC = dict(epochs=50, lr=0.004, batch_size=16, model="encnet", backbone="res
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the segmentation scripts."""
     p = argparse.ArgumentParser(description="Train / evaluate a segmentation model (encoding)")
     p.add_argument("--dataset", default="shapes", help="dataset name (default: the embedded 'shapes')")
     p.add_argument("--data-root", default=None, help="data root (default: $ENCODING_DATA or ~/.encoding/data)")
@@ -45,11 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="backbone output stride (default: the recipe's; else the model's, 8 for dilated models)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=1e-4)
-    p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="mixed precision")
+    p.add_argument("--amp", choices=list(AMP_DTYPES), default="none", help="mixed precision")
     p.add_argument("--clip-grad", type=float, default=None, help="clip the global gradient norm")
     p.add_argument("--no-cuda", action="store_true", help="train on the CPU even when CUDA is available")
     p.add_argument("--device-ids", default=None,
                    help="comma-separated devices for DataParallelModel, e.g. '0,1' or 'cpu,cpu' (default: all GPUs)")
+    p.add_argument("--balance", choices=["none", "memory"], default="none",
+                   help="memory: per-device split sizes chosen by the memory simulator to unload device 0")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--resume", default=None, help="checkpoint to resume from")
     p.add_argument("--ft", action="store_true", help="fine-tune: load weights only, restart epochs/optimizer")
@@ -62,7 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_device_ids(text: Optional[str]) -> Optional[List[Any]]:
+    """``"0,1"`` -> ``[0, 1]``; ``"cpu,cpu"`` -> ``["cpu", "cpu"]``; ``None``/``""`` -> ``None`` (the default)."""
+    if not text:
+        return None
+    return [int(item) if item.strip().isdigit() else item.strip() for item in text.split(",") if item.strip()]
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Parse ``argv`` and fill unset options from the dataset recipe."""
     args = build_parser().parse_args(argv)
     recipe = {**GENERIC, **RECIPES.get(args.dataset, {})}

@@ -14,8 +14,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from option import parse_args  # noqa: E402
 
+from assemble import build_run  # noqa: E402
 from encoding.engine import evaluate, train_one_epoch  # noqa: E402
-from encoding.run import build_run  # noqa: E402
 from encoding.utils import EpochLogger, format_table, is_main_process, save_checkpoint  # noqa: E402
 
 

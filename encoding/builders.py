@@ -1,0 +1,206 @@
+"""Small typed builders for your own training or evaluation script (``experiments/segmentation`` uses them too).
+
+Each builder does one job and takes plain, typed arguments (no ``argparse`` namespace):
+
+* :func:`select_devices` → a :class:`Placement`: ``DataParallelModel`` devices, or one device per ``torchrun``
+  process (DDP);
+* :func:`build_model` / :func:`build_criterion`: a segmentation model (``SyncBatchNorm`` when ``sync_bn``) and its
+  :class:`~encoding.nn.SegmentationLosses`;
+* :func:`build_loaders`: training and validation ``DataLoader``\\ s (distributed samplers under DDP);
+* :func:`build_optimizer` / :func:`build_scheduler`: SGD over the backbone/head parameter groups and the
+  PyTorch-Encoding learning-rate schedule;
+* :func:`wrap_model`: :class:`~encoding.parallel.DataParallelModel` + :class:`~encoding.parallel.DataParallelCriterion`
+  (optionally ``balance="memory"``), or ``DistributedDataParallel``;
+* :func:`resume`: restore weights (and optimizer / scaler) from a checkpoint.
+
+Example:
+    >>> placement = select_devices(["cpu", "cpu"])                                        # doctest: +SKIP
+    >>> model = build_model("fcn", "shapes", backbone="resnet18", sync_bn=placement.synced)  # doctest: +SKIP
+    >>> criterion = build_criterion(7)                                                    # doctest: +SKIP
+    >>> model, criterion = wrap_model(model, criterion, placement)                        # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
+from .datasets import get_segmentation_dataset
+from .engine import param_groups
+from .models import SegmentationModel, get_segmentation_model
+from .nn import SegmentationLosses, SyncBatchNorm
+from .parallel import DataParallelCriterion, DataParallelModel, resolve_devices
+from .utils.checkpoint import load_checkpoint
+from .utils.dist import get_local_rank
+from .utils.lr_scheduler import LR_Scheduler
+
+__all__ = ["Placement", "Loaders", "select_devices", "build_model", "build_criterion", "build_loaders",
+           "build_optimizer", "build_scheduler", "wrap_model", "resume"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a run executes.
+
+    Attributes:
+        device_ids: devices of :class:`~encoding.parallel.DataParallelModel` (empty under DDP).
+        model_device: where the model's parameters live.
+        input_device: where the loop moves each batch (``None``: leave it on the CPU for ``DataParallelModel``
+            to scatter).
+        distributed: one process per device under ``torchrun`` (DDP).
+    """
+
+    device_ids: List[torch.device]
+    model_device: torch.device
+    input_device: Optional[torch.device]
+    distributed: bool
+
+    @property
+    def synced(self) -> bool:
+        """Whether several replicas or processes share each batch (so BatchNorm should be synchronized)."""
+        return self.distributed or len(self.device_ids) > 1
+
+
+class Loaders(NamedTuple):
+    """The training and validation loaders, and the samplers to reshuffle each epoch (``set_epoch``)."""
+
+    train: DataLoader
+    val: DataLoader
+    samplers: List[DistributedSampler]
+
+
+def select_devices(device_ids: Optional[Sequence[Union[int, str, torch.device]]] = None, *, use_cuda: bool = True,
+                   distributed: bool = False) -> Placement:
+    """Choose the devices of a run.
+
+    Args:
+        device_ids: devices for ``DataParallelModel`` (e.g. ``[0, 1]`` or ``["cpu", "cpu"]``); ``None``: every CUDA
+            device, or the CPU when CUDA is absent or ``use_cuda`` is false.
+        use_cuda: allow CUDA.
+        distributed: running under ``torchrun``: this process uses ``cuda:LOCAL_RANK`` (or the CPU) and DDP.
+
+    Raises:
+        ValueError: bad device ids.
+    """
+    cuda = use_cuda and torch.cuda.is_available()
+    if distributed:
+        device = torch.device("cuda", get_local_rank()) if cuda else torch.device("cpu")
+        return Placement([], device, device, True)
+    ids = resolve_devices(list(device_ids) if device_ids is not None else (None if cuda else []))
+    return Placement(ids, ids[0] if ids else torch.device("cpu"), None, False)
+
+
+def build_model(name: str, dataset: str, *, backbone: str = "resnet50", aux: bool = False, se_loss: bool = False,
+                pretrained_backbone: Union[bool, str, os.PathLike] = False, output_stride: Optional[int] = None,
+                sync_bn: bool = False, device: Optional[torch.device] = None) -> SegmentationModel:
+    """A segmentation model (see :func:`~encoding.models.get_segmentation_model`) on ``device``.
+
+    Args:
+        sync_bn: use :class:`~encoding.nn.SyncBatchNorm` (several replicas or processes), else ``nn.BatchNorm2d``.
+        device: move the model there (``None``: leave it on the CPU).
+    """
+    model = get_segmentation_model(name, dataset=dataset, backbone=backbone, aux=aux, se_loss=se_loss,
+                                   pretrained_backbone=pretrained_backbone, output_stride=output_stride,
+                                   norm_layer=SyncBatchNorm if sync_bn else nn.BatchNorm2d)
+    return model if device is None else model.to(device)
+
+
+def build_criterion(nclass: int, *, aux: bool = False, aux_weight: float = 0.4, se_loss: bool = False,
+                    se_weight: float = 0.2, device: Optional[torch.device] = None) -> SegmentationLosses:
+    """:class:`~encoding.nn.SegmentationLosses` for ``nclass`` classes (ignore label -1) on ``device``."""
+    criterion = SegmentationLosses(se_loss=se_loss, se_weight=se_weight, nclass=nclass, aux=aux,
+                                   aux_weight=aux_weight, ignore_index=-1)
+    return criterion if device is None else criterion.to(device)
+
+
+def _limit(dataset: Dataset, limit: Optional[int]) -> Dataset:
+    return Subset(dataset, range(min(limit, len(dataset)))) if limit else dataset
+
+
+def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[int] = None,
+                  root: Optional[str] = None, train_split: str = "train", val_split: str = "val",
+                  base_size: Optional[int] = None, crop_size: Optional[int] = None, workers: int = 2,
+                  train_limit: Optional[int] = None, val_limit: Optional[int] = None, distributed: bool = False,
+                  seed: int = 0, pin_memory: bool = False) -> Loaders:
+    """Training (``train`` mode, shuffled) and validation (``val`` mode) loaders of a registered dataset.
+
+    Args:
+        dataset: name in :data:`encoding.datasets.datasets`.
+        batch_size: training batch (per process under DDP); ``test_batch_size`` defaults to it.
+        root, train_split, val_split, base_size, crop_size: passed to the dataset.
+        workers: DataLoader workers (kept alive between epochs).
+        train_limit, val_limit: use only the first N samples.
+        distributed: use ``DistributedSampler``\\ s (the training one seeded with ``seed``).
+        pin_memory: pin batches (for CUDA).
+    """
+    sizes = dict(base_size=base_size, crop_size=crop_size)
+    train_set = get_segmentation_dataset(dataset, root=root, split=train_split, mode="train", **sizes)
+    val_set = get_segmentation_dataset(dataset, root=root, split=val_split, mode="val", **sizes)
+    train_set, val_set = _limit(train_set, train_limit), _limit(val_set, val_limit)
+    train_sampler = DistributedSampler(train_set, shuffle=True, seed=seed) if distributed else None
+    val_sampler = DistributedSampler(val_set, shuffle=False) if distributed else None
+    common = dict(num_workers=workers, pin_memory=pin_memory, persistent_workers=workers > 0)
+    train = DataLoader(train_set, batch_size=batch_size, shuffle=train_sampler is None, sampler=train_sampler,
+                       drop_last=len(train_set) > batch_size, **common)
+    val = DataLoader(val_set, batch_size=test_batch_size or batch_size, shuffle=False, sampler=val_sampler, **common)
+    return Loaders(train, val, [s for s in (train_sampler,) if s is not None])
+
+
+def build_optimizer(model: nn.Module, lr: float, *, momentum: float = 0.9,
+                    weight_decay: float = 1e-4) -> torch.optim.SGD:
+    """SGD over :func:`~encoding.engine.param_groups` (backbone first, then the heads)."""
+    return torch.optim.SGD(param_groups(model), lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def build_scheduler(mode: str, lr: float, epochs: int, iters_per_epoch: int, *, lr_step: int = 0,
+                    warmup_epochs: int = 0, head_lr_mult: float = 10.0) -> LR_Scheduler:
+    """The PyTorch-Encoding per-iteration schedule (see :class:`~encoding.utils.LR_Scheduler`)."""
+    return LR_Scheduler(mode, lr, epochs, iters_per_epoch, lr_step=lr_step, warmup_epochs=warmup_epochs,
+                        head_multiplier=head_lr_mult)
+
+
+def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
+               balance: Optional[str] = None) -> Tuple[nn.Module, nn.Module]:
+    """Wrap for the placement: DDP, or ``DataParallelModel`` + ``DataParallelCriterion`` (exact loss reduction).
+
+    Args:
+        model: the model, already on ``placement.model_device``.
+        criterion: its loss.
+        placement: from :func:`select_devices`.
+        balance: ``None`` (even split) or ``"memory"``: per-device split sizes chosen by the memory simulator
+            (:mod:`encoding.parallel.memory`) to unload device 0; ``DataParallelModel`` only.
+
+    Returns:
+        ``(model, criterion)`` wrapped.
+
+    Raises:
+        ValueError: ``balance`` under DDP (each process holds one device, there is nothing to balance).
+    """
+    if placement.distributed:
+        if balance is not None:
+            raise ValueError("balance applies to DataParallelModel; under torchrun (DDP) each process has one device")
+        device = placement.model_device
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+        return ddp, criterion
+    return (DataParallelModel(model, placement.device_ids, balance=balance),
+            DataParallelCriterion(criterion, placement.device_ids))
+
+
+def resume(path: Union[str, os.PathLike], model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+           scaler: Optional[torch.amp.GradScaler] = None) -> Tuple[int, float]:
+    """Restore ``model`` (and ``optimizer``, and ``scaler`` when the checkpoint has its state) from ``path``.
+
+    Returns:
+        ``(next epoch, best score so far)`` recorded in the checkpoint.
+
+    Raises:
+        FileNotFoundError, CheckpointError: see :func:`~encoding.utils.load_checkpoint`.
+    """
+    checkpoint = load_checkpoint(path, map_location="cpu", model=model, optimizer=optimizer)
+    if scaler is not None and checkpoint.get("scaler"):  # a bf16/fp32 run saved no scaler state
+        scaler.load_state_dict(checkpoint["scaler"])
+    return checkpoint.get("epoch", -1) + 1, checkpoint.get("best_pred", 0.0)

@@ -1,0 +1,123 @@
+"""Options → a :class:`TrainingRun`: the experiments' assembly of the library's builders (``encoding.builders``).
+
+Config is translated here, at the edge: the library builders take typed arguments, this module reads the
+``argparse.Namespace`` of ``option.py`` (shared by the scripts of this folder).
+
+Device policy:
+    * launched by ``torchrun``: one device per process, ``DistributedDataParallel`` (nccl on CUDA, gloo on CPU);
+    * otherwise: one process drives ``--device-ids`` (default: every CUDA device, or the CPU) through
+      :class:`~encoding.parallel.DataParallelModel` + :class:`~encoding.parallel.DataParallelCriterion`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Subset
+
+from encoding import builders
+from encoding.utils import LR_Scheduler, SegmentationMetric, get_rank, get_world_size, init_distributed_mode
+from option import AMP_DTYPES, parse_device_ids
+
+__all__ = ["TrainingRun", "build_run"]
+
+
+@dataclass
+class TrainingRun:
+    """Everything the training loop needs; built by :func:`build_run`."""
+
+    args: argparse.Namespace
+    model: nn.Module
+    criterion: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: LR_Scheduler
+    train_loader: DataLoader
+    val_loader: DataLoader
+    metric: SegmentationMetric
+    class_names: List[str]
+    output_dir: str
+    input_device: Optional[torch.device]
+    device_ids: List[torch.device]
+    distributed: bool
+    amp_dtype: Optional[torch.dtype] = None
+    scaler: Optional[torch.amp.GradScaler] = None
+    start_epoch: int = 0
+    best_pred: float = 0.0
+    samplers: List[Any] = field(default_factory=list)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle distributed samplers for ``epoch``."""
+        for sampler in self.samplers:
+            sampler.set_epoch(epoch)
+
+    def checkpoint_state(self, epoch: int, best_pred: float, metrics: Dict[str, Any]) -> Dict[str, Any]:
+        """The state :func:`encoding.utils.save_checkpoint` writes after ``epoch``."""
+        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler,
+                "epoch": epoch, "best_pred": best_pred, "args": vars(self.args),
+                "metrics": {k: metrics[k] for k in ("pixAcc", "mIoU") if k in metrics}}
+
+    def describe(self) -> str:
+        """A one-paragraph summary of the run for the log."""
+        where = (f"DDP rank {get_rank()}/{get_world_size()}" if self.distributed
+                 else f"DataParallelModel on {[str(d) for d in self.device_ids] or ['cpu (direct)']}")
+        a = self.args
+        return (f"{a.model}-{a.backbone} on {a.dataset}: {len(self.train_loader.dataset)} train / "
+                f"{len(self.val_loader.dataset)} val samples, batch {a.batch_size}, {a.epochs} epochs, lr {a.lr}, "
+                f"{where}; writing to {self.output_dir}")
+
+
+def _class_names(loader: DataLoader) -> List[str]:
+    dataset = loader.dataset
+    base = dataset.dataset if isinstance(dataset, Subset) else dataset
+    return list(type(base).CLASSES)
+
+
+def build_run(args: argparse.Namespace) -> TrainingRun:
+    """Build a :class:`TrainingRun` from parsed options (see ``option.py``).
+
+    Raises:
+        ValueError: unknown dataset/model/backbone (listing the valid names) or bad device ids.
+    """
+    distributed = init_distributed_mode()
+    torch.manual_seed(args.seed + get_rank())
+    placement = builders.select_devices(parse_device_ids(args.device_ids), use_cuda=not args.no_cuda,
+                                        distributed=distributed)
+    device = placement.model_device
+    loaders = builders.build_loaders(
+        args.dataset, batch_size=args.batch_size, test_batch_size=args.test_batch_size, root=args.data_root,
+        train_split=args.train_split, val_split=args.val_split, base_size=args.base_size, crop_size=args.crop_size,
+        workers=args.workers, train_limit=args.train_limit, val_limit=args.val_limit, distributed=distributed,
+        seed=args.seed, pin_memory=device.type == "cuda")
+    class_names = _class_names(loaders.train)
+    nclass = len(class_names)
+    model = builders.build_model(args.model, args.dataset, backbone=args.backbone, aux=args.aux,
+                                 se_loss=args.se_loss, pretrained_backbone=args.pretrained,
+                                 output_stride=args.output_stride, sync_bn=placement.synced, device=device)
+    criterion = builders.build_criterion(nclass, aux=args.aux, aux_weight=args.aux_weight, se_loss=args.se_loss,
+                                         se_weight=args.se_weight, device=device)
+    optimizer = builders.build_optimizer(model, args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    scheduler = builders.build_scheduler(args.lr_scheduler, args.lr, args.epochs, len(loaders.train),
+                                         lr_step=args.lr_step, warmup_epochs=args.warmup_epochs,
+                                         head_lr_mult=args.head_lr_mult)
+    amp_dtype = AMP_DTYPES[args.amp]
+    scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
+    start_epoch, best_pred = args.start_epoch, 0.0
+    if args.resume:
+        if args.ft or args.eval:  # fine-tune or evaluate: restore the weights only
+            builders.resume(args.resume, model)
+        else:
+            start_epoch, best_pred = builders.resume(args.resume, model, optimizer, scaler)
+    model, criterion = builders.wrap_model(model, criterion, placement,
+                                           balance=None if args.balance == "none" else args.balance)
+    return TrainingRun(args=args, model=model, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
+                       train_loader=loaders.train, val_loader=loaders.val,
+                       metric=SegmentationMetric(nclass, ignore_index=-1, device=device),
+                       class_names=class_names,
+                       output_dir=os.path.join(args.output_dir, args.dataset, args.model, args.checkname),
+                       input_device=placement.input_device, device_ids=placement.device_ids,
+                       distributed=distributed, amp_dtype=amp_dtype, scaler=scaler, start_epoch=start_epoch,
+                       best_pred=best_pred, samplers=loaders.samplers)
