@@ -60,6 +60,13 @@ class SyncBatchNorm(_BatchNorm):
         process_group: the ``torch.distributed`` group to synchronise within (default: the whole world).
         device: where to create the parameters and buffers.
         dtype: their dtype.
+        sync: synchronise the statistics (``False``: every replica or process normalises its own share, like
+            ``nn.BatchNorm`` under ``nn.DataParallel``; PyTorch-Encoding's keyword).
+        activation: applied after the normalisation: ``"none"`` (default), ``"relu"``, ``"leaky_relu"`` or
+            ``"elu"`` (PyTorch-Encoding's in-place activated BatchNorm).
+        slope: negative slope of ``"leaky_relu"`` (``alpha`` of ``"elu"``).
+        inplace: apply the activation in place on the normalised output (saves one tensor; the input is never
+            overwritten).
 
     Shape:
         - Input: ``(N, C, *)``.
@@ -78,9 +85,14 @@ class SyncBatchNorm(_BatchNorm):
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,
                  track_running_stats: bool = True, process_group: Optional[object] = None,
-                 device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None) -> None:
+                 device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None, *, sync: bool = True,
+                 activation: str = "none", slope: float = 0.01, inplace: bool = False) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"SyncBatchNorm activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
         self.process_group = process_group
+        self.sync = sync
+        self.activation, self.slope, self.inplace = activation, slope, inplace
         self._rendezvous: Optional[_Rendezvous] = None  # set on replica copies only
         self._copy_id = 0
         self._sync_calls = 0
@@ -103,7 +115,13 @@ class SyncBatchNorm(_BatchNorm):
         self._sync_calls = 0
 
     def forward(self, input: Tensor) -> Tensor:
-        if not self.training:
+        output = self._normalize(input)
+        if self.activation == "none":
+            return output
+        return _ACTIVATIONS[self.activation](output, self.slope, self.inplace)
+
+    def _normalize(self, input: Tensor) -> Tensor:
+        if not self.training or not self.sync:
             return super().forward(input)
         if self._rendezvous is not None and self._rendezvous.size > 1:
             if _group_size(self.process_group) > 1:
@@ -153,11 +171,25 @@ class SyncBatchNorm(_BatchNorm):
         group = self.process_group if self.process_group is not None else dist.group.WORLD
         return _DistAllReduce.apply(_slot(row, dist.get_rank(group), dist.get_world_size(group)), group)
 
+    def extra_repr(self) -> str:
+        extra = "" if self.sync else ", sync=False"
+        if self.activation != "none":
+            extra += f", activation={self.activation}, slope={self.slope}"
+        return super().extra_repr() + extra
+
     @classmethod
     def convert_sync_batchnorm(cls, module: nn.Module, process_group: Optional[object] = None) -> nn.Module:
         """Replace every BatchNorm layer of ``module`` with this class (see :func:`convert_sync_batchnorm`)."""
         return _convert(module, process_group, cls)
 
+
+#: ``activation`` name -> ``fn(output, slope, inplace)``.
+_ACTIVATIONS: Dict[str, Callable[[Tensor, float, bool], Tensor]] = {
+    "none": lambda x, slope, inplace: x,
+    "relu": lambda x, slope, inplace: F.relu(x, inplace=inplace),
+    "leaky_relu": lambda x, slope, inplace: F.leaky_relu(x, slope, inplace=inplace),
+    "elu": lambda x, slope, inplace: F.elu(x, slope, inplace=inplace),
+}
 
 #: PyTorch-Encoding name of the distributed variant; one class does both here.
 DistSyncBatchNorm = SyncBatchNorm
@@ -186,24 +218,56 @@ def convert_sync_batchnorm(module: nn.Module, process_group: Optional[object] = 
 
 
 def _convert(module: nn.Module, process_group: Optional[object], cls: type) -> nn.Module:
-    result = module
-    if isinstance(module, cls):
-        if process_group is not None:
-            module.process_group = process_group
-    elif isinstance(module, _BatchNorm):
-        if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
-            raise ValueError(f"cannot convert an uninitialised {type(module).__name__}; run a forward first")
-        result = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats,
-                     process_group=process_group)
-        for name, param in module.named_parameters(recurse=False):
-            setattr(result, name, param)
-        for name, buf in module.named_buffers(recurse=False):
-            setattr(result, name, buf)
-        result.train(module.training)
-        if hasattr(module, "qconfig"):
-            result.qconfig = module.qconfig
+    def to_sync(layer: nn.Module) -> Optional[nn.Module]:
+        if isinstance(layer, cls):
+            if process_group is not None:
+                layer.process_group = process_group
+            return None
+        if isinstance(layer, _BatchNorm):
+            return rebuild_batchnorm(layer, cls, process_group=process_group)
+        return None
+
+    return swap_modules(module, to_sync)
+
+
+def swap_modules(module: nn.Module, replace: Callable[[nn.Module], Optional[nn.Module]]) -> nn.Module:
+    """Replace, depth first and in place, every submodule for which ``replace`` returns a module.
+
+    Args:
+        module: the network (``module`` itself may be replaced too).
+        replace: maps a module to its replacement, or to ``None`` to keep it (its children are still visited).
+
+    Returns:
+        ``module``, or its replacement.
+    """
+    result = replace(module) or module
     for name, child in module.named_children():
-        result.add_module(name, _convert(child, process_group, cls))
+        result.add_module(name, swap_modules(child, replace))
+    return result
+
+
+def rebuild_batchnorm(layer: _BatchNorm, cls: type, **kwargs: object) -> nn.Module:
+    """A ``cls`` BatchNorm layer that takes over ``layer``'s parameter and buffer tensors, flags and qconfig.
+
+    Args:
+        layer: an initialised BatchNorm-like layer (``num_features``, ``eps``, ``momentum``, ``affine``,
+            ``track_running_stats``).
+        cls: the class to build, called as ``cls(num_features, eps, momentum, affine, track_running_stats,
+            **kwargs)``.
+
+    Raises:
+        ValueError: ``layer`` is a lazy layer that has not been initialised.
+    """
+    if isinstance(layer, nn.modules.lazy.LazyModuleMixin) and layer.has_uninitialized_params():
+        raise ValueError(f"cannot convert an uninitialised {type(layer).__name__}; run a forward first")
+    result = cls(layer.num_features, layer.eps, layer.momentum, layer.affine, layer.track_running_stats, **kwargs)
+    for name, param in layer.named_parameters(recurse=False):
+        setattr(result, name, param)
+    for name, buf in layer.named_buffers(recurse=False):
+        setattr(result, name, buf)
+    result.train(layer.training)
+    if hasattr(layer, "qconfig"):
+        result.qconfig = layer.qconfig
     return result
 
 

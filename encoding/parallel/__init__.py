@@ -6,6 +6,7 @@ loss where each output lives and reduces it exactly (the whole-batch value). Dev
 See ``docs/parallel.md``.
 """
 from .comm import AllReduce, allreduce, broadcast
+from .compat import is_module_wrapper
 from .data_parallel import (DataParallelCriterion, DataParallelModel, DataParallelWithCallback, ReplicaOutputs,
                             data_parallel)
 from .devices import resolve_device, resolve_devices
@@ -22,5 +23,5 @@ __all__ = [
     "DataParallelWithCallback", "allreduce", "AllReduce", "broadcast",
     "ReplicaContext", "ReplicaAbortedError", "get_replica_context",
     "LossTerm", "reduce_loss_terms", "criterion_loss_terms", "cross_entropy_terms",
-    "resolve_device", "resolve_devices",
+    "resolve_device", "resolve_devices", "is_module_wrapper",
 ]
