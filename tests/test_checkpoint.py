@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+from encoding.models import get_backbone
 from encoding.utils import (BEST_NAME, CHECKPOINT_FORMAT, CheckpointError, LR_Scheduler, load_checkpoint,
-                            load_model_state, save_checkpoint, unwrap_model)
+                            load_model_state, read_state_dict, save_checkpoint, unwrap_model)
 
 
 class Net(nn.Module):
@@ -196,3 +197,21 @@ def test_unwrap_model():
     inner = Net()
     assert unwrap_model(nn.DataParallel(Wrapper(inner))) is inner
     assert unwrap_model(inner) is inner
+
+
+def test_read_state_dict_is_the_one_safe_reader(tmp_path):
+    model = Net()
+    for layout in ({"model": model.state_dict()}, {"state_dict": model.state_dict()}, model.state_dict()):
+        torch.save(layout, tmp_path / "w.pth")
+        state = read_state_dict(tmp_path / "w.pth")
+        assert torch.equal(state["conv.weight"], model.conv.weight)
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pth"
+    torch.save({"state_dict": Payload(marker)}, evil)
+    with pytest.raises(CheckpointError, match="refused"):
+        read_state_dict(evil)
+    with pytest.raises(ValueError, match="refused"):  # what the model builders raise for pretrained=<bad file>
+        get_backbone("resnet18", pretrained=evil)
+    assert not marker.exists()
+    with pytest.raises(FileNotFoundError, match="nothing.pth"):
+        read_state_dict(tmp_path / "nothing.pth")

@@ -13,16 +13,16 @@ cache, ``$TORCH_HOME/hub/checkpoints``, or downloaded there); ``pretrained="file
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Mapping, Tuple, Union
+from typing import Dict, List, Tuple, Union
 
 import torch
 import torchvision
 from torch import Tensor, nn
 
 from ..nn.blocks import NormLayer
+from ..utils.checkpoint import load_model_state, read_state_dict
 
-__all__ = ["ResNetBackbone", "get_backbone", "backbone_list", "load_state_dict_file", "fetch_torchvision_weights",
-           "load_weights"]
+__all__ = ["ResNetBackbone", "get_backbone", "backbone_list", "fetch_torchvision_weights"]
 
 Pretrained = Union[bool, str, os.PathLike]
 
@@ -106,28 +106,6 @@ def _dilate_stage(stage: nn.Sequential, previous: int, dilation: int) -> None:
             first = False
 
 
-def load_state_dict_file(path: Union[str, os.PathLike]) -> Dict[str, Tensor]:
-    """Load a state dict saved with ``torch.save`` from a local file, safely (``weights_only=True``).
-
-    Accepts a plain state dict or a checkpoint dict holding it under ``"state_dict"`` or ``"model"``; a
-    ``"module."`` prefix (from a ``DataParallel``-wrapped model) is removed.
-
-    Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: the file does not hold a state dict.
-    """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"weights file not found: {path!r}")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    for key in ("state_dict", "model"):
-        if isinstance(state, Mapping) and isinstance(state.get(key), Mapping):
-            state = state[key]
-    if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise ValueError(f"{path!r} does not contain a state dict (a mapping of names to tensors)")
-    return {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
-
-
 def fetch_torchvision_weights(weights: torchvision.models.WeightsEnum) -> Dict[str, Tensor]:
     """The state dict of torchvision ``weights``, from the torch hub cache or downloaded into it.
 
@@ -144,25 +122,6 @@ def fetch_torchvision_weights(weights: torchvision.models.WeightsEnum) -> Dict[s
             f"could not download torchvision weights {weights} from {weights.url} ({err}). When offline, put the "
             f"file at {cached} (or set TORCH_HOME), or pass a local file as pretrained='path/to/weights.pth'."
         ) from err
-
-
-def load_weights(module: nn.Module, state: Mapping[str, Tensor], source: str) -> None:
-    """``module.load_state_dict(state, strict=True)``, checked first so that nothing is loaded on a mismatch.
-
-    Raises:
-        ValueError: missing/unexpected keys or shape mismatches; the message names ``source`` and the keys.
-    """
-    expected = module.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    mismatched = [f"{k}: {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
-                  if k in state and state[k].shape != v.shape]
-    if missing or unexpected or mismatched:
-        def show(keys: List[str]) -> str:
-            return ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "") or "none"
-        raise ValueError(f"weights from {source} do not fit {type(module).__name__}: missing keys: {show(missing)}; "
-                         f"unexpected keys: {show(unexpected)}; shape mismatches: {show(mismatched)}")
-    module.load_state_dict(state, strict=True)
 
 
 def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: NormLayer = nn.BatchNorm2d,
@@ -197,10 +156,10 @@ def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: Nor
         weights = torchvision.models.get_model_weights(name).DEFAULT
         state, source = fetch_torchvision_weights(weights), str(weights)
     elif isinstance(pretrained, (str, os.PathLike)):
-        state, source = load_state_dict_file(pretrained), repr(os.fspath(pretrained))
+        state, source = read_state_dict(pretrained), repr(os.fspath(pretrained))
     elif pretrained is False or pretrained is None:
         return backbone
     else:
         raise ValueError(f"pretrained must be True, False or a file path, got {pretrained!r}")
-    load_weights(backbone, {k: v for k, v in state.items() if not k.startswith("fc.")}, source)
+    load_model_state(backbone, {k: v for k, v in state.items() if not k.startswith("fc.")}, source=source)
     return backbone

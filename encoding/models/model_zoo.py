@@ -14,7 +14,8 @@ import torchvision
 from torch import nn
 
 from ..nn.blocks import NormLayer
-from .backbone import Pretrained, fetch_torchvision_weights, get_backbone, load_state_dict_file, load_weights
+from ..utils.checkpoint import load_model_state, read_state_dict
+from .backbone import Pretrained, fetch_torchvision_weights, get_backbone
 from .base import FeatureInfo, SegmentationModel
 from .jpu import JPU
 from .registry import ARCHITECTURES, PRESET_BACKBONES, PRESET_DATASETS, PRESETS, Architecture, get_architecture
@@ -83,10 +84,10 @@ def _load_pretrained(model: SegmentationModel, name: str, backbone: str, nclass:
         if model.aux_classifier is None:
             state = {k: v for k, v in state.items() if not k.startswith("aux_classifier.")}
     elif isinstance(pretrained, (str, os.PathLike)):
-        state, source = load_state_dict_file(pretrained), repr(os.fspath(pretrained))
+        state, source = read_state_dict(pretrained), repr(os.fspath(pretrained))
     else:
         raise ValueError(f"pretrained must be False, True, 'torchvision' or a file path, got {pretrained!r}")
-    load_weights(model, state, source)
+    load_model_state(model, state, source=source)
 
 
 def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str = "resnet50", aux: bool = False,

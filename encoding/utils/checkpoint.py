@@ -10,6 +10,10 @@ execute code on load is refused.
 then ``os.replace``-s it over the destination: a crash leaves either the old or the new checkpoint, never a partial
 one. Models wrapped in ``DataParallelModel``, ``nn.DataParallel`` or ``DistributedDataParallel`` are unwrapped, so
 the saved keys have no ``module.`` prefix and load into the bare model.
+
+This module is also the one place that reads weights: :func:`read_state_dict` (any state-dict file a user hands us,
+``weights_only=True``) and :func:`load_model_state` (checked loading: every mismatch reported, nothing loaded on a
+mismatch) serve the backbones, the model zoo and resuming alike.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "load_model_state",
+    "read_state_dict",
 ]
 
 CHECKPOINT_FORMAT = "encoding.checkpoint"
@@ -46,8 +51,11 @@ _STATEFUL_KEYS = ("optimizer", "scheduler", "scaler")
 PathLike = Union[str, os.PathLike]
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint file could not be used: corrupt, unsafe, foreign, or not matching the model."""
+class CheckpointError(RuntimeError, ValueError):
+    """A checkpoint or weights file could not be used: corrupt, unsafe, foreign, or not matching the model.
+
+    Also a ``ValueError``: bad weights are a bad argument value (``pretrained="file.pth"``).
+    """
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -241,6 +249,7 @@ def load_model_state(model: nn.Module, state: Mapping[str, Tensor], strict: bool
 
 
 def _read(path: str, map_location: Any) -> Any:
+    """``torch.load(path, weights_only=True)``, with our errors for unsafe, truncated or corrupt files."""
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
@@ -254,9 +263,35 @@ def _read(path: str, map_location: Any) -> Any:
                               f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
 
 
+def _is_state_dict(data: Any) -> bool:
+    return isinstance(data, Mapping) and all(isinstance(v, Tensor) for v in data.values())
+
+
+def read_state_dict(path: PathLike) -> Mapping[str, Tensor]:
+    """Read the model weights of a file a user hands us, safely (``weights_only=True``, on the CPU).
+
+    Accepts a plain state dict, one of our checkpoints (``"model"``), or a checkpoint holding it under
+    ``"state_dict"`` (PyTorch-Encoding, many others). A ``module.`` prefix is removed by :func:`load_model_state`.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        CheckpointError: unsafe, truncated or corrupt, or no state dict inside.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"weights file not found: {path!r}")
+    state = _read(path, "cpu")
+    for key in ("state_dict", "model"):
+        if isinstance(state, Mapping) and isinstance(state.get(key), Mapping):
+            state = state[key]
+    if not _is_state_dict(state):
+        raise CheckpointError(f"{path!r} does not contain a state dict (a mapping of names to tensors)")
+    return state
+
+
 def _foreign(data: Any, path: str) -> Dict[str, Any]:
     """Interpret a plain state dict or a PyTorch-Encoding checkpoint (``{"state_dict", "epoch", ...}``)."""
-    if isinstance(data, Mapping) and data and all(isinstance(v, Tensor) for v in data.values()):
+    if data and _is_state_dict(data):
         return {"model": dict(data)}
     if isinstance(data, Mapping) and isinstance(data.get("state_dict"), Mapping):
         converted = {"model": dict(data["state_dict"])}
