@@ -30,7 +30,10 @@ setup(
         "tqdm",
         "numpy",
     ],
-    extras_require={"test": ["pytest"]},
+    extras_require={
+        "test": ["pytest", "matplotlib"],
+        "chart": ["matplotlib"],  # scripts/memory_balance.py --chart
+    },
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

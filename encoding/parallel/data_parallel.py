@@ -79,7 +79,7 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
         chunk_sizes: explicit samples per device (one entry per device, ``0`` = the device sits this batch out;
             the argument of torch's C++ ``Scatter``), e.g. ``[1, 3, 3]`` to unload device 0. Every batch must then
             have ``sum(chunk_sizes)`` samples. Settable later as the ``chunk_sizes`` attribute.
-        balance: ``"memory"`` (or a :class:`~encoding.parallel.memory.MemoryBalancer`) picks, per batch size, the
+        balance: ``"memory"`` (or a :class:`~encoding.parallel.balance.MemoryBalancer`) picks, per batch size, the
             integer split that minimises the heaviest device's simulated peak memory of a training step (see
             ``docs/memory.md``); ``None`` (default) splits evenly (:func:`~encoding.parallel.get_split_sizes`).
 
@@ -126,13 +126,13 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
 
     @property
     def balance(self) -> Any:
-        """The split planner (``None`` or a :class:`~encoding.parallel.memory.MemoryBalancer`)."""
+        """The split planner (``None`` or a :class:`~encoding.parallel.balance.MemoryBalancer`)."""
         return self._balance
 
     @balance.setter
     def balance(self, balance: Any) -> None:
         if balance == "memory":
-            from .memory import MemoryBalancer  # lazy: the simulator is only needed when asked for
+            from .balance import MemoryBalancer  # lazy: the simulator is only needed when asked for
             balance = MemoryBalancer()
         elif balance is not None and not callable(getattr(balance, "plan", None)):
             raise ValueError(f"balance must be None, 'memory' or a MemoryBalancer, got {balance!r}")

@@ -1,0 +1,198 @@
+"""The automatic split: per-device batch shares that minimise the heaviest device's simulated peak memory.
+
+:func:`plan_split` searches the integer split of a batch given device 0's and the other devices' cost curves;
+:func:`max_batch` finds the largest batch that fits a memory limit; :class:`MemoryBalancer` plans
+:class:`~encoding.parallel.DataParallelModel`'s split (``balance="memory"``) by simulating the wrapped module on
+fake tensors (:mod:`encoding.parallel.memory`). See ``docs/memory.md``.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .memory import DeviceProgram, Simulator, StepSpec, default_optimizer, new_fake_mode, tensor_leaves
+from .scatter_gather import batch_size_of, get_split_sizes
+from .structures import iter_leaves, transpose_map
+
+__all__ = ["plan_split", "strategy_peaks", "max_batch", "MemoryBalancer"]
+
+
+def plan_split(source_cost: Callable[[int], float], other_cost: Callable[[int], float], batch: int,
+               num_devices: int) -> List[int]:
+    """The integer split of ``batch`` over ``num_devices`` that minimises the heaviest device's cost.
+
+    Device 0 has its own cost curve (it also holds the module, optimizer state and reduced gradients); the other
+    devices share one. Both must be non-decreasing in the number of samples. For a given ``b0`` on device 0, the
+    rest is best spread evenly (heaviest: ``ceil((batch - b0) / (num_devices - 1))``), so the search is over
+    ``b0``: a binary search for where device 0 overtakes the others, plus the even split as a candidate. Ties go to
+    the split closest to even.
+
+    Args:
+        source_cost: device 0's cost of ``b`` samples.
+        other_cost: any other device's cost of ``b`` samples (``0`` samples must cost ``0`` or its fixed cost).
+        batch: the total batch.
+        num_devices: devices available.
+
+    Returns:
+        Samples per device (``num_devices`` entries, zeros allowed, device 0 first).
+    """
+    if num_devices < 1 or batch < 1:
+        raise ValueError(f"plan_split needs a batch >= 1 and num_devices >= 1, got {batch} and {num_devices}")
+    if num_devices == 1:
+        return [batch]
+    even = get_split_sizes(batch, num_devices)
+    even += [0] * (num_devices - len(even))
+
+    def rest(b0: int) -> List[int]:
+        return [b0] + get_split_sizes(batch - b0, num_devices - 1) if b0 < batch else [batch]
+
+    def heaviest(b0: int) -> float:
+        others = math.ceil((batch - b0) / (num_devices - 1))
+        return max(source_cost(b0), other_cost(others))
+
+    lo, hi = 0, batch  # smallest b0 whose device 0 is at least as heavy as the others
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if source_cost(mid) >= other_cost(math.ceil((batch - mid) / (num_devices - 1))):
+            hi = mid
+        else:
+            lo = mid + 1
+    candidates = {even[0], lo, max(lo - 1, 0)}
+    best = min(sorted(candidates), key=lambda b0: (heaviest(b0), abs(b0 - even[0])))
+    split = rest(best)
+    return split + [0] * (num_devices - len(split))
+
+
+def _strategy_split(simulator: Simulator, strategy: str, batch: int, num_devices: int) -> List[int]:
+    if strategy != "balanced-auto":
+        split = get_split_sizes(batch, num_devices)
+        return split + [0] * (num_devices - len(split))
+    def cost(source: bool, b: int) -> float:
+        replicas = (1 if b else 0) + min(batch - b, num_devices - 1) if source else 1
+        return simulator.peak(DeviceProgram("balanced", b, batch, source=source, replicas=replicas))
+    return plan_split(functools.partial(cost, True), functools.partial(cost, False), batch, num_devices)
+
+
+def strategy_peaks(simulator: Simulator, strategy: str, batch: int, num_devices: int) -> Tuple[List[int], List[int]]:
+    """``(split, peak bytes per device)`` of ``strategy`` for a total ``batch`` on ``num_devices``."""
+    split = _strategy_split(simulator, strategy, batch, num_devices)
+    return split, simulator.peaks(strategy, split)
+
+
+def max_batch(simulator: Simulator, strategy: str, num_devices: int, limit_bytes: int, upper: int = 4096) -> int:
+    """The largest total batch whose heaviest device stays within ``limit_bytes`` (0 when none fits).
+
+    Doubling then bisection over the batch; every probe simulates the programs it needs (cached).
+    """
+    def fits(batch: int) -> bool:
+        return max(strategy_peaks(simulator, strategy, batch, num_devices)[1]) <= limit_bytes
+
+    low = 0
+    high = max(1, num_devices)
+    while high <= upper and fits(high):
+        low, high = high, high * 2
+    high = min(high, upper + 1)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+# ------------------------------------------------------------------------------------------------ DataParallelModel
+def _fake_copy(module: nn.Module, fake_mode: Any) -> nn.Module:
+    """A deep copy of ``module`` whose parameters and buffers are fake tensors of the same shapes."""
+    memo: Dict[int, Any] = {}
+    for p in module.parameters():
+        memo[id(p)] = nn.Parameter(fake_mode.from_tensor(p.detach()), requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = fake_mode.from_tensor(b)
+    return copy.deepcopy(module, memo)
+
+
+def _segmentation_loss(output: Any, target: Tensor) -> Tensor:
+    """Default loss of :class:`MemoryBalancer`: cross-entropy of every ``B x C x ...`` output against ``target``,
+    plus the sum of the other floating outputs."""
+    loss = None
+    for leaf in tensor_leaves(output):
+        term = F.cross_entropy(leaf, target) if leaf.dim() == target.dim() + 1 else leaf.float().sum()
+        loss = term if loss is None else loss + term
+    return loss
+
+
+def _narrow(tree: Any, share: int, dim: int) -> Any:
+    """``tree`` with every batched tensor resized to ``share`` samples along ``dim`` (new storage, like a scatter)."""
+    def leaf(value: Any) -> List[Any]:
+        if isinstance(value, Tensor) and value.dim() > dim:
+            shape = list(value.shape)
+            shape[dim] = share
+            return [value.new_zeros(shape)]
+        return [value]
+    return transpose_map(leaf, tree, 1)[0]
+
+
+class MemoryBalancer:
+    """Plans :class:`~encoding.parallel.DataParallelModel`'s split from simulated per-device peak memory.
+
+    On the first batch of each size (and input shapes) it simulates the ``balanced`` device programs of the wrapped
+    module on fake tensors (nothing is allocated, no kernel runs) and returns the split from :func:`plan_split`.
+    ``DataParallelModel(module, device_ids, balance="memory")`` uses the defaults.
+
+    Args:
+        criterion: the loss computed on each device (default: cross-entropy of every ``B x C x ...`` output against
+            a target of the input's batch and spatial size, the other floating outputs summed).
+        make_target: ``(args, kwargs) of share samples -> target`` (default: int64 zeros of the first input's batch
+            and spatial size).
+        optimizer: ``params -> optimizer`` whose state device 0 holds (default: SGD with momentum).
+        round_to: allocation granularity (default 512 on CUDA devices, else 1).
+
+    Example:
+        >>> model = DataParallelModel(net, ["cpu"] * 3, balance=MemoryBalancer(criterion))  # doctest: +SKIP
+    """
+
+    def __init__(self, criterion: Optional[Callable[..., Any]] = None,
+                 make_target: Optional[Callable[[tuple, dict], Any]] = None,
+                 optimizer: Callable[[List[Tensor]], torch.optim.Optimizer] = default_optimizer,
+                 round_to: Optional[int] = None) -> None:
+        self.criterion = criterion if criterion is not None else _segmentation_loss
+        self.make_target = make_target if make_target is not None else _default_target
+        self.optimizer = optimizer
+        self.round_to = round_to
+        self._plans: Dict[tuple, List[int]] = {}
+
+    def plan(self, module: nn.Module, inputs: tuple, kwargs: dict, device_ids: Sequence[torch.device],
+             dim: int = 0) -> List[int]:
+        """Samples per device for this call (cached per batch size, device count and input shapes)."""
+        batch = batch_size_of((inputs, kwargs), dim, name="args")
+        shapes = tuple((path, tuple(v.shape)) for path, v in iter_leaves((inputs, kwargs)) if isinstance(v, Tensor))
+        key = (batch, len(device_ids), shapes)
+        if key not in self._plans:
+            self._plans[key] = self._plan(module, inputs, kwargs, device_ids, dim, batch)
+        return self._plans[key]
+
+    def _plan(self, module: nn.Module, inputs: tuple, kwargs: dict, device_ids: Sequence[torch.device], dim: int,
+              batch: int) -> List[int]:
+        fake_mode = new_fake_mode()
+        with fake_mode:
+            template = transpose_map(lambda v: [fake_mode.from_tensor(v.detach()) if isinstance(v, Tensor) else v],
+                                     (tuple(inputs), dict(kwargs)), 1)[0]
+
+        def make_inputs(share: int) -> Tuple[tuple, dict]:
+            return _narrow(template, share, dim)
+
+        spec = StepSpec(build_model=lambda: _fake_copy(module, fake_mode), make_inputs=make_inputs,
+                        make_target=lambda share: self.make_target(*make_inputs(share)),
+                        criterion=self.criterion, optimizer=self.optimizer)
+        round_to = self.round_to or (512 if device_ids[0].type == "cuda" else 1)
+        simulator = Simulator(spec, round_to, fake_mode)
+        return _strategy_split(simulator, "balanced-auto", batch, len(device_ids))
+
+
+def _default_target(args: tuple, kwargs: dict) -> Tensor:
+    first = next(v for _, v in iter_leaves((args, kwargs)) if isinstance(v, Tensor))
+    return torch.zeros((first.shape[0],) + tuple(first.shape[2:]), dtype=torch.long, device=first.device)
