@@ -295,6 +295,9 @@ def test_palette_comes_from_encoding_utils_palette():
     for name, cls in eds.datasets.items():
         assert cls.PALETTE == get_palette(name)
         assert len(cls.PALETTE) >= cls.NUM_CLASS
+        assert "PALETTE" in vars(cls) and "IGNORE_COLOR" in vars(cls)  # carried by the dataset class itself
+        assert cls.IGNORE_COLOR not in cls.PALETTE
+    assert eds.IGNORE_INDEX == -1 and eds.BaseDataset.PALETTE is None
 
 
 def test_missing_root_and_env_default(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """encoding.datasets: segmentation datasets with PyTorch-Encoding names, joint transforms and prepare helpers.
 
-Registry names (``datasets[name]`` is the class; each class has ``NUM_CLASS``, ``CLASSES``, ``PALETTE``):
+Registry names (``datasets[name]`` is the class; each class carries its metadata: ``NUM_CLASS``, ``CLASSES``,
+``PALETTE``, ``IGNORE_COLOR``; every returned mask uses :data:`IGNORE_INDEX` (-1) for ignored pixels):
 
 ==============  ==============================  =========
 name            class                           NUM_CLASS

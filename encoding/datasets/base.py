@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 MODES = ("train", "val", "testval", "test")
-#: Marks raw label values that are neither a class nor ignore in a label table.
+#: Internal: marks raw label values that are neither a class nor ignore in a label table (never in a returned mask).
 INVALID_LABEL = 254
 _LABEL_MODES = ("L", "P", "I", "I;16", "1")
 
@@ -106,24 +106,6 @@ def mapped_table(mapping: Dict[int, int], max_raw: int, ignore: Sequence[int] = 
     return table
 
 
-class _LazyPalette:
-    """Class attribute resolved on first access from ``encoding.utils.palette.get_palette(<dataset NAME>)``."""
-
-    def __get__(self, obj: Any, owner: type) -> Any:
-        cache = owner.__dict__.get("_palette_cache")
-        if cache is None:
-            try:
-                from ..utils.palette import get_palette
-            except ImportError:  # the palette module is optional for loading data
-                return None
-            try:
-                cache = get_palette(owner.NAME)
-            except (KeyError, ValueError):  # a user subclass without a registered palette
-                return None
-            setattr(owner, "_palette_cache", cache)
-        return cache
-
-
 class BaseDataset(Dataset):
     """Base class of every segmentation dataset.
 
@@ -160,7 +142,9 @@ class BaseDataset(Dataset):
     BASE_SIZE: ClassVar[int] = 520
     CROP_SIZE: ClassVar[int] = 480
     SCALE_RANGE: ClassVar[Tuple[float, float]] = (0.5, 2.0)
-    PALETTE = _LazyPalette()
+    #: One ``(r, g, b)`` per class (``None``: a user dataset without colours) and the colour of ignored pixels.
+    PALETTE: ClassVar[Optional[Tuple[Tuple[int, int, int], ...]]] = None
+    IGNORE_COLOR: ClassVar[Tuple[int, int, int]] = (0, 0, 0)
 
     def __init__(self, root: Optional[str] = None, split: str = "train", mode: Optional[str] = None,
                  transform: Optional[Callable] = None, target_transform: Optional[Callable] = None,

@@ -10,11 +10,18 @@ import numpy as np
 from .base import BaseDataset, DatasetError, default_root, mapped_table
 from ..utils.files import extract, verify_checksum
 
-__all__ = ["CitySegmentation", "CITYSCAPES_CLASSES", "CITYSCAPES_ID_TO_TRAIN_ID", "prepare_citys"]
+__all__ = ["CitySegmentation", "CITYSCAPES_CLASSES", "CITYSCAPES_PALETTE", "CITYSCAPES_ID_TO_TRAIN_ID",
+           "prepare_citys"]
 
 CITYSCAPES_CLASSES = (
     "road", "sidewalk", "building", "wall", "fence", "pole", "traffic light", "traffic sign", "vegetation", "terrain",
     "sky", "person", "rider", "car", "truck", "bus", "train", "motorcycle", "bicycle",
+)
+#: The official Cityscapes colours of the 19 train ids.
+CITYSCAPES_PALETTE = (
+    (128, 64, 128), (244, 35, 232), (70, 70, 70), (102, 102, 156), (190, 153, 153), (153, 153, 153),
+    (250, 170, 30), (220, 220, 0), (107, 142, 35), (152, 251, 152), (70, 130, 180), (220, 20, 60), (255, 0, 0),
+    (0, 0, 142), (0, 0, 70), (0, 60, 100), (0, 80, 100), (0, 0, 230), (119, 11, 32),
 )
 #: Official ``labelId -> trainId`` of the 19 evaluated classes; every other id (0..33) is ignored.
 CITYSCAPES_ID_TO_TRAIN_ID: Dict[int, int] = {
@@ -48,6 +55,8 @@ class CitySegmentation(BaseDataset):
     NAME = "citys"
     NUM_CLASS = 19
     CLASSES = CITYSCAPES_CLASSES
+    PALETTE = CITYSCAPES_PALETTE
+    IGNORE_COLOR = (0, 0, 0)  # Cityscapes' "unlabeled" colour
     SPLITS = ("train", "val", "trainval", "test")
     BASE_SIZE = 1024
     CROP_SIZE = 768

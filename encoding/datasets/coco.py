@@ -15,7 +15,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from .base import BaseDataset, DatasetError, default_root
-from .pascal_voc import VOC_CLASSES, list_split
+from .pascal_voc import VOC_CLASSES, VOC_IGNORE_COLOR, VOC_PALETTE, list_split
 from .resources import Resource, fetch_resources
 from ..utils.files import extract, staged_dir
 
@@ -109,6 +109,8 @@ class COCOSegmentation(BaseDataset):
     NAME = "coco"
     NUM_CLASS = 21
     CLASSES = VOC_CLASSES
+    PALETTE = VOC_PALETTE
+    IGNORE_COLOR = VOC_IGNORE_COLOR
     SPLITS = ("train", "val")
     BASE_DIR = BASE_DIR
 

@@ -7,6 +7,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import default_collate
 
+from .transforms import IGNORE_INDEX
+
 __all__ = ["pad_collate", "pad_stack"]
 
 
@@ -38,7 +40,7 @@ def pad_stack(tensors: Sequence[Tensor], fill: float) -> Tensor:
     return out
 
 
-def pad_collate(batch: Sequence[Any], image_fill: float = 0.0, mask_fill: int = -1) -> Any:
+def pad_collate(batch: Sequence[Any], image_fill: float = 0.0, mask_fill: int = IGNORE_INDEX) -> Any:
     """Collate ``(image, mask[, name])`` / ``(image, name)`` samples of different sizes into one batch.
 
     Tensors at the same position are padded to the largest height and width in the batch (bottom/right):

@@ -8,7 +8,7 @@ import numpy as np
 
 from .base import BaseDataset, DatasetError
 from .matfile import MatFileError, load_mat
-from .pascal_voc import VOC_CLASSES, list_split
+from .pascal_voc import VOC_CLASSES, VOC_IGNORE_COLOR, VOC_PALETTE, list_split
 
 __all__ = ["VOCAugSegmentation"]
 
@@ -28,6 +28,8 @@ class VOCAugSegmentation(BaseDataset):
     NAME = "pascal_aug"
     NUM_CLASS = 21
     CLASSES = VOC_CLASSES
+    PALETTE = VOC_PALETTE
+    IGNORE_COLOR = VOC_IGNORE_COLOR
     SPLITS = ("train", "val", "trainval")
     BASE_DIR = os.path.join("VOCaug", "dataset")
 

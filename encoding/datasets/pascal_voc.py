@@ -7,13 +7,18 @@ from typing import List, Mapping, Optional, Tuple
 from .base import BaseDataset, DatasetError, default_root, read_split_file
 from .resources import Resource, fetch_resources
 from ..utils.files import extract
+from ..utils.palette import voc_palette
 
-__all__ = ["VOCSegmentation", "VOC_CLASSES", "prepare_pascal", "list_split"]
+__all__ = ["VOCSegmentation", "VOC_CLASSES", "VOC_PALETTE", "VOC_IGNORE_COLOR", "prepare_pascal",
+           "list_split"]
 
 VOC_CLASSES = (
     "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
     "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor",
 )
+#: The PASCAL VOC colour map of the 21 classes; ignored pixels take VOC's own "void" colour (entry 255).
+VOC_PALETTE = voc_palette()[:len(VOC_CLASSES)]
+VOC_IGNORE_COLOR = voc_palette()[255]
 
 RESOURCES = {
     "voc2012": Resource("http://host.robots.ox.ac.uk/pascal/VOC/voc2012/VOCtrainval_11-May-2012.tar",
@@ -47,6 +52,8 @@ class VOCSegmentation(BaseDataset):
     NAME = "pascal_voc"
     NUM_CLASS = 21
     CLASSES = VOC_CLASSES
+    PALETTE = VOC_PALETTE
+    IGNORE_COLOR = VOC_IGNORE_COLOR
     SPLITS = ("train", "val", "trainval", "test")
     BASE_DIR = os.path.join("VOCdevkit", "VOC2012")
 

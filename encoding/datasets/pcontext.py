@@ -21,6 +21,7 @@ from .base import BaseDataset, DatasetError, ShiftedLabels, default_root
 from .pascal_voc import list_split
 from .resources import Resource, fetch_resources
 from ..utils.files import extract, staged_dir
+from ..utils.palette import voc_palette
 
 __all__ = ["ContextSegmentation", "CONTEXT_CLASSES", "CONTEXT_CATEGORY_IDS", "decode_rle",
            "convert_context_annotations", "prepare_pcontext"]
@@ -65,6 +66,8 @@ class ContextSegmentation(ShiftedLabels, BaseDataset):
     NAME = "pcontext"
     NUM_CLASS = 59
     CLASSES = CONTEXT_CLASSES
+    PALETTE = voc_palette()[:len(CONTEXT_CLASSES)]  # the VOC colour map, as in PyTorch-Encoding
+    IGNORE_COLOR = voc_palette()[255]
     SPLITS = ("train", "val")
     BASE_DIR = BASE_DIR
 

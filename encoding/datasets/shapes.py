@@ -33,10 +33,14 @@ from .base import BaseDataset, default_root
 from .pascal_voc import list_split
 from ..utils.files import staged_dir
 
-__all__ = ["ShapesSegmentation", "SHAPES_CLASSES", "GENERATOR_VERSION", "render_scene", "generate_shapes",
-           "ensure_shapes", "prepare_shapes"]
+__all__ = ["ShapesSegmentation", "SHAPES_CLASSES", "SHAPES_PALETTE", "GENERATOR_VERSION", "render_scene",
+           "generate_shapes", "ensure_shapes", "prepare_shapes"]
 
 SHAPES_CLASSES = ("background", "disc", "square", "triangle", "star", "ring", "bar")
+#: Seven distinct colours (background black; ignored pixels are drawn white).
+SHAPES_PALETTE = (
+    (0, 0, 0), (230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),
+)
 GENERATOR_VERSION = 2
 DEFAULT_SEED = 0
 DEFAULT_NUM_TRAIN = 400
@@ -339,6 +343,8 @@ class ShapesSegmentation(BaseDataset):
     NAME = "shapes"
     NUM_CLASS = len(SHAPES_CLASSES)
     CLASSES = SHAPES_CLASSES
+    PALETTE = SHAPES_PALETTE
+    IGNORE_COLOR = (255, 255, 255)  # the background is black
     SPLITS = ("train", "val", "trainval")
     BASE_SIZE = 160
     CROP_SIZE = 128

@@ -25,7 +25,6 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "IGNORE_INDEX",
-    "LABEL_IGNORE",
     "RandomLongSideResize",
     "RandomCropUpTo",
     "PadTo",
@@ -37,9 +36,10 @@ __all__ = [
 
 IMAGENET_MEAN: Tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: Tuple[float, float, float] = (0.229, 0.224, 0.225)
-#: Ignore label in the tensors a dataset returns (PyTorch-Encoding convention).
+#: The ignore label: the value of unscored pixels in every mask a dataset returns (PyTorch-Encoding convention);
+#: losses and metrics default to it. Exported as ``encoding.datasets.IGNORE_INDEX``.
 IGNORE_INDEX = -1
-#: Ignore label inside the uint8 transform pipeline.
+#: Internal: how the uint8 transform pipeline stores ignored pixels (mapped to :data:`IGNORE_INDEX` at the end).
 LABEL_IGNORE = 255
 
 

@@ -1,22 +1,15 @@
-"""Colour palettes of the segmentation datasets and helpers to turn label masks into images.
+"""Render label masks as images: :func:`colorize`, :func:`overlay`, and the PASCAL VOC colour map.
 
-Palettes (one RGB triple per class, index = class id after our ``-1``-ignore mapping):
-
-* ``pascal_voc``, ``pascal_aug``, ``coco``, ``pcontext`` (and PE's ``detail``): the PASCAL VOC bit-interleaved
-  colour map (class ``i`` takes bits ``0/1/2`` of ``i``, ``i >> 3``, ... as the high bits of R/G/B).
-* ``ade20k``: the 150 colours of the ADE20K scene-parsing benchmark (the table published with the CSAIL toolkit).
-* ``citys``: the official Cityscapes colours of the 19 train ids.
-* ``shapes``: seven distinct colours for ``background, disc, square, triangle, star, ring, bar``.
-
-Ignored pixels (``-1`` or ``255`` in a mask) are drawn with the dataset's *ignore colour*, which differs from every
-class colour: VOC's own "void" colour ``(224, 224, 192)`` for the VOC family, black for ADE20K and Cityscapes
-(their "unlabeled" colour) and white for ``shapes`` (whose background is black). :func:`colorize` stores the mask as
-a PIL ``"P"`` image whose index 255 is the ignore colour, so saved PNGs keep the class ids as pixel values.
+The colours belong to the datasets: every dataset class carries ``PALETTE`` (one RGB triple per class) and
+``IGNORE_COLOR`` (the colour of ignored pixels, distinct from every class colour). The functions here take either a
+dataset name, looked up in :data:`encoding.datasets.datasets` (``"detail"``, PyTorch-Encoding's name of the VOC colour
+map, means ``pcontext``), or an explicit sequence of RGB triples. :func:`colorize` stores the mask as a PIL ``"P"``
+image whose index 255 is the ignore colour, so saved PNGs keep the class ids as pixel values.
 """
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Sequence, Tuple, Union
 
 import numpy as np
 from PIL import Image
@@ -35,61 +28,10 @@ RGB = Tuple[int, int, int]
 Palette = Tuple[RGB, ...]
 PaletteLike = Union[str, Sequence[Sequence[int]]]
 
-IGNORE_INDEX = 255  # palette slot of ignored pixels in the "P" images
-
-_ADE20K: Palette = (
-    (120, 120, 120), (180, 120, 120), (6, 230, 230), (80, 50, 50), (4, 200, 3), (120, 120, 80), (140, 140, 140),
-    (204, 5, 255), (230, 230, 230), (4, 250, 7), (224, 5, 255), (235, 255, 7), (150, 5, 61), (120, 120, 70),
-    (8, 255, 51), (255, 6, 82), (143, 255, 140), (204, 255, 4), (255, 51, 7), (204, 70, 3), (0, 102, 200),
-    (61, 230, 250), (255, 6, 51), (11, 102, 255), (255, 7, 71), (255, 9, 224), (9, 7, 230), (220, 220, 220),
-    (255, 9, 92), (112, 9, 255), (8, 255, 214), (7, 255, 224), (255, 184, 6), (10, 255, 71), (255, 41, 10),
-    (7, 255, 255), (224, 255, 8), (102, 8, 255), (255, 61, 6), (255, 194, 7), (255, 122, 8), (0, 255, 20),
-    (255, 8, 41), (255, 5, 153), (6, 51, 255), (235, 12, 255), (160, 150, 20), (0, 163, 255), (140, 140, 140),
-    (250, 10, 15), (20, 255, 0), (31, 255, 0), (255, 31, 0), (255, 224, 0), (153, 255, 0), (0, 0, 255),
-    (255, 71, 0), (0, 235, 255), (0, 173, 255), (31, 0, 255), (11, 200, 200), (255, 82, 0), (0, 255, 245),
-    (0, 61, 255), (0, 255, 112), (0, 255, 133), (255, 0, 0), (255, 163, 0), (255, 102, 0), (194, 255, 0),
-    (0, 143, 255), (51, 255, 0), (0, 82, 255), (0, 255, 41), (0, 255, 173), (10, 0, 255), (173, 255, 0),
-    (0, 255, 153), (255, 92, 0), (255, 0, 255), (255, 0, 245), (255, 0, 102), (255, 173, 0), (255, 0, 20),
-    (255, 184, 184), (0, 31, 255), (0, 255, 61), (0, 71, 255), (255, 0, 204), (0, 255, 194), (0, 255, 82),
-    (0, 10, 255), (0, 112, 255), (51, 0, 255), (0, 194, 255), (0, 122, 255), (0, 255, 163), (255, 153, 0),
-    (0, 255, 10), (255, 112, 0), (143, 255, 0), (82, 0, 255), (163, 255, 0), (255, 235, 0), (8, 184, 170),
-    (133, 0, 255), (0, 255, 92), (184, 0, 255), (255, 0, 31), (0, 184, 255), (0, 214, 255), (255, 0, 112),
-    (92, 255, 0), (0, 224, 255), (112, 224, 255), (70, 184, 160), (163, 0, 255), (153, 0, 255), (71, 255, 0),
-    (255, 0, 163), (255, 204, 0), (255, 0, 143), (0, 255, 235), (133, 255, 0), (255, 0, 235), (245, 0, 255),
-    (255, 0, 122), (255, 245, 0), (10, 190, 212), (214, 255, 0), (0, 204, 255), (20, 0, 255), (255, 255, 0),
-    (0, 153, 255), (0, 41, 255), (0, 255, 204), (41, 0, 255), (41, 255, 0), (173, 0, 255), (0, 245, 255),
-    (71, 0, 255), (122, 0, 255), (0, 255, 184), (0, 92, 255), (184, 255, 0), (0, 133, 255), (255, 214, 0),
-    (25, 194, 194), (102, 255, 0), (92, 0, 255),
-)
-
-_CITYSCAPES: Palette = (
-    (128, 64, 128), (244, 35, 232), (70, 70, 70), (102, 102, 156), (190, 153, 153), (153, 153, 153),
-    (250, 170, 30), (220, 220, 0), (107, 142, 35), (152, 251, 152), (70, 130, 180), (220, 20, 60), (255, 0, 0),
-    (0, 0, 142), (0, 0, 70), (0, 60, 100), (0, 80, 100), (0, 0, 230), (119, 11, 32),
-)
-
-# background, disc, square, triangle, star, ring, bar
-_SHAPES: Palette = (
-    (0, 0, 0), (230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),
-)
-
+_IGNORE_SLOT = 255  # palette index of ignored pixels in the "P" images (not a label value)
+_ALIASES = {"detail": "pcontext"}  # PyTorch-Encoding's default name for the VOC colour map
 _BLACK: RGB = (0, 0, 0)
 _WHITE: RGB = (255, 255, 255)
-
-# name -> (number of classes, palette source, ignore colour); the VOC family reads its colours from voc_palette().
-_DATASETS: Dict[str, Tuple[int, str, Optional[RGB]]] = {
-    "pascal_voc": (21, "voc", None),
-    "pascal_aug": (21, "voc", None),
-    "coco": (21, "voc", None),
-    "pcontext": (59, "voc", None),
-    "detail": (59, "voc", None),  # PyTorch-Encoding's default name for the VOC colour map
-    "ade20k": (150, "ade20k", _BLACK),
-    "citys": (19, "citys", _BLACK),
-    "shapes": (7, "shapes", _WHITE),
-}
-_TABLES: Dict[str, Palette] = {"ade20k": _ADE20K, "citys": _CITYSCAPES, "shapes": _SHAPES}
-
-PALETTE_NAMES: Tuple[str, ...] = tuple(_DATASETS)
 
 
 @lru_cache(maxsize=None)
@@ -114,17 +56,37 @@ def voc_palette(num: int = 256) -> Palette:
     return tuple(colors)
 
 
-def _lookup(dataset: str) -> Tuple[int, str, Optional[RGB]]:
-    if not isinstance(dataset, str) or dataset.lower() not in _DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r} for a palette; known: {', '.join(PALETTE_NAMES)}")
-    return _DATASETS[dataset.lower()]
+def _registry() -> dict:
+    from ..datasets import datasets  # lazy: the dataset modules import voc_palette from here
+
+    return datasets
+
+
+def _dataset_class(dataset: str) -> type:
+    """The dataset class whose ``PALETTE`` / ``IGNORE_COLOR`` a name refers to."""
+    key = _ALIASES.get(dataset.lower(), dataset.lower()) if isinstance(dataset, str) else None
+    cls = _registry().get(key)
+    if cls is None or cls.PALETTE is None:
+        raise ValueError(f"unknown dataset {dataset!r} for a palette; known: {', '.join(_palette_names())}")
+    return cls
+
+
+def _palette_names() -> Tuple[str, ...]:
+    return tuple(_registry()) + tuple(_ALIASES)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PALETTE_NAMES":  # computed from the dataset registry on first use
+        return _palette_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_palette(dataset: str) -> Palette:
-    """Class colours of a dataset, one ``(r, g, b)`` per class id (immutable, safe as a class attribute).
+    """Class colours of a dataset, one ``(r, g, b)`` per class id: its class's ``PALETTE``.
 
     Args:
-        dataset: one of :data:`PALETTE_NAMES` (e.g. ``"ade20k"``, ``"citys"``, ``"pascal_voc"``, ``"shapes"``).
+        dataset: a registered dataset name (e.g. ``"ade20k"``, ``"citys"``, ``"pascal_voc"``, ``"shapes"``), any
+            case; see ``PALETTE_NAMES``.
 
     Returns:
         A tuple of ``NUM_CLASS`` RGB tuples.
@@ -133,14 +95,12 @@ def get_palette(dataset: str) -> Palette:
         >>> get_palette("citys")[0]   # road
         (128, 64, 128)
     """
-    nclass, source, _ = _lookup(dataset)
-    return voc_palette()[:nclass] if source == "voc" else _TABLES[source]
+    return _dataset_class(dataset).PALETTE
 
 
 def get_ignore_color(dataset: str) -> RGB:
-    """Colour of ignored pixels for a dataset (distinct from all its class colours)."""
-    _, source, ignore = _lookup(dataset)
-    return voc_palette()[IGNORE_INDEX] if source == "voc" else ignore
+    """Colour of ignored pixels for a dataset (distinct from all its class colours): its class's ``IGNORE_COLOR``."""
+    return _dataset_class(dataset).IGNORE_COLOR
 
 
 def _resolve(palette: PaletteLike) -> Tuple[Palette, RGB]:
@@ -150,8 +110,8 @@ def _resolve(palette: PaletteLike) -> Tuple[Palette, RGB]:
     colors = tuple(tuple(int(v) for v in color) for color in palette)
     if not colors or any(len(color) != 3 or not all(0 <= v <= 255 for v in color) for color in colors):
         raise ValueError("a palette must be a non-empty sequence of (r, g, b) triples with values in [0, 255]")
-    if len(colors) >= IGNORE_INDEX:
-        raise ValueError(f"a palette holds at most {IGNORE_INDEX} classes, got {len(colors)}")
+    if len(colors) >= _IGNORE_SLOT:
+        raise ValueError(f"a palette holds at most {_IGNORE_SLOT} classes, got {len(colors)}")
     ignore = next(c for c in [_BLACK, _WHITE] + list(voc_palette()) if c not in colors)
     return colors, ignore
 
@@ -194,17 +154,17 @@ def colorize(mask: Any, dataset: PaletteLike = "pascal_voc") -> Image.Image:
     """
     colors, ignore = _resolve(dataset)
     labels = _as_label_array(mask)
-    ignored = (labels == -1) | (labels == IGNORE_INDEX)
+    ignored = (labels == -1) | (labels == _IGNORE_SLOT)
     bad = ~ignored & ((labels < 0) | (labels >= len(colors)))
     if bad.any():
         values = np.unique(labels[bad])[:10].tolist()
         raise ValueError(f"mask values {values} are not class ids of a {len(colors)}-class palette "
-                         f"(ignored pixels must be -1 or {IGNORE_INDEX})")
-    indices = np.where(ignored, IGNORE_INDEX, labels).astype(np.uint8)
+                         f"(ignored pixels must be -1 or {_IGNORE_SLOT})")
+    indices = np.where(ignored, _IGNORE_SLOT, labels).astype(np.uint8)
     image = Image.frombytes("P", (indices.shape[1], indices.shape[0]), np.ascontiguousarray(indices).tobytes())
     table = np.zeros((256, 3), dtype=np.uint8)
     table[: len(colors)] = colors
-    table[IGNORE_INDEX] = ignore
+    table[_IGNORE_SLOT] = ignore
     image.putpalette(table.ravel().tolist())
     return image
 
@@ -250,6 +210,6 @@ def overlay(image: Any, mask: Any, dataset: PaletteLike = "pascal_voc", alpha: f
         raise ValueError(f"mask of shape {labels.shape} does not match image of size {rgb.shape[:2]}")
     colors = np.asarray(colorize(labels, dataset).convert("RGB"), dtype=np.float64)
     blended = (1.0 - alpha) * rgb + alpha * colors
-    ignored = (labels == -1) | (labels == IGNORE_INDEX)
+    ignored = (labels == -1) | (labels == _IGNORE_SLOT)
     blended[ignored] = rgb[ignored]
     return Image.fromarray(np.clip(blended + 0.5, 0, 255).astype(np.uint8), mode="RGB")
