@@ -113,6 +113,7 @@ def check_replicable(network: nn.Module) -> None:
 
 
 _MODULE_REPLICATE = nn.Module._replicate_for_data_parallel
+_MODULE_SETATTR = nn.Module.__setattr__
 
 
 def _shallow_copy(module: nn.Module) -> nn.Module:
@@ -132,16 +133,33 @@ def _shallow_copy(module: nn.Module) -> nn.Module:
 
 def _fill_replica(module: nn.Module, replica: nn.Module, replica_modules: List[nn.Module], index: Dict[int, int],
                   params: Dict[int, torch.Tensor], buffers: Dict[int, torch.Tensor]) -> None:
+    """Point ``replica``'s children, parameters and buffers at the replica copies, as torch's ``replicate`` does.
+
+    Entries are written straight into ``__dict__`` unless the class overrides ``__setattr__`` (e.g. RNNs, whose
+    flat-weight cache must follow their parameters): then through ``setattr``, like torch.
+    """
     state = replica.__dict__
+    slow = type(replica).__setattr__ is not _MODULE_SETATTR
     for key, child in module._modules.items():
-        state["_modules"][key] = None if child is None else replica_modules[index[id(child)]]
+        _put(replica, "_modules", key, None if child is None else replica_modules[index[id(child)]], slow)
     for key, param in module._parameters.items():
         if param is None:
             state["_parameters"][key] = None
+            continue
+        copy = state["_former_parameters"][key] = params[id(param)]
+        if slow:
+            setattr(replica, key, copy)
         else:  # a plain attribute: replicas hold non-leaf tensors, and replica.parameters() is empty
-            state[key] = state["_former_parameters"][key] = params[id(param)]
+            state[key] = copy
     for key, buf in module._buffers.items():
-        state["_buffers"][key] = None if buf is None else buffers[id(buf)]
+        _put(replica, "_buffers", key, None if buf is None else buffers[id(buf)], slow)
+
+
+def _put(replica: nn.Module, slot: str, key: str, value: object, slow: bool) -> None:
+    if slow and value is not None:
+        setattr(replica, key, value)
+    else:
+        replica.__dict__[slot][key] = value
 
 
 def patch_replication_callback(data_parallel: nn.DataParallel) -> nn.DataParallel:
