@@ -8,10 +8,10 @@ ours/naive.
     python benchmarks/bench_metrics.py [--device cuda] [--batch 8] [--size 512] [--nclass 150] [--repeat 10]
 """
 import argparse
-import time
 
 import torch
 
+from _timing import timed
 from encoding.utils import SegmentationMetric
 
 
@@ -57,22 +57,6 @@ class NaiveLoop:
             self.area_target += stats[2]
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device, repeat, warmup=2):
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    sync(device)
-    return (time.perf_counter() - start) / repeat * 1e3
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -92,9 +76,9 @@ def main():
     target, pred = target.to(device), pred.to(device)
 
     ours, ref, naive = SegmentationMetric(n), BincountReference(n), NaiveLoop(n)
-    t_ours = timed(lambda: ours.update(pred, target), device, args.repeat)
-    t_ref = timed(lambda: ref.update(target, pred), device, args.repeat)
-    t_naive = timed(lambda: naive.update(target, pred), device, args.naive_repeat, warmup=1)
+    t_ours = timed(lambda: ours.update(pred, target), device, args.repeat) * 1e3
+    t_ref = timed(lambda: ref.update(target, pred), device, args.repeat) * 1e3
+    t_naive = timed(lambda: naive.update(target, pred), device, args.naive_repeat, warmup=1) * 1e3
 
     conf = ours.confusion.cpu() // (args.repeat + 2)
     assert torch.equal(conf, ref.mat.cpu() // (args.repeat + 2)), "ours and the reference disagree"

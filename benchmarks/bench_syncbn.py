@@ -9,19 +9,14 @@ Usage: ``python benchmarks/bench_syncbn.py [--device cuda] [--shape 16 64 56 56]
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Callable, Dict
 
 import torch
 from torch import nn
 
+from _timing import timed
 from encoding.nn import SyncBatchNorm
 from encoding.parallel import DataParallelModel
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _step_fn(layer: Callable, x: torch.Tensor, many: bool) -> Callable[[], None]:
@@ -40,12 +35,7 @@ def _compare(steps: Dict[str, Callable[[], None]], device: torch.device, iters: 
     samples: Dict[str, list] = {name: [] for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():
-            _sync(device)
-            start = time.perf_counter()
-            for _ in range(iters):
-                step()
-            _sync(device)
-            samples[name].append((time.perf_counter() - start) / iters)
+            samples[name].append(timed(step, device, iters, warmup=0))
     return {name: min(values) for name, values in samples.items()}
 
 

@@ -275,4 +275,8 @@ def test_utils_exports_resolve():
 
     assert len(utils.__all__) == len(set(utils.__all__))
     assert all(hasattr(utils, name) for name in utils.__all__)
-    assert set(utils.files.__all__) <= set(utils.__all__)
+    # issue 10 item 8: the package exports what users call; every submodule name still resolves in its submodule
+    for module in (utils.files, utils.checkpoint, utils.dist, utils.logger, utils.lr_scheduler, utils.metrics,
+                   utils.palette):
+        assert all(hasattr(module, name) for name in module.__all__)
+    assert {"download", "mkdir", "check_sha1"} <= set(utils.__all__)  # PyTorch-Encoding's file helpers

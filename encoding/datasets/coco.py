@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from .base import BaseDataset, DatasetError, default_root
 from .pascal_voc import VOC_CLASSES, VOC_IGNORE_COLOR, VOC_PALETTE, list_split
 from .resources import Resource, fetch_resources
-from ..utils.files import extract, staged_dir
+from ..utils.files import atomic_write, extract, staged_dir
 
 __all__ = ["COCOSegmentation", "COCO_VOC_CATEGORY_IDS", "build_coco_masks", "prepare_coco"]
 
@@ -86,10 +86,7 @@ def build_coco_masks(coco_dir: str, split: str, *, min_pixels: int = MIN_FOREGRO
                 kept.append(stem)
         if not kept:
             raise DatasetError(ann_file, f"no image has more than {min_pixels} pixels of VOC classes")
-        tmp = list_file + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("".join(stem + "\n" for stem in kept))
-        os.replace(tmp, list_file)
+        atomic_write(list_file, "".join(stem + "\n" for stem in kept))
     return list_file
 
 

@@ -6,7 +6,7 @@ from typing import List, Mapping, Optional, Tuple
 
 from .base import BaseDataset, DatasetError, default_root, read_split_file
 from .resources import Resource, fetch_resources
-from ..utils.files import extract
+from ..utils.files import atomic_write, extract
 from ..utils.palette import voc_palette
 
 __all__ = ["VOCSegmentation", "VOC_CLASSES", "VOC_PALETTE", "VOC_IGNORE_COLOR", "prepare_pascal",
@@ -64,13 +64,6 @@ class VOCSegmentation(BaseDataset):
                           None if self.split == "test" else os.path.join(base, "SegmentationClass"), ".png")
 
 
-def _write_lines_atomic(path: str, lines: List[str]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("".join(line + "\n" for line in lines))
-    os.replace(tmp, path)
-
-
 def prepare_pascal(root: Optional[str] = None, *, voc: bool = True, aug: bool = True,
                    download_dir: Optional[str] = None, mirror: Optional[str] = None,
                    checksums: Optional[Mapping[str, Optional[str]]] = None, overwrite: bool = False,
@@ -107,6 +100,6 @@ def prepare_pascal(root: Optional[str] = None, *, voc: bool = True, aug: bool = 
         if not os.path.isdir(os.path.join(base, "cls")):
             raise DatasetError(os.path.join(base, "cls"), "missing after extraction; is the archive the right one?")
         ids = read_split_file(os.path.join(base, "train.txt")) + read_split_file(os.path.join(base, "val.txt"))
-        _write_lines_atomic(os.path.join(base, "trainval.txt"), list(dict.fromkeys(ids)))
+        atomic_write(os.path.join(base, "trainval.txt"), "".join(i + "\n" for i in dict.fromkeys(ids)))
         out.append(base)
     return out

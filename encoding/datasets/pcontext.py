@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from .base import BaseDataset, DatasetError, ShiftedLabels, default_root
 from .pascal_voc import list_split
 from .resources import Resource, fetch_resources
-from ..utils.files import extract, staged_dir
+from ..utils.files import atomic_write, extract, staged_dir
 from ..utils.palette import voc_palette
 
 __all__ = ["ContextSegmentation", "CONTEXT_CLASSES", "CONTEXT_CATEGORY_IDS", "decode_rle",
@@ -184,10 +184,8 @@ def convert_context_annotations(json_path: str, voc_root: str, *, overwrite: boo
             phases[image.get("phase", "train")].append(stem)
         os.makedirs(list_dir, exist_ok=True)
         for phase in ("train", "val"):
-            tmp = os.path.join(list_dir, phase + ".txt.tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write("".join(s + "\n" for s in sorted(phases.get(phase, []))))
-            os.replace(tmp, os.path.join(list_dir, phase + ".txt"))
+            stems = sorted(phases.get(phase, []))
+            atomic_write(os.path.join(list_dir, phase + ".txt"), "".join(stem + "\n" for stem in stems))
     return {p: len(v) for p, v in phases.items()}
 
 

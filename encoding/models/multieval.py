@@ -18,22 +18,11 @@ from typing import Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ..nn.blocks import resize
+from ..utils.metrics import main_output
 
 __all__ = ["MultiEvalModule"]
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-def _logits(output) -> Tensor:
-    """The main logits of a model output (dict ``"out"``, first element of a tuple, or the tensor itself)."""
-    if isinstance(output, dict):
-        return output["out"]
-    if isinstance(output, (tuple, list)):
-        return output[0]
-    return output
-
 
 class MultiEvalModule(nn.Module):
     """Evaluate a segmentation model over several scales and flips with sliding-window inference.
@@ -135,8 +124,8 @@ class MultiEvalModule(nn.Module):
 
     def _infer(self, image: Tensor) -> Tensor:
         """Logits of one padded window (at least float32), averaged with those of its horizontal flip."""
-        logits = _logits(self.module(image))
+        logits = main_output(self.module(image))
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         if self.flip:
-            logits = (logits + _logits(self.module(image.flip(-1))).flip(-1)) / 2
+            logits = (logits + main_output(self.module(image.flip(-1))).flip(-1)) / 2
         return logits

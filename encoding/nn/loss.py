@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..parallel.reduction import LossTerm, reduce_loss_terms
+from ..parallel.reduction import LossTerm, reduce_loss_terms, valid_count
 
 __all__ = ["SegmentationLosses", "OhemCrossEntropy"]
 
@@ -180,11 +180,7 @@ class SegmentationLosses(nn.Module):
         weight = self._class_weight(logits)
         total = F.cross_entropy(logits, target, weight=weight, ignore_index=self.ignore_index, reduction="sum",
                                 label_smoothing=self.label_smoothing)
-        if weight is None:
-            count = valid.sum()
-        else:
-            count = (weight[torch.where(valid, target, 0)] * valid).sum()
-        return LossTerm(total, count, coeff)
+        return LossTerm(total, valid_count(target, valid, weight), coeff)
 
     def _se_term(self, se: Tensor, target: Tensor, valid: Tensor, nclass: int) -> LossTerm:
         present = _class_presence(target, valid, nclass).to(se.dtype)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["LossTerm", "reduce_loss_terms", "criterion_loss_terms", "cross_entropy_terms"]
+__all__ = ["LossTerm", "reduce_loss_terms", "criterion_loss_terms", "cross_entropy_terms", "valid_count"]
 
 Number = Union[int, float]
 
@@ -96,6 +96,22 @@ def reduce_loss_terms(per_replica_terms: Sequence[Sequence[LossTerm]],
     return loss
 
 
+def valid_count(target: Tensor, valid: Tensor, weight: Optional[Tensor] = None) -> Tensor:
+    """The normaliser of a mean (weighted) cross-entropy: torch divides by it with ``reduction='mean'``.
+
+    Args:
+        target: class indices.
+        valid: mask of the targets that count (not ``ignore_index``).
+        weight: optional class weights (on the target's device, in the loss dtype).
+
+    Returns:
+        The number of valid targets, or the sum of the class weights of the valid targets.
+    """
+    if weight is None:
+        return valid.sum()
+    return (weight[torch.where(valid, target, 0)] * valid).sum()
+
+
 def cross_entropy_terms(criterion: Union[nn.CrossEntropyLoss, nn.NLLLoss], input: Tensor, target: Tensor) -> list:
     """Loss terms of ``nn.CrossEntropyLoss`` / ``nn.NLLLoss`` for one replica.
 
@@ -121,13 +137,8 @@ def cross_entropy_terms(criterion: Union[nn.CrossEntropyLoss, nn.NLLLoss], input
         return [LossTerm(total, None)]
     if target.is_floating_point():  # probabilities: torch divides by the number of samples
         return [LossTerm(total, target.numel() // max(target.shape[1], 1) if target.dim() > 1 else 1)]
-    valid = target != criterion.ignore_index
-    if criterion.weight is None:
-        count = valid.sum()
-    else:
-        safe = torch.where(valid, target, torch.zeros_like(target))
-        count = (criterion.weight.to(input.dtype)[safe] * valid).sum()
-    return [LossTerm(total, count)]
+    weight = None if criterion.weight is None else criterion.weight.to(input.dtype)
+    return [LossTerm(total, valid_count(target, target != criterion.ignore_index, weight))]
 
 
 def criterion_loss_terms(criterion: Callable[..., Any], args: Sequence[Any], kwargs: dict,

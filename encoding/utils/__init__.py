@@ -1,30 +1,51 @@
-"""encoding.utils: metrics, learning-rate schedules, palettes, checkpoints, distributed helpers, logging and files.
+"""encoding.utils: what training and evaluation scripts call; everything else stays in the submodules.
 
 Modules:
-    metrics: ``SegmentationMetric`` (one confusion matrix, NaN-aware means) and PyTorch-Encoding's functional helpers.
+    metrics: ``SegmentationMetric`` (one confusion matrix, NaN-aware means), ``format_table`` and PyTorch-Encoding's
+        functional helpers.
     lr_scheduler: ``LR_Scheduler`` (poly / cos / step with warm-up, 10x heads), PE style or as a torch scheduler.
-    palette: dataset colour maps, ``colorize``, ``get_mask_pallete`` and ``overlay``.
-    checkpoint: atomic ``save_checkpoint`` and safe ``load_checkpoint`` (``weights_only=True``).
+    palette: rendering of label masks (``colorize``, ``overlay``); the colours belong to the dataset classes.
+    checkpoint: atomic ``save_checkpoint``, safe ``load_checkpoint``, and the one weight reader / checked loader.
     dist: ``init_distributed_mode`` from torchrun and rank / world-size / reduction helpers.
     logger: ``MetricLogger`` for progress bars and ``EpochLogger`` (CSV + JSONL, optional TensorBoard).
-    files: download / verify / extract helpers.
+    files: download / verify / extract helpers and ``atomic_write`` (``encoding.utils.files``).
 """
-from . import files  # noqa: F401
-from .files import *  # noqa: F401,F403
-from . import checkpoint, dist, logger, lr_scheduler, metrics, palette
-from .checkpoint import *  # noqa: F401,F403
-from .dist import *  # noqa: F401,F403
-from .logger import *  # noqa: F401,F403
-from .lr_scheduler import *  # noqa: F401,F403
-from .metrics import *  # noqa: F401,F403
-from .palette import *  # noqa: F401,F403
+from . import checkpoint, dist, files, logger, lr_scheduler, metrics, palette
+from .checkpoint import (BEST_NAME, CHECKPOINT_FORMAT, CheckpointError, load_checkpoint, load_model_state,
+                         read_state_dict, save_checkpoint, unwrap_model)
+from .dist import (barrier, default_backend, get_local_rank, get_rank, get_world_size, init_distributed_mode,
+                   is_main_process, reduce_across_processes)
+from .files import check_sha1, download, mkdir
+from .logger import AverageMeter, EpochLogger, MetricLogger, SmoothedValue
+from .lr_scheduler import LR_Scheduler, LR_Scheduler_Head
+from .metrics import (SegmentationMetric, batch_intersection_union, batch_pix_accuracy, confusion_matrix,
+                      format_table, intersection_and_union, pixel_accuracy, scores_from_confusion)
+from .palette import colorize, get_ignore_color, get_mask_pallete, get_palette, overlay, voc_palette
 
-__all__ = (
-    list(files.__all__)
-    + metrics.__all__
-    + lr_scheduler.__all__
-    + palette.__all__
-    + checkpoint.__all__
-    + dist.__all__
-    + logger.__all__
-)
+__all__ = [
+    # metrics
+    "SegmentationMetric", "confusion_matrix", "scores_from_confusion", "format_table",
+    "batch_pix_accuracy", "batch_intersection_union", "pixel_accuracy", "intersection_and_union",
+    # learning-rate schedules
+    "LR_Scheduler", "LR_Scheduler_Head",
+    # palettes
+    "PALETTE_NAMES", "get_palette", "get_ignore_color", "voc_palette", "colorize", "get_mask_pallete", "overlay",
+    # checkpoints and weights
+    "save_checkpoint", "load_checkpoint", "load_model_state", "read_state_dict", "unwrap_model", "CheckpointError",
+    "CHECKPOINT_FORMAT", "BEST_NAME",
+    # distributed
+    "init_distributed_mode", "get_rank", "get_local_rank", "get_world_size", "is_main_process", "barrier",
+    "reduce_across_processes", "default_backend",
+    # logging
+    "MetricLogger", "SmoothedValue", "EpochLogger", "AverageMeter",
+    # PyTorch-Encoding file helpers (the rest is in encoding.utils.files)
+    "download", "mkdir", "check_sha1",
+    # submodules
+    "checkpoint", "dist", "files", "logger", "lr_scheduler", "metrics", "palette",
+]
+
+
+def __getattr__(name: str):
+    if name == "PALETTE_NAMES":  # derived from the dataset registry on first use
+        return palette.PALETTE_NAMES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

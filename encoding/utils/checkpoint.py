@@ -21,7 +21,6 @@ import argparse
 import io
 import os
 import pickle
-import tempfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
@@ -29,6 +28,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+from .files import atomic_write
 
 __all__ = [
     "CheckpointError",
@@ -116,38 +117,6 @@ def _build(state: Mapping[str, Any]) -> Dict[str, Any]:
     return checkpoint
 
 
-def _fsync_dir(directory: str) -> None:
-    """Persist the rename itself (POSIX); silently skipped where directories cannot be opened (Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(data: bytes, path: str) -> None:
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(directory)
-
-
 def _destination(path_or_dir: PathLike, filename: str) -> str:
     """A path with a suffix (``run/last.pth``) is the file; a directory (existing or suffix-less) gets ``filename``."""
     path = os.fspath(path_or_dir)
@@ -185,9 +154,9 @@ def save_checkpoint(state: Mapping[str, Any], path_or_dir: PathLike, is_best: bo
     buffer = io.BytesIO()
     torch.save(_build(state), buffer)
     data = buffer.getvalue()
-    _atomic_write(data, target)
+    atomic_write(target, data)
     if is_best:
-        _atomic_write(data, os.path.join(os.path.dirname(target) or ".", BEST_NAME))
+        atomic_write(os.path.join(os.path.dirname(target) or ".", BEST_NAME), data)
     return target
 
 

@@ -7,6 +7,8 @@ Everything here is safe to re-run and safe to interrupt:
 * :func:`extract` unpacks into a private staging folder next to the destination and moves the result into place only
   when the whole archive was read; a marker remembers which archive (by size and checksum) was extracted, so a re-run
   does nothing.
+* :func:`atomic_write` writes one file all or nothing (temporary file in the same folder, fsync, rename): the one
+  home of atomic file writes (checkpoints, split lists, markers).
 * :func:`staged_dir` is the same all-or-nothing pattern for anything a program writes itself (generated datasets,
   converted masks): build in a temporary folder, rename at the end.
 
@@ -36,7 +38,7 @@ import urllib.request
 import uuid
 import zipfile
 import zlib
-from typing import Iterator, List, Mapping, Optional, Tuple
+from typing import Iterator, List, Mapping, Optional, Tuple, Union
 
 from tqdm.auto import tqdm
 
@@ -49,6 +51,7 @@ __all__ = [
     "download",
     "extract",
     "staged_dir",
+    "atomic_write",
     "makedirs",
     "mkdir",
     "check_sha1",
@@ -370,11 +373,52 @@ def extract(archive: str, dest: str, *, rename: Optional[Mapping[str, str]] = No
     return [os.path.join(dest, e) for e in entries]
 
 
+def _fsync_dir(directory: str) -> None:
+    """Persist a rename itself (POSIX); silently skipped where directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: Union[bytes, str]) -> str:
+    """Write ``data`` to ``path`` all or nothing: a crash leaves the old file or the new one, never a partial one.
+
+    The data goes to a temporary file in the same folder (created with the usual permissions), is flushed and
+    fsynced, then renamed over ``path``; the temporary file is removed if anything fails.
+
+    Args:
+        path: the destination file (its folder must exist).
+        data: bytes, or text (written as UTF-8).
+
+    Returns:
+        ``path``.
+    """
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        with open(tmp, "xb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(directory)
+    return path
+
+
 def _write_json_atomic(path: str, payload: dict) -> None:
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(payload, indent=1, sort_keys=True))
 
 
 def _remove_tree(path: str) -> None:

@@ -26,6 +26,7 @@ from .dist import reduce_across_processes
 
 __all__ = [
     "SegmentationMetric",
+    "main_output",
     "confusion_matrix",
     "scores_from_confusion",
     "format_table",
@@ -41,7 +42,7 @@ Output = Union[Tensor, Mapping[str, Any], Sequence[Any]]
 # ----------------------------------------------------------------------------------------------------------------------
 # Input handling
 # ----------------------------------------------------------------------------------------------------------------------
-def _main_output(output: Any) -> Tensor:
+def main_output(output: Any) -> Tensor:
     """The segmentation logits/labels of one model output: a tensor, ``output["out"]`` or ``output[0]``."""
     if isinstance(output, Tensor):
         return output
@@ -287,12 +288,12 @@ class SegmentationMetric:
                 ``ignore_index`` (the message names them).
         """
         if isinstance(preds_or_logits, (Tensor, Mapping)):
-            self._accumulate(self._batch_confusion(_main_output(preds_or_logits), target))
+            self._accumulate(self._batch_confusion(main_output(preds_or_logits), target))
             return
         if not isinstance(preds_or_logits, (list, tuple)):
             raise TypeError(f"preds_or_logits must be a tensor, a dict or a list of per-replica outputs, got "
                             f"{type(preds_or_logits).__name__}")
-        outputs = [_main_output(out) for out in preds_or_logits]
+        outputs = [main_output(out) for out in preds_or_logits]
         for out, tgt in zip(outputs, self._split_target(outputs, target)):
             self._accumulate(self._batch_confusion(out, tgt))
 
