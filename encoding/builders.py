@@ -172,7 +172,8 @@ def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
         criterion: its loss.
         placement: from :func:`select_devices`.
         balance: ``None`` (even split) or ``"memory"``: per-device split sizes chosen by the memory simulator
-            (:mod:`encoding.parallel.memory`) to unload device 0; ``DataParallelModel`` only.
+            (:class:`~encoding.parallel.balance.MemoryBalancer` with this criterion) to unload device 0;
+            ``DataParallelModel`` only.
 
     Returns:
         ``(model, criterion)`` wrapped.
@@ -186,6 +187,9 @@ def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
         device = placement.model_device
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
         return ddp, criterion
+    if balance == "memory":  # simulate this run's own loss on each device
+        from .parallel.balance import MemoryBalancer
+        balance = MemoryBalancer(criterion)
     return (DataParallelModel(model, placement.device_ids, balance=balance),
             DataParallelCriterion(criterion, placement.device_ids))
 

@@ -1,0 +1,111 @@
+"""Memory simulator benchmark: speed, accuracy against real CPU allocations, and the planning table.
+
+    python benchmarks/bench_memory.py speed       # all four strategies, EncNet-ResNet101, 16 images, 8 devices
+    python benchmarks/bench_memory.py accuracy    # simulated vs real (torch.profiler) per device program, crop 480
+    python benchmarks/bench_memory.py zoo         # one device, every architecture, uncalibrated and calibrated
+    python benchmarks/bench_memory.py table       # per-device peaks and max batch at 11 GiB (docs/memory.md)
+
+Every figure is a ratio or an error measured in the same run (these machines are noisy); nothing is asserted.
+"""
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from encoding.models import ARCHITECTURES  # noqa: E402
+from encoding.parallel.balance import max_batch, strategy_peaks  # noqa: E402
+from encoding.parallel.memory import (MIB, STRATEGIES, DeviceProgram, Simulator, device_programs,  # noqa: E402
+                                      learn_workspaces, measure_program_cpu, simulate_program)
+from encoding.tools.memory_balance import CUDA_BLOCK, main as tool_main, parse_memory, segmentation_spec  # noqa: E402
+
+CONFIGS = [("fcn", 21), ("fcn", 150), ("encnet", 21), ("encnet", 150)]
+
+
+def _spec(model, nclass, crop=480, backbone="resnet50"):
+    return segmentation_spec(model, backbone, nclass, crop, aux=True, se_loss=model == "encnet")
+
+
+def speed(args):
+    start = time.perf_counter()
+    tool_main(["--model", "encnet", "--backbone", "resnet101", "--dataset", "ade20k", "--aux", "--se-loss",
+               "--simulate", "8", "--batch-size", "16", "--crop-size", "480", "--out-dir", args.out_dir])
+    seconds = time.perf_counter() - start
+    print(f"speed: all four strategies of EncNet-ResNet101, 16 images, crop 480, 8 devices: {seconds:.1f} s "
+          f"(target < 60 s, ratio {seconds / 60:.2f})")
+
+
+def _distinct_programs(devices, per_device):
+    split = [per_device] * devices
+    programs = {}
+    for strategy in ("gather", "balanced", "ddp"):
+        for index, program in enumerate(device_programs(strategy, split)[:2]):
+            programs[(strategy, "device 0" if index == 0 else "others")] = program
+    return programs
+
+
+def accuracy(args):
+    print("accuracy: simulated vs real CPU peak (torch.profiler), crop 480, 2 images per device, 8 devices")
+    print(f"{'config':<16} {'strategy':<9} {'device':<9} {'real MiB':>9} {'sim MiB':>9} {'err':>7} "
+          f"{'calibrated':>11} {'err':>7}")
+    worst = [0.0, 0.0]
+    for model, nclass in CONFIGS:
+        spec = _spec(model, nclass)
+        workspaces = learn_workspaces(spec)
+        for (strategy, role), program in _distinct_programs(8, 2).items():
+            real = measure_program_cpu(spec, program).peak
+            plain = simulate_program(spec, program).peak
+            calibrated = simulate_program(spec, program, workspaces=workspaces).peak
+            errors = [100 * (plain - real) / real, 100 * (calibrated - real) / real]
+            worst = [max(w, abs(e)) for w, e in zip(worst, errors)]
+            print(f"{model + '-' + str(nclass):<16} {strategy:<9} {role:<9} {real / MIB:9.1f} {plain / MIB:9.1f} "
+                  f"{errors[0]:+6.2f}% {calibrated / MIB:11.1f} {errors[1]:+6.2f}%", flush=True)
+    print(f"accuracy: worst |error| uncalibrated {worst[0]:.2f}%, calibrated {worst[1]:.2f}% (target 3%)")
+
+
+def zoo(args):
+    print(f"zoo: one device, {args.zoo_images} images, crop {args.zoo_crop}, 21 classes, ResNet-50, aux head")
+    print(f"{'model':<9} {'real MiB':>9} {'sim MiB':>9} {'err':>7} {'calibrated':>11} {'err':>7}")
+    program = DeviceProgram("balanced", args.zoo_images, args.zoo_images, source=True, replicas=1)
+    for name in ARCHITECTURES:
+        spec = _spec(name, 21, crop=args.zoo_crop)
+        real = measure_program_cpu(spec, program).peak
+        plain = simulate_program(spec, program).peak
+        calibrated = simulate_program(spec, program, workspaces=learn_workspaces(spec)).peak
+        print(f"{name:<9} {real / MIB:9.1f} {plain / MIB:9.1f} {100 * (plain - real) / real:+6.2f}% "
+              f"{calibrated / MIB:11.1f} {100 * (calibrated - real) / real:+6.2f}%", flush=True)
+
+
+def table(args):
+    limit = parse_memory(args.memory_limit)
+    print(f"table: simulated peaks (MiB, CUDA 512-byte blocks), crop 480, 2 images per device; max batch at "
+          f"{args.memory_limit} per device")
+    for model, nclass in CONFIGS:
+        simulator = Simulator(_spec(model, nclass), CUDA_BLOCK)
+        for devices in (4, 8):
+            print(f"\n{model}-resnet50, {nclass} classes, {devices} devices, batch {2 * devices}")
+            for strategy in STRATEGIES:
+                split, peaks = strategy_peaks(simulator, strategy, 2 * devices, devices)
+                biggest = max_batch(simulator, strategy, devices, limit)
+                mean = sum(peaks) / len(peaks)
+                print(f"  {strategy:<14} dev0 {peaks[0] / MIB:8.1f}  others {max(peaks[1:]) / MIB:8.1f}  "
+                      f"max/mean {max(peaks) / mean:5.3f}  split {'/'.join(map(str, split))}  "
+                      f"max batch {biggest}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("parts", nargs="*", default=["speed", "accuracy", "zoo", "table"],
+                        choices=["speed", "accuracy", "zoo", "table"])
+    parser.add_argument("--out-dir", default="runs/bench_memory")
+    parser.add_argument("--memory-limit", default="11GiB")
+    parser.add_argument("--zoo-images", type=int, default=2)
+    parser.add_argument("--zoo-crop", type=int, default=480)
+    args = parser.parse_args()
+    for part in args.parts:
+        globals()[part](args)
+
+
+if __name__ == "__main__":
+    main()
