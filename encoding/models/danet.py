@@ -1,15 +1,13 @@
 """DANet (Fu et al., "Dual Attention Network for Scene Segmentation", CVPR 2019)."""
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn.blocks import NormLayer, conv_norm_act
 from .base import FeatureInfo, SegmentationModel
-from .model_zoo import get_segmentation_model
+from .model_zoo import variant
 from .registry import register_architecture
 
 __all__ = ["PAM", "CAM", "DANetHead", "DANet", "danet_head", "get_danet"]
@@ -100,6 +98,4 @@ def danet_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = nn
     return DANetHead(features.channels[3], nclass, norm_layer)
 
 
-def get_danet(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs: Any) -> SegmentationModel:
-    """DANet; see :func:`~encoding.models.get_segmentation_model` for the arguments."""
-    return get_segmentation_model("danet", dataset, backbone, **kwargs)
+get_danet = variant("danet", "DANet")

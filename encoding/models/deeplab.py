@@ -6,14 +6,14 @@ have the layout of torchvision's ``ASPP`` / ``DeepLabHead``.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ..nn.blocks import NormLayer, conv_norm_act, resize
 from .base import FeatureInfo, SegmentationModel
-from .model_zoo import get_segmentation_model
+from .model_zoo import variant
 from .registry import register_architecture
 
 __all__ = ["ASPP", "DeepLabV3Head", "DeepLabV3", "deeplab_head", "get_deeplab"]
@@ -96,6 +96,4 @@ def deeplab_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = 
     return DeepLabV3Head(features.channels[3], nclass, atrous_rates, norm_layer)
 
 
-def get_deeplab(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs: Any) -> SegmentationModel:
-    """DeepLabV3; see :func:`~encoding.models.get_segmentation_model` for the arguments."""
-    return get_segmentation_model("deeplab", dataset, backbone, **kwargs)
+get_deeplab = variant("deeplab", "DeepLabV3")

@@ -6,7 +6,7 @@ and ``c3`` (the multi-level variant).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence, Tuple, Union
+from typing import Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from ..nn.blocks import NormLayer, conv_norm_act, resize
 from ..nn.encoding import Encoding
 from .base import FeatureInfo, SegmentationModel
-from .model_zoo import get_segmentation_model
+from .model_zoo import variant
 from .registry import register_architecture
 
 __all__ = ["EncModule", "EncHead", "EncNet", "encnet_head", "get_encnet"]
@@ -128,7 +128,4 @@ def encnet_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = n
                    ncodes=ncodes, norm_layer=norm_layer)
 
 
-def get_encnet(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs: Any) -> SegmentationModel:
-    """EncNet; see :func:`~encoding.models.get_segmentation_model` for the arguments (``se_loss``, ``lateral``,
-    ``ncodes``)."""
-    return get_segmentation_model("encnet", dataset, backbone, **kwargs)
+get_encnet = variant("encnet", "EncNet")

@@ -5,13 +5,11 @@ module (same parameters, same state-dict keys, same outputs). :class:`FCNHead` i
 """
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from ..nn.blocks import NormLayer, conv_norm_act
 from .base import FeatureInfo, SegmentationModel
-from .model_zoo import get_segmentation_model
+from .model_zoo import variant
 from .registry import register_architecture
 
 __all__ = ["FCNHead", "FCN", "fcn_head", "get_fcn"]
@@ -52,6 +50,4 @@ def fcn_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = nn.B
     return FCNHead(features.channels[3], nclass, norm_layer)
 
 
-def get_fcn(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs: Any) -> SegmentationModel:
-    """FCN; see :func:`~encoding.models.get_segmentation_model` for the arguments."""
-    return get_segmentation_model("fcn", dataset, backbone, **kwargs)
+get_fcn = variant("fcn", "FCN")

@@ -1,14 +1,14 @@
 """Feature-pyramid models on a non-dilated backbone: FCFPN and UperNet (Xiao et al., ECCV 2018)."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ..nn.blocks import NormLayer, conv_norm_act, resize
 from .base import FeatureInfo, SegmentationModel
-from .model_zoo import get_segmentation_model
+from .model_zoo import variant
 from .psp import PyramidPooling
 from .registry import register_architecture
 
@@ -85,11 +85,7 @@ def fcfpn_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = nn
     return FPNHead(features.channels, nclass, norm_layer, fpn_dim=fpn_dim)
 
 
-def get_upernet(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs: Any) -> SegmentationModel:
-    """UperNet; see :func:`~encoding.models.get_segmentation_model` for the arguments."""
-    return get_segmentation_model("upernet", dataset, backbone, **kwargs)
+get_upernet = variant("upernet", "UperNet")
 
 
-def get_fcfpn(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs: Any) -> SegmentationModel:
-    """FCFPN; see :func:`~encoding.models.get_segmentation_model` for the arguments."""
-    return get_segmentation_model("fcfpn", dataset, backbone, **kwargs)
+get_fcfpn = variant("fcfpn", "FCFPN")

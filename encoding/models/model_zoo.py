@@ -8,7 +8,7 @@ to the model class.
 from __future__ import annotations
 
 import os
-from typing import Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torchvision
 from torch import nn
@@ -20,7 +20,7 @@ from .base import FeatureInfo, SegmentationModel
 from .jpu import JPU
 from .registry import ARCHITECTURES, PRESET_BACKBONES, PRESET_DATASETS, PRESETS, Architecture, get_architecture
 
-__all__ = ["get_segmentation_model", "get_model"]
+__all__ = ["get_segmentation_model", "get_model", "variant"]
 
 #: (model, backbone) -> torchvision segmentation weights enum (COCO subset with the 21 Pascal VOC classes).
 _TORCHVISION_WEIGHTS = {
@@ -141,6 +141,21 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
     if pretrained is not False and pretrained is not None:
         _load_pretrained(model, name, backbone, nclass, pretrained)
     return model
+
+
+def variant(name: str, title: str) -> Callable[..., SegmentationModel]:
+    """The ``get_<name>(dataset, backbone, **kwargs)`` builder of a registered architecture (``get_fcn``, ...).
+
+    Args:
+        name: the architecture's registry name.
+        title: how the docstring names the model (e.g. ``"FCN"``).
+    """
+    def build(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs: Any) -> SegmentationModel:
+        return get_segmentation_model(name, dataset, backbone, **kwargs)
+
+    build.__name__ = build.__qualname__ = f"get_{name}"
+    build.__doc__ = f"{title}; see :func:`get_segmentation_model` for the arguments."
+    return build
 
 
 def get_model(name: str, **kwargs) -> SegmentationModel:

@@ -1,14 +1,14 @@
 """PSPNet (Zhao et al., CVPR 2017): pyramid pooling over the last stage of a dilated backbone."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ..nn.blocks import NormLayer, conv_norm_act, resize
 from .base import FeatureInfo, SegmentationModel
-from .model_zoo import get_segmentation_model
+from .model_zoo import variant
 from .registry import register_architecture
 
 __all__ = ["PyramidPooling", "PSPHead", "PSP", "psp_head", "get_psp"]
@@ -68,6 +68,4 @@ def psp_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = nn.B
     return PSPHead(features.channels[3], nclass, norm_layer)
 
 
-def get_psp(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs: Any) -> SegmentationModel:
-    """PSPNet; see :func:`~encoding.models.get_segmentation_model` for the arguments."""
-    return get_segmentation_model("psp", dataset, backbone, **kwargs)
+get_psp = variant("psp", "PSPNet")
