@@ -233,6 +233,15 @@ def test_tool_with_one_simulated_device(tmp_path):
     assert [len(v["peak_mib"]) for v in report["strategies"].values()] == [1, 1]
 
 
+def test_tool_amp_lowers_every_device(tmp_path):
+    """--amp (bf16 autocast on fake CPU tensors: low-precision convolutions, float32 BatchNorm and parameters)
+    lowers every device's peak."""
+    common = TOOL + ["--strategies", "balanced", "--out-dir", str(tmp_path)]
+    full = memory_balance.main(common)["strategies"]["balanced"]["peak_mib"]
+    mixed = memory_balance.main(common + ["--amp"])["strategies"]["balanced"]["peak_mib"]
+    assert all(m < f for m, f in zip(mixed, full)), (mixed, full)
+
+
 def test_tool_without_matplotlib_still_writes_json(tmp_path, monkeypatch, capsys):
     import builtins
     real_import = builtins.__import__

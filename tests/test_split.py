@@ -8,6 +8,7 @@ from torch import nn
 
 from encoding.nn import SegmentationLosses, convert_sync_batchnorm
 from encoding.parallel import DataParallelCriterion, DataParallelModel
+from equivalence import assert_same_sgd_step
 
 CPU3 = ["cpu"] * 3
 
@@ -48,23 +49,15 @@ def test_skewed_split_matches_plain_training_with_sync_batchnorm(chunk_sizes):
     opt_sync = torch.optim.SGD(sync.parameters(), lr=0.1, momentum=0.9)
     for step in range(3):
         x, y = _batch(7, step)
-        x_plain, x_sync = x.clone().requires_grad_(), x.clone().requires_grad_()
-        loss_plain = reference(plain(x_plain), y)
-        outputs = model(x_sync)
-        assert outputs.split_sizes == [n for n in chunk_sizes if n]
-        assert [o.shape[0] for o in outputs] == outputs.split_sizes
-        assert outputs.devices == [torch.device("cpu")] * len(outputs.split_sizes)
-        loss_sync = criterion(outputs, y)
-        close(loss_sync, loss_plain)
-        opt_plain.zero_grad()
-        opt_sync.zero_grad()
-        loss_plain.backward()
-        loss_sync.backward()
-        close(x_sync.grad, x_plain.grad)
-        for p, q in zip(plain.parameters(), sync.parameters()):
-            close(q.grad, p.grad)
-        opt_plain.step()
-        opt_sync.step()
+
+        def parallel_loss(x_sync):
+            outputs = model(x_sync)
+            assert outputs.split_sizes == [n for n in chunk_sizes if n]
+            assert [o.shape[0] for o in outputs] == outputs.split_sizes
+            assert outputs.devices == [torch.device("cpu")] * len(outputs.split_sizes)
+            return criterion(outputs, y)
+        assert_same_sgd_step(plain, sync, x, lambda x_plain: reference(plain(x_plain), y), parallel_loss,
+                             (opt_plain, opt_sync), close)
     for key, value in _bn_state(plain).items():
         close(sync.state_dict()[key], value)
 

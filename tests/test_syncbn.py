@@ -14,6 +14,7 @@ from torch import nn
 import encoding.nn.syncbn as syncbn_module
 from encoding.nn import SyncBatchNorm, convert_sync_batchnorm
 from encoding.parallel import DataParallelCriterion, DataParallelModel, get_replica_context
+from equivalence import assert_same_sgd_step
 
 DEVICES = ["cpu"] * 3
 ATOL = 1e-10
@@ -48,24 +49,19 @@ def test_replicas_match_full_batch_batchnorm_over_three_sgd_steps():
     opt_sync = torch.optim.SGD(sync.parameters(), lr=0.1, momentum=0.9)
     x = torch.randn(7, 3, 4, 4, dtype=torch.float64) * 2 + 1
     target = torch.randint(0, 5, (7,))
-    for _ in range(3):
-        x_plain, x_sync = x.clone().requires_grad_(), x.clone().requires_grad_()
-        out_plain = plain(x_plain)
-        loss_plain = F.cross_entropy(out_plain, target)
+    seen = {}
+
+    def plain_loss(x_plain):
+        seen["out"] = plain(x_plain)
+        return F.cross_entropy(seen["out"], target)
+
+    def parallel_loss(x_sync):  # runs after plain_loss
         outputs = model(x_sync)
         assert [o.shape[0] for o in outputs] == [3, 2, 2]
-        loss_sync = criterion(outputs, target)
-        close(torch.cat(list(outputs)), out_plain)
-        close(loss_sync, loss_plain)
-        opt_plain.zero_grad()
-        opt_sync.zero_grad()
-        loss_plain.backward()
-        loss_sync.backward()
-        close(x_sync.grad, x_plain.grad)
-        for p, q in zip(plain.parameters(), sync.parameters()):
-            close(q.grad, p.grad)
-        opt_plain.step()
-        opt_sync.step()
+        close(torch.cat(list(outputs)), seen["out"])
+        return criterion(outputs, target)
+    for _ in range(3):
+        assert_same_sgd_step(plain, sync, x, plain_loss, parallel_loss, (opt_plain, opt_sync), close)
     for key, value in _bn_state(plain).items():
         close(sync.state_dict()[key], value)
     assert sync[1].num_batches_tracked.item() == 3
