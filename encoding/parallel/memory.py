@@ -1,4 +1,4 @@
-"""Per-device memory of a training step: a simulator on fake tensors, real measurements, and the automatic split.
+"""Per-device memory of a training step: a simulator on fake tensors, and real measurements to check it against.
 
 What one device holds during a steady-state training step (forward, loss, backward, SGD-momentum step, after one
 warm-up step) depends on the strategy:
@@ -9,7 +9,8 @@ warm-up step) depends on the strategy:
   Every other device holds a broadcast replica, its share's activations and the gradient chunk of its output.
 * ``balanced`` (:class:`~encoding.parallel.DataParallelModel` + :class:`~encoding.parallel.DataParallelCriterion`):
   the same without the whole-batch tensors: each device computes the loss of its own share.
-* ``balanced-auto``: ``balanced`` with the split that minimises the heaviest device (:func:`plan_split`).
+* ``balanced-auto``: ``balanced`` with the split that minimises the heaviest device
+  (:func:`encoding.parallel.balance.plan_split`).
 * ``ddp`` (``DistributedDataParallel``): every rank holds parameters, gradients, optimizer state, DDP's gradient
   buckets (one more copy of the gradients) and its share's activations.
 
@@ -19,7 +20,7 @@ written with our real model, criterion and optimizer. :func:`simulate_program` r
 until it is freed; :func:`measure_program_cpu` runs the same program on real CPU tensors under
 ``torch.profiler`` (the ``"Total Allocated"`` of its memory events), which is how the simulator is checked
 (``benchmarks/bench_memory.py``, ``tests/test_memory.py``). Kernels' internal workspaces never appear as tensors;
-:func:`learn_workspaces` learns them per operator from real steps of one and two samples (``--calibrate``).
+:func:`learn_workspaces` learns them per operator from a few real steps (``--calibrate``).
 """
 from __future__ import annotations
 
