@@ -13,8 +13,9 @@ from torch import nn
 from encoding.nn import SyncBatchNorm
 from encoding.parallel import (CallbackContext, DataParallelCriterion, DataParallelModel, DataParallelWithCallback,
                                LossTerm, PerSample, ReplicaAbortedError, allreduce, broadcast, data_parallel, gather,
-                               get_replica_context, get_split_sizes, parallel_apply, patch_replication_callback,
+                               get_replica_context, parallel_apply, patch_replication_callback,
                                reduce_loss_terms, replicate, scatter)
+from encoding.parallel.scatter_gather import get_split_sizes
 
 CPU3 = ["cpu"] * 3
 TOL = dict(rtol=0, atol=1e-6)

@@ -60,7 +60,7 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
     """Data parallelism that returns the **ungathered** per-device outputs.
 
     The batch is split along ``dim`` over ``device_ids`` (balanced sizes, see
-    :func:`~encoding.parallel.get_split_sizes`), the module is replicated, replicas run concurrently, and their
+    :func:`~encoding.parallel.scatter_gather.get_split_sizes`), the module is replicated, replicas run concurrently, and their
     outputs are returned as a list, each on its own device. Compute the loss there with
     :class:`DataParallelCriterion` so that no device has to hold every replica's output (plain
     ``nn.DataParallel`` gathers everything onto device 0, which runs out of memory first). Backward sums the
@@ -81,7 +81,7 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
             have ``sum(chunk_sizes)`` samples. Settable later as the ``chunk_sizes`` attribute.
         balance: ``"memory"`` (or a :class:`~encoding.parallel.balance.MemoryBalancer`) picks, per batch size, the
             integer split that minimises the heaviest device's simulated peak memory of a training step (see
-            ``docs/memory.md``); ``None`` (default) splits evenly (:func:`~encoding.parallel.get_split_sizes`).
+            ``docs/memory.md``); ``None`` (default) splits evenly (:func:`~encoding.parallel.scatter_gather.get_split_sizes`).
 
     It is a ``torch.nn.DataParallel`` (``model.module``, ``"module."`` state-dict keys, wrapper checks), with
     ``device_ids`` kept as ``torch.device``s and torch's four steps as methods a subclass may override:

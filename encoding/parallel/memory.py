@@ -237,7 +237,7 @@ class StepSpec:
         make_inputs: ``share -> (args, kwargs)``: the model's inputs for ``share`` samples.
         make_target: ``share -> target`` for ``share`` samples.
         criterion: ``criterion(output, target)``; evaluated through the exact-reduction protocol
-            (:func:`~encoding.parallel.criterion_loss_terms`), as :class:`~encoding.parallel.DataParallelCriterion`
+            (:func:`~encoding.parallel.reduction.criterion_loss_terms`), as :class:`~encoding.parallel.DataParallelCriterion`
             does on each device.
         optimizer: ``params -> optimizer`` (default: SGD with momentum 0.9 and weight decay).
         amp_dtype: autocast dtype for forward and loss (``None``: full precision).

@@ -18,7 +18,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from ..parallel import DataParallelCriterion, DataParallelModel, get_split_sizes
+from ..parallel import DataParallelCriterion, DataParallelModel
+from ..parallel.scatter_gather import get_split_sizes
 from ..parallel.memory import StepSpec
 
 __all__ = ["measure_strategy"]
