@@ -242,6 +242,16 @@ def test_tool_amp_lowers_every_device(tmp_path):
     assert all(m < f for m, f in zip(mixed, full)), (mixed, full)
 
 
+def test_tool_calibrate_adds_the_workspaces_fake_tensors_miss(tmp_path, capsys):
+    common = ["--model", "fcn", "--backbone", "resnet18", "--crop-size", "48", "--simulate", "2",
+              "--strategies", "balanced", "--out-dir", str(tmp_path)]
+    plain = memory_balance.main(common)
+    calibrated = memory_balance.main(common + ["--calibrate"])
+    assert calibrated["config"]["calibrate"] and "calibrating on cpu" in capsys.readouterr().err
+    assert all(c > p for c, p in zip(calibrated["strategies"]["balanced"]["peak_mib"],
+                                     plain["strategies"]["balanced"]["peak_mib"]))
+
+
 def test_tool_without_matplotlib_still_writes_json(tmp_path, monkeypatch, capsys):
     import builtins
     real_import = builtins.__import__

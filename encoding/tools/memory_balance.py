@@ -15,7 +15,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -48,15 +48,18 @@ def parse_memory(text: str) -> int:
 
 
 def segmentation_spec(model: str, backbone: str, nclass: int, crop_size: int, aux: bool = False,
-                      se_loss: bool = False, amp_dtype: Optional[torch.dtype] = None, seed: int = 0) -> StepSpec:
-    """A training step of ``get_segmentation_model(model, backbone, nclass, aux, se_loss)`` on ``crop_size``
-    crops with :class:`~encoding.nn.SegmentationLosses` and SGD (momentum 0.9, weight decay 1e-4)."""
+                      se_loss: bool = False, amp_dtype: Optional[torch.dtype] = None, seed: int = 0,
+                      checkpoint: Union[bool, str] = False) -> StepSpec:
+    """A training step of ``get_segmentation_model(model, backbone, nclass, aux, se_loss, checkpoint)`` on
+    ``crop_size`` crops with :class:`~encoding.nn.SegmentationLosses` and SGD (momentum 0.9, weight decay 1e-4).
+    ``checkpoint`` is the activation-checkpointing policy (``False``, ``"backbone"``, ``"all"``)."""
     from ..models import get_segmentation_model
     from ..nn import SegmentationLosses
 
     def build() -> torch.nn.Module:
         torch.manual_seed(seed)
-        return get_segmentation_model(model, backbone=backbone, nclass=nclass, aux=aux, se_loss=se_loss)
+        return get_segmentation_model(model, backbone=backbone, nclass=nclass, aux=aux, se_loss=se_loss,
+                                      checkpoint=checkpoint)
 
     def make_inputs(share: int):
         return (torch.randn(share, 3, crop_size, crop_size),), {}
@@ -91,9 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated, from {', '.join(STRATEGIES)}")
     p.add_argument("--steps", type=int, default=1, help="measured steps after one warm-up step (real devices)")
     p.add_argument("--amp", action="store_true", help="mixed precision (bf16 when simulating, fp16 on GPUs)")
+    p.add_argument("--checkpoint", choices=["none", "backbone", "all"], default="none",
+                   help="activation checkpointing of the model (every residual block, or blocks and heads); when "
+                        "simulating, the report adds each device's peak without it and the saving")
     p.add_argument("--calibrate", action="store_true",
                    help="learn the kernels' workspaces that fake tensors miss from real steps of 1-3 samples on the "
-                        "real device (the CPU without GPU)")
+                        "real device (a GPU where there is one, else the CPU)")
     p.add_argument("--max-batch", action="store_true",
                    help="also find, per strategy, the largest total batch that fits --memory-limit (simulated)")
     p.add_argument("--memory-limit", default="11GiB", help="memory per device for --max-batch (default: 11GiB)")
@@ -175,7 +181,7 @@ def _summary(peaks: Sequence[int], split: Sequence[int], seconds: float) -> Dict
 
 def _config(args: argparse.Namespace, mode: str) -> Dict[str, Any]:
     keys = ("model", "backbone", "dataset", "nclass", "batch_size", "crop_size", "aux", "se_loss", "amp",
-            "calibrate", "memory_limit")
+            "calibrate", "memory_limit", "checkpoint")
     config = {k: getattr(args, k) for k in keys}
     config.update(mode=mode, devices=args.num_devices, strategies=list(args.strategies))
     return config
@@ -186,15 +192,17 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
 
     Returns:
         ``{"config": {...}, "strategies": {name: {"peak_mib", "max_over_mean", "max_over_min", "step_s",
-        "split"[, "max_batch"]}}}``.
+        "split"[, "max_batch"][, "plain_peak_mib", "saving_mib"]}}}``; the last two (simulated, with
+        ``--checkpoint``) are each device's peak without activation checkpointing and what it saves.
     """
     amp = (torch.float16 if args.devices is not None else torch.bfloat16) if args.amp else None
     spec_args = dict(model=args.model, backbone=args.backbone, nclass=args.nclass, crop_size=args.crop_size,
-                     aux=args.aux, se_loss=args.se_loss, amp_dtype=amp, seed=args.seed)
+                     aux=args.aux, se_loss=args.se_loss, amp_dtype=amp, seed=args.seed,
+                     checkpoint=False if args.checkpoint == "none" else args.checkpoint)
     spec = segmentation_spec(**spec_args)
     workspaces = None
     if args.calibrate:
-        device = torch.device("cuda", args.device_list[0]) if args.devices is not None else torch.device("cpu")
+        device = _calibration_device(args)
         _say(progress, f"calibrating on {device}: real steps of 1-3 samples ...")
         workspaces = learn_workspaces(spec, device=device)
     simulator = Simulator(spec, CUDA_BLOCK, workspaces=workspaces)
@@ -213,9 +221,27 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         entry = _summary(peaks, split, seconds)
         if args.max_batch:
             entry["max_batch"] = max_batch(simulator, strategy, args.num_devices, args.memory_limit_bytes)
+        if spec_args["checkpoint"] and args.devices is None:
+            entry.update(_checkpoint_saving(dict(spec_args, checkpoint=False), strategy, args, peaks, workspaces))
         report["strategies"][strategy] = entry
         _say(progress, f"{strategy}: peaks {entry['peak_mib']} MiB ({time.perf_counter() - start:.1f} s)")
     return report
+
+
+def _checkpoint_saving(plain_args: Dict[str, Any], strategy: str, args: argparse.Namespace, peaks: Sequence[int],
+                       workspaces: Any) -> Dict[str, List[float]]:
+    """Each device's simulated peak without activation checkpointing and what checkpointing saves there."""
+    plain = strategy_peaks(Simulator(segmentation_spec(**plain_args), CUDA_BLOCK, workspaces=workspaces), strategy,
+                           args.batch_size, args.num_devices)[1]
+    return {"plain_peak_mib": [round(p / MIB, 2) for p in plain],
+            "saving_mib": [round((p - c) / MIB, 2) for p, c in zip(plain, peaks)]}
+
+
+def _calibration_device(args: argparse.Namespace) -> torch.device:
+    """Where ``--calibrate`` learns the kernels' workspaces: the first measured GPU, else any GPU, else the CPU."""
+    if args.devices is not None:
+        return torch.device("cuda", args.device_list[0])
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _say(enabled: bool, text: str) -> None:
@@ -234,6 +260,8 @@ def format_report(report: Dict[str, Any]) -> str:
     fields = [("max/mean", "max_over_mean"), ("max/min", "max_over_min"), ("step s", "step_s"), ("split", "split")]
     if all("max_batch" in v for v in report["strategies"].values()):
         fields.append((f"max batch @ {report['config']['memory_limit']}", "max_batch"))
+    if all("saving_mib" in v for v in report["strategies"].values()):
+        fields += [("without checkpointing", "plain_peak_mib"), ("checkpointing saves", "saving_mib")]
     for label, key in fields:
         rows.append([label] + [_cell(report["strategies"][s][key]) for s in strategies])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
