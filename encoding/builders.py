@@ -11,7 +11,8 @@ Each builder does one job and takes plain, typed arguments (no ``argparse`` name
   PyTorch-Encoding learning-rate schedule;
 * :func:`wrap_model`: :class:`~encoding.parallel.DataParallelModel` + :class:`~encoding.parallel.DataParallelCriterion`
   (optionally ``balance="memory"``), or ``DistributedDataParallel``;
-* :func:`resume`: restore weights (and optimizer / scaler) from a checkpoint.
+* :func:`resume` / :func:`load_training_state`: restore weights (and optimizer / scaler) from a checkpoint, and
+  where to continue (epoch, iteration, RNG states).
 
 Example:
     >>> placement = select_devices(["cpu", "cpu"])                                        # doctest: +SKIP
@@ -35,11 +36,12 @@ from .models import SegmentationModel, get_segmentation_model
 from .nn import SegmentationLosses, SyncBatchNorm
 from .parallel import DataParallelCriterion, DataParallelModel, resolve_devices
 from .utils.checkpoint import load_checkpoint
+from .utils.determinism import EpochSampler, SeededSamples, seed_worker
 from .utils.dist import get_local_rank
 from .utils.lr_scheduler import LR_Scheduler
 
 __all__ = ["Placement", "Loaders", "select_devices", "build_model", "build_criterion", "build_loaders",
-           "build_optimizer", "build_scheduler", "wrap_model", "resume"]
+           "build_optimizer", "build_scheduler", "wrap_model", "resume", "ResumePoint", "load_training_state"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,24 @@ class Loaders(NamedTuple):
     train: DataLoader
     val: DataLoader
     samplers: List[DistributedSampler]
+
+
+class ResumePoint(NamedTuple):
+    """Where a resumed run continues (see :func:`load_training_state`).
+
+    Attributes:
+        epoch: the next epoch to run.
+        iteration: training iterations of ``epoch`` already done (a checkpoint saved on interrupt), else 0.
+        best_pred: the best score so far.
+        best_epoch: the epoch that scored it (-1: unknown).
+        rng: the global RNG states to restore (:func:`~encoding.utils.determinism.set_rng_state`), or ``None``.
+    """
+
+    epoch: int
+    iteration: int
+    best_pred: float
+    best_epoch: int
+    rng: Optional[dict]
 
 
 def select_devices(device_ids: Optional[Sequence[Union[int, str, torch.device]]] = None, *, use_cuda: bool = True,
@@ -125,8 +145,13 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
                   root: Optional[str] = None, train_split: str = "train", val_split: str = "val",
                   base_size: Optional[int] = None, crop_size: Optional[int] = None, workers: int = 2,
                   train_limit: Optional[int] = None, val_limit: Optional[int] = None, distributed: bool = False,
-                  seed: int = 0, pin_memory: bool = False) -> Loaders:
+                  seed: int = 0, pin_memory: bool = False, skip_bad: bool = False) -> Loaders:
     """Training (``train`` mode, shuffled) and validation (``val`` mode) loaders of a registered dataset.
+
+    The training order and each sample's augmentation depend only on ``(seed, epoch, sample)``
+    (:class:`~encoding.utils.determinism.EpochSampler` + :class:`~encoding.utils.determinism.SeededSamples`), and
+    the loaders never draw from the global RNG, so a run resumed mid-epoch sees the same data as an uninterrupted
+    one, with any number of workers. Call ``samplers[0].set_epoch(epoch, start=...)`` before each epoch.
 
     Args:
         dataset: name in :data:`encoding.datasets.datasets`.
@@ -134,20 +159,23 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
         root, train_split, val_split, base_size, crop_size: passed to the dataset.
         workers: DataLoader workers (kept alive between epochs).
         train_limit, val_limit: use only the first N samples.
-        distributed: use ``DistributedSampler``\\ s (the training one seeded with ``seed``).
+        distributed: split the samples over the processes (the training order seeded with ``seed``).
         pin_memory: pin batches (for CUDA).
+        skip_bad: skip unusable samples with a warning instead of raising (see :class:`~encoding.datasets.BaseDataset`).
     """
-    sizes = dict(base_size=base_size, crop_size=crop_size)
+    sizes = dict(base_size=base_size, crop_size=crop_size, skip_bad=skip_bad)
     train_set = get_segmentation_dataset(dataset, root=root, split=train_split, mode="train", **sizes)
     val_set = get_segmentation_dataset(dataset, root=root, split=val_split, mode="val", **sizes)
     train_set, val_set = _limit(train_set, train_limit), _limit(val_set, val_limit)
-    train_sampler = DistributedSampler(train_set, shuffle=True, seed=seed) if distributed else None
+    train_sampler = EpochSampler(train_set, shuffle=True, seed=seed, distributed=distributed)
     val_sampler = DistributedSampler(val_set, shuffle=False) if distributed else None
-    common = dict(num_workers=workers, pin_memory=pin_memory, persistent_workers=workers > 0)
-    train = DataLoader(train_set, batch_size=batch_size, shuffle=train_sampler is None, sampler=train_sampler,
-                       drop_last=len(train_set) > batch_size, **common)
-    val = DataLoader(val_set, batch_size=test_batch_size or batch_size, shuffle=False, sampler=val_sampler, **common)
-    return Loaders(train, val, [s for s in (train_sampler,) if s is not None])
+    common = dict(num_workers=workers, pin_memory=pin_memory, persistent_workers=workers > 0,
+                  worker_init_fn=seed_worker)
+    train = DataLoader(SeededSamples(train_set, seed), batch_size=batch_size, sampler=train_sampler,
+                       drop_last=len(train_set) > batch_size, generator=torch.Generator().manual_seed(seed), **common)
+    val = DataLoader(val_set, batch_size=test_batch_size or batch_size, shuffle=False, sampler=val_sampler,
+                     generator=torch.Generator().manual_seed(seed), **common)
+    return Loaders(train, val, [train_sampler])
 
 
 def build_optimizer(model: nn.Module, lr: float, *, momentum: float = 0.9,
@@ -194,12 +222,11 @@ def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
             DataParallelCriterion(criterion, placement.device_ids))
 
 
-def resume(path: Union[str, os.PathLike], model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
-           scaler: Optional[torch.amp.GradScaler] = None) -> Tuple[int, float]:
-    """Restore ``model`` (and ``optimizer``, and ``scaler`` when the checkpoint has its state) from ``path``.
-
-    Returns:
-        ``(next epoch, best score so far)`` recorded in the checkpoint.
+def load_training_state(path: Union[str, os.PathLike], model: nn.Module,
+                        optimizer: Optional[torch.optim.Optimizer] = None,
+                        scaler: Optional[torch.amp.GradScaler] = None) -> ResumePoint:
+    """Restore ``model`` (and ``optimizer``, and ``scaler`` when the checkpoint has its state) from ``path`` and say
+    where to continue.
 
     Raises:
         FileNotFoundError, CheckpointError: see :func:`~encoding.utils.load_checkpoint`.
@@ -207,4 +234,17 @@ def resume(path: Union[str, os.PathLike], model: nn.Module, optimizer: Optional[
     checkpoint = load_checkpoint(path, map_location="cpu", model=model, optimizer=optimizer)
     if scaler is not None and checkpoint.get("scaler"):  # a bf16/fp32 run saved no scaler state
         scaler.load_state_dict(checkpoint["scaler"])
-    return checkpoint.get("epoch", -1) + 1, checkpoint.get("best_pred", 0.0)
+    return ResumePoint(epoch=checkpoint.get("epoch", -1) + 1, iteration=int(checkpoint.get("iteration", 0)),
+                       best_pred=checkpoint.get("best_pred", 0.0), best_epoch=checkpoint.get("best_epoch", -1),
+                       rng=checkpoint.get("rng"))
+
+
+def resume(path: Union[str, os.PathLike], model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+           scaler: Optional[torch.amp.GradScaler] = None) -> Tuple[int, float]:
+    """Restore ``model`` (and ``optimizer``, and ``scaler``) from ``path`` (see :func:`load_training_state`).
+
+    Returns:
+        ``(next epoch, best score so far)`` recorded in the checkpoint.
+    """
+    point = load_training_state(path, model, optimizer, scaler)
+    return point.epoch, point.best_pred

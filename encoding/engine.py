@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+import os
+import signal
+import sys
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -19,7 +23,8 @@ from .parallel import DataParallelModel
 from .utils.dist import is_main_process
 from .utils.logger import MetricLogger, SmoothedValue
 
-__all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch", "evaluate"]
+__all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch", "evaluate", "Interrupted",
+           "GracefulInterrupt"]
 
 _EVAL_POSTFIX_EVERY = 10
 
@@ -80,6 +85,59 @@ def backward_step(loss: Tensor, optimizer: torch.optim.Optimizer, scaler: Option
         optimizer.step()
 
 
+class Interrupted(Exception):
+    """A stop was requested (:class:`GracefulInterrupt`); raised after a whole iteration, never in the middle of one.
+
+    Attributes:
+        epoch: the running epoch.
+        iteration: how many training iterations of ``epoch`` are done (resume there); ``None`` when the stop came
+            during evaluation, i.e. after the whole training epoch.
+    """
+
+    def __init__(self, epoch: int, iteration: Optional[int]) -> None:
+        where = f"iteration {iteration}" if iteration is not None else "evaluation"
+        super().__init__(f"interrupted in epoch {epoch} at {where}")
+        self.epoch, self.iteration = epoch, iteration
+
+
+class GracefulInterrupt:
+    """Context manager turning the first Ctrl-C (SIGINT) into a request polled by the loops; the second one exits
+    the process at once with status 130.
+
+    Use ``stop=handler.requested`` in :func:`train_one_epoch` / :func:`evaluate`: they raise :class:`Interrupted`
+    after the current iteration, so the caller can save a resumable checkpoint. Outside the main thread (where
+    signal handlers cannot be installed) it does nothing.
+    """
+
+    def __init__(self) -> None:
+        self._requested = False
+        self._previous: Any = None
+
+    def requested(self) -> bool:
+        """Whether Ctrl-C was pressed."""
+        return self._requested
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self._requested:
+            sys.stderr.write("second interrupt: exiting now, without saving\n")
+            sys.stderr.flush()
+            os._exit(130)
+        self._requested = True
+        sys.stderr.write("\ninterrupt: finishing the current iteration and saving a checkpoint "
+                         "(Ctrl-C again to exit now)\n")
+        sys.stderr.flush()
+
+    def __enter__(self) -> "GracefulInterrupt":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
 def _inputs_on(batch: Sequence[Any], model: nn.Module, device: Optional[torch.device]) -> List[Any]:
     """Keep inputs on the CPU for a DataParallelModel (it scatters them); otherwise move them to ``device``."""
     if device is None or isinstance(model, DataParallelModel):
@@ -90,7 +148,8 @@ def _inputs_on(batch: Sequence[Any], model: nn.Module, device: Optional[torch.de
 def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.optim.Optimizer,
                     loader: Iterable, scheduler: Any, epoch: int, device: Optional[torch.device] = None,
                     scaler: Optional[torch.amp.GradScaler] = None, amp_dtype: Optional[torch.dtype] = None,
-                    clip_grad_norm: Optional[float] = None, best_pred: float = 0.0) -> Dict[str, float]:
+                    clip_grad_norm: Optional[float] = None, best_pred: float = 0.0, *, start_iteration: int = 0,
+                    stop: Optional[Callable[[], bool]] = None) -> Dict[str, float]:
     """Train for one epoch with a tqdm bar showing the smoothed loss and the learning rate.
 
     Args:
@@ -106,19 +165,25 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
         amp_dtype: autocast dtype (``torch.bfloat16`` / ``torch.float16``) or ``None`` for full precision.
         clip_grad_norm: optional gradient-norm clipping.
         best_pred: passed to the scheduler (PE signature).
+        start_iteration: the index of the first batch ``loader`` yields (resuming mid-epoch: the loader already
+            skips the batches done, see :class:`~encoding.utils.determinism.EpochSampler`); the scheduler counts
+            from it.
+        stop: polled after every iteration (e.g. :meth:`GracefulInterrupt.requested`); when it returns true,
+            :class:`Interrupted` is raised with the number of iterations done.
 
     Returns:
         ``{"loss": mean training loss, "lr": mean learning rate of group 0}`` (averaged over processes under DDP).
 
     Raises:
         FloatingPointError: when the loss becomes NaN or infinite (names the epoch and iteration).
+        Interrupted: ``stop()`` returned true.
     """
     model.train()
     meters = MetricLogger()
     meters.add_meter("lr", SmoothedValue(window_size=1, fmt="{value:.2e}"))
     autocast_device = device if device is not None else torch.device("cpu")
     bar = tqdm(loader, desc=f"train {epoch}", disable=not is_main_process(), dynamic_ncols=True, leave=False)
-    for i, batch in enumerate(bar):
+    for i, batch in enumerate(bar, start=start_iteration):
         if scheduler is not None:
             scheduler(optimizer, i, epoch, best_pred)
         image, target = _inputs_on(batch[:2], model, device)
@@ -131,17 +196,25 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
         backward_step(loss, optimizer, scaler, clip_grad_norm)
         meters.update(loss=value, lr=optimizer.param_groups[0]["lr"])
         bar.set_postfix(meters.postfix())
+        if stop is not None and stop():
+            bar.close()
+            raise Interrupted(epoch, i + 1)
     meters.synchronize_between_processes()
     return meters.global_averages()
 
 
 @torch.inference_mode()
 def evaluate(model: nn.Module, loader: Iterable, metric: Any, device: Optional[torch.device] = None,
-             amp_dtype: Optional[torch.dtype] = None) -> Dict[str, Any]:
+             amp_dtype: Optional[torch.dtype] = None, *, stop: Optional[Callable[[], bool]] = None,
+             epoch: int = 0) -> Dict[str, Any]:
     """Evaluate ``model`` on ``loader`` with ``metric`` (a :class:`~encoding.utils.SegmentationMetric`).
 
     The model's (possibly ungathered, per-device) outputs go straight into ``metric.update`` — no logits are
     gathered onto one device. Under ``torch.distributed`` the confusion matrices of all processes are summed.
+
+    Args:
+        stop: polled after every batch; when it returns true, :class:`Interrupted` (``iteration=None``, for
+            ``epoch``) is raised.
 
     Returns:
         ``metric.compute()`` (pixAcc, mIoU, per-class IoU, ...).
@@ -158,5 +231,8 @@ def evaluate(model: nn.Module, loader: Iterable, metric: Any, device: Optional[t
         if i % _EVAL_POSTFIX_EVERY == 0:  # scores need a host sync: refresh the bar only now and then
             pix_acc, miou = metric.get()
             bar.set_postfix(pixAcc=f"{pix_acc:.4f}", mIoU=f"{miou:.4f}")
+        if stop is not None and stop():
+            bar.close()
+            raise Interrupted(epoch, None)
     metric.reduce_from_all_processes()
     return metric.compute()

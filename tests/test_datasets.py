@@ -303,7 +303,7 @@ def test_palette_comes_from_encoding_utils_palette():
 def test_missing_root_and_env_default(tmp_path, monkeypatch):
     monkeypatch.setenv("ENCODING_DATA", str(tmp_path / "env_root"))
     assert eds.default_root() == str(tmp_path / "env_root")
-    with pytest.raises(DatasetError, match=r"env_root.*VOC2012.*prepare_pascal_voc"):
+    with pytest.raises(DatasetError, match=r"env_root.*VOC2012.*prepare_pascal\.py.*--data-root"):
         get_segmentation_dataset("pascal_voc")
     make_voc(str(tmp_path / "env_root"))
     assert len(get_segmentation_dataset("pascal_voc")) == 3  # root taken from ENCODING_DATA

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 from torchvision import tv_tensors
 
 from .transforms import (IMAGENET_MEAN, IMAGENET_STD, LABEL_IGNORE, PadTo, image_transform, to_index_mask,
@@ -45,6 +45,7 @@ MODES = ("train", "val", "testval", "test")
 #: Internal: marks raw label values that are neither a class nor ignore in a label table (never in a returned mask).
 INVALID_LABEL = 254
 _LABEL_MODES = ("L", "P", "I", "I;16", "1")
+_SKIP_SLOTS = 257
 
 
 class DatasetError(ValueError):
@@ -145,6 +146,8 @@ class BaseDataset(Dataset):
     #: One ``(r, g, b)`` per class (``None``: a user dataset without colours) and the colour of ignored pixels.
     PALETTE: ClassVar[Optional[Tuple[Tuple[int, int, int], ...]]] = None
     IGNORE_COLOR: ClassVar[Tuple[int, int, int]] = (0, 0, 0)
+    #: The script that downloads and lays out this dataset (default: ``scripts/prepare_<NAME>.py``).
+    PREPARE_SCRIPT: ClassVar[str] = ""
 
     def __init__(self, root: Optional[str] = None, split: str = "train", mode: Optional[str] = None,
                  transform: Optional[Callable] = None, target_transform: Optional[Callable] = None,
@@ -164,7 +167,8 @@ class BaseDataset(Dataset):
         self.transform = transform if transform is not None else image_transform(mean, std)
         self.target_transform = target_transform
         self.return_name, self.skip_bad = return_name, skip_bad
-        self.num_skipped = 0
+        # one counter slot per DataLoader worker (+ the main process) in shared memory: workers' skips add up
+        self._skip_counts = torch.zeros(_SKIP_SLOTS, dtype=torch.int64).share_memory_() if skip_bad else None
         self.skipped: List[Tuple[str, str]] = []
         self._bad: set = set()
         self._table = self.label_table()
@@ -186,8 +190,9 @@ class BaseDataset(Dataset):
         """Raise a clear error when the dataset folder is absent (override to point at the prepare script)."""
         folder = self.dataset_dir
         if not os.path.isdir(folder):
-            raise DatasetError(folder, f"{self.NAME} dataset not found; run scripts/prepare_{self.NAME}.py "
-                                       f"or pass root=<your data root> (or set ENCODING_DATA)")
+            script = self.PREPARE_SCRIPT or f"scripts/prepare_{self.NAME}.py"
+            raise DatasetError(folder, f"{self.NAME} dataset not found; run python {script}, or point --data-root "
+                                       f"(root= in Python, or $ENCODING_DATA) at the folder holding it")
 
     @property
     def dataset_dir(self) -> str:
@@ -240,9 +245,16 @@ class BaseDataset(Dataset):
                 f"samples={len(self)}, base_size={self.base_size}, crop_size={self.crop_size})")
 
     # ------------------------------------------------------------------------------------------------------ loading
+    @property
+    def num_skipped(self) -> int:
+        """Bad samples skipped so far, counted across DataLoader worker processes (``skipped`` lists only those of
+        this process)."""
+        return int(self._skip_counts.sum()) if self._skip_counts is not None else 0
+
     def _skip(self, path: str, problem: str) -> None:
         warnings.warn(f"skipping bad sample {path}: {problem}", RuntimeWarning, stacklevel=3)
-        self.num_skipped += 1
+        worker = get_worker_info()
+        self._skip_counts[0 if worker is None else 1 + worker.id % (_SKIP_SLOTS - 1)] += 1
         self.skipped.append((path, problem))
 
     def _drop_missing(self, images: List[str], masks: Optional[List[str]]) -> Tuple[List[str], Optional[List[str]]]:

@@ -31,6 +31,7 @@ class VOCAugSegmentation(BaseDataset):
     PALETTE = VOC_PALETTE
     IGNORE_COLOR = VOC_IGNORE_COLOR
     SPLITS = ("train", "val", "trainval")
+    PREPARE_SCRIPT = "scripts/prepare_pascal.py"
     BASE_DIR = os.path.join("VOCaug", "dataset")
 
     def _find_samples(self) -> Tuple[List[str], Optional[List[str]]]:

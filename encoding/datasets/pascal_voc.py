@@ -55,6 +55,7 @@ class VOCSegmentation(BaseDataset):
     PALETTE = VOC_PALETTE
     IGNORE_COLOR = VOC_IGNORE_COLOR
     SPLITS = ("train", "val", "trainval", "test")
+    PREPARE_SCRIPT = "scripts/prepare_pascal.py"
     BASE_DIR = os.path.join("VOCdevkit", "VOC2012")
 
     def _find_samples(self) -> Tuple[List[str], Optional[List[str]]]:

@@ -33,6 +33,9 @@ from .files import atomic_write
 
 __all__ = [
     "CheckpointError",
+    "NonFiniteError",
+    "first_nonfinite",
+    "restore_best",
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_VERSION",
     "CHECKPOINT_NAME",
@@ -57,6 +60,44 @@ class CheckpointError(RuntimeError, ValueError):
 
     Also a ``ValueError``: bad weights are a bad argument value (``pretrained="file.pth"``).
     """
+
+
+class NonFiniteError(FloatingPointError):
+    """The state to save holds NaN or infinite values (the training diverged); nothing was written.
+
+    Attributes:
+        tensor: the first offending tensor and its count of bad values
+            (e.g. ``"model.backbone.bn1.running_var (3 of 64 values NaN/inf)"``).
+    """
+
+    def __init__(self, message: str, tensor: str) -> None:
+        super().__init__(message)
+        self.tensor = tensor
+
+
+def _tensors(value: Any, prefix: str) -> Iterable[tuple]:
+    """``(name, tensor)`` for every tensor inside nested dicts/lists (state dicts, optimizer states)."""
+    if isinstance(value, Tensor):
+        yield prefix, value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _tensors(item, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _tensors(item, f"{prefix}[{i}]")
+
+
+def first_nonfinite(state: Any, prefix: str = "") -> Optional[str]:
+    """Name (and count of bad values) of the first floating tensor in ``state`` holding NaN or inf; ``None`` if
+    every tensor is finite. ``state`` is a module, a state dict or any nesting of dicts/lists of tensors."""
+    if isinstance(state, nn.Module):
+        state = unwrap_model(state).state_dict()
+    for name, tensor in _tensors(state, prefix):
+        if tensor.is_floating_point() or tensor.is_complex():
+            bad = ~torch.isfinite(tensor.detach())
+            if bool(bad.any()):
+                return f"{name} ({int(bad.sum())} of {tensor.numel()} values NaN/inf)"
+    return None
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -136,11 +177,17 @@ def save_checkpoint(state: Mapping[str, Any], path_or_dir: PathLike, is_best: bo
             ``argparse.Namespace`` (stored as a dict); numpy values become tensors/numbers.
         path_or_dir: a directory (created if missing; the file is ``filename`` inside it) or a file path with a
             suffix such as ``runs/exp/epoch_10.pth``.
-        is_best: also write ``model_best.pth`` next to it.
+        is_best: also write ``model_best.pth`` next to it. It is written first, so an interruption between the two
+            writes never leaves a checkpoint whose ``best_pred`` has no matching best file (see
+            :func:`restore_best` for the other direction).
         filename: file name used when ``path_or_dir`` is a directory.
 
     Returns:
         The path written.
+
+    Raises:
+        NonFiniteError: the model or optimizer state holds NaN/inf; nothing is written, so the last good checkpoint
+            stays in place.
 
     Note:
         Under ``torch.distributed`` call it on the main process only (:func:`encoding.utils.is_main_process`).
@@ -150,14 +197,38 @@ def save_checkpoint(state: Mapping[str, Any], path_or_dir: PathLike, is_best: bo
         ...                  "args": args}, "runs/shapes/fcn", is_best=new_pred > best)  # doctest: +SKIP
     """
     target = _destination(path_or_dir, filename)
+    checkpoint = _build(state)
+    for key in ("model", "optimizer"):
+        bad = first_nonfinite(checkpoint.get(key), key)
+        if bad is not None:
+            raise NonFiniteError(f"not saving {target}: {bad}", bad)
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
     buffer = io.BytesIO()
-    torch.save(_build(state), buffer)
+    torch.save(checkpoint, buffer)
     data = buffer.getvalue()
-    atomic_write(target, data)
     if is_best:
         atomic_write(os.path.join(os.path.dirname(target) or ".", BEST_NAME), data)
+    atomic_write(target, data)
     return target
+
+
+def restore_best(directory: PathLike) -> Optional[str]:
+    """Rewrite ``model_best.pth`` from ``checkpoint.pth`` when the checkpoint records that it is the best one
+    (``best_epoch == epoch``) but the best file is missing or holds another epoch (a run stopped between the two
+    writes). Returns the path written, or ``None`` when nothing had to be done."""
+    directory = os.fspath(directory)
+    path, best = os.path.join(directory, CHECKPOINT_NAME), os.path.join(directory, BEST_NAME)
+    if not os.path.isfile(path):
+        return None
+    checkpoint = load_checkpoint(path, map_location="cpu")
+    epoch = checkpoint.get("epoch")
+    if epoch is None or checkpoint.get("best_epoch") != epoch or checkpoint.get("iteration", 0):
+        return None
+    if os.path.isfile(best) and load_checkpoint(best, map_location="cpu").get("epoch") == epoch:
+        return None
+    with open(path, "rb") as f:
+        atomic_write(best, f.read())
+    return best
 
 
 def _summarise(keys: Iterable[str], limit: int = 10) -> str:
@@ -217,16 +288,25 @@ def load_model_state(model: nn.Module, state: Mapping[str, Tensor], strict: bool
     return [] if strict else missing + unexpected
 
 
+def _looks_like_torch_file(path: str) -> bool:
+    """Whether the file starts like ``torch.save`` output: a zip archive or a pickle (protocol >= 2)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
+
+
 def _read(path: str, map_location: Any) -> Any:
-    """``torch.load(path, weights_only=True)``, with our errors for unsafe, truncated or corrupt files."""
+    """``torch.load(path, weights_only=True)``, with our errors for unsafe, truncated, corrupt or foreign files."""
+    if os.path.isfile(path) and os.path.getsize(path) > 0 and not _looks_like_torch_file(path):
+        raise CheckpointError(f"{path!r} is not a checkpoint: it is not a file written by torch.save")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise
-    except pickle.UnpicklingError as err:
-        raise CheckpointError(f"refused to load {path!r}: it contains objects other than tensors and plain "
-                              f"containers, which could run code when unpickled (weights_only=True). Only load "
-                              f"such a file if you trust its origin. Detail: {str(err).splitlines()[0]}") from None
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"refused to load {path!r}: it holds Python objects other than tensors, numbers, "
+                              "strings and plain containers, and unpickling those could run arbitrary code. Use "
+                              "weights saved as a plain state dict.") from None
     except (RuntimeError, EOFError, OSError, ValueError, KeyError) as err:
         raise CheckpointError(f"cannot read checkpoint {path!r}: the file is truncated or corrupt "
                               f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None

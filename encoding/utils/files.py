@@ -42,6 +42,8 @@ from typing import Iterator, List, Mapping, Optional, Tuple, Union
 
 from tqdm.auto import tqdm
 
+from .rundir import pid_alive
+
 __all__ = [
     "DownloadError",
     "ChecksumError",
@@ -399,6 +401,9 @@ def atomic_write(path: str, data: Union[bytes, str]) -> str:
 
     Returns:
         ``path``.
+
+    Raises:
+        OSError: the write failed (disk full, no permission, ...); the message names ``path``.
     """
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
@@ -409,9 +414,11 @@ def atomic_write(path: str, data: Union[bytes, str]) -> str:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.errno is not None:  # e.g. ENOSPC: say which file could not be written
+            raise type(err)(err.errno, f"cannot write {path}: {err.strerror}", path) from None
         raise
     _fsync_dir(directory)
     return path
@@ -432,6 +439,14 @@ def _remove_tree(path: str) -> None:
         os.remove(path)
 
 
+def _remove_stale_staging(parent: str, prefix: str) -> None:
+    """Delete staging folders ``<prefix><pid>-*`` whose process no longer exists (killed mid-build)."""
+    for name in os.listdir(parent):
+        pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
+        if pid.isdigit() and not pid_alive(int(pid)):
+            _remove_tree(os.path.join(parent, name))
+
+
 @contextlib.contextmanager
 def staged_dir(final: str, *, keep: bool = True, replace: bool = False) -> Iterator[str]:
     """Build a folder under a temporary name and move it to ``final`` only if the block succeeds.
@@ -444,11 +459,15 @@ def staged_dir(final: str, *, keep: bool = True, replace: bool = False) -> Itera
             an existing ``final`` is kept and the new folder discarded (another process finished first).
 
     Yields:
-        The path of the empty staging folder (on the same file system as ``final``, so the rename is atomic).
+        The path of the empty staging folder (on the same file system as ``final``, so the rename is atomic). Its
+        name carries this process's pid; staging folders of processes that no longer exist (killed mid-build) are
+        deleted when the next one starts.
     """
     final = os.path.abspath(os.path.expanduser(final))
     parent = makedirs(os.path.dirname(final))
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.tmp-", dir=parent)
+    prefix = f".{os.path.basename(final)}.tmp-"
+    _remove_stale_staging(parent, prefix)
+    staging = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent)
     try:
         yield staging
         if keep:

@@ -11,6 +11,7 @@ Nothing here replaces ``print`` or touches global logging configuration.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -22,6 +23,7 @@ import torch
 from torch import Tensor
 
 from .dist import is_main_process, reduce_across_processes
+from .files import atomic_write
 
 __all__ = ["SmoothedValue", "MetricLogger", "AverageMeter", "EpochLogger"]
 
@@ -239,6 +241,59 @@ class EpochLogger:
                     self._tb.add_scalar(key, value, global_step=int(epoch))
             self._tb.flush()
         return row
+
+    def rows(self) -> List[Dict[str, Any]]:
+        """The rows of ``log.jsonl`` (empty when it is disabled or absent); a torn last line is ignored."""
+        if not self.jsonl_path or not os.path.isfile(self.jsonl_path):
+            return []
+        rows = []
+        with open(self.jsonl_path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    continue
+        return rows
+
+    def resume_after(self, epoch: int, row: Optional[Mapping[str, Any]] = None) -> None:
+        """Make the log end at ``epoch`` when a run resumes from a checkpoint of that epoch: rows of later epochs
+        (written after that checkpoint, e.g. when resuming an older ``model_best.pth``) are dropped, and ``row``
+        (the checkpoint's own row) is appended when the run stopped before logging it."""
+        if not self.enabled:
+            return
+        for path, keep in ((self.jsonl_path, self._keep_jsonl), (self.csv_path, self._keep_csv)):
+            if path and os.path.isfile(path):
+                keep(path, epoch)
+        rows = self.rows() if self.jsonl_path else []
+        if row and not any(r.get("epoch") == epoch for r in rows):
+            self.write(epoch, **{k: v for k, v in row.items() if k != "epoch"})
+
+    @staticmethod
+    def _keep_jsonl(path: str, epoch: int) -> None:
+        with open(path, encoding="utf-8") as f:
+            lines = [line for line in f if line.strip()]
+        kept = []
+        for line in lines:
+            try:
+                if json.loads(line).get("epoch", -1) <= epoch:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+            except ValueError:
+                continue
+        if kept != lines:
+            atomic_write(path, "".join(kept))
+
+    @staticmethod
+    def _keep_csv(path: str, epoch: int) -> None:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            header, rows = list(reader.fieldnames or []), list(reader)
+        kept = [r for r in rows if r.get("epoch", "").isdigit() and int(r["epoch"]) <= epoch]
+        if kept != rows:
+            buffer = io.StringIO()
+            writer = csv.DictWriter(buffer, fieldnames=header)
+            writer.writeheader()
+            writer.writerows(kept)
+            atomic_write(path, buffer.getvalue())
 
     def _append_csv(self, row: Dict[str, Any]) -> None:
         header: List[str] = []

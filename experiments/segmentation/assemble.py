@@ -21,9 +21,10 @@ from torch.utils.data import DataLoader, Subset
 
 from encoding import builders
 from encoding.utils import LR_Scheduler, SegmentationMetric, get_rank, get_world_size, init_distributed_mode
+from encoding.utils.determinism import SeededSamples, rng_state, set_rng_state
 from option import AMP_DTYPES, parse_device_ids
 
-__all__ = ["TrainingRun", "build_run"]
+__all__ = ["TrainingRun", "build_run", "run_directory"]
 
 
 @dataclass
@@ -46,19 +47,28 @@ class TrainingRun:
     amp_dtype: Optional[torch.dtype] = None
     scaler: Optional[torch.amp.GradScaler] = None
     start_epoch: int = 0
+    start_iteration: int = 0
     best_pred: float = 0.0
+    best_epoch: int = -1
     samplers: List[Any] = field(default_factory=list)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffle distributed samplers for ``epoch``."""
+    def set_epoch(self, epoch: int, start_iteration: int = 0) -> None:
+        """Order the training samples for ``epoch``, skipping its first ``start_iteration`` batches."""
         for sampler in self.samplers:
-            sampler.set_epoch(epoch)
+            sampler.set_epoch(epoch, start=start_iteration * self.train_loader.batch_size)
 
-    def checkpoint_state(self, epoch: int, best_pred: float, metrics: Dict[str, Any]) -> Dict[str, Any]:
-        """The state :func:`encoding.utils.save_checkpoint` writes after ``epoch``."""
+    def checkpoint_state(self, epoch: int, best_pred: float, best_epoch: int, metrics: Dict[str, Any],
+                         iteration: int = 0, log_row: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """The state :func:`encoding.utils.save_checkpoint` writes after ``epoch`` (the last complete epoch; with
+        ``iteration > 0``, that many iterations of the next epoch are done too), RNG states included."""
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler,
-                "epoch": epoch, "best_pred": best_pred, "args": vars(self.args),
+                "epoch": epoch, "iteration": iteration, "best_pred": best_pred, "best_epoch": best_epoch,
+                "args": vars(self.args), "rng": rng_state(), "log_row": log_row or {},
                 "metrics": {k: metrics[k] for k in ("pixAcc", "mIoU") if k in metrics}}
+
+    def datasets(self) -> List[Any]:
+        """The training and validation datasets themselves (under ``Subset`` / seeding wrappers)."""
+        return [_base_dataset(loader) for loader in (self.train_loader, self.val_loader)]
 
     def describe(self) -> str:
         """A one-paragraph summary of the run for the log."""
@@ -70,10 +80,20 @@ class TrainingRun:
                 f"{where}; writing to {self.output_dir}")
 
 
-def _class_names(loader: DataLoader) -> List[str]:
+def _base_dataset(loader: DataLoader) -> Any:
     dataset = loader.dataset
-    base = dataset.dataset if isinstance(dataset, Subset) else dataset
-    return list(type(base).CLASSES)
+    while isinstance(dataset, (Subset, SeededSamples)):
+        dataset = dataset.dataset
+    return dataset
+
+
+def _class_names(loader: DataLoader) -> List[str]:
+    return list(type(_base_dataset(loader)).CLASSES)
+
+
+def run_directory(args: argparse.Namespace) -> str:
+    """``<output-dir>/<dataset>/<model>/<checkname>``: where a run writes its checkpoints and logs."""
+    return os.path.join(args.output_dir, args.dataset, args.model, args.checkname)
 
 
 def build_run(args: argparse.Namespace) -> TrainingRun:
@@ -91,7 +111,7 @@ def build_run(args: argparse.Namespace) -> TrainingRun:
         args.dataset, batch_size=args.batch_size, test_batch_size=args.test_batch_size, root=args.data_root,
         train_split=args.train_split, val_split=args.val_split, base_size=args.base_size, crop_size=args.crop_size,
         workers=args.workers, train_limit=args.train_limit, val_limit=args.val_limit, distributed=distributed,
-        seed=args.seed, pin_memory=device.type == "cuda")
+        seed=args.seed, pin_memory=device.type == "cuda", skip_bad=args.skip_bad)
     class_names = _class_names(loaders.train)
     nclass = len(class_names)
     model = builders.build_model(args.model, args.dataset, backbone=args.backbone, aux=args.aux,
@@ -105,19 +125,22 @@ def build_run(args: argparse.Namespace) -> TrainingRun:
                                          head_lr_mult=args.head_lr_mult)
     amp_dtype = AMP_DTYPES[args.amp]
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
-    start_epoch, best_pred = args.start_epoch, 0.0
+    point = builders.ResumePoint(args.start_epoch, 0, 0.0, -1, None)
     if args.resume:
         if args.ft or args.eval:  # fine-tune or evaluate: restore the weights only
             builders.resume(args.resume, model)
         else:
-            start_epoch, best_pred = builders.resume(args.resume, model, optimizer, scaler)
+            point = builders.load_training_state(args.resume, model, optimizer, scaler)
+            if point.rng is not None:  # the model's own randomness (dropout) continues where it stopped
+                set_rng_state(point.rng)
     model, criterion = builders.wrap_model(model, criterion, placement,
                                            balance=None if args.balance == "none" else args.balance)
     return TrainingRun(args=args, model=model, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
                        train_loader=loaders.train, val_loader=loaders.val,
                        metric=SegmentationMetric(nclass, ignore_index=-1, device=device),
                        class_names=class_names,
-                       output_dir=os.path.join(args.output_dir, args.dataset, args.model, args.checkname),
+                       output_dir=run_directory(args),
                        input_device=placement.input_device, device_ids=placement.device_ids,
-                       distributed=distributed, amp_dtype=amp_dtype, scaler=scaler, start_epoch=start_epoch,
-                       best_pred=best_pred, samplers=loaders.samplers)
+                       distributed=distributed, amp_dtype=amp_dtype, scaler=scaler, start_epoch=point.epoch,
+                       start_iteration=point.iteration, best_pred=point.best_pred, best_epoch=point.best_epoch,
+                       samplers=loaders.samplers)
