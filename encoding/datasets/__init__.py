@@ -94,5 +94,8 @@ def get_segmentation_dataset(name: str, root: Optional[str] = None, split: str =
     return datasets[key](root=root, split=split, mode=mode, transform=transform, **kwargs)
 
 
-#: PyTorch-Encoding alias.
-get_dataset = get_segmentation_dataset
+def __getattr__(name: str) -> Any:
+    """PyTorch-Encoding's ``get_dataset`` alias, kept in :mod:`encoding.compat`."""
+    from .. import compat
+
+    return compat.export(__name__, name)

@@ -45,7 +45,8 @@ class SegmentationLosses(nn.Module):
         The model output and the target, as ``criterion(output, target)``. ``output`` is a dict with ``"out"`` and,
         where used, ``"aux"`` / ``"se"`` (extra keys are ignored); or a PyTorch-Encoding tuple ``(out[, se][, aux])``
         (the SE logits come before the auxiliary output, as PyTorch-Encoding's EncNet returns them); or the bare
-        ``out`` tensor. The PyTorch-Encoding call ``criterion(out, se, aux, target)`` is accepted too.
+        ``out`` tensor. The PyTorch-Encoding call ``criterion(out, se, aux, target)`` is accepted too. The core call
+        is ``criterion(output_dict_or_tensor, target)``; the PE layouts are adapted in :mod:`encoding.compat`.
 
     Shape:
         - out, aux: ``B x nclass x H x W`` logits (any number of spatial dimensions, matching the target).
@@ -119,30 +120,29 @@ class SegmentationLosses(nn.Module):
 
     # -- input handling -------------------------------------------------------------------------------------------
     def _parse(self, inputs: Tuple[Any, ...]) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Tensor]:
+        """``(out, aux, se, target)`` of the core call ``(output_dict_or_tensor, target)``.
+
+        PyTorch-Encoding's layouts (an ``(out[, se][, aux])`` tuple, or the flat ``(out[, se][, aux], target)``) are
+        turned into the core call by :func:`encoding.compat.loss_inputs`.
+        """
         if len(inputs) < 2:
             raise TypeError(f"{type(self).__name__} expects (output, target), got {len(inputs)} argument(s)")
-        *preds, target = inputs
+        if not _is_core_call(inputs, extras=self.se_loss or self.aux):
+            from ..compat import loss_inputs  # PE layouts, adapted once there
+
+            inputs = loss_inputs(inputs, se_loss=self.se_loss, aux=self.aux)
+        output, target = inputs
         if not isinstance(target, Tensor):
             raise TypeError(f"target must be a tensor, got {type(target).__name__}")
-        output = preds[0] if len(preds) == 1 else tuple(preds)
-        if isinstance(output, Mapping):
-            if "out" not in output:
-                raise ValueError(f"the model output dict has no 'out' entry (keys: {sorted(output)})")
-            out, aux, se = output["out"], output.get("aux"), output.get("se")
-            for name, wanted, value in (("aux", self.aux, aux), ("se", self.se_loss, se)):
-                if wanted and value is None:
-                    raise ValueError(f"the criterion uses '{name}' but the model output dict has no '{name}' entry "
-                                     f"(keys: {sorted(output)})")
-        else:
-            seq = (output,) if isinstance(output, Tensor) else tuple(output)
-            expected = 1 + int(self.se_loss) + int(self.aux)
-            if len(seq) != expected:
-                layout = "(out" + (", se" if self.se_loss else "") + (", aux" if self.aux else "") + ")"
-                raise ValueError(f"with se_loss={self.se_loss}, aux={self.aux} the model output must be {layout}, "
-                                 f"got {len(seq)} tensor(s)")
-            out = seq[0]
-            se = seq[1] if self.se_loss else None
-            aux = seq[-1] if self.aux else None
+        if isinstance(output, Tensor):
+            output = {"out": output}
+        if "out" not in output:
+            raise ValueError(f"the model output dict has no 'out' entry (keys: {sorted(output)})")
+        out, aux, se = output["out"], output.get("aux"), output.get("se")
+        for name, wanted, value in (("aux", self.aux, aux), ("se", self.se_loss, se)):
+            if wanted and value is None:
+                raise ValueError(f"the criterion uses '{name}' but the model output dict has no '{name}' entry "
+                                 f"(keys: {sorted(output)})")
         if self.nclass > 0 and out.shape[1] != self.nclass:
             raise ValueError(f"the output has {out.shape[1]} channels but nclass={self.nclass}")
         if aux is not None and self.aux and aux.shape != out.shape:
@@ -187,6 +187,11 @@ class SegmentationLosses(nn.Module):
         weight = self._class_weight(se)
         total = F.binary_cross_entropy_with_logits(se, present, weight=weight, reduction="sum")
         return LossTerm(total, se.numel(), self.se_weight)
+
+
+def _is_core_call(inputs: Tuple[Any, ...], extras: bool) -> bool:
+    """Whether ``inputs`` is ``(output_dict, target)``, or ``(tensor, target)`` for a criterion without extra terms."""
+    return len(inputs) == 2 and (isinstance(inputs[0], Mapping) or (isinstance(inputs[0], Tensor) and not extras))
 
 
 def _class_presence(target: Tensor, valid: Tensor, nclass: int) -> Tensor:

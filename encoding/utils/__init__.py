@@ -1,33 +1,35 @@
 """encoding.utils: what training and evaluation scripts call; everything else stays in the submodules.
 
 Modules:
-    metrics: ``SegmentationMetric`` (one confusion matrix, NaN-aware means), ``format_table`` and PyTorch-Encoding's
-        functional helpers.
-    lr_scheduler: ``LR_Scheduler`` (poly / cos / step with warm-up, 10x heads), PE style or as a torch scheduler.
+    metrics: ``SegmentationMetric`` (one confusion matrix, NaN-aware means); table: ``format_table``.
+    lr_scheduler: ``IterationLR`` (poly / cos / step with warm-up, 10x heads), a torch scheduler.
     palette: rendering of label masks (``colorize``, ``overlay``); the colours belong to the dataset classes.
     checkpoint: atomic ``save_checkpoint``, safe ``load_checkpoint``, and the one weight reader / checked loader.
     dist: ``init_distributed_mode`` from torchrun and rank / world-size / reduction helpers.
     logger: ``MetricLogger`` for progress bars and ``EpochLogger`` (CSV + JSONL, optional TensorBoard).
     files: download / verify / extract helpers and ``atomic_write`` (``encoding.utils.files``).
+
+PyTorch-Encoding's names (``LR_Scheduler``, ``LR_Scheduler_Head``, ``batch_pix_accuracy``, ``batch_intersection_union``,
+``pixel_accuracy``, ``intersection_and_union``, ``get_mask_pallete``, ``mkdir``, ``check_sha1``) are importable from
+here as before; their conventions are implemented in :mod:`encoding.compat`.
 """
-from . import checkpoint, dist, files, logger, lr_scheduler, metrics, palette
+from . import checkpoint, dist, files, logger, lr_scheduler, metrics, palette, table
 from .checkpoint import (BEST_NAME, CHECKPOINT_FORMAT, CheckpointError, load_checkpoint, load_model_state,
                          read_state_dict, save_checkpoint, unwrap_model)
 from .dist import (barrier, default_backend, get_local_rank, get_rank, get_world_size, init_distributed_mode,
                    is_main_process, reduce_across_processes)
 from .files import check_sha1, download, mkdir
 from .logger import AverageMeter, EpochLogger, MetricLogger, SmoothedValue
-from .lr_scheduler import LR_Scheduler, LR_Scheduler_Head
-from .metrics import (SegmentationMetric, batch_intersection_union, batch_pix_accuracy, confusion_matrix,
-                      format_table, intersection_and_union, pixel_accuracy, scores_from_confusion)
-from .palette import colorize, get_ignore_color, get_mask_pallete, get_palette, overlay, voc_palette
+from .lr_scheduler import IterationLR
+from .metrics import SegmentationMetric, confusion_matrix, format_table, scores_from_confusion
+from .palette import colorize, get_ignore_color, get_palette, overlay, voc_palette
 
 __all__ = [
     # metrics
     "SegmentationMetric", "confusion_matrix", "scores_from_confusion", "format_table",
     "batch_pix_accuracy", "batch_intersection_union", "pixel_accuracy", "intersection_and_union",
     # learning-rate schedules
-    "LR_Scheduler", "LR_Scheduler_Head",
+    "IterationLR", "LR_Scheduler", "LR_Scheduler_Head",
     # palettes
     "PALETTE_NAMES", "get_palette", "get_ignore_color", "voc_palette", "colorize", "get_mask_pallete", "overlay",
     # checkpoints and weights
@@ -41,11 +43,14 @@ __all__ = [
     # PyTorch-Encoding file helpers (the rest is in encoding.utils.files)
     "download", "mkdir", "check_sha1",
     # submodules
-    "checkpoint", "dist", "files", "logger", "lr_scheduler", "metrics", "palette",
+    "checkpoint", "dist", "files", "logger", "lr_scheduler", "metrics", "palette", "table",
 ]
 
 
 def __getattr__(name: str):
-    if name == "PALETTE_NAMES":  # derived from the dataset registry on first use
+    """``PALETTE_NAMES`` (from the dataset registry, on first use) and the PE names implemented in compat."""
+    if name == "PALETTE_NAMES":
         return palette.PALETTE_NAMES
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .. import compat
+
+    return compat.export(__name__, name)

@@ -1,4 +1,4 @@
-"""Per-iteration learning-rate schedules of PyTorch-Encoding, also usable as a ``torch.optim.lr_scheduler``.
+"""Per-iteration learning-rate schedule (poly / cos / step with linear warm-up), as a ``torch.optim`` scheduler.
 
 With ``T`` the global iteration (``epoch * iters_per_epoch + i``), ``W = warmup_epochs * iters_per_epoch`` and
 ``N = (num_epochs - warmup_epochs) * iters_per_epoch``:
@@ -14,12 +14,10 @@ Head multiplier (PE convention): parameter group 0 (the pretrained backbone) get
 (the new heads) gets ``head_multiplier * lr`` (10 by default). A group with an ``"lr_mult"`` entry uses that factor
 instead. Pass ``head_multiplier=1`` for one rate everywhere.
 
-Two ways to drive it:
-
-* PE style: ``scheduler(optimizer, i, epoch, best_pred)`` at every iteration;
-* torch style: ``LR_Scheduler(..., optimizer=opt)`` sets the rate of iteration 0 right away, then ``scheduler.step()``
-  after each ``optimizer.step()``. ``state_dict()``/``load_state_dict()`` resume either way; ``last_epoch`` counts
-  *iterations* (the last ``T`` applied).
+The core convention is torch's: :class:`IterationLR` takes the optimizer, sets the rate of iteration 0 right away,
+and ``step()`` after each ``optimizer.step()`` advances one iteration (``last_epoch`` is the last ``T`` applied).
+PyTorch-Encoding's ``LR_Scheduler`` (optimizer optional, ``scheduler(optimizer, i, epoch, best_pred)`` at every
+iteration) is implemented on top of it in :mod:`encoding.compat` and importable from here as before.
 """
 from __future__ import annotations
 
@@ -30,37 +28,42 @@ from typing import Any, Dict, List, Optional
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-__all__ = ["LR_Scheduler", "LR_Scheduler_Head"]
+__all__ = ["IterationLR", "LR_Scheduler", "LR_Scheduler_Head"]
 
 _MODES = ("poly", "cos", "step")
-_logger = logging.getLogger(__name__)
+#: The logger of the schedule (PyTorch-Encoding-style drivers announce each epoch's rate on it).
+logger = logging.getLogger(__name__)
 
 
-class LR_Scheduler(LRScheduler):  # noqa: N801 - PyTorch-Encoding name
-    """Poly / cosine / step learning rate with linear warm-up, per iteration.
+class IterationLR(LRScheduler):
+    """Poly / cosine / step learning rate with linear warm-up, stepped once per iteration (torch style).
 
     Args:
+        optimizer: the optimizer whose parameter groups get the rates.
         mode: ``"poly"``, ``"cos"`` or ``"step"``.
         base_lr: learning rate of group 0 after warm-up.
         num_epochs: total number of epochs (warm-up included).
         iters_per_epoch: iterations per epoch (``len(train_loader)``).
         lr_step: epochs between two ×0.1 decays (``step`` mode only; required there).
         warmup_epochs: epochs of linear warm-up from 0.
-        optimizer: attach an optimizer to use the scheduler torch-style (``step()``); optional for PE style.
         head_multiplier: factor of parameter groups after the first (PE heads: 10).
         power: exponent of the poly schedule.
 
     Example:
-        >>> opt = torch.optim.SGD([{"params": backbone}, {"params": head}], lr=0.01)  # doctest: +SKIP
-        >>> sched = LR_Scheduler("poly", 0.01, num_epochs=50, iters_per_epoch=len(loader))  # doctest: +SKIP
-        >>> for epoch in range(50):  # doctest: +SKIP
-        ...     for i, batch in enumerate(loader):
-        ...         sched(opt, i, epoch, best_pred)      # backbone 0.01 * f(T), head 0.1 * f(T)
+        >>> sched = IterationLR(opt, "poly", 0.01, num_epochs=50, iters_per_epoch=len(loader))  # doctest: +SKIP
+        >>> for batch in loader:  # doctest: +SKIP
+        ...     loss.backward(); opt.step(); sched.step()
     """
 
-    def __init__(self, mode: str, base_lr: float, num_epochs: int, iters_per_epoch: int, lr_step: int = 0,
-                 warmup_epochs: int = 0, *, optimizer: Optional[Optimizer] = None, head_multiplier: float = 10.0,
+    def __init__(self, optimizer: Optimizer, mode: str, base_lr: float, num_epochs: int, iters_per_epoch: int,
+                 lr_step: int = 0, warmup_epochs: int = 0, *, head_multiplier: float = 10.0,
                  power: float = 0.9) -> None:
+        self._configure(mode, base_lr, num_epochs, iters_per_epoch, lr_step, warmup_epochs, head_multiplier, power)
+        self._attach(optimizer)
+
+    def _configure(self, mode: str, base_lr: float, num_epochs: int, iters_per_epoch: int, lr_step: int = 0,
+                   warmup_epochs: int = 0, head_multiplier: float = 10.0, power: float = 0.9) -> None:
+        """Validate and store the schedule; no optimizer yet."""
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
         if base_lr < 0:
@@ -87,12 +90,15 @@ class LR_Scheduler(LRScheduler):  # noqa: N801 - PyTorch-Encoding name
         self._step_count = 0
         self._last_lr: List[float] = []
         self.base_lrs: List[float] = []
+        self.optimizer: Optional[Optimizer] = None
+
+    def _attach(self, optimizer: Optimizer) -> None:
+        """Drive ``optimizer`` and set the rates of iteration 0."""
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         self.optimizer = optimizer
-        if optimizer is not None:
-            if not isinstance(optimizer, Optimizer):
-                raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-            self.base_lrs = [self.base_lr * self._multiplier(g, k) for k, g in enumerate(optimizer.param_groups)]
-            self.step()
+        self.base_lrs = [self.base_lr * self._multiplier(g, k) for k, g in enumerate(optimizer.param_groups)]
+        self.step()
 
     # -- the schedule --------------------------------------------------------------------------------------------
     def lr_at(self, T: int) -> float:  # noqa: N803 - PE notation
@@ -113,7 +119,8 @@ class LR_Scheduler(LRScheduler):  # noqa: N801 - PyTorch-Encoding name
             return float(group["lr_mult"])
         return 1.0 if index == 0 else self.head_multiplier
 
-    def _apply(self, optimizer: Optimizer, T: int) -> float:  # noqa: N803
+    def apply(self, optimizer: Optimizer, T: int) -> float:  # noqa: N803
+        """Set the rates of iteration ``T`` on ``optimizer``'s groups; return group 0's rate."""
         lr = self.lr_at(T)
         for index, group in enumerate(optimizer.param_groups):
             group["lr"] = lr * self._multiplier(group, index)
@@ -121,33 +128,23 @@ class LR_Scheduler(LRScheduler):  # noqa: N801 - PyTorch-Encoding name
         self._last_lr = [group["lr"] for group in optimizer.param_groups]
         return lr
 
-    # -- PyTorch-Encoding interface ------------------------------------------------------------------------------
-    def __call__(self, optimizer: Optimizer, i: int, epoch: int, best_pred: Optional[float] = None) -> float:
-        """Set the rates for iteration ``i`` of ``epoch`` (PE style) and return group 0's rate."""
-        lr = self._apply(optimizer, epoch * self.iters_per_epoch + i)
-        if epoch > self.epoch:
-            best = "" if best_pred is None else f", previous best = {best_pred:.4f}"
-            _logger.info("Epoch %d, learning rate = %.6g%s", epoch, lr, best)
-            self.epoch = epoch
-        return lr
-
     # -- torch.optim.lr_scheduler interface ----------------------------------------------------------------------
     def step(self, epoch: Optional[int] = None) -> None:  # type: ignore[override]
         """Advance one iteration on the attached optimizer (call after ``optimizer.step()``)."""
         if epoch is not None:
-            raise ValueError("LR_Scheduler.step() takes no epoch; use scheduler(optimizer, i, epoch) to jump")
-        if self.optimizer is None:
-            raise RuntimeError("no optimizer attached: pass optimizer= to LR_Scheduler, or call "
-                               "scheduler(optimizer, i, epoch, best_pred) PyTorch-Encoding style")
+            raise ValueError(f"{type(self).__name__}.step() takes no epoch: it advances one iteration")
         self._step_count += 1
-        self._apply(self.optimizer, self.last_epoch + 1)
+        self.apply(self._attached(), self.last_epoch + 1)
+
+    def _attached(self) -> Optimizer:
+        if self.optimizer is None:
+            raise RuntimeError("no optimizer attached")
+        return self.optimizer
 
     def get_lr(self) -> List[float]:
         """Rates of the attached optimizer's groups at the current iteration."""
-        if self.optimizer is None:
-            raise RuntimeError("no optimizer attached")
         T = max(self.last_epoch, 0)  # noqa: N806
-        return [self.lr_at(T) * self._multiplier(g, k) for k, g in enumerate(self.optimizer.param_groups)]
+        return [self.lr_at(T) * self._multiplier(g, k) for k, g in enumerate(self._attached().param_groups)]
 
     def get_last_lr(self) -> List[float]:
         """Rates set by the last call (one per parameter group)."""
@@ -161,7 +158,7 @@ class LR_Scheduler(LRScheduler):  # noqa: N801 - PyTorch-Encoding name
         """Restore a :meth:`state_dict` (schedule settings and position)."""
         unknown = set(state_dict) - set(self.state_dict())
         if unknown:
-            raise KeyError(f"not an LR_Scheduler state dict: unexpected keys {sorted(unknown)}")
+            raise KeyError(f"not an {type(self).__name__} state dict: unexpected keys {sorted(unknown)}")
         self.__dict__.update(state_dict)
 
     def __repr__(self) -> str:
@@ -170,5 +167,8 @@ class LR_Scheduler(LRScheduler):  # noqa: N801 - PyTorch-Encoding name
                 f"warmup_epochs={self.warmup_epochs}, head_multiplier={self.head_multiplier})")
 
 
-#: PyTorch-Encoding's name for the scheduler with 10x head groups (our :class:`LR_Scheduler` already does that).
-LR_Scheduler_Head = LR_Scheduler
+def __getattr__(name: str) -> Any:
+    """PyTorch-Encoding's ``LR_Scheduler`` / ``LR_Scheduler_Head``, implemented in :mod:`encoding.compat`."""
+    from .. import compat
+
+    return compat.export(__name__, name)

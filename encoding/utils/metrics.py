@@ -10,23 +10,26 @@ both the predictions and the targets counted as IoU 0 and dragged mIoU down. Her
 means are NaN-aware (``nanmean``): only classes that occur in the target or in the predictions are averaged. A class
 that is predicted but absent from the target still counts (its IoU is 0).
 
-The PE functional helpers :func:`batch_pix_accuracy`, :func:`batch_intersection_union`, :func:`pixel_accuracy` and
-:func:`intersection_and_union` keep their PE signatures and return values.
+The table is rendered by :func:`format_table` (:mod:`encoding.utils.table`); PyTorch-Encoding's functional
+helpers (``batch_pix_accuracy``, ``batch_intersection_union``, ``pixel_accuracy``, ``intersection_and_union``) are
+implemented in :mod:`encoding.compat` and still importable from here.
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from ..parallel.scatter_gather import scatter
 from .dist import reduce_across_processes
+from .table import format_table
 
 __all__ = [
     "SegmentationMetric",
     "main_output",
+    "to_labels",
     "confusion_matrix",
     "scores_from_confusion",
     "format_table",
@@ -55,10 +58,13 @@ def main_output(output: Any) -> Tensor:
     raise TypeError(f"expected a tensor, a dict with 'out' or an (out, ...) tuple, got {type(output).__name__}")
 
 
-def _to_labels(preds: Tensor, target: Tensor, nclass: Optional[int]) -> Tuple[Tensor, bool]:
+def to_labels(preds: Tensor, target: Tensor, nclass: Optional[int] = None) -> Tuple[Tensor, bool]:
     """Turn logits ``[B]xCxHxW`` or labels ``[B]xHxW`` into int64 labels shaped like ``target``.
 
-    ``nclass`` (when given) must equal the number of logit channels.
+    Args:
+        preds: logits with a class dimension, or integer labels shaped like ``target``.
+        target: integer labels ``[B]xHxW`` (only its shape and dtype are used).
+        nclass: when given, the number of logit channels it must equal.
 
     Returns:
         ``(labels, from_logits)``; labels from an argmax are always in ``[0, nclass)`` and need no range check.
@@ -73,8 +79,7 @@ def _to_labels(preds: Tensor, target: Tensor, nclass: Optional[int]) -> Tuple[Te
         return preds.long(), False
     if preds.dim() == target.dim() + 1:
         class_dim = 0 if target.dim() <= 2 else 1
-        shape = preds.shape[:class_dim] + preds.shape[class_dim + 1:]
-        if shape == target.shape:
+        if preds.shape[:class_dim] + preds.shape[class_dim + 1:] == target.shape:
             if nclass is not None and preds.shape[class_dim] != nclass:
                 raise ValueError(f"logits have {preds.shape[class_dim]} channels in dim {class_dim} but the metric "
                                  f"has nclass={nclass}")
@@ -89,8 +94,24 @@ def _bad_values(values: Tensor, limit: int = 10) -> str:
     return text + (f", ... ({len(found)} distinct)" if len(found) > limit else "")
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# The one confusion-matrix update
+# ----------------------------------------------------------------------------------------------------------------------
+def _bin_codes(labels: Tensor, target: Tensor, n: int, ignore: int, check_labels: bool) -> Tensor:
+    """One bin per pixel: ``target * n + label``; then ``n*n`` ignored, ``n*n+1`` bad target, ``n*n+2`` bad label."""
+    ignored = target == ignore
+    codes = torch.add(labels, target, alpha=n).masked_fill_(ignored, n * n)
+    codes.masked_fill_(~ignored & ((target < 0) | (target >= n)), n * n + 1)
+    if check_labels:
+        codes.masked_fill_((labels < 0) | (labels >= n), n * n + 2)
+    return codes
+
+
 def confusion_matrix(preds: Tensor, target: Tensor, nclass: int, ignore_index: int = -1) -> Tensor:
     """Confusion matrix of one batch, computed with a single ``bincount`` on the predictions' device.
+
+    Ignored pixels and invalid values fall into extra bins of the same ``bincount``; the only host synchronisation
+    is reading the two invalid-value counts (needed to raise here, before anything is accumulated).
 
     Args:
         preds: logits ``[B]xCxHxW`` (argmax over ``C``) or integer labels shaped like ``target``.
@@ -114,35 +135,18 @@ def confusion_matrix(preds: Tensor, target: Tensor, nclass: int, ignore_index: i
     """
     if nclass < 1:
         raise ValueError(f"nclass must be >= 1, got {nclass}")
-    labels, from_logits = _to_labels(preds, target, nclass)
-    n = int(nclass)
+    n, ignore = int(nclass), int(ignore_index)
+    labels, from_logits = to_labels(preds, target, n)
     target = target.to(device=labels.device, dtype=torch.int64, non_blocking=True)
-    if target.numel() == 0:
-        return torch.zeros(n, n, dtype=torch.int64, device=labels.device)
-    if not from_logits:
-        lo, hi = torch.aminmax(labels)
-        if lo.item() < 0 or hi.item() >= n:
-            bad = labels[(labels < 0) | (labels >= n)]
-            raise ValueError(f"predicted labels must lie in [0, {n}), got {_bad_values(bad)}")
-    lo, hi = (v.item() for v in torch.aminmax(target))
-    ignore = int(ignore_index)
-    ignore_outside = not 0 <= ignore < n
-    if ignore_outside and 0 <= lo and hi < n:
-        # Nothing to ignore: every pixel is scored.
-        index = torch.add(labels, target, alpha=n)
-        return torch.bincount(index.flatten(), minlength=n * n).reshape(n, n)
-    if ignore == -1 and lo >= -1 and hi < n:
-        # Only ignore pixels are out of range: shift them into an extra leading row that is dropped.
-        index = torch.add(labels, target, alpha=n).add_(n)
-        return torch.bincount(index.flatten(), minlength=n * (n + 1))[n:].reshape(n, n)
-    # General case (e.g. ignore_index=255, ignore inside the class range, or invalid values present).
-    scored = target != ignore
-    bad = scored & ((target < 0) | (target >= n))
-    if bool(bad.any()):
+    codes = _bin_codes(labels, target, n, ignore, check_labels=not from_logits)
+    counts = torch.bincount(codes.flatten(), minlength=n * n + 3)
+    bad_target, bad_labels = counts[n * n + 1:].tolist()
+    if bad_labels:
+        raise ValueError(f"predicted labels must lie in [0, {n}), got {_bad_values(labels[codes == n * n + 2])}")
+    if bad_target:
         raise ValueError(f"target values must lie in [0, {n}) or equal ignore_index={ignore}, "
-                         f"got {_bad_values(target[bad])}")
-    index = torch.where(scored, torch.add(labels, target, alpha=n), n * n)
-    return torch.bincount(index.flatten(), minlength=n * n + 1)[: n * n].reshape(n, n)
+                         f"got {_bad_values(target[codes == n * n + 1])}")
+    return counts[: n * n].reshape(n, n)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -196,46 +200,23 @@ def scores_from_confusion(confusion: Tensor) -> Dict[str, Any]:
     }
 
 
-def format_table(result: Mapping[str, Any], class_names: Optional[Sequence[str]] = None, digits: int = 2) -> str:
-    """Per-class IoU / accuracy table followed by the summary scores, in percent.
-
-    Args:
-        result: the dict of :meth:`SegmentationMetric.compute` (or :func:`scores_from_confusion`).
-        class_names: one name per class (default: the class indices).
-        digits: decimals of the percentages.
-
-    Returns:
-        A multi-line string; undefined entries (class never seen) are shown as ``-``.
-
-    Example:
-        >>> print(format_table(metric.compute(), ["background", "disc"]))  # doctest: +SKIP
-        class        IoU    Acc
-        background  97.10  98.52
-        ...
-    """
-    iou = [float(v) for v in result["IoU"]]
-    acc = [float(v) for v in result["Acc"]]
-    names = [str(i) for i in range(len(iou))] if class_names is None else [str(name) for name in class_names]
-    if len(names) != len(iou):
-        raise ValueError(f"class_names has {len(names)} entries but the result has {len(iou)} classes")
-
-    def pct(value: float) -> str:
-        return "-" if math.isnan(value) else f"{100.0 * value:.{digits}f}"
-
-    rows = [("class", "IoU", "Acc")] + [(name, pct(i), pct(a)) for name, i, a in zip(names, iou, acc)]
-    width = max(len(row[0]) for row in rows)
-    num = max(max(len(row[1]), len(row[2])) for row in rows)
-    lines = [f"{a:<{width}}  {b:>{num}}  {c:>{num}}" for a, b, c in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    summary = [(key, result[key]) for key in ("pixAcc", "mIoU", "mAcc", "fwIoU", "mDice") if key in result]
-    lines.append("-" * len(lines[0]))
-    lines.append("  ".join(f"{key} {pct(float(value))}" for key, value in summary))
-    return "\n".join(lines)
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # The accumulating metric
 # ----------------------------------------------------------------------------------------------------------------------
+def _per_replica(outputs: List[Tensor], target: Union[Tensor, Sequence[Tensor]]) -> List[Tensor]:
+    """One target per replica output: given as a list, or the whole batch scattered like the outputs."""
+    if not outputs:
+        raise ValueError("got an empty list of replica outputs")
+    if isinstance(target, (list, tuple)):
+        if len(target) != len(outputs):
+            raise ValueError(f"got {len(outputs)} replica outputs but {len(target)} targets")
+        return list(target)
+    if not isinstance(target, Tensor):
+        raise TypeError(f"target must be a tensor or a list of tensors, got {type(target).__name__}")
+    sizes = [out.shape[0] for out in outputs]
+    return scatter(target, [out.device for out in outputs], split_sizes=sizes)
+
+
 class SegmentationMetric:
     """Accumulates a confusion matrix over batches and reports pixAcc / mIoU (PyTorch-Encoding contract) and more.
 
@@ -265,12 +246,6 @@ class SegmentationMetric:
         """Forget everything accumulated so far."""
         self.confusion = None
 
-    def _accumulate(self, batch_confusion: Tensor) -> None:
-        if self.confusion is None:
-            device = self.device if self.device is not None else batch_confusion.device
-            self.confusion = torch.zeros(self.nclass, self.nclass, dtype=torch.int64, device=device)
-        self.confusion += batch_confusion.to(self.confusion.device)
-
     @torch.no_grad()
     def update(self, preds_or_logits: Output, target: Union[Tensor, Sequence[Tensor]]) -> None:
         """Add one batch.
@@ -280,44 +255,31 @@ class SegmentationMetric:
                 model output dict (its ``"out"`` entry is scored); or the ungathered per-replica list of
                 ``encoding.parallel.DataParallelModel`` (each entry a tensor or dict on its own device).
             target: int labels ``BxHxW``; with a replica list either one target per replica or the whole batch,
-                which is then split by the replicas' batch sizes and each chunk moved to its replica's device
-                (the logits are never gathered onto one device).
+                which is then scattered like the replicas' outputs (``encoding.parallel.scatter``), so the logits
+                are never gathered onto one device.
 
         Raises:
             ValueError: shapes that do not match, or target values outside ``[0, nclass)`` other than
                 ``ignore_index`` (the message names them).
         """
         if isinstance(preds_or_logits, (Tensor, Mapping)):
-            self._accumulate(self._batch_confusion(main_output(preds_or_logits), target))
-            return
-        if not isinstance(preds_or_logits, (list, tuple)):
+            pairs = [(main_output(preds_or_logits), target)]
+        elif isinstance(preds_or_logits, (list, tuple)):
+            outputs = [main_output(out) for out in preds_or_logits]
+            pairs = list(zip(outputs, _per_replica(outputs, target)))
+        else:
             raise TypeError(f"preds_or_logits must be a tensor, a dict or a list of per-replica outputs, got "
                             f"{type(preds_or_logits).__name__}")
-        outputs = [main_output(out) for out in preds_or_logits]
-        for out, tgt in zip(outputs, self._split_target(outputs, target)):
-            self._accumulate(self._batch_confusion(out, tgt))
+        for preds, tgt in pairs:
+            if not isinstance(tgt, Tensor):
+                raise TypeError(f"target must be a tensor, got {type(tgt).__name__}")
+            self._accumulate(confusion_matrix(preds, tgt, self.nclass, self.ignore_index))
 
-    def _batch_confusion(self, preds: Tensor, target: Tensor) -> Tensor:
-        if not isinstance(target, Tensor):
-            raise TypeError(f"target must be a tensor, got {type(target).__name__}")
-        return confusion_matrix(preds, target, self.nclass, self.ignore_index)
-
-    @staticmethod
-    def _split_target(outputs: List[Tensor], target: Union[Tensor, Sequence[Tensor]]) -> List[Tensor]:
-        if not outputs:
-            raise ValueError("got an empty list of replica outputs")
-        if isinstance(target, (list, tuple)):
-            if len(target) != len(outputs):
-                raise ValueError(f"got {len(outputs)} replica outputs but {len(target)} targets")
-            return list(target)
-        if not isinstance(target, Tensor):
-            raise TypeError(f"target must be a tensor or a list of tensors, got {type(target).__name__}")
-        sizes = [out.shape[0] for out in outputs]
-        if sum(sizes) != target.shape[0]:
-            raise ValueError(f"replica outputs hold {sizes} samples (total {sum(sizes)}) but the target has "
-                             f"{target.shape[0]}")
-        chunks = torch.split(target, sizes)
-        return [chunk.to(out.device, non_blocking=True) for chunk, out in zip(chunks, outputs)]
+    def _accumulate(self, batch_confusion: Tensor) -> None:
+        if self.confusion is None:
+            device = self.device if self.device is not None else batch_confusion.device
+            self.confusion = torch.zeros(self.nclass, self.nclass, dtype=torch.int64, device=device)
+        self.confusion += batch_confusion.to(self.confusion.device)
 
     def reduce_from_all_processes(self) -> None:
         """Sum the confusion matrices of all processes (no-op unless ``torch.distributed`` is initialized).
@@ -330,14 +292,11 @@ class SegmentationMetric:
                                          device=self.device if self.device is not None else "cpu")
         self.confusion = reduce_across_processes(self.confusion)
 
-    def _confusion_or_zeros(self) -> Tensor:
-        if self.confusion is None:
-            return torch.zeros(self.nclass, self.nclass, dtype=torch.int64)
-        return self.confusion
-
     def compute(self) -> Dict[str, Any]:
         """All scores; see :func:`scores_from_confusion` for the keys."""
-        return scores_from_confusion(self._confusion_or_zeros())
+        if self.confusion is None:
+            return scores_from_confusion(torch.zeros(self.nclass, self.nclass, dtype=torch.int64))
+        return scores_from_confusion(self.confusion)
 
     def get(self) -> Tuple[float, float]:
         """``(pixAcc, mIoU)`` as in PyTorch-Encoding (mIoU is NaN-aware; both are ``NaN`` before any pixel)."""
@@ -348,78 +307,8 @@ class SegmentationMetric:
         return f"{type(self).__name__}(nclass={self.nclass}, ignore_index={self.ignore_index}, device={self.device})"
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# PyTorch-Encoding functional helpers
-# ----------------------------------------------------------------------------------------------------------------------
-def batch_pix_accuracy(output: Tensor, target: Tensor) -> Tuple[int, int]:
-    """Correct and labeled pixel counts of a batch (PyTorch-Encoding helper).
+def __getattr__(name: str) -> Any:
+    """PyTorch-Encoding's functional metric helpers, implemented in :mod:`encoding.compat`."""
+    from .. import compat
 
-    Args:
-        output: logits ``BxCxHxW`` (or labels shaped like ``target``).
-        target: int labels ``BxHxW``; negative values are unlabeled.
-
-    Returns:
-        ``(pixel_correct, pixel_labeled)`` as Python ints.
-    """
-    labels, _ = _to_labels(output, target, None)
-    target = target.to(labels.device)
-    labeled = target >= 0
-    correct = (labels == target) & labeled
-    return int(correct.sum()), int(labeled.sum())
-
-
-def batch_intersection_union(output: Tensor, target: Tensor, nclass: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Per-class intersection and union pixel counts of a batch (PyTorch-Encoding helper).
-
-    Args:
-        output: logits ``BxCxHxW`` (or labels shaped like ``target``).
-        target: int labels ``BxHxW`` with ``-1`` for unlabeled pixels.
-        nclass: number of classes.
-
-    Returns:
-        ``(area_inter, area_union)``: int64 numpy arrays of length ``nclass``. Unlike PE, a target value outside
-        ``[0, nclass)`` other than ``-1`` raises ``ValueError`` instead of being silently dropped.
-    """
-    conf = confusion_matrix(output, target, nclass, ignore_index=-1).cpu()
-    inter = conf.diagonal()
-    union = conf.sum(dim=0) + conf.sum(dim=1) - inter
-    return inter.numpy().astype(np.int64), union.numpy().astype(np.int64)
-
-
-def pixel_accuracy(im_pred: Any, im_lab: Any) -> Tuple[int, int]:
-    """Correct and labeled pixel counts of one image, CSAIL scene-parsing convention (label 0 = unlabeled).
-
-    Args:
-        im_pred: predicted labels (array-like).
-        im_lab: ground-truth labels (array-like), 0 for unlabeled pixels.
-
-    Returns:
-        ``(pixel_correct, pixel_labeled)``.
-    """
-    pred, lab = np.asarray(im_pred), np.asarray(im_lab)
-    labeled = lab > 0
-    return int(np.sum((pred == lab) & labeled)), int(np.sum(labeled))
-
-
-def intersection_and_union(im_pred: Any, im_lab: Any, num_class: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Per-class intersection and union of one image, PyTorch-Encoding's CSAIL-style helper.
-
-    Labels use 0 for unlabeled pixels and ``1 .. num_class - 1`` for the classes (``num_class`` counts the
-    unlabeled value, as in PE). Predictions on unlabeled pixels are not counted; values outside
-    ``[1, num_class - 1]`` are dropped, as PE's ``np.histogram`` did.
-
-    Returns:
-        ``(area_inter, area_union)``: int64 arrays of length ``num_class - 1`` (entry ``k`` is class ``k + 1``).
-    """
-    pred = np.asarray(im_pred).astype(np.int64).ravel()
-    lab = np.asarray(im_lab).astype(np.int64).ravel()
-    pred = pred * (lab > 0)
-    bins = num_class - 1
-
-    def area(values: np.ndarray) -> np.ndarray:
-        values = values[(values >= 1) & (values <= bins)]
-        return np.bincount(values - 1, minlength=bins)[:bins].astype(np.int64)
-
-    area_inter = area(pred[pred == lab])
-    area_union = area(pred) + area(lab) - area_inter
-    return area_inter, area_union
+    return compat.export(__name__, name)

@@ -4,7 +4,8 @@ The colours belong to the datasets: every dataset class carries ``PALETTE`` (one
 ``IGNORE_COLOR`` (the colour of ignored pixels, distinct from every class colour). The functions here take either a
 dataset name, looked up in :data:`encoding.datasets.datasets` (``"detail"``, PyTorch-Encoding's name of the VOC colour
 map, means ``pcontext``), or an explicit sequence of RGB triples. :func:`colorize` stores the mask as a PIL ``"P"``
-image whose index 255 is the ignore colour, so saved PNGs keep the class ids as pixel values.
+image whose index 255 is the ignore colour, so saved PNGs keep the class ids as pixel values. PyTorch-Encoding's
+``get_mask_pallete`` is implemented in :mod:`encoding.compat` and still importable from here.
 """
 from __future__ import annotations
 
@@ -76,9 +77,12 @@ def _palette_names() -> Tuple[str, ...]:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "PALETTE_NAMES":  # computed from the dataset registry on first use
+    """``PALETTE_NAMES`` (from the dataset registry, on first use) and PE's ``get_mask_pallete`` (in compat)."""
+    if name == "PALETTE_NAMES":
         return _palette_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .. import compat
+
+    return compat.export(__name__, name)
 
 
 def get_palette(dataset: str) -> Palette:
@@ -167,11 +171,6 @@ def colorize(mask: Any, dataset: PaletteLike = "pascal_voc") -> Image.Image:
     table[_IGNORE_SLOT] = ignore
     image.putpalette(table.ravel().tolist())
     return image
-
-
-def get_mask_pallete(npimg: Any, dataset: PaletteLike = "detail") -> Image.Image:
-    """PyTorch-Encoding's name (and spelling) for :func:`colorize`; the input is never modified."""
-    return colorize(npimg, dataset)
 
 
 def _as_rgb_array(image: Any) -> np.ndarray:
