@@ -68,7 +68,7 @@ def zoo(args):
     print(f"zoo: one device, {args.zoo_images} images, crop {args.zoo_crop}, 21 classes, ResNet-50, aux head")
     print(f"{'model':<9} {'real MiB':>9} {'sim MiB':>9} {'err':>7} {'calibrated':>11} {'err':>7}")
     program = DeviceProgram("balanced", args.zoo_images, args.zoo_images, source=True, replicas=1)
-    for name in ARCHITECTURES:
+    for name in args.models or ARCHITECTURES:
         spec = _spec(name, 21, crop=args.zoo_crop)
         real = measure_program_cpu(spec, program).peak
         plain = simulate_program(spec, program).peak
@@ -102,6 +102,7 @@ def main():
     parser.add_argument("--memory-limit", default="11GiB")
     parser.add_argument("--zoo-images", type=int, default=2)
     parser.add_argument("--zoo-crop", type=int, default=480)
+    parser.add_argument("--models", nargs="*", default=None, help="zoo: these architectures only (default: all)")
     args = parser.parse_args()
     for part in args.parts:
         globals()[part](args)

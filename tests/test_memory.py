@@ -334,3 +334,12 @@ def test_training_with_balance_memory_plans_from_the_runs_own_loss(tmp_path, mon
     assert plans, "no split was planned"
     for (batch, devices, _), plan in plans.items():
         assert sum(plan) == batch and len(plan) == devices == 3
+
+
+def test_a_device_with_one_sample_behind_global_pooling_is_simulated():
+    """PSPNet's pyramid pooling has BatchNorm on 1x1 maps: one sample per device is legal with SyncBatchNorm across
+    replicas, and the simulator (and the calibration's real one-sample step) must run it."""
+    spec = segmentation_spec("psp", "resnet18", nclass=NCLASS, crop_size=48)
+    peaks = Simulator(spec).peaks("balanced", [1, 1, 1])
+    assert peaks[0] > peaks[1] > 0
+    assert measure_program_cpu(spec, DeviceProgram("balanced", 1, 3, source=False, replicas=3)).peak > 0

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -412,6 +413,27 @@ def _forward_backward(spec: StepSpec, program: DeviceProgram, model: nn.Module, 
     loss.backward()
 
 
+@contextlib.contextmanager
+def _any_batchnorm_batch() -> Iterator[None]:
+    """Let BatchNorm train on one value per channel (a device with one sample behind global pooling): in
+    multi-device training ``SyncBatchNorm``'s statistics span the replicas, which a single-device program cannot
+    show. Such calls skip the running-statistics update (C values updated in place; the memory is the same)."""
+    check, batch_norm = F._verify_batch_size, F.batch_norm
+
+    def one_sample_batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
+                              *args: Any, **kwargs: Any) -> Tensor:
+        training = kwargs.get("training", args[2] if len(args) > 2 else False)
+        if training and input.dim() > 1 and input.numel() == input.shape[1]:
+            running_mean = running_var = None
+        return batch_norm(input, running_mean, running_var, *args, **kwargs)
+
+    F._verify_batch_size, F.batch_norm = (lambda size: None), one_sample_batch_norm
+    try:
+        yield
+    finally:
+        F._verify_batch_size, F.batch_norm = check, batch_norm
+
+
 def _optimizer_warmup(params: List[Tensor], optimizer: Optional[torch.optim.Optimizer]) -> None:
     """What a warm-up step leaves behind on fake tensors: the optimizer's state (e.g. momentum buffers)."""
     if optimizer is not None:
@@ -443,6 +465,12 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
     Returns:
         Seconds of the last measured step.
     """
+    with _any_batchnorm_batch():
+        return _run_program(spec, program, device_type, window, steps, track, real_ddp, model)
+
+
+def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, window: Callable[[], Any], steps: int,
+                 track: Callable[[List[Tensor]], None], real_ddp: bool, model: Optional[nn.Module]) -> float:
     reuse = model is not None
     model = model if reuse else spec.build_model()
     model.train()
