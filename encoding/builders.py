@@ -116,16 +116,18 @@ def select_devices(device_ids: Optional[Sequence[Union[int, str, torch.device]]]
 
 def build_model(name: str, dataset: str, *, backbone: str = "resnet50", aux: bool = False, se_loss: bool = False,
                 pretrained_backbone: Union[bool, str, os.PathLike] = False, output_stride: Optional[int] = None,
-                sync_bn: bool = False, device: Optional[torch.device] = None) -> SegmentationModel:
+                sync_bn: bool = False, device: Optional[torch.device] = None,
+                checkpoint: Union[bool, str] = False) -> SegmentationModel:
     """A segmentation model (see :func:`~encoding.models.get_segmentation_model`) on ``device``.
 
     Args:
         sync_bn: use :class:`~encoding.nn.SyncBatchNorm` (several replicas or processes), else ``nn.BatchNorm2d``.
         device: move the model there (``None``: leave it on the CPU).
+        checkpoint: activation checkpointing policy: ``False``, ``"backbone"`` or ``"all"``.
     """
     model = get_segmentation_model(name, dataset=dataset, backbone=backbone, aux=aux, se_loss=se_loss,
                                    pretrained_backbone=pretrained_backbone, output_stride=output_stride,
-                                   norm_layer=SyncBatchNorm if sync_bn else nn.BatchNorm2d)
+                                   norm_layer=SyncBatchNorm if sync_bn else nn.BatchNorm2d, checkpoint=checkpoint)
     return model if device is None else model.to(device)
 
 

@@ -14,6 +14,7 @@ import torchvision
 from torch import nn
 
 from ..nn.blocks import NormLayer
+from ..nn.checkpoint import checkpoint_segmentation_model
 from ..utils.checkpoint import load_model_state, read_state_dict
 from .backbone import Pretrained, fetch_torchvision_weights, get_backbone
 from .base import FeatureInfo, SegmentationModel
@@ -94,7 +95,8 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
                            se_loss: bool = False, pretrained: Union[bool, str, os.PathLike] = False, *,
                            nclass: Optional[int] = None, norm_layer: NormLayer = nn.BatchNorm2d,
                            output_stride: Optional[int] = None, jpu: bool = False,
-                           pretrained_backbone: Pretrained = False, **head_options) -> SegmentationModel:
+                           pretrained_backbone: Pretrained = False, checkpoint: Union[bool, str] = False,
+                           **head_options) -> SegmentationModel:
     """Build a segmentation model by name.
 
     Args:
@@ -113,6 +115,10 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
         jpu: use a plain (stride-32) backbone with FastFCN's :class:`~encoding.models.jpu.JPU` instead of dilation.
         pretrained_backbone: ``True`` for torchvision's ImageNet weights, or a local file (ignored parts of the
             model stay randomly initialised). Default ``False``: nothing is downloaded.
+        checkpoint: activation checkpointing, trading compute for memory (see ``docs/checkpointing.md``):
+            ``False`` (default), ``"backbone"`` (every residual block) or ``"all"`` (blocks, neck and heads); the
+            recomputation is exact (BatchNorm statistics, SyncBatchNorm synchronisation and dropout masks are
+            those of the forward).
         **head_options: options of the head factory (e.g. ``lateral=True`` / ``ncodes`` for ``encnet``,
             ``atrous_rates`` for ``deeplab``, ``fpn_dim`` for ``upernet``/``fcfpn``).
 
@@ -140,7 +146,7 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
                       head_options)
     if pretrained is not False and pretrained is not None:
         _load_pretrained(model, name, backbone, nclass, pretrained)
-    return model
+    return checkpoint_segmentation_model(model, checkpoint)
 
 
 def variant(name: str, title: str) -> Callable[..., SegmentationModel]:

@@ -11,6 +11,9 @@ One class, :class:`SyncBatchNorm`, normalises with the statistics of the *whole*
    included), optionally within a ``process_group``;
 3. on a single device, and in eval mode, it *is* ``nn.BatchNorm``: the forward calls the same ``F.batch_norm``.
 
+Under activation checkpointing (:mod:`encoding.nn.checkpoint`) the recomputation in the backward reuses the statistics
+its forward synchronised: no second all-reduce, and the running statistics are updated once per step.
+
 Every participant contributes its count, mean and (biased) variance; they are merged with Chan's parallel formula
 ``var = sum_r n_r * (var_r + (mean_r - mean)^2) / N``, which is exact for uneven splits and, unlike
 ``E[x^2] - E[x]^2``, free of cancellation. Gradients flow through the merge and the all-reduce, whose backward
@@ -31,6 +34,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..parallel import ReplicaAbortedError, allreduce, get_replica_context
+from .checkpoint import is_recomputing, replay_in_recomputation
 
 __all__ = ["SyncBatchNorm", "DistSyncBatchNorm", "convert_sync_batchnorm"]
 
@@ -143,8 +147,9 @@ class SyncBatchNorm(_BatchNorm):
         else:  # an empty shard contributes nothing
             mean = var = input.new_zeros(channels, dtype=_stats_dtype(input))
         row = torch.cat([mean.new_full((1,), float(count)), mean, var])
-        mean, var, total = _merge(exchange(row), channels)
-        if update_running and self.track_running_stats:
+        # under activation checkpointing, the recomputation reuses the table this forward synchronised
+        mean, var, total = _merge(replay_in_recomputation(lambda: exchange(row)), channels)
+        if update_running and self.track_running_stats and not is_recomputing():
             self._update_running_stats(mean, var, total)
         weight, bias = (None, None) if self.weight is None else (self.weight.to(mean.dtype), self.bias.to(mean.dtype))
         return _Normalize.apply(input, mean, var, weight, bias, self.eps)

@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .devices import DeviceLike, resolve_device
+from .rng import ReplicaRandom, draw_base_seed, replica_generator
 from .structures import device_of
 
 __all__ = ["ReplicaContext", "ReplicaAbortedError", "get_replica_context", "parallel_apply"]
@@ -35,12 +36,16 @@ class ReplicaContext:
         num_replicas: how many replicas run in this call.
         failed: set as soon as any replica of this call raised; code that waits on other replicas (e.g.
             SyncBatchNorm) polls it and raises :class:`ReplicaAbortedError` instead of hanging.
+        generator: the replica's own random stream when its device is repeated in the call (several replicas
+            would otherwise share that device's generator); its random operators draw from it (see
+            :mod:`encoding.parallel.rng`). ``None`` on a device of its own.
     """
 
     index: int
     device: torch.device
     num_replicas: int
     failed: threading.Event
+    generator: Optional[torch.Generator] = None
 
 
 def get_replica_context() -> Optional[ReplicaContext]:
@@ -115,6 +120,15 @@ def _reraise(failures: Dict[int, Tuple[torch.device, BaseException]]) -> None:
     raise exc
 
 
+def _replica_generators(devices: Sequence[torch.device]) -> List[Optional[torch.Generator]]:
+    """One generator per replica whose device is repeated in ``devices`` (``None`` for the others)."""
+    repeated = [devices.count(d) > 1 for d in devices]
+    if not any(repeated):
+        return [None] * len(devices)
+    base = draw_base_seed()
+    return [replica_generator(d, base, i) if shared else None for i, (d, shared) in enumerate(zip(devices, repeated))]
+
+
 def parallel_apply(modules: Sequence[Callable[..., Any]], inputs: Sequence[Any],
                    kwargs_tup: Optional[Sequence[Optional[Dict[str, Any]]]] = None,
                    devices: Optional[Sequence[DeviceLike]] = None) -> List[Any]:
@@ -122,6 +136,9 @@ def parallel_apply(modules: Sequence[Callable[..., Any]], inputs: Sequence[Any],
 
     Every thread sees the caller's grad mode, ``torch.inference_mode``, and autocast state (device type, enabled,
     dtype and cache flag), its replica's CUDA device and current stream, and a :class:`ReplicaContext`.
+    Replicas whose device appears more than once get their own random stream (:attr:`ReplicaContext.generator`),
+    seeded from one draw of the default generator and the replica index: runs repeat bit for bit under
+    ``torch.manual_seed`` whatever order the threads run in.
     If replicas raise, all threads are joined first, then the first failure (by replica index, preferring real
     errors over :class:`ReplicaAbortedError`) is re-raised with its original type, carrying ``replica_index``,
     ``replica_device`` and a note with the replica's original traceback.
@@ -145,16 +162,19 @@ def parallel_apply(modules: Sequence[Callable[..., Any]], inputs: Sequence[Any],
                else [device_of((a, k), torch.device("cpu")) for a, k in zip(inputs, kwargs_tup)])
     state = _ThreadState.capture()
     streams = [torch.cuda.current_stream(d) if d.type == "cuda" else None for d in devices]
+    generators = _replica_generators(devices)
     failed = threading.Event()
     results: Dict[int, Any] = {}
     failures: Dict[int, Tuple[torch.device, BaseException]] = {}
 
     def worker(i: int) -> None:
-        context = ReplicaContext(i, devices[i], len(modules), failed)
+        context = ReplicaContext(i, devices[i], len(modules), failed, generators[i])
         try:
             with contextlib.ExitStack() as stack:
                 state.enter(stack, devices[i], streams[i])
                 stack.enter_context(_replica_context(context))
+                if generators[i] is not None:
+                    stack.enter_context(ReplicaRandom(generators[i]))
                 results[i] = modules[i](*inputs[i], **(kwargs_tup[i] or {}))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
             failures[i] = (devices[i], exc)

@@ -116,7 +116,8 @@ def build_run(args: argparse.Namespace) -> TrainingRun:
     nclass = len(class_names)
     model = builders.build_model(args.model, args.dataset, backbone=args.backbone, aux=args.aux,
                                  se_loss=args.se_loss, pretrained_backbone=args.pretrained,
-                                 output_stride=args.output_stride, sync_bn=placement.synced, device=device)
+                                 output_stride=args.output_stride, sync_bn=placement.synced, device=device,
+                                 checkpoint=False if args.checkpoint == "none" else args.checkpoint)
     criterion = builders.build_criterion(nclass, aux=args.aux, aux_weight=args.aux_weight, se_loss=args.se_loss,
                                          se_weight=args.se_weight, device=device)
     optimizer = builders.build_optimizer(model, args.lr, momentum=args.momentum, weight_decay=args.weight_decay)

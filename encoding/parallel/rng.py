@@ -1,0 +1,95 @@
+"""Per-replica random streams: reproducible randomness for replicas that share a device's generator.
+
+Replicas on distinct CUDA devices draw from their own device's generator. Replicas on a *repeated* device (every
+``"cpu"`` of ``["cpu"] * 3``, or ``["cuda:0"] * 2``) would share one generator and draw from it in whatever order
+their threads happen to run, so two identical runs differ (dropout masks land on different replicas) and an
+activation-checkpointed region recomputed later cannot see the masks of its forward. :func:`parallel_apply
+<encoding.parallel.parallel_apply>` therefore gives each such replica its own generator, seeded from one number
+drawn from the default generator (reproducible under ``torch.manual_seed``) and the replica index, and routes the
+replica's random operators to it with :class:`ReplicaRandom`.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["ReplicaRandom", "draw_base_seed", "replica_seed", "replica_generator"]
+
+_MASK64 = (1 << 64) - 1
+
+
+def draw_base_seed() -> int:
+    """One 63-bit number from the default CPU generator (the seed all replicas of one call derive theirs from)."""
+    return int(torch.empty((), dtype=torch.int64).random_(0, 1 << 62))
+
+
+def replica_seed(base: int, index: int) -> int:
+    """A well-mixed 63-bit seed for replica ``index`` from ``base`` (SplitMix64 finaliser of ``base + index``)."""
+    z = (base + (index + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+def replica_generator(device: torch.device, base: int, index: int) -> torch.Generator:
+    """A generator on ``device`` seeded with :func:`replica_seed` ``(base, index)``."""
+    return torch.Generator(device=device).manual_seed(replica_seed(base, index))
+
+
+def _has_generator(func: Any) -> bool:
+    schema = getattr(func, "_schema", None)
+    return schema is not None and any(arg.name == "generator" for arg in schema.arguments)
+
+
+@functools.lru_cache(maxsize=None)
+def _generator_overload(func: Any) -> Optional[Any]:
+    """The overload of ``func`` that takes a generator: ``func`` itself (``bernoulli_``, ``normal_``...), its
+    ``generator`` twin for factories (``rand.default`` -> ``rand.generator``, ``randint.low`` ->
+    ``randint.low_generator``), or ``None`` for operators that draw nothing."""
+    if _has_generator(func):
+        return func
+    packet, name = getattr(func, "overloadpacket", None), getattr(func, "_overloadname", None)
+    twin = getattr(packet, "generator" if name == "default" else f"{name}_generator", None) if packet else None
+    return twin if twin is not None and _has_generator(twin) else None
+
+
+def _op_device(args: tuple, kwargs: Dict[str, Any]) -> torch.device:
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.device
+    device = kwargs.get("device")
+    return torch.device(device) if device is not None else torch.device("cpu")
+
+
+class ReplicaRandom(TorchDispatchMode):
+    """Dispatch mode giving every random operator without an explicit generator ``generator`` instead.
+
+    An operator is random when its schema has a ``generator`` argument (``bernoulli_`` under dropout, ``normal_``,
+    ``uniform_``, ``randperm``, ``multinomial`` ...); only those on the generator's device are routed.
+    Dispatch modes are thread-local, so each replica thread routes to its own generator.
+
+    Args:
+        generator: the stream to draw from.
+    """
+
+    def __init__(self, generator: torch.Generator) -> None:
+        super().__init__()
+        self.generator = generator
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        overload = _generator_overload(func)
+        if (overload is not None and kwargs.get("generator") is None
+                and _same_device(_op_device(args, kwargs), self.generator.device)):
+            func, kwargs = overload, dict(kwargs, generator=self.generator)
+        return func(*args, **kwargs)
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    if a.type != b.type:
+        return False
+    return a.type == "cpu" or (a.index if a.index is not None else torch.cuda.current_device()) == b.index
+
