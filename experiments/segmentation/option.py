@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--amp", choices=list(AMP_DTYPES), default="none", help="mixed precision")
     p.add_argument("--checkpoint", choices=["none", "backbone", "all"], default="none",
                    help="activation checkpointing (recompute in backward, exact): every residual block, or blocks "
-                        "and heads; saves ~half the memory of FCN-ResNet50 for ~1.3x step time (docs/checkpointing.md)")
+                        "and heads; about half the peak memory of FCN-ResNet50 for one extra forward per step "
+                        "(docs/checkpointing.md)")
     p.add_argument("--clip-grad", type=positive_float, default=None, help="clip the global gradient norm")
     p.add_argument("--no-cuda", action="store_true", help="train on the CPU even when CUDA is available")
     p.add_argument("--device-ids", default=None,
