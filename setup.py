@@ -31,8 +31,10 @@ setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest", "matplotlib"],
+        "test": ["pytest", "matplotlib", "scipy", "pycocotools"],
         "chart": ["matplotlib"],  # scripts/memory_balance.py --chart
+        # only for `python -m encoding.datasets.prepare`: SBD's .mat labels, PASCAL-Context RLE, COCO masks
+        "prepare": ["scipy", "pycocotools"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

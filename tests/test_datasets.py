@@ -5,19 +5,19 @@ transform the colour under each labelled pixel must still name that pixel's clas
 """
 import json
 import os
-import struct
 import sys
 import types
 import warnings
 
 import numpy as np
 import pytest
+import scipy.io
 import torch
 from PIL import Image, ImageDraw
 
 import encoding.datasets as eds
 from encoding.datasets import (DatasetError, get_dataset, get_segmentation_dataset, pad_collate)
-from encoding.datasets.matfile import MatFileError, load_mat
+from encoding.datasets.pascal_aug import read_sbd_segmentation
 from encoding.datasets.pcontext import convert_context_annotations, decode_rle
 
 MEAN = torch.tensor(eds.IMAGENET_MEAN).view(3, 1, 1)
@@ -58,25 +58,10 @@ def write_lines(path, lines):
         f.write("".join(line + "\n" for line in lines))
 
 
-def _mat_element(mtype, payload):
-    return struct.pack("<II", mtype, len(payload)) + payload + b"\0" * (-len(payload) % 8)
-
-
-def _mat_matrix(name, mx_class, dims, body):
-    content = (_mat_element(6, struct.pack("<II", mx_class, 0)) + _mat_element(5, struct.pack(f"<{len(dims)}i", *dims))
-               + _mat_element(1, name.encode()) + body)
-    return _mat_element(14, content)
-
-
 def save_sbd_mat(path, seg):
-    """Minimal uncompressed MAT-5 file holding struct GTcls.Segmentation (uint8), like SBD's cls/*.mat."""
-    seg = np.asarray(seg, dtype=np.uint8)
-    field = _mat_matrix("", 9, seg.shape, _mat_element(2, seg.tobytes(order="F")))
-    body = _mat_element(5, struct.pack("<i", 32)) + _mat_element(1, b"Segmentation".ljust(32, b"\0")) + field
-    header = b"MATLAB 5.0 MAT-file, written by the encoding tests".ljust(116, b" ") + b"\0" * 8
+    """SBD's cls/*.mat structure (struct GTcls with a uint8 Segmentation field), written by SciPy."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(header + struct.pack("<H", 0x0100) + b"IM" + _mat_matrix("GTcls", 2, (1, 1), body))
+    scipy.io.savemat(path, {"GTcls": {"Segmentation": np.asarray(seg, dtype=np.uint8)}}, do_compression=True)
 
 
 SIZES = [(48, 72), (40, 56), (56, 40)]
@@ -358,14 +343,17 @@ def test_cityscapes_ids_to_train_ids(tmp_path):
 
 
 def test_pascal_aug_mat_labels(tmp_path):
-    make_aug(str(tmp_path))
+    base, ids = make_aug(str(tmp_path))
     ds = get_segmentation_dataset("pascal_aug", root=str(tmp_path), split="train", mode="testval")
     assert len(ds) == 2
+    assert ds.masks == [os.path.join(base, "cls_png", name + ".png") for name in ids]  # converted once, read as PNG
     image, mask = _check_testval(ds, 1, class_pattern(*SIZES[1], offset=1, ignore_border=True))
     assert colour_agreement(image, mask) > 0.99
+    os.remove(os.path.join(base, "cls", ids[0] + ".mat"))  # the conversion is not repeated: the .mat is not read
+    assert len(get_segmentation_dataset("pascal_aug", root=str(tmp_path), split="train")) == 2
 
 
-def test_matfile_reads_scipy_compressed_fixture_and_rejects_garbage(tmp_path):
+def test_sbd_labels_read_from_scipy_compressed_fixture_and_garbage_rejected(tmp_path):
     # Written by scipy.io.savemat(do_compression=True) in SBD's structure: GTcls.{Boundaries (cell of sparse),
     # Segmentation (uint8), CategoriesPresent}.
     fixture = ("TUFUTEFCIDUuMCBNQVQtZmlsZSBQbGF0Zm9ybTogcG9zaXgsIENyZWF0ZWQgb246IE1vbiBOb3YgMjMgMDc6NDA6MzMgMjAyNgAA"
@@ -377,17 +365,20 @@ def test_matfile_reads_scipy_compressed_fixture_and_rejects_garbage(tmp_path):
 
     path = tmp_path / "fixture.mat"
     path.write_bytes(base64.b64decode(fixture))
-    gt = load_mat(str(path))["GTcls"]
-    assert gt["Segmentation"].dtype == np.uint8
-    assert gt["Segmentation"].tolist() == [[0, 0, 15, 15], [0, 15, 15, 255], [7, 7, 0, 0]]
-    assert gt["CategoriesPresent"].ravel().tolist() == [7, 15]
-    assert gt["Boundaries"][0].toarray().tolist() == (gt["Segmentation"] == 15).tolist()
+    segmentation = read_sbd_segmentation(str(path))
+    assert segmentation.dtype == np.uint8
+    assert segmentation.tolist() == [[0, 0, 15, 15], [0, 15, 15, 255], [7, 7, 0, 0]]
     (tmp_path / "bad.mat").write_bytes(b"x" * 200)
-    with pytest.raises(MatFileError, match="bad.mat.*not a MATLAB"):
-        load_mat(str(tmp_path / "bad.mat"))
+    with pytest.raises(DatasetError, match="bad.mat.*cannot read .mat label"):
+        read_sbd_segmentation(str(tmp_path / "bad.mat"))
     (tmp_path / "cut.mat").write_bytes(base64.b64decode(fixture)[:200])
-    with pytest.raises(MatFileError, match="cut.mat"):
-        load_mat(str(tmp_path / "cut.mat"))
+    with pytest.raises(DatasetError, match="cut.mat"):
+        read_sbd_segmentation(str(tmp_path / "cut.mat"))
+    scipy.io.savemat(str(tmp_path / "other.mat"), {"GTinst": {"Segmentation": np.zeros((2, 2))}})
+    with pytest.raises(DatasetError, match="other.mat.*GTcls"):
+        read_sbd_segmentation(str(tmp_path / "other.mat"))
+    with pytest.raises(DatasetError, match="missing"):
+        read_sbd_segmentation(str(tmp_path / "absent.mat"))
 
 
 def test_rle_decoding_matches_pycocotools_strings():

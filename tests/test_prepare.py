@@ -3,10 +3,13 @@ import hashlib
 import json
 import os
 import runpy
+import subprocess
+import sys
 import tarfile
 import zipfile
 
 import numpy as np
+import pytest
 
 from encoding.datasets import get_segmentation_dataset
 from test_datasets import (fake_pycocotools, make_ade, make_aug, make_citys, make_coco, make_context,  # noqa: F401
@@ -138,3 +141,28 @@ def test_prepare_shapes_script(tmp_path):
     assert main(["--root", str(tmp_path), "--num-train", "3", "--num-val", "2", "--no-progress"]) == 0
     with open(tmp_path / "shapes-seed0-3-2" / "shapes.json") as f:
         assert json.load(f)["num_train"] == 3
+
+
+def test_prepare_module_cli_names_and_errors(tmp_path, capsys):
+    from encoding.datasets import prepare
+
+    assert set(prepare.PREPARERS) == {"ade20k", "pascal", "pcontext", "citys", "coco", "shapes"}
+    assert prepare.main(["shapes", "--root", str(tmp_path), "--num-train", "2", "--num-val", "1",
+                         "--no-progress"]) == 0
+    assert "ready:" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        prepare.main(["imagenet"])
+    assert "invalid choice" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="NAME=DIGEST"):
+        prepare.main(["pcontext", "--root", str(tmp_path), "--checksum", "oops"])
+    assert prepare.main(["ade20k", "--root", str(tmp_path / "data"), "--mirror", str(tmp_path / "none"),
+                         "--no-progress"]) == 1
+    assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_prepare_module_runs_as_a_command(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "encoding.datasets.prepare", "shapes", "--root", str(tmp_path),
+                             "--num-train", "2", "--num-val", "1", "--no-progress"], capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert os.path.isfile(tmp_path / "shapes-seed0-2-1" / "shapes.json")

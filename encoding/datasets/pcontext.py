@@ -1,6 +1,7 @@
 """PASCAL-Context, 59 classes (PyTorch-Encoding's ``pcontext``): VOC 2010 images + ``trainval_merged.json``.
 
-The annotation JSON (PASCAL-in-Detail format) is converted once, by :func:`convert_context_annotations`, into
+The annotation JSON (PASCAL-in-Detail format) is converted once at prepare time, by
+:func:`convert_context_annotations` (RLE masks decoded by ``pycocotools``, the ``prepare`` extra), into
 label PNGs in the 60-value form ``0 = background / other, 1..59 = classes``; the dataset then reads PNGs like every
 other dataset and ignores 0 (``k`` becomes class ``k - 1``). The conversion follows the Detail API's semantic mask:
 per image, segmentation annotations are painted in file order, later ones over earlier ones, each with its category
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections import defaultdict
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -84,42 +86,38 @@ class ContextSegmentation(ShiftedLabels, BaseDataset):
                           ".jpg", os.path.join(base, MASK_DIR), ".png")
 
 
-def _rle_counts_from_string(counts: str) -> List[int]:
-    """Decode the compressed COCO RLE string (6-bit chunks, 5 data bits; counts after the second are deltas)."""
-    runs: List[int] = []
-    pos = 0
-    while pos < len(counts):
-        value, shift, more = 0, 0, True
-        while more:
-            chunk = ord(counts[pos]) - 48
-            value |= (chunk & 0x1F) << shift
-            more = bool(chunk & 0x20)
-            pos += 1
-            shift += 5
-            if not more and chunk & 0x10:
-                value |= -1 << shift
-        if len(runs) > 2:
-            value += runs[-2]
-        runs.append(value)
-    return runs
+def _mask_api() -> Any:
+    """``pycocotools.mask`` (the ``prepare`` extra), with a clear error when it is missing."""
+    try:
+        from pycocotools import mask
+    except ImportError as e:
+        raise ImportError("converting PASCAL-Context's annotations needs pycocotools: pip install pycocotools (or "
+                          "the 'prepare' extra); only once: the masks are then saved as PNGs and read without it") from e
+    return mask
 
 
 def decode_rle(segmentation: Mapping[str, Any]) -> np.ndarray:
     """Decode a COCO-style run-length encoded mask ``{"size": [h, w], "counts": str | list}`` into a bool array.
 
-    Runs alternate background / foreground starting with background, in column-major order (as pycocotools).
+    Decoded by ``pycocotools.mask``: runs alternate background / foreground starting with background, in
+    column-major order; ``counts`` is the compressed string of the JSON files or a list of run lengths.
+
+    Raises:
+        ValueError: the runs do not cover ``h x w`` pixels.
     """
     height, width = (int(v) for v in segmentation["size"])
     counts = segmentation["counts"]
-    if isinstance(counts, bytes):
-        counts = counts.decode("ascii")
-    runs = _rle_counts_from_string(counts) if isinstance(counts, str) else [int(c) for c in counts]
-    if sum(runs) != height * width:
-        raise ValueError(f"RLE covers {sum(runs)} pixels, expected {height}x{width}")
-    values = np.zeros(len(runs), dtype=bool)
-    values[1::2] = True
-    flat = np.repeat(values, runs)
-    return flat.reshape((width, height)).T
+    api = _mask_api()
+    if isinstance(counts, (str, bytes)):
+        rle = {"size": [height, width], "counts": counts.encode("ascii") if isinstance(counts, str) else counts}
+    else:
+        runs = [int(c) for c in counts]
+        if sum(runs) != height * width:
+            raise ValueError(f"RLE covers {sum(runs)} pixels, expected {height}x{width}")
+        rle = api.frPyObjects({"size": [height, width], "counts": runs}, height, width)
+    with warnings.catch_warnings():  # pycocotools' numpy-2 "__array__ ... copy keyword" notice, not ours
+        warnings.filterwarnings("ignore", message=".*copy keyword", category=DeprecationWarning)
+        return api.decode(rle).astype(bool)
 
 
 def _category_lookup() -> np.ndarray:

@@ -1,0 +1,180 @@
+"""``python -m encoding.datasets.prepare NAME``: download, verify, extract and convert a dataset once.
+
+Preparation is apart from loading: everything that needs a parser (SBD's MATLAB files, PASCAL-Context's RLE JSON,
+COCO's instances) is converted here, once, into label PNGs that the dataset classes read at train time. The
+conversions use SciPy and pycocotools, installed with the ``prepare`` extra (``pip install "encoding[prepare]"``).
+
+Every dataset takes ``--root`` (default: the data root), ``--checksum NAME=DIGEST`` (``NAME=none`` skips it),
+``--overwrite`` and ``--no-progress``; downloadable ones also ``--download-dir`` and ``--mirror DIR_OR_URL``. The
+``scripts/prepare_*.py`` files are thin wrappers of this command.
+
+Example:
+    python -m encoding.datasets.prepare ade20k --root /data --with-test
+    python -m encoding.datasets.prepare pascal --no-voc
+    python -m encoding.datasets.prepare citys --zips ~/Downloads
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+
+from ..utils.files import ChecksumError, DownloadError
+from .ade20k import prepare_ade20k
+from .base import DatasetError
+from .cityscapes import INSTRUCTIONS, prepare_citys
+from .coco import prepare_coco
+from .pascal_voc import prepare_pascal
+from .pcontext import prepare_pcontext
+from .shapes import DEFAULT_NUM_TRAIN, DEFAULT_NUM_VAL, DEFAULT_SEED, prepare_shapes
+
+__all__ = ["PREPARERS", "build_parser", "checksum_overrides", "run_step", "main", "script_main"]
+
+
+class Preparer(NamedTuple):
+    """How the CLI prepares one dataset.
+
+    Attributes:
+        help: one line for ``--help``.
+        downloads: whether it fetches files (adds ``--download-dir`` / ``--mirror``).
+        add_options: adds the dataset's own options to its sub-parser.
+        run: the prepare call for the parsed arguments; returns what to print as ``ready:``.
+    """
+
+    help: str
+    downloads: bool
+    add_options: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], Any]
+
+
+def _fetch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
+    """The keyword arguments every downloading ``prepare_<name>`` function takes."""
+    return dict(download_dir=args.download_dir, mirror=args.mirror, checksums=checksum_overrides(args.checksum),
+                overwrite=args.overwrite, progress=not args.no_progress)
+
+
+def _ade20k_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--with-test", action="store_true", help="also fetch the unlabelled test images")
+
+
+def _pascal_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-voc", action="store_true", help="skip VOC 2012")
+    parser.add_argument("--no-aug", action="store_true", help="skip the SBD augmented set")
+
+
+def _citys_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--zips", default=None,
+                        help="folder holding gtFine_trainvaltest.zip and leftImg8bit_trainvaltest.zip")
+
+
+def _coco_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-masks", action="store_true", help="only download and extract")
+
+
+def _shapes_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--num-train", type=int, default=DEFAULT_NUM_TRAIN)
+    parser.add_argument("--num-val", type=int, default=DEFAULT_NUM_VAL)
+
+
+def _no_options(parser: argparse.ArgumentParser) -> None:
+    del parser
+
+
+def _citys(args: argparse.Namespace) -> Any:
+    return prepare_citys(args.root, zips=args.zips, checksums=checksum_overrides(args.checksum),
+                         overwrite=args.overwrite, progress=not args.no_progress)
+
+
+def _shapes(args: argparse.Namespace) -> Any:
+    return prepare_shapes(args.root, seed=args.seed, num_train=args.num_train, num_val=args.num_val,
+                          overwrite=args.overwrite, progress=not args.no_progress)
+
+
+#: CLI name -> how to prepare it (``pascal`` prepares both ``pascal_voc`` and ``pascal_aug``).
+PREPARERS: Dict[str, Preparer] = {
+    "ade20k": Preparer("ADE20K (ADEChallengeData2016, ~923 MB)", True, _ade20k_options,
+                       lambda a: prepare_ade20k(a.root, with_test=a.with_test, **_fetch_kwargs(a))),
+    "pascal": Preparer("PASCAL VOC 2012 (pascal_voc) and SBD (pascal_aug; .mat labels converted to PNGs)", True,
+                       _pascal_options,
+                       lambda a: prepare_pascal(a.root, voc=not a.no_voc, aug=not a.no_aug, **_fetch_kwargs(a))),
+    "pcontext": Preparer("VOC 2010 + PASCAL-Context's trainval_merged.json, converted to 59-class PNGs", True,
+                         _no_options, lambda a: prepare_pcontext(a.root, **_fetch_kwargs(a))),
+    "citys": Preparer("Cityscapes from the two zips downloaded by hand (login-gated)", False, _citys_options,
+                      _citys),
+    "coco": Preparer("COCO 2017 (~19 GB) and its 21-class (VOC categories) masks", True, _coco_options,
+                     lambda a: prepare_coco(a.root, build_masks=not a.no_masks, **_fetch_kwargs(a))),
+    "shapes": Preparer("the embedded shapes dataset (also generated on first use)", False, _shapes_options,
+                       _shapes),
+}
+
+
+def _add_common_options(parser: argparse.ArgumentParser, downloads: bool) -> None:
+    """``--root``, ``--checksum``, ``--overwrite``, ``--no-progress`` and, with ``downloads``, the fetch options."""
+    parser.add_argument("--root", default=None, help="data root (default: $ENCODING_DATA or ~/.encoding/data)")
+    if downloads:
+        parser.add_argument("--download-dir", default=None, help="where archives are kept (default: <root>/downloads)")
+        parser.add_argument("--mirror", default=None,
+                            help="folder or base URL holding the archives under their original names "
+                                 "(offline copies, mirrors)")
+    parser.add_argument("--checksum", action="append", default=[], metavar="NAME=DIGEST",
+                        help="override the expected checksum of a file, e.g. NAME=sha256:<hex> (NAME=none: skip)")
+    parser.add_argument("--overwrite", action="store_true", help="download / extract / convert again")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI: one sub-command per entry of :data:`PREPARERS`."""
+    parser = argparse.ArgumentParser(prog="python -m encoding.datasets.prepare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="name", required=True, metavar="NAME")
+    for name, preparer in PREPARERS.items():
+        sub = commands.add_parser(name, help=preparer.help, description=preparer.help)
+        _add_common_options(sub, preparer.downloads)
+        preparer.add_options(sub)
+    return parser
+
+
+def checksum_overrides(items: Sequence[str]) -> Dict[str, Optional[str]]:
+    """Parse ``NAME=DIGEST`` options (``NAME=none`` disables verification of that file)."""
+    out: Dict[str, Optional[str]] = {}
+    for item in items:
+        name, sep, digest = item.partition("=")
+        if not sep or not name or not digest:
+            raise SystemExit(f"error: --checksum expects NAME=DIGEST, got {item!r}")
+        out[name] = None if digest.lower() == "none" else digest
+    return out
+
+
+def run_step(step: Callable[[], Any]) -> int:
+    """Run a prepare step: print ``ready: <path>`` for each result, or a one-line error and return 1."""
+    try:
+        result = step()
+    except (ChecksumError, DownloadError, DatasetError, FileNotFoundError, ImportError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for path in result if isinstance(result, (list, tuple)) else [result]:
+        print(f"ready: {path}")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Prepare the dataset named by the first argument; returns the exit status (2: Cityscapes instructions)."""
+    args = build_parser().parse_args(argv)
+    if args.name == "citys" and args.zips is None:
+        print(INSTRUCTIONS)
+        return 2
+    return run_step(lambda: PREPARERS[args.name].run(args))
+
+
+def script_main(name: str) -> Callable[[Optional[List[str]]], int]:
+    """The ``main(argv=None)`` of ``scripts/prepare_<name>.py``: :func:`main` with ``name`` put first."""
+    def script(argv: Optional[List[str]] = None) -> int:
+        return main([name, *(sys.argv[1:] if argv is None else argv)])
+
+    script.__doc__ = f"``python -m encoding.datasets.prepare {name}`` with these arguments."
+    return script
+
+
+if __name__ == "__main__":
+    sys.exit(main())
