@@ -20,8 +20,8 @@ loss layouts ``(out[, se][, aux])`` and         ``criterion(output_dict_or_tenso
 ``get_dataset``                                 :func:`~encoding.datasets.          ``encoding.datasets``
                                                 get_segmentation_dataset`
 ``DistSyncBatchNorm``                           :class:`~encoding.nn.SyncBatchNorm` ``encoding.nn``
-``mkdir``, ``check_sha1``                       :mod:`encoding.utils.files`         ``encoding.utils``,
-                                                                                    ``encoding.utils.files``
+``mkdir``, ``check_sha1``                       :func:`~encoding.utils.files.       ``encoding.utils``,
+                                                makedirs`, ``check_checksum``      ``encoding.utils.files``
 ==============================================  ==================================  ==================================
 
 Layer and wrapper names of PE, Synchronized-BatchNorm (vacancy) and mmcv are thin layers kept beside their cores:
@@ -40,7 +40,7 @@ from torch.optim import Optimizer
 
 from .datasets import get_segmentation_dataset
 from .nn.syncbn import DistSyncBatchNorm
-from .utils.files import check_sha1, mkdir
+from .utils.files import check_checksum, makedirs
 from .utils.lr_scheduler import IterationLR, logger as _schedule_logger
 from .utils.metrics import confusion_matrix, to_labels
 from .utils.palette import PaletteLike, colorize
@@ -56,7 +56,8 @@ _SCHEDULERS = ("LR_Scheduler", "LR_Scheduler_Head")
 
 #: Module -> the PE names it resolves from here (through its module ``__getattr__``).
 EXPORTS: Dict[str, Tuple[str, ...]] = {
-    "encoding.utils": _SCHEDULERS + _METRIC_HELPERS + ("get_mask_pallete",),
+    "encoding.utils": _SCHEDULERS + _METRIC_HELPERS + ("get_mask_pallete", "mkdir", "check_sha1"),
+    "encoding.utils.files": ("mkdir", "check_sha1"),
     "encoding.utils.lr_scheduler": _SCHEDULERS,
     "encoding.utils.metrics": _METRIC_HELPERS,
     "encoding.utils.palette": ("get_mask_pallete",),
@@ -254,3 +255,13 @@ def get_mask_pallete(npimg: Any, dataset: PaletteLike = "detail") -> Image.Image
 
 #: PyTorch-Encoding's name of :func:`encoding.datasets.get_segmentation_dataset`.
 get_dataset = get_segmentation_dataset
+
+
+def mkdir(path: str) -> str:
+    """PyTorch-Encoding's name of :func:`encoding.utils.files.makedirs`."""
+    return makedirs(path)
+
+
+def check_sha1(filename: str, sha1_hash: str) -> bool:
+    """PyTorch-Encoding helper: whether ``filename`` has the given SHA-1 (see ``files.check_checksum``)."""
+    return check_checksum(filename, "sha1:" + sha1_hash)

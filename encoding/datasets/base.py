@@ -81,19 +81,19 @@ def read_split_file(path: str) -> List[str]:
     return ids
 
 
-def identity_table(num_class: int, ignore: Sequence[int] = (255,)) -> np.ndarray:
-    """Label table for masks that already hold class indices ``0..num_class-1`` plus ignore values."""
+def identity_table(nclass: int, ignore: Sequence[int] = (255,)) -> np.ndarray:
+    """Label table for masks that already hold class indices ``0..nclass-1`` plus ignore values."""
     table = np.full(256, INVALID_LABEL, dtype=np.uint8)
-    table[:num_class] = np.arange(num_class)
+    table[:nclass] = np.arange(nclass)
     table[list(ignore)] = LABEL_IGNORE
     return table
 
 
-def shifted_table(num_class: int) -> np.ndarray:
-    """Label table for masks where 0 means "other" (ignored) and ``1..num_class`` are the classes (ADE20K, PContext)."""
+def shifted_table(nclass: int) -> np.ndarray:
+    """Label table for masks where 0 means "other" (ignored) and ``1..nclass`` are the classes (ADE20K, PContext)."""
     table = np.full(256, INVALID_LABEL, dtype=np.uint8)
     table[0] = LABEL_IGNORE
-    table[1:num_class + 1] = np.arange(num_class)
+    table[1:nclass + 1] = np.arange(nclass)
     return table
 
 
@@ -225,7 +225,7 @@ class BaseDataset(Dataset):
     # -------------------------------------------------------------------------------------------------- properties
     @property
     def num_class(self) -> int:
-        """Number of classes (PyTorch-Encoding name)."""
+        """``NUM_CLASS`` under PyTorch-Encoding's instance-attribute name (internally the count is ``nclass``)."""
         return self.NUM_CLASS
 
     @property

@@ -18,7 +18,7 @@ from .checkpoint import (BEST_NAME, CHECKPOINT_FORMAT, CheckpointError, load_che
                          read_state_dict, save_checkpoint, unwrap_model)
 from .dist import (barrier, default_backend, get_local_rank, get_rank, get_world_size, init_distributed_mode,
                    is_main_process, reduce_across_processes)
-from .files import check_sha1, download, mkdir
+from .files import download
 from .logger import AverageMeter, EpochLogger, MetricLogger, SmoothedValue
 from .lr_scheduler import IterationLR
 from .metrics import SegmentationMetric, confusion_matrix, format_table, scores_from_confusion

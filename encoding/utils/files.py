@@ -13,6 +13,7 @@ Everything here is safe to re-run and safe to interrupt:
   converted masks): build in a temporary folder, rename at the end.
 
 URLs may be ``http(s)://``, ``file://`` or a plain local path, so tests and offline mirrors use the same code path.
+PyTorch-Encoding's ``mkdir`` and ``check_sha1`` are implemented in :mod:`encoding.compat` and importable from here.
 
 Example:
     >>> from encoding.utils.files import download, extract
@@ -88,11 +89,6 @@ def makedirs(path: str) -> str:
     return path
 
 
-def mkdir(path: str) -> str:
-    """PyTorch-Encoding name of :func:`makedirs`."""
-    return makedirs(path)
-
-
 def _parse_checksum(checksum: str) -> Tuple[str, str]:
     """Split ``"algo:hex"`` (or bare hex, algorithm inferred from its length) into ``(algo, hex)``."""
     if ":" in checksum:
@@ -133,11 +129,6 @@ def check_checksum(path: str, checksum: Optional[str], progress: bool = False) -
         return True
     algo, digest = _parse_checksum(checksum)
     return file_checksum(path, algo, progress) == digest
-
-
-def check_sha1(filename: str, sha1_hash: str) -> bool:
-    """PyTorch-Encoding helper: whether ``filename`` has the given SHA-1 (see :func:`check_checksum`)."""
-    return check_checksum(filename, "sha1:" + sha1_hash)
 
 
 def verify_checksum(path: str, checksum: str, progress: bool = False) -> None:
@@ -484,3 +475,10 @@ def staged_dir(final: str, *, keep: bool = True, replace: bool = False) -> Itera
                         raise
     finally:
         _remove_tree(staging)
+
+
+def __getattr__(name: str) -> object:
+    """PyTorch-Encoding's ``mkdir`` / ``check_sha1``, implemented in :mod:`encoding.compat`."""
+    from .. import compat
+
+    return compat.export(__name__, name)
