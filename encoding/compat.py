@@ -39,7 +39,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from .datasets import get_segmentation_dataset
-from .nn.syncbn import DistSyncBatchNorm
+from .nn.syncbn import SyncBatchNorm
 from .utils.files import check_checksum, makedirs
 from .utils.lr_scheduler import IterationLR, logger as _schedule_logger
 from .utils.metrics import confusion_matrix, to_labels
@@ -62,6 +62,7 @@ EXPORTS: Dict[str, Tuple[str, ...]] = {
     "encoding.utils.metrics": _METRIC_HELPERS,
     "encoding.utils.palette": ("get_mask_pallete",),
     "encoding.datasets": ("get_dataset",),
+    "encoding.nn": ("DistSyncBatchNorm",),
 }
 
 
@@ -255,6 +256,9 @@ def get_mask_pallete(npimg: Any, dataset: PaletteLike = "detail") -> Image.Image
 
 #: PyTorch-Encoding's name of :func:`encoding.datasets.get_segmentation_dataset`.
 get_dataset = get_segmentation_dataset
+
+#: PyTorch-Encoding's distributed SyncBatchNorm: one class synchronises replicas and processes here.
+DistSyncBatchNorm = SyncBatchNorm
 
 
 def mkdir(path: str) -> str:

@@ -32,7 +32,7 @@ _TORCHVISION_WEIGHTS = {
 }
 
 
-def _num_classes(dataset: str) -> int:
+def _nclass_of(dataset: str) -> int:
     from ..datasets import datasets  # lazy: the dataset modules are not needed to build a model
 
     if dataset not in datasets:
@@ -135,7 +135,7 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
     """
     arch = get_architecture(name)
     if nclass is None:
-        nclass = _num_classes(dataset)
+        nclass = _nclass_of(dataset)
     if se_loss and not arch.se_loss:
         models = [n for n, a in ARCHITECTURES.items() if a.se_loss]
         raise ValueError(f"se_loss=True is not supported by {name!r}; models with an SE-loss branch: "

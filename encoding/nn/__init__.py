@@ -12,7 +12,7 @@ from .checkpoint import *  # noqa: F401,F403
 from . import syncbn, loss, encoding, blocks, compat, checkpoint
 
 __all__ = (syncbn.__all__ + loss.__all__ + encoding.__all__ + blocks.__all__ + compat.__all__
-           + checkpoint.__all__)
+           + checkpoint.__all__ + ["DistSyncBatchNorm"])  # the last one from encoding.compat
 
 #: Heads and blocks PyTorch-Encoding exported from ``encoding.nn``, now in ``encoding.models``: name -> module.
 _MOVED_TO_MODELS = {
@@ -23,9 +23,12 @@ _MOVED_TO_MODELS = {
 
 
 def __getattr__(name: str):
-    """Resolve the PyTorch-Encoding names of the heads lazily (``encoding.models`` imports this package)."""
+    """Resolve the PyTorch-Encoding names of the heads (``encoding.models`` imports this package) and of
+    :mod:`encoding.compat` lazily."""
     if name in _MOVED_TO_MODELS:
         import importlib
 
         return getattr(importlib.import_module(f"encoding.models.{_MOVED_TO_MODELS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .. import compat
+
+    return compat.export(__name__, name)

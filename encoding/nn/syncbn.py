@@ -36,7 +36,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ..parallel import ReplicaAbortedError, allreduce, get_replica_context
 from .checkpoint import is_recomputing, replay_in_recomputation
 
-__all__ = ["SyncBatchNorm", "DistSyncBatchNorm", "convert_sync_batchnorm"]
+__all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
 
 _POLL_SECONDS = 0.05
 
@@ -195,9 +195,6 @@ _ACTIVATIONS: Dict[str, Callable[[Tensor, float, bool], Tensor]] = {
     "leaky_relu": lambda x, slope, inplace: F.leaky_relu(x, slope, inplace=inplace),
     "elu": lambda x, slope, inplace: F.elu(x, slope, inplace=inplace),
 }
-
-#: PyTorch-Encoding name of the distributed variant; one class does both here.
-DistSyncBatchNorm = SyncBatchNorm
 
 
 def convert_sync_batchnorm(module: nn.Module, process_group: Optional[object] = None) -> nn.Module:
