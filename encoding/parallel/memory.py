@@ -359,12 +359,20 @@ def _ddp_buckets(params: List[Tensor]) -> List[Tensor]:
     return [params[0].new_empty(n) for n in sizes]
 
 
-def _world_of_one() -> None:
-    """A one-process gloo group, so a real ``DistributedDataParallel`` can run in this process."""
+@contextlib.contextmanager
+def _world_of_one() -> Iterator[None]:
+    """A one-process gloo group while a real ``DistributedDataParallel`` runs in this process (destroyed after,
+    when it was made here, so the process does not look distributed to later code)."""
     import torch.distributed as dist
 
-    if not dist.is_initialized():
+    made = not dist.is_initialized()
+    if made:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        if made:
+            dist.destroy_process_group()
 
 
 def _autocast(spec: StepSpec, device_type: str):
@@ -465,7 +473,8 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
     Returns:
         Seconds of the last measured step.
     """
-    with _any_batchnorm_batch():
+    ddp_group = _world_of_one() if real_ddp and program.strategy == "ddp" else contextlib.nullcontext()
+    with _any_batchnorm_batch(), ddp_group:
         return _run_program(spec, program, device_type, window, steps, track, real_ddp, model)
 
 
@@ -479,7 +488,6 @@ def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, windo
     optimizer = spec.optimizer(params) if program.keeps_module else None
     buckets = []
     if program.strategy == "ddp" and real_ddp:
-        _world_of_one()
         model = nn.parallel.DistributedDataParallel(model)
     elif program.strategy == "ddp" and params:
         buckets = _ddp_buckets(params)  # held for the whole run, like DDP's
