@@ -52,14 +52,16 @@ def plan_split(source_cost: Callable[[int], float], other_cost: Callable[[int], 
     def rest(b0: int) -> List[int]:
         return [b0] + get_split_sizes(batch - b0, num_devices - 1) if b0 < batch else [batch]
 
+    def others(b0: int) -> float:  # the heaviest other device when device 0 takes b0
+        return other_cost(math.ceil((batch - b0) / (num_devices - 1)))
+
     def heaviest(b0: int) -> float:
-        others = math.ceil((batch - b0) / (num_devices - 1))
-        return max(source_cost(b0), other_cost(others))
+        return max(source_cost(b0), others(b0))
 
     lo, hi = 0, batch  # smallest b0 whose device 0 is at least as heavy as the others
     while lo < hi:
         mid = (lo + hi) // 2
-        if source_cost(mid) >= other_cost(math.ceil((batch - mid) / (num_devices - 1))):
+        if source_cost(mid) >= others(mid):
             hi = mid
         else:
             lo = mid + 1

@@ -46,7 +46,7 @@ from .structures import iter_leaves, transpose_map
 
 __all__ = ["STRATEGIES", "MIB", "AllocationTracker", "Workspaces", "StepSpec", "DeviceProgram", "ProgramResult",
            "device_programs", "run_program", "simulate_program", "measure_program_cpu", "learn_workspaces",
-           "Simulator", "new_fake_mode", "tensor_leaves", "default_optimizer"]
+           "Simulator", "new_fake_mode", "tensor_leaves", "default_optimizer", "step_autocast"]
 
 MIB = 2 ** 20
 #: The strategies the memory tool compares, in report order.
@@ -375,7 +375,8 @@ def _world_of_one() -> Iterator[None]:
             dist.destroy_process_group()
 
 
-def _autocast(spec: StepSpec, device_type: str):
+def step_autocast(spec: StepSpec, device_type: str):
+    """Autocast for ``spec``'s forward and loss on ``device_type`` (a no-op without ``amp_dtype``)."""
     if spec.amp_dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type, dtype=spec.amp_dtype)
@@ -405,7 +406,7 @@ def _step(spec: StepSpec, program: DeviceProgram, model: nn.Module, params: List
 
 def _forward_backward(spec: StepSpec, program: DeviceProgram, model: nn.Module, device_type: str) -> None:
     args, kwargs = spec.make_inputs(program.share)
-    with _autocast(spec, device_type):
+    with step_autocast(spec, device_type):
         outputs = model(*args, **kwargs)
         del args, kwargs
         if program.strategy == "gather" and not program.source:

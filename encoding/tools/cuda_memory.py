@@ -20,13 +20,9 @@ from torch import nn
 
 from ..parallel import DataParallelCriterion, DataParallelModel
 from ..parallel.scatter_gather import get_split_sizes
-from ..parallel.memory import StepSpec
+from ..parallel.memory import StepSpec, step_autocast
 
 __all__ = ["measure_strategy"]
-
-
-def _autocast(spec: StepSpec):
-    return torch.autocast("cuda", dtype=spec.amp_dtype, enabled=spec.amp_dtype is not None)
 
 
 def _timed_peaks(step, devices: Sequence[int], steps: int) -> Tuple[List[int], float]:
@@ -61,7 +57,7 @@ def _single_process(spec: StepSpec, strategy: str, devices: Sequence[int], batch
 
     def step() -> None:
         args, kwargs = spec.make_inputs(batch)
-        with _autocast(spec):
+        with step_autocast(spec, "cuda"):
             loss = loss_of(wrapped(*args, **kwargs), spec.make_target(batch))
         loss.backward()
         optimizer.step()
@@ -89,7 +85,7 @@ def _ddp_worker(rank: int, spec_args: Dict[str, Any], devices: Sequence[int], sh
         def step() -> None:
             args, kwargs = spec.make_inputs(shares[rank])
             args, kwargs = [a.to(device) for a in args], {k: v.to(device) for k, v in kwargs.items()}
-            with _autocast(spec):
+            with step_autocast(spec, "cuda"):
                 loss = criterion(ddp(*args, **kwargs), spec.make_target(shares[rank]).to(device))
             loss.backward()
             optimizer.step()

@@ -21,6 +21,7 @@ import torch
 
 from ..parallel.balance import max_batch, strategy_peaks
 from ..parallel.memory import MIB, STRATEGIES, Simulator, StepSpec, learn_workspaces
+from ..utils.files import atomic_write
 
 __all__ = ["parse_memory", "segmentation_spec", "build_parser", "parse_args", "memory_report", "format_report",
            "write_chart", "main"]
@@ -320,8 +321,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     print(format_report(report))
     json_path = args.json or os.path.join(args.out_dir, "memory_balance.json")
     os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-    with open(json_path, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2)
+    atomic_write(json_path, json.dumps(report, indent=2))
     print(f"wrote {json_path}")
     chart_path = args.chart or os.path.join(args.out_dir, "memory_balance.png")
     if write_chart(report, chart_path):
