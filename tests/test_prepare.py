@@ -166,3 +166,44 @@ def test_prepare_module_runs_as_a_command(tmp_path):
                             check=False)
     assert result.returncode == 0, result.stderr
     assert os.path.isfile(tmp_path / "shapes-seed0-2-1" / "shapes.json")
+
+
+def test_run_recipe_extracts_checks_the_layout_and_converts(tmp_path):
+    from encoding.datasets import DatasetError
+    from encoding.datasets.prepare import Recipe, run_recipe
+    from encoding.datasets.resources import Resource
+
+    (tmp_path / "src" / "thing" / "images").mkdir(parents=True)
+    (tmp_path / "src" / "thing" / "images" / "a.txt").write_text("a")
+    pack(str(tmp_path / "src"), str(tmp_path / "mirror" / "thing.zip"), ["thing"], "zip")
+    (tmp_path / "mirror" / "notes.json").write_text("{}")
+    calls = []
+    recipe = Recipe("thing", (Resource("https://example.invalid/thing.zip"),), ("images",),
+                    files=(Resource("https://example.invalid/notes.json"),),
+                    convert=lambda *args: calls.append(args))
+    options = dict(mirror=str(tmp_path / "mirror"), progress=False)
+    root = str(tmp_path / "data")
+    folder = run_recipe(recipe, root, **options)
+    assert folder == os.path.join(root, "thing") and os.path.isfile(os.path.join(folder, "images", "a.txt"))
+    # The converter gets the dataset folder and the fetched, not extracted, files (kept in <root>/downloads).
+    assert calls == [(folder, [os.path.join(root, "downloads", "notes.json")], False, False)]
+    # A layout the archive does not hold is an error naming the missing path, before any conversion.
+    with pytest.raises(DatasetError, match=r"thing.labels.*missing after extraction"):
+        run_recipe(recipe._replace(expected=("images", "labels")), root, **options)
+    assert len(calls) == 1
+
+
+def test_moved_names_still_resolve_from_the_dataset_modules():
+    import importlib
+
+    from encoding.datasets import prepare
+    from encoding.datasets.pcontext import convert_context_annotations  # the spelling tests/users import
+
+    assert convert_context_annotations is prepare.convert_context_annotations
+    for module_name, names in prepare.MOVED.items():
+        module = importlib.import_module(module_name)
+        for old, new in names.items():
+            assert getattr(module, old) is getattr(prepare, new), (module_name, old)
+            assert old not in module.__all__  # the dataset modules only load data
+        with pytest.raises(AttributeError, match="has no attribute 'missing'"):
+            getattr(module, "missing")

@@ -25,13 +25,14 @@ from typing import Any, Dict, Optional, Type
 from .base import BaseDataset, DatasetError, MODES, default_root
 from .transforms import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD
 from .collate import pad_collate, pad_stack
-from .ade20k import ADE20KSegmentation, prepare_ade20k
-from .pascal_voc import VOCSegmentation, prepare_pascal
+from .ade20k import ADE20KSegmentation
+from .pascal_voc import VOCSegmentation
 from .pascal_aug import VOCAugSegmentation
-from .pcontext import ContextSegmentation, prepare_pcontext
-from .cityscapes import CitySegmentation, prepare_citys
-from .coco import COCOSegmentation, prepare_coco
-from .shapes import ShapesSegmentation, prepare_shapes
+from .pcontext import ContextSegmentation
+from .cityscapes import CitySegmentation
+from .coco import COCOSegmentation
+from .shapes import ShapesSegmentation
+from .prepare import prepare_ade20k, prepare_citys, prepare_coco, prepare_pascal, prepare_pcontext, prepare_shapes
 
 __all__ = [
     "datasets",

@@ -3,14 +3,11 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import List, Mapping, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
+from .base import BaseDataset, DatasetError, ShiftedLabels
 
-from .base import BaseDataset, DatasetError, ShiftedLabels, default_root
-from .resources import Resource, fetch_resources
-from ..utils.files import extract
-
-__all__ = ["ADE20KSegmentation", "ADE20K_CLASSES", "ADE20K_PALETTE", "prepare_ade20k"]
+__all__ = ["ADE20KSegmentation", "ADE20K_CLASSES", "ADE20K_PALETTE"]
 
 ADE20K_CLASSES = (
     "wall", "building", "sky", "floor", "tree", "ceiling", "road", "bed", "windowpane", "grass", "cabinet", "sidewalk",
@@ -55,12 +52,6 @@ ADE20K_PALETTE = (
     (25, 194, 194), (102, 255, 0), (92, 0, 255),
 )
 
-RESOURCES = {
-    "trainval": Resource("http://data.csail.mit.edu/places/ADEchallenge/ADEChallengeData2016.zip",
-                         "sha1:219e1696abb36c8ba3a3afe7fb2f4b4606a897c7"),
-    "test": Resource("http://data.csail.mit.edu/places/ADEchallenge/release_test.zip",
-                     "sha1:e05747892219d10e9243933371a497e905a4860c"),
-}
 _SPLIT_FOLDERS = {"train": ("training",), "val": ("validation",), "trainval": ("training", "validation")}
 
 
@@ -107,28 +98,8 @@ class ADE20KSegmentation(ShiftedLabels, BaseDataset):
         return images, masks
 
 
-def prepare_ade20k(root: Optional[str] = None, *, download_dir: Optional[str] = None, mirror: Optional[str] = None,
-                   checksums: Optional[Mapping[str, Optional[str]]] = None, with_test: bool = False,
-                   overwrite: bool = False, progress: bool = True) -> str:
-    """Download and extract ADE20K into ``root`` (see :func:`encoding.datasets.resources.fetch_resources`).
+def __getattr__(name: str) -> Any:
+    """``prepare_ade20k`` and ``RESOURCES``, moved to :mod:`encoding.datasets.prepare`, still resolve here."""
+    from . import prepare
 
-    Args:
-        root: data root (default :func:`default_root`).
-        download_dir: where archives are kept (default ``<root>/downloads``).
-        mirror, checksums, overwrite, progress: see :func:`fetch_resources`.
-        with_test: also fetch the unlabelled test images (``release_test``).
-
-    Returns:
-        The dataset folder ``<root>/ADEChallengeData2016``.
-    """
-    root = os.path.expanduser(root or default_root())
-    wanted = [RESOURCES["trainval"]] + ([RESOURCES["test"]] if with_test else [])
-    archives = fetch_resources(wanted, download_dir or os.path.join(root, "downloads"), mirror=mirror,
-                               checksums=checksums, overwrite=overwrite, progress=progress)
-    for archive in archives:
-        extract(archive, root, overwrite=overwrite, progress=progress)
-    out = os.path.join(root, ADE20KSegmentation.BASE_DIR)
-    for folder in ("images/training", "annotations/training", "images/validation", "annotations/validation"):
-        if not os.path.isdir(os.path.join(out, folder)):
-            raise DatasetError(os.path.join(out, folder), "missing after extraction; is the archive the right one?")
-    return out
+    return prepare.moved_attribute(__name__, name)

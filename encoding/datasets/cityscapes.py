@@ -3,15 +3,13 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .base import BaseDataset, DatasetError, default_root, mapped_table
-from ..utils.files import extract, verify_checksum
+from .base import BaseDataset, DatasetError, mapped_table
 
-__all__ = ["CitySegmentation", "CITYSCAPES_CLASSES", "CITYSCAPES_PALETTE", "CITYSCAPES_ID_TO_TRAIN_ID",
-           "prepare_citys"]
+__all__ = ["CitySegmentation", "CITYSCAPES_CLASSES", "CITYSCAPES_PALETTE", "CITYSCAPES_ID_TO_TRAIN_ID"]
 
 CITYSCAPES_CLASSES = (
     "road", "sidewalk", "building", "wall", "fence", "pole", "traffic light", "traffic sign", "vegetation", "terrain",
@@ -29,15 +27,6 @@ CITYSCAPES_ID_TO_TRAIN_ID: Dict[int, int] = {
     28: 15, 31: 16, 32: 17, 33: 18,
 }
 MAX_LABEL_ID = 33
-#: The two login-gated packages from https://www.cityscapes-dataset.com/downloads/ (no public checksum).
-PACKAGES = ("gtFine_trainvaltest.zip", "leftImg8bit_trainvaltest.zip")
-INSTRUCTIONS = """\
-Cityscapes needs a (free) login, so it cannot be downloaded automatically:
-  1. register at https://www.cityscapes-dataset.com/register/
-  2. download gtFine_trainvaltest.zip (241 MB) and leftImg8bit_trainvaltest.zip (11 GB) from
-     https://www.cityscapes-dataset.com/downloads/
-  3. run: python scripts/prepare_citys.py --zips <folder holding the two zips> [--root <data root>]
-"""
 
 
 class CitySegmentation(BaseDataset):
@@ -86,41 +75,9 @@ class CitySegmentation(BaseDataset):
         return images, masks
 
 
-def prepare_citys(root: Optional[str] = None, *, zips: Optional[str] = None,
-                  checksums: Optional[Mapping[str, Optional[str]]] = None, overwrite: bool = False,
-                  progress: bool = True) -> str:
-    """Extract the two Cityscapes packages (downloaded by hand, see :data:`INSTRUCTIONS`) into ``<root>/citys``.
+def __getattr__(name: str) -> Any:
+    """``prepare_citys``, ``PACKAGES`` and ``INSTRUCTIONS``, moved to :mod:`encoding.datasets.prepare`, still resolve
+    here."""
+    from . import prepare
 
-    The zips are read where they are (no copy); extraction is all-or-nothing and skipped on re-runs.
-
-    Args:
-        root: data root (default :func:`default_root`).
-        zips: folder holding ``gtFine_trainvaltest.zip`` and ``leftImg8bit_trainvaltest.zip``.
-        checksums: optional expected checksums per file name (verified before extracting).
-        overwrite: extract again even if already done.
-        progress: show progress bars.
-
-    Returns:
-        The dataset folder ``<root>/citys``.
-
-    Raises:
-        FileNotFoundError: ``zips`` not given or a package is missing (the message explains the manual download).
-        ChecksumError: a package does not match its checksum.
-    """
-    root = os.path.expanduser(root or default_root())
-    if zips is None:
-        raise FileNotFoundError(INSTRUCTIONS)
-    archives = [os.path.join(os.path.expanduser(zips), name) for name in PACKAGES]
-    for archive in archives:
-        if not os.path.isfile(archive):
-            raise FileNotFoundError(f"{archive} not found.\n{INSTRUCTIONS}")
-        expected = (checksums or {}).get(os.path.basename(archive))
-        if expected is not None:
-            verify_checksum(archive, expected, progress)
-    out = os.path.join(root, CitySegmentation.BASE_DIR)
-    for archive in archives:
-        extract(archive, out, overwrite=overwrite, progress=progress)
-    for folder in ("leftImg8bit/train", "leftImg8bit/val", "gtFine/train", "gtFine/val"):
-        if not os.path.isdir(os.path.join(out, folder)):
-            raise DatasetError(os.path.join(out, folder), "missing after extraction; are these the right packages?")
-    return out
+    return prepare.moved_attribute(__name__, name)

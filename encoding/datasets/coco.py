@@ -8,29 +8,21 @@ painted on it, everything else is background; only images with more than 1000 fo
 from __future__ import annotations
 
 import os
-from typing import List, Mapping, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
-from .base import BaseDataset, DatasetError, default_root
+from .base import BaseDataset, DatasetError
 from .pascal_voc import VOC_CLASSES, VOC_IGNORE_COLOR, VOC_PALETTE, list_split
-from .resources import Resource, fetch_resources
-from ..utils.files import atomic_write, extract, staged_dir
+from ..utils.files import atomic_write, staged_dir
 
-__all__ = ["COCOSegmentation", "COCO_VOC_CATEGORY_IDS", "build_coco_masks", "prepare_coco"]
+__all__ = ["COCOSegmentation", "COCO_VOC_CATEGORY_IDS", "build_coco_masks"]
 
 #: COCO category id of each VOC class, in VOC class order (0 = background).
 COCO_VOC_CATEGORY_IDS = (0, 5, 2, 16, 9, 44, 6, 3, 17, 62, 21, 67, 18, 19, 4, 1, 64, 20, 63, 7, 72)
 MIN_FOREGROUND_PIXELS = 1000
-
-RESOURCES = {
-    "train": Resource("http://images.cocodataset.org/zips/train2017.zip", "md5:cced6f7f71b7629ddf16f17bbcfab6b2"),
-    "val": Resource("http://images.cocodataset.org/zips/val2017.zip", "md5:442b8da7639aecaf257c1dceb8ba8c80"),
-    "annotations": Resource("http://images.cocodataset.org/annotations/annotations_trainval2017.zip",
-                            "md5:f4bbac642086de4f52a3fdda2de5fa2c"),
-}
 BASE_DIR = "coco"
 MASK_DIR = "masks_voc"
 
@@ -117,31 +109,8 @@ class COCOSegmentation(BaseDataset):
                           os.path.join(self.dataset_dir, MASK_DIR, f"{self.split}2017"), ".png")
 
 
-def prepare_coco(root: Optional[str] = None, *, download_dir: Optional[str] = None, mirror: Optional[str] = None,
-                 checksums: Optional[Mapping[str, Optional[str]]] = None, build_masks: bool = True,
-                 overwrite: bool = False, progress: bool = True) -> str:
-    """Download and extract COCO 2017 into ``<root>/coco`` and build the VOC-class masks.
+def __getattr__(name: str) -> Any:
+    """``prepare_coco`` and ``RESOURCES``, moved to :mod:`encoding.datasets.prepare`, still resolve here."""
+    from . import prepare
 
-    Args:
-        root: data root (default :func:`default_root`).
-        download_dir: where archives are kept (default ``<root>/downloads``).
-        mirror, checksums, overwrite, progress: see :func:`fetch_resources`.
-        build_masks: also build the masks (needs pycocotools).
-
-    Returns:
-        The dataset folder ``<root>/coco``.
-    """
-    root = os.path.expanduser(root or default_root())
-    out = os.path.join(root, BASE_DIR)
-    archives = fetch_resources([RESOURCES["annotations"], RESOURCES["val"], RESOURCES["train"]],
-                               download_dir or os.path.join(root, "downloads"), mirror=mirror,
-                               checksums=checksums, overwrite=overwrite, progress=progress)
-    for archive in archives:
-        extract(archive, out, overwrite=overwrite, progress=progress)
-    for folder in ("annotations", "train2017", "val2017"):
-        if not os.path.isdir(os.path.join(out, folder)):
-            raise DatasetError(os.path.join(out, folder), "missing after extraction; is the archive the right one?")
-    if build_masks:
-        for split in ("val", "train"):
-            build_coco_masks(out, split, overwrite=overwrite, progress=progress)
-    return out
+    return prepare.moved_attribute(__name__, name)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
@@ -34,7 +34,7 @@ from .pascal_voc import list_split
 from ..utils.files import staged_dir
 
 __all__ = ["ShapesSegmentation", "SHAPES_CLASSES", "SHAPES_PALETTE", "GENERATOR_VERSION", "render_scene",
-           "generate_shapes", "ensure_shapes", "prepare_shapes"]
+           "generate_shapes", "ensure_shapes"]
 
 SHAPES_CLASSES = ("background", "disc", "square", "triangle", "star", "ring", "bar")
 #: Seven distinct colours (background black; ignored pixels are drawn white).
@@ -321,10 +321,6 @@ def ensure_shapes(root: Optional[str] = None, *, seed: int = DEFAULT_SEED, num_t
     return folder
 
 
-#: Explicit preparation (``scripts/prepare_shapes.py``) is the same step as the automatic one.
-prepare_shapes = ensure_shapes
-
-
 class ShapesSegmentation(BaseDataset):
     """The embedded ``shapes`` dataset (7 classes: background + 6 shapes), generated on first use.
 
@@ -372,3 +368,10 @@ class ShapesSegmentation(BaseDataset):
         base = self.dataset_dir
         return list_split(os.path.join(base, "ImageSets", self.split + ".txt"), os.path.join(base, "JPEGImages"),
                           ".jpg", os.path.join(base, "SegmentationClass"), ".png")
+
+
+def __getattr__(name: str) -> Any:
+    """``prepare_shapes`` (:func:`ensure_shapes`), moved to :mod:`encoding.datasets.prepare`, still resolves here."""
+    from . import prepare
+
+    return prepare.moved_attribute(__name__, name)

@@ -19,14 +19,11 @@ import argparse
 import sys
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
-from ..utils.files import ChecksumError, DownloadError
-from .ade20k import prepare_ade20k
-from .base import DatasetError
-from .cityscapes import INSTRUCTIONS, prepare_citys
-from .coco import prepare_coco
-from .pascal_voc import prepare_pascal
-from .pcontext import prepare_pcontext
-from .shapes import DEFAULT_NUM_TRAIN, DEFAULT_NUM_VAL, DEFAULT_SEED, prepare_shapes
+from ..base import DatasetError
+from ..shapes import DEFAULT_NUM_TRAIN, DEFAULT_NUM_VAL, DEFAULT_SEED
+from ...utils.files import ChecksumError, DownloadError
+from .steps import (CITYS_INSTRUCTIONS, prepare_ade20k, prepare_citys, prepare_coco, prepare_pascal,
+                    prepare_pcontext, prepare_shapes)
 
 __all__ = ["PREPARERS", "build_parser", "checksum_overrides", "run_step", "main", "script_main"]
 
@@ -162,7 +159,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Prepare the dataset named by the first argument; returns the exit status (2: Cityscapes instructions)."""
     args = build_parser().parse_args(argv)
     if args.name == "citys" and args.zips is None:
-        print(INSTRUCTIONS)
+        print(CITYS_INSTRUCTIONS)
         return 2
     return run_step(lambda: PREPARERS[args.name].run(args))
 
@@ -175,6 +172,3 @@ def script_main(name: str) -> Callable[[Optional[List[str]]], int]:
     script.__doc__ = f"``python -m encoding.datasets.prepare {name}`` with these arguments."
     return script
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,125 @@
+"""PASCAL-Context's ``trainval_merged.json`` (PASCAL-in-Detail format) converted once into label PNGs.
+
+The RLE masks are decoded by ``pycocotools`` (the ``prepare`` extra) into the 60-value form ``0 = background /
+other, 1..59 = classes`` that :class:`~encoding.datasets.ContextSegmentation` reads. The conversion follows the
+Detail API's semantic mask: per image, segmentation annotations are painted in file order, later ones over earlier
+ones, each with its category id; category ids outside the 59 classes become 0.
+"""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections import defaultdict
+from typing import Any, Dict, List, Mapping
+
+import numpy as np
+from PIL import Image
+from tqdm.auto import tqdm
+
+from ..base import DatasetError
+from ..pcontext import CONTEXT_CATEGORY_IDS, LIST_DIR, MASK_DIR
+from ...utils.files import atomic_write, staged_dir
+
+__all__ = ["decode_rle", "convert_context_annotations"]
+
+
+def _mask_api() -> Any:
+    """``pycocotools.mask`` (the ``prepare`` extra), with a clear error when it is missing."""
+    try:
+        from pycocotools import mask
+    except ImportError as e:
+        raise ImportError("converting PASCAL-Context's annotations needs pycocotools: pip install pycocotools (or "
+                          "the 'prepare' extra); only once: the masks are then saved as PNGs and read without it") from e
+    return mask
+
+
+def decode_rle(segmentation: Mapping[str, Any]) -> np.ndarray:
+    """Decode a COCO-style run-length encoded mask ``{"size": [h, w], "counts": str | list}`` into a bool array.
+
+    Decoded by ``pycocotools.mask``: runs alternate background / foreground starting with background, in
+    column-major order; ``counts`` is the compressed string of the JSON files or a list of run lengths.
+
+    Raises:
+        ValueError: the runs do not cover ``h x w`` pixels.
+    """
+    height, width = (int(v) for v in segmentation["size"])
+    counts = segmentation["counts"]
+    api = _mask_api()
+    if isinstance(counts, (str, bytes)):
+        rle = {"size": [height, width], "counts": counts.encode("ascii") if isinstance(counts, str) else counts}
+    else:
+        runs = [int(c) for c in counts]
+        if sum(runs) != height * width:
+            raise ValueError(f"RLE covers {sum(runs)} pixels, expected {height}x{width}")
+        rle = api.frPyObjects({"size": [height, width], "counts": runs}, height, width)
+    with warnings.catch_warnings():  # pycocotools' numpy-2 "__array__ ... copy keyword" notice, not ours
+        warnings.filterwarnings("ignore", message=".*copy keyword", category=DeprecationWarning)
+        return api.decode(rle).astype(bool)
+
+
+def _category_lookup() -> np.ndarray:
+    lookup = np.zeros(max(CONTEXT_CATEGORY_IDS) + 1, dtype=np.uint8)
+    lookup[list(CONTEXT_CATEGORY_IDS)] = np.arange(1, len(CONTEXT_CATEGORY_IDS) + 1)
+    return lookup
+
+
+def _context_mask(image: Mapping[str, Any], annotations: List[Mapping[str, Any]], lookup: np.ndarray) -> np.ndarray:
+    category = np.zeros((int(image["height"]), int(image["width"])), dtype=np.int64)
+    for ann in annotations:
+        region = decode_rle(ann["segmentation"])
+        if region.shape != category.shape:
+            raise ValueError(f"annotation {ann.get('id')} of image {image['file_name']} has size {region.shape}, "
+                             f"image is {category.shape}")
+        category[region] = int(ann["category_id"])
+    inside = category < len(lookup)
+    return np.where(inside, lookup[np.where(inside, category, 0)], 0).astype(np.uint8)
+
+
+def _count_ids(path: str) -> int:
+    if not os.path.isfile(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def convert_context_annotations(json_path: str, voc_root: str, *, overwrite: bool = False,
+                                progress: bool = True) -> Dict[str, int]:
+    """Convert ``trainval_merged.json`` into label PNGs and split lists under ``voc_root`` (``VOCdevkit/VOC2010``).
+
+    Writes ``SegmentationClassContext/<id>.png`` and ``ImageSets/SegmentationContext/{train,val}.txt``, all or
+    nothing (the masks are built in a staging folder and renamed into place). An existing conversion is kept
+    unless ``overwrite``.
+
+    Returns:
+        Number of images per phase, e.g. ``{"train": 4998, "val": 5105}``.
+    """
+    mask_dir, list_dir = os.path.join(voc_root, MASK_DIR), os.path.join(voc_root, LIST_DIR)
+    if not overwrite and os.path.isdir(mask_dir) and os.path.isfile(os.path.join(list_dir, "val.txt")):
+        return {p: _count_ids(os.path.join(list_dir, p + ".txt")) for p in ("train", "val")}
+    try:
+        with open(json_path, encoding="utf-8") as f:
+            data = json.load(f)
+        images = data["images"]
+        annotations = data["annos_segmentation"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DatasetError(json_path, f"not a PASCAL-in-Detail annotation file ({e!r})") from e
+    by_image: Dict[Any, List[Mapping[str, Any]]] = defaultdict(list)
+    for ann in annotations:
+        by_image[ann["image_id"]].append(ann)
+    lookup = _category_lookup()
+    phases: Dict[str, List[str]] = defaultdict(list)
+    with staged_dir(mask_dir, replace=True) as staging:
+        for image in tqdm(images, desc="PASCAL-Context masks", disable=not progress):
+            stem = os.path.splitext(image["file_name"])[0]
+            try:
+                mask = _context_mask(image, by_image.get(image["image_id"], []), lookup)
+            except (ValueError, KeyError) as e:
+                raise DatasetError(json_path, f"bad annotation for {image.get('file_name')}: {e}") from e
+            Image.fromarray(mask).save(os.path.join(staging, stem + ".png"))
+            phases[image.get("phase", "train")].append(stem)
+        os.makedirs(list_dir, exist_ok=True)
+        for phase in ("train", "val"):
+            stems = sorted(phases.get(phase, []))
+            atomic_write(os.path.join(list_dir, phase + ".txt"), "".join(stem + "\n" for stem in stems))
+    return {p: len(v) for p, v in phases.items()}
