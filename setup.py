@@ -31,7 +31,10 @@ setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest", "matplotlib", "scipy", "pycocotools"],
+        # the suite also builds the documentation (tests/test_docs.py), hence the docs packages
+        "test": ["pytest", "matplotlib", "scipy", "pycocotools", "sphinx", "myst-parser", "furo"],
+        # `python -m sphinx -W -b html docs docs/_build/html`
+        "docs": ["sphinx", "myst-parser", "furo"],
         "chart": ["matplotlib"],  # scripts/memory_balance.py --chart
         # only for `python -m encoding.datasets.prepare`: SBD's .mat labels, PASCAL-Context RLE, COCO masks
         "prepare": ["scipy", "pycocotools"],
