@@ -501,6 +501,16 @@ def test_model_table_lists_every_registered_model(built_site):
     assert names == list(ARCHITECTURES)
 
 
+def test_recipe_table_lists_every_dataset(built_site):
+    from encoding.datasets import datasets
+
+    html = (built_site / "training.html").read_text(encoding="utf-8")
+    table = html[html.index("encoding-recipe-table"):]
+    table = table[:table.index("</table>")]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", table, flags=re.S)[1:]
+    assert [re.search(r'<span class="pre">(\w+)</span>', row)[1] for row in rows] == list(datasets)
+
+
 def _extension():
     sys.path.insert(0, str(DOCS / "_ext"))
     try:
