@@ -24,23 +24,24 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from .datasets import get_segmentation_dataset
+from .datasets import get_segmentation_dataset, list_collate
 from .engine import param_groups
 from .models import SegmentationModel, get_segmentation_model
 from .nn import SegmentationLosses, SyncBatchNorm
 from .parallel import DataParallelCriterion, DataParallelModel, resolve_devices
 from .utils.checkpoint import load_checkpoint
 from .utils.determinism import EpochSampler, SeededSamples, seed_worker
-from .utils.dist import get_local_rank
+from .utils.dist import ShardSampler, get_local_rank
 from .utils.lr_scheduler import LR_Scheduler
 
 __all__ = ["Placement", "Loaders", "select_devices", "build_model", "build_criterion", "build_loaders",
+           "build_eval_loader",
            "build_optimizer", "build_scheduler", "wrap_model", "resume", "ResumePoint", "load_training_state"]
 
 
@@ -117,17 +118,19 @@ def select_devices(device_ids: Optional[Sequence[Union[int, str, torch.device]]]
 def build_model(name: str, dataset: str, *, backbone: str = "resnet50", aux: bool = False, se_loss: bool = False,
                 pretrained_backbone: Union[bool, str, os.PathLike] = False, output_stride: Optional[int] = None,
                 sync_bn: bool = False, device: Optional[torch.device] = None,
-                checkpoint: Union[bool, str] = False) -> SegmentationModel:
+                checkpoint: Union[bool, str] = False, head_options: Optional[dict] = None) -> SegmentationModel:
     """A segmentation model (see :func:`~encoding.models.get_segmentation_model`) on ``device``.
 
     Args:
         sync_bn: use :class:`~encoding.nn.SyncBatchNorm` (several replicas or processes), else ``nn.BatchNorm2d``.
         device: move the model there (``None``: leave it on the CPU).
         checkpoint: activation checkpointing policy: ``False``, ``"backbone"`` or ``"all"``.
+        head_options: options of the architecture's head factory, e.g. ``{"channels": 64}`` for ``deeplabv3plus``.
     """
     model = get_segmentation_model(name, dataset=dataset, backbone=backbone, aux=aux, se_loss=se_loss,
                                    pretrained_backbone=pretrained_backbone, output_stride=output_stride,
-                                   norm_layer=SyncBatchNorm if sync_bn else nn.BatchNorm2d, checkpoint=checkpoint)
+                                   norm_layer=SyncBatchNorm if sync_bn else nn.BatchNorm2d, checkpoint=checkpoint,
+                                   **(head_options or {}))
     return model if device is None else model.to(device)
 
 
@@ -170,7 +173,7 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
     val_set = get_segmentation_dataset(dataset, root=root, split=val_split, mode="val", **sizes)
     train_set, val_set = _limit(train_set, train_limit), _limit(val_set, val_limit)
     train_sampler = EpochSampler(train_set, shuffle=True, seed=seed, distributed=distributed)
-    val_sampler = DistributedSampler(val_set, shuffle=False) if distributed else None
+    val_sampler = ShardSampler(val_set) if distributed else None  # no padding: each sample scored once
     common = dict(num_workers=workers, pin_memory=pin_memory, persistent_workers=workers > 0,
                   worker_init_fn=seed_worker)
     train = DataLoader(SeededSamples(train_set, seed), batch_size=batch_size, sampler=train_sampler,
@@ -180,10 +183,47 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
     return Loaders(train, val, [train_sampler])
 
 
-def build_optimizer(model: nn.Module, lr: float, *, momentum: float = 0.9,
-                    weight_decay: float = 1e-4) -> torch.optim.SGD:
-    """SGD over :func:`~encoding.engine.param_groups` (backbone first, then the heads)."""
-    return torch.optim.SGD(param_groups(model), lr=lr, momentum=momentum, weight_decay=weight_decay)
+def build_eval_loader(dataset: str, *, split: str = "val", mode: str = "val", batch_size: int = 16,
+                      root: Optional[str] = None, base_size: Optional[int] = None, crop_size: Optional[int] = None,
+                      workers: int = 2, limit: Optional[int] = None, distributed: bool = False) -> DataLoader:
+    """An evaluation loader that also yields each sample's file name (last element of every batch).
+
+    Args:
+        mode: ``val`` (resized centre crops, batched like the training run's validation), ``testval`` (whole
+            images with masks) or ``test`` (whole images, no masks); the last two come as per-sample lists
+            (:func:`~encoding.datasets.list_collate`) for :func:`~encoding.engine.evaluate_images`.
+        limit: use only the first N samples.
+        distributed: this process's shard of the samples (every sample exactly once over all processes).
+    """
+    data = get_segmentation_dataset(dataset, root=root, split=split, mode=mode, base_size=base_size,
+                                    crop_size=crop_size, return_name=True)
+    data = _limit(data, limit)
+    return DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=workers,
+                      sampler=ShardSampler(data) if distributed else None,
+                      collate_fn=None if mode == "val" else list_collate)
+
+
+#: ``build_optimizer(kind=...)`` choices.
+OPTIMIZERS = ("sgd", "adamw")
+
+
+def build_optimizer(model: nn.Module, lr: float, *, kind: str = "sgd", momentum: float = 0.9,
+                    weight_decay: float = 1e-4) -> torch.optim.Optimizer:
+    """The optimizer over :func:`~encoding.engine.param_groups` (backbone first, then the heads).
+
+    Args:
+        kind: ``"sgd"`` (PyTorch-Encoding's: SGD with ``momentum``) or ``"adamw"`` (fast from scratch, e.g. the
+            ``shapes`` recipe; ``momentum`` is unused).
+        weight_decay: L2 (SGD) or decoupled (AdamW) weight decay.
+
+    Raises:
+        ValueError: unknown ``kind``.
+    """
+    if kind == "sgd":
+        return torch.optim.SGD(param_groups(model), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if kind == "adamw":
+        return torch.optim.AdamW(param_groups(model), lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {kind!r}; valid: {', '.join(OPTIMIZERS)}")
 
 
 def build_scheduler(mode: str, lr: float, epochs: int, iters_per_epoch: int, *, lr_step: int = 0,

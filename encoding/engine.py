@@ -23,8 +23,8 @@ from .parallel import DataParallelModel
 from .utils.dist import is_main_process
 from .utils.logger import MetricLogger, SmoothedValue
 
-__all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch", "evaluate", "Interrupted",
-           "GracefulInterrupt"]
+__all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch", "evaluate", "evaluate_images",
+           "predicted_labels", "Interrupted", "GracefulInterrupt"]
 
 _EVAL_POSTFIX_EVERY = 10
 
@@ -206,7 +206,7 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
 @torch.inference_mode()
 def evaluate(model: nn.Module, loader: Iterable, metric: Any, device: Optional[torch.device] = None,
              amp_dtype: Optional[torch.dtype] = None, *, stop: Optional[Callable[[], bool]] = None,
-             epoch: int = 0) -> Dict[str, Any]:
+             epoch: int = 0, on_outputs: Optional[Callable[[Any, Sequence[Any]], None]] = None) -> Dict[str, Any]:
     """Evaluate ``model`` on ``loader`` with ``metric`` (a :class:`~encoding.utils.SegmentationMetric`).
 
     The model's (possibly ungathered, per-device) outputs go straight into ``metric.update`` — no logits are
@@ -215,6 +215,8 @@ def evaluate(model: nn.Module, loader: Iterable, metric: Any, device: Optional[t
     Args:
         stop: polled after every batch; when it returns true, :class:`Interrupted` (``iteration=None``, for
             ``epoch``) is raised.
+        on_outputs: called as ``on_outputs(outputs, batch)`` after each batch is scored (e.g. to save
+            :func:`predicted_labels`).
 
     Returns:
         ``metric.compute()`` (pixAcc, mIoU, per-class IoU, ...).
@@ -228,11 +230,80 @@ def evaluate(model: nn.Module, loader: Iterable, metric: Any, device: Optional[t
         with autocast_context(autocast_device, amp_dtype):
             outputs = model(image)
         metric.update(outputs, target)
+        if on_outputs is not None:
+            on_outputs(outputs, batch)
         if i % _EVAL_POSTFIX_EVERY == 0:  # scores need a host sync: refresh the bar only now and then
             pix_acc, miou = metric.get()
             bar.set_postfix(pixAcc=f"{pix_acc:.4f}", mIoU=f"{miou:.4f}")
         if stop is not None and stop():
             bar.close()
             raise Interrupted(epoch, None)
+    metric.reduce_from_all_processes()
+    return metric.compute()
+
+
+def predicted_labels(outputs: Any) -> List[Tensor]:
+    """Per-sample predicted class maps (``H x W`` ``int64``, on the CPU) from a model's outputs.
+
+    Args:
+        outputs: logits ``B x C x H x W``, a model output dict (its ``"out"``), or the ungathered per-replica list of
+            :class:`~encoding.parallel.DataParallelModel` (only the small label maps leave each device).
+    """
+    from .utils.metrics import main_output  # the metric's idea of "the main output", in one place
+
+    replicas = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    return [labels for out in replicas for labels in main_output(out).argmax(1).cpu().unbind(0)]
+
+
+@torch.inference_mode()
+def evaluate_images(evaluator: nn.Module, loader: Iterable, metric: Optional[Any] = None,
+                    devices: Sequence[torch.device] = (torch.device("cpu"),), amp_dtype: Optional[torch.dtype] = None,
+                    *, on_outputs: Optional[Callable[[List[Tensor], Sequence[Any]], None]] = None,
+                    ) -> Optional[Dict[str, Any]]:
+    """Evaluate whole images of any size, one image per device at a time (e.g. multi-scale inference).
+
+    Each batch of ``loader`` holds per-sample lists, ``(images, masks[, names])`` or ``(images, names)`` (no masks:
+    nothing is scored), as collated by :func:`encoding.datasets.list_collate`; images have no batch dimension and
+    may differ in size. With several ``devices`` the evaluator is replicated (:func:`encoding.parallel.replicate`)
+    and the images of a batch run in parallel, each on its own device, and are scored there: the logits never meet
+    on one device. Under ``torch.distributed`` the confusion matrices of all processes are summed.
+
+    Args:
+        evaluator: maps ``1 x 3 x H x W`` to logits ``1 x C x H x W`` (e.g. :class:`~encoding.models.MultiEvalModule`),
+            on ``devices[0]``.
+        loader: batches of at most ``len(devices)`` samples.
+        metric: a :class:`~encoding.utils.SegmentationMetric`, or ``None`` to only predict.
+        devices: where the replicas run.
+        amp_dtype: autocast dtype (``None``: full precision).
+        on_outputs: called as ``on_outputs(logits, batch)`` with one ``1 x C x H x W`` tensor per image.
+
+    Returns:
+        ``metric.compute()``, or ``None`` without a metric.
+    """
+    from .parallel import parallel_apply, replicate
+
+    evaluator.eval()
+    if metric is not None:
+        metric.reset()
+    devices = list(devices)
+    replicas = replicate(evaluator, devices) if len(devices) > 1 else [evaluator]
+    for batch in tqdm(loader, desc="eval", disable=not is_main_process(), dynamic_ncols=True, leave=False):
+        images = batch[0]
+        if len(images) > len(devices):
+            raise ValueError(f"a batch of {len(images)} images for {len(devices)} device(s): use batch_size "
+                             f"<= {len(devices)}")
+        inputs = [(image.unsqueeze(0).to(device),) for image, device in zip(images, devices)]
+        with autocast_context(devices[0], amp_dtype):
+            if len(inputs) == 1:
+                logits = [replicas[0](*inputs[0])]
+            else:
+                logits = parallel_apply(replicas[:len(inputs)], inputs, devices=devices[:len(inputs)])
+        has_masks = len(batch) > 1 and isinstance(batch[1][0], Tensor)
+        if metric is not None and has_masks:
+            metric.update(logits, [mask.unsqueeze(0).to(out.device) for mask, out in zip(batch[1], logits)])
+        if on_outputs is not None:
+            on_outputs(logits, batch)
+    if metric is None:
+        return None
     metric.reduce_from_all_processes()
     return metric.compute()

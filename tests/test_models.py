@@ -127,16 +127,18 @@ def test_sync_batchnorm_model_under_data_parallel_trains_like_full_batch():
 
 # ------------------------------------------------------------------------------------------------ registry API
 def test_registry_errors():
-    with pytest.raises(ValueError, match="valid models: fcn, psp, deeplab, encnet, danet, upernet, fcfpn"):
+    with pytest.raises(ValueError, match="valid models: fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn"):
         get_segmentation_model("segformer", nclass=NCLASS)
-    with pytest.raises(ValueError, match="valid backbones: resnet18.*wide_resnet101_2"):
+    with pytest.raises(ValueError, match="valid backbones: resnet18.*wide_resnet101_2, mobilenet_v3_large"):
         get_segmentation_model("fcn", backbone="vgg16", nclass=NCLASS)
     with pytest.raises(ValueError, match="se_loss=True is not supported by 'fcn'.*encnet"):
         build("fcn", se_loss=True)
     with pytest.raises(ValueError, match="output_stride=32"):
         build("fcn", jpu=True, output_stride=8)
-    with pytest.raises(TypeError, match="lateral"):
-        build("fcn", lateral=True)  # head options are checked by the head factory
+    with pytest.raises(ValueError, match="model 'fcn' has no head option lateral; its head options: none"):
+        build("fcn", lateral=True)  # head options are checked against the head factory's signature
+    with pytest.raises(ValueError, match="no head option ncodes; its head options: atrous_rates, channels"):
+        build("deeplabv3plus", ncodes=8)
     with pytest.raises(ValueError, match="unknown dataset 'nope'.*pascal_voc"):
         get_segmentation_model("fcn", dataset="nope", backbone="resnet18")
 
@@ -245,9 +247,33 @@ def test_every_backbone_is_torchvisions_without_classifier():
     for name in backbone_list():
         with torch.device("meta"):
             backbone = get_backbone(name)
+            reference = getattr(torchvision.models, name)()
+        head = reference.fc if hasattr(reference, "fc") else reference.classifier
+        classifier = sum(p.numel() for p in head.parameters())
         weights = torchvision.models.get_model_weights(name).DEFAULT
-        fc = 2048 * 1000 + 1000 if backbone.channels[-1] == 2048 else 512 * 1000 + 1000
-        assert sum(p.numel() for p in backbone.parameters()) == weights.meta["num_params"] - fc, name
+        assert sum(p.numel() for p in backbone.parameters()) == weights.meta["num_params"] - classifier, name
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v3_large", "mobilenet_v3_small"])
+def test_mobilenet_backbone_is_torchvisions_features(name, tmp_path):
+    """Same keys as torchvision's model (without classifier); c4 equals torchvision's ``features`` output at output
+    stride 32, and its ``dilated=True`` variant at 16; the stages sit at strides 4, 8, 16, 32."""
+    torch.manual_seed(0)
+    reference = getattr(torchvision.models, name)(norm_layer=nn.BatchNorm2d).eval()
+    randomize_running_stats(reference)
+    path = tmp_path / f"{name}.pth"
+    torch.save(reference.state_dict(), path)
+    x = torch.randn(2, 3, 64, 96)
+    ours = get_backbone(name, output_stride=32, pretrained=str(path)).eval()
+    features = ours(x)
+    assert [f.shape[-1] for f in features] == [24, 12, 6, 3]
+    assert tuple(f.shape[1] for f in features) == ours.channels
+    torch.testing.assert_close(features[-1], reference.features(x), rtol=0, atol=0)
+    dilated = getattr(torchvision.models, name)(norm_layer=nn.BatchNorm2d, dilated=True).eval()
+    dilated.load_state_dict(reference.state_dict())
+    ours16 = get_backbone(name, output_stride=16, pretrained=str(path)).eval()
+    torch.testing.assert_close(ours16(x)[-1], dilated.features(x), rtol=1e-5, atol=1e-5)
+    assert [f.shape[-1] for f in get_backbone(name, output_stride=8)(x)] == [24, 12, 12, 12]
 
 
 def test_pretrained_backbone_offline_error_and_cache(offline_hub):

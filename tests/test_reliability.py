@@ -51,7 +51,7 @@ def tiny_shapes(tmp_path, monkeypatch):
 
 
 def _run_dir(out):
-    return os.path.join(out, "shapes", "fcn", "default")
+    return os.path.join(out, "shapes", "deeplabv3plus", "default")
 
 
 def _spawn(data, out, extra, **kwargs):
@@ -285,7 +285,7 @@ def test_failing_evaluation_keeps_the_trained_epoch_and_verify_data_finds_it_fir
     (["--crop-size", "-5"], "argument --crop-size: must be > 0, got -5"),
     (["--train-limit", "0"], "argument --train-limit: must be > 0"),
     (["--base-size", "0"], "argument --base-size: must be > 0"),
-    (["--start-epoch", "16"], "--start-epoch 16 must be below --epochs 16"),
+    (["--start-epoch", "16", "--epochs", "16"], "--start-epoch 16 must be below --epochs 16"),
     (["--resume", "no/such.pth"], "argument --resume: no such file: no/such.pth"),
 ])
 def test_bad_options_fail_in_one_line_with_status_2(argv, message, capsys):

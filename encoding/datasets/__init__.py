@@ -24,7 +24,7 @@ from typing import Any, Dict, Optional, Type
 
 from .base import BaseDataset, DatasetError, MODES, default_root
 from .transforms import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD
-from .collate import pad_collate, pad_stack
+from .collate import list_collate, pad_collate, pad_stack
 from .ade20k import ADE20KSegmentation
 from .pascal_voc import VOCSegmentation
 from .pascal_aug import VOCAugSegmentation
@@ -46,6 +46,7 @@ __all__ = [
     "IMAGENET_STD",
     "default_root",
     "pad_collate",
+    "list_collate",
     "pad_stack",
     "ADE20KSegmentation",
     "VOCSegmentation",

@@ -9,7 +9,7 @@ from torch.utils.data import default_collate
 
 from .transforms import IGNORE_INDEX
 
-__all__ = ["pad_collate", "pad_stack"]
+__all__ = ["pad_collate", "pad_stack", "list_collate"]
 
 
 def _per_sample(values: List[Any]) -> List[Any]:
@@ -73,3 +73,10 @@ def _collate_field(values: List[Any], image_fill: float, mask_fill: int) -> Any:
     if all(isinstance(v, str) for v in values):
         return _per_sample(values)
     return default_collate(values)
+
+
+def list_collate(batch: Sequence[Any]) -> tuple:
+    """Collate samples into per-field lists without stacking: ``[(image, mask, name), ...]`` becomes
+    ``([images], [masks], [names])``, so images of different sizes stay as they are (for
+    :func:`encoding.engine.evaluate_images`)."""
+    return tuple(list(field) for field in zip(*batch))

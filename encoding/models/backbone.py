@@ -1,10 +1,12 @@
-"""Dilated ResNet-family backbones built from torchvision's model builders.
+"""Dilated backbones built from torchvision's model builders: the ResNet family and MobileNetV3.
 
 ``get_backbone(name, output_stride=8)`` builds torchvision's ResNet / ResNeXt / Wide-ResNet, drops its classifier and
 turns the last stages' strides into dilations (output stride 8: ``layer3`` dilation 2 and ``layer4`` dilation 4,
 the first 3x3 conv of each dilated stage keeping the previous dilation, as torchvision's
 ``replace_stride_with_dilation`` does for bottleneck blocks; the same rule also covers the basic blocks of
-ResNet-18/34, which torchvision refuses to dilate).
+ResNet-18/34, which torchvision refuses to dilate). ``mobilenet_v3_large`` / ``mobilenet_v3_small`` are light
+backbones for fast segmentation (:class:`MobileNetV3Backbone`): the same four stages at strides 4, 8, 16 and 32,
+dilated the same way.
 
 Weights: ``pretrained=True`` loads torchvision's default ImageNet weights through its weights API (from the torch hub
 cache, ``$TORCH_HOME/hub/checkpoints``, or downloaded there); ``pretrained="file.pth"`` loads a local state dict with
@@ -22,7 +24,7 @@ from torch import Tensor, nn
 from ..nn.blocks import NormLayer
 from ..utils.checkpoint import load_model_state, read_state_dict
 
-__all__ = ["ResNetBackbone", "get_backbone", "backbone_list", "fetch_torchvision_weights"]
+__all__ = ["ResNetBackbone", "MobileNetV3Backbone", "get_backbone", "backbone_list", "fetch_torchvision_weights"]
 
 Pretrained = Union[bool, str, os.PathLike]
 
@@ -30,6 +32,7 @@ Pretrained = Union[bool, str, os.PathLike]
 _BACKBONES: Tuple[str, ...] = (
     "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
     "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2", "wide_resnet101_2",
+    "mobilenet_v3_large", "mobilenet_v3_small",
 )
 
 #: Output stride -> (previous dilation, dilation) for layer3 and layer4; ``None`` keeps the stage strided.
@@ -106,6 +109,80 @@ def _dilate_stage(stage: nn.Sequential, previous: int, dilation: int) -> None:
             first = False
 
 
+class MobileNetV3Backbone(nn.Module):
+    """The inverted-residual blocks of a torchvision MobileNetV3 cut into four stages, returning every stage's output.
+
+    ``features`` is torchvision's own ``features`` module, so the state-dict keys are those of the torchvision model
+    without ``classifier`` (``features.0.0.weight``...). The stages are cut where the stride doubles: ``c1`` (stride
+    4, after the stem) ... ``c4`` (stride 32, ending with the last 1x1 conv: 960 channels for ``large``, 576 for
+    ``small``). Stages past ``output_stride`` lose their stride and have every spatial conv dilated (2, then 4).
+
+    Args:
+        mobilenet: a torchvision ``MobileNetV3`` (its ``classifier`` is not kept).
+        output_stride: the stride of ``c4`` relative to the input (8, 16 or 32).
+
+    Attributes:
+        channels: output channels of ``(c1, c2, c3, c4)``.
+        output_stride: as given.
+
+    Shape:
+        - Input: ``B x 3 x H x W``.
+        - Output: list ``[c1, c2, c3, c4]`` at strides ``4, 8, min(16, os), os``.
+    """
+
+    def __init__(self, mobilenet: nn.Module, output_stride: int = 16) -> None:
+        super().__init__()
+        if output_stride not in _DILATIONS:
+            raise ValueError(f"output_stride must be one of {sorted(_DILATIONS)}, got {output_stride}")
+        self.features = mobilenet.features
+        self.output_stride = output_stride
+        self._bounds = _stride_boundaries(self.features)
+        for stage, dilation in zip(self.stages()[2:], _DILATIONS[output_stride]):
+            if dilation is not None:
+                _dilate_all(stage, dilation[1])
+        self.channels = tuple(_stage_channels(stage) for stage in self.stages())
+
+    def stages(self) -> Tuple[nn.Sequential, ...]:
+        """The four stages (views of ``features``: slicing shares the blocks, the state dict does not change)."""
+        return tuple(self.features[start:end] for start, end in self._bounds)
+
+    def forward(self, x: Tensor) -> List[Tensor]:
+        x = self.features[0](x)
+        features = []
+        for stage in self.stages():
+            x = stage(x)
+            features.append(x)
+        return features
+
+
+def _block_stride(block: nn.Module) -> int:
+    return max(m.stride[0] for m in block.modules() if isinstance(m, nn.Conv2d))
+
+
+def _stride_boundaries(features: nn.Sequential) -> List[Tuple[int, int]]:
+    """``[(start, end)]`` of the four stages of ``features`` (block 0 is the stride-2 stem): a stage begins at every
+    block that halves the resolution once the stride is 4."""
+    stride, starts = _block_stride(features[0]), []
+    for i in range(1, len(features)):
+        stride *= _block_stride(features[i])
+        if not starts and stride == 4:
+            starts.append(1)
+        elif starts and _block_stride(features[i]) > 1:
+            starts.append(i)
+    if len(starts) != 4:
+        raise ValueError(f"expected a stem and four stride-doubling stages, found {len(starts)} stages")
+    return list(zip(starts, starts[1:] + [len(features)]))
+
+
+def _dilate_all(stage: nn.Sequential, dilation: int) -> None:
+    """Remove the stride of ``stage`` and dilate every spatial conv by ``dilation`` in place ("same" padding)."""
+    for module in stage.modules():
+        if isinstance(module, nn.Conv2d) and module.kernel_size[0] > 1:
+            module.stride = (1, 1)
+            module.dilation = (dilation, dilation)
+            module.padding = tuple((k - 1) // 2 * dilation for k in module.kernel_size)
+
+
 def fetch_torchvision_weights(weights: torchvision.models.WeightsEnum) -> Dict[str, Tensor]:
     """The state dict of torchvision ``weights``, from the torch hub cache or downloaded into it.
 
@@ -125,19 +202,21 @@ def fetch_torchvision_weights(weights: torchvision.models.WeightsEnum) -> Dict[s
 
 
 def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: NormLayer = nn.BatchNorm2d,
-                 pretrained: Pretrained = False) -> ResNetBackbone:
-    """Build a (dilated) ResNet-family backbone.
+                 pretrained: Pretrained = False) -> Union[ResNetBackbone, MobileNetV3Backbone]:
+    """Build a (dilated) ResNet-family or MobileNetV3 backbone.
 
     Args:
         name: one of :func:`backbone_list` (``resnet18`` ... ``resnet152``, ``resnext50_32x4d``,
-            ``resnext101_32x8d``, ``resnext101_64x4d``, ``wide_resnet50_2``, ``wide_resnet101_2``).
+            ``resnext101_32x8d``, ``resnext101_64x4d``, ``wide_resnet50_2``, ``wide_resnet101_2``,
+            ``mobilenet_v3_large``, ``mobilenet_v3_small``).
         output_stride: 8 (default, dilated ``layer3`` and ``layer4``), 16 (dilated ``layer4``) or 32 (plain).
         norm_layer: normalization layer class, e.g. ``nn.BatchNorm2d`` or ``encoding.nn.SyncBatchNorm``.
         pretrained: ``False`` (random init, no network access), ``True`` (torchvision's default ImageNet weights)
-            or the path of a local state-dict file (a torchvision ResNet's keys; ``fc.*`` is ignored).
+            or the path of a local state-dict file (the torchvision model's keys; ``fc.*`` / ``classifier.*`` are
+            ignored).
 
     Returns:
-        A :class:`ResNetBackbone`.
+        A :class:`ResNetBackbone` or :class:`MobileNetV3Backbone`.
 
     Raises:
         ValueError: unknown name (the message lists the valid ones) or output stride, or weights that do not fit.
@@ -150,8 +229,9 @@ def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: Nor
     """
     if name not in _BACKBONES:
         raise ValueError(f"unknown backbone {name!r}; valid backbones: {', '.join(_BACKBONES)}")
-    resnet = getattr(torchvision.models, name)(weights=None, norm_layer=norm_layer)
-    backbone = ResNetBackbone(resnet, output_stride)
+    network = getattr(torchvision.models, name)(weights=None, norm_layer=norm_layer)
+    mobile = name.startswith("mobilenet")
+    backbone = MobileNetV3Backbone(network, output_stride) if mobile else ResNetBackbone(network, output_stride)
     if pretrained is True:
         weights = torchvision.models.get_model_weights(name).DEFAULT
         state, source = fetch_torchvision_weights(weights), str(weights)
@@ -161,5 +241,6 @@ def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: Nor
         return backbone
     else:
         raise ValueError(f"pretrained must be True, False or a file path, got {pretrained!r}")
-    load_model_state(backbone, {k: v for k, v in state.items() if not k.startswith("fc.")}, source=source)
+    head = ("fc.", "classifier.")
+    load_model_state(backbone, {k: v for k, v in state.items() if not k.startswith(head)}, source=source)
     return backbone

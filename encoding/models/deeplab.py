@@ -1,8 +1,11 @@
-"""DeepLabV3 (Chen et al., 2017): atrous spatial pyramid pooling on a dilated backbone.
+"""DeepLabV3 (Chen et al., 2017): atrous spatial pyramid pooling on a dilated backbone; and DeepLabV3+
+(Chen et al., ECCV 2018): the same ASPP with a decoder that refines it with stride-4 features.
 
 With a ResNet-50/101 backbone, output stride 8 and ``aux=True`` this is torchvision's ``deeplabv3_resnet50/101``
 module for module (same parameters, same state-dict keys, same outputs): :class:`ASPP` and :class:`DeepLabV3Head`
-have the layout of torchvision's ``ASPP`` / ``DeepLabHead``.
+have the layout of torchvision's ``ASPP`` / ``DeepLabHead``. :class:`DeepLabV3Plus` (``deeplabv3plus``, output
+stride 16 by default, as in the paper) is the default model of the embedded ``shapes`` recipe, with a MobileNetV3
+backbone.
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from .base import FeatureInfo, SegmentationModel
 from .model_zoo import variant
 from .registry import register_architecture
 
-__all__ = ["ASPP", "DeepLabV3Head", "DeepLabV3", "deeplab_head", "get_deeplab"]
+__all__ = ["ASPP", "DeepLabV3Head", "DeepLabV3", "deeplab_head", "get_deeplab", "DeepLabV3PlusHead",
+           "DeepLabV3Plus", "deeplabv3plus_head", "get_deeplabv3plus"]
 
 
 class _ImagePooling(nn.Sequential):
@@ -84,16 +88,78 @@ class DeepLabV3(SegmentationModel):
 
 @register_architecture("deeplab", DeepLabV3)
 def deeplab_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = nn.BatchNorm2d,
-                 atrous_rates: Optional[Sequence[int]] = None) -> nn.Module:
+                 atrous_rates: Optional[Sequence[int]] = None, channels: int = 256) -> nn.Module:
     """The DeepLabV3 head for the backbone ``features`` (uses ``c4``).
 
     Args:
         atrous_rates: ASPP dilations; default (12, 24, 36) at output stride 8, scaled for other strides
             ((6, 12, 18) at 16).
+        channels: channels of the ASPP and of the head (256 in the paper and in torchvision).
     """
-    if atrous_rates is None:
-        atrous_rates = tuple(r * 8 // features.output_stride for r in (12, 24, 36))
-    return DeepLabV3Head(features.channels[3], nclass, atrous_rates, norm_layer)
+    return DeepLabV3Head(features.channels[3], nclass, _atrous_rates(features, atrous_rates), norm_layer, channels)
+
+
+def _atrous_rates(features: FeatureInfo, atrous_rates: Optional[Sequence[int]]) -> Sequence[int]:
+    """The given ASPP rates, or (12, 24, 36) scaled to the output stride ((6, 12, 18) at 16)."""
+    if atrous_rates is not None:
+        return atrous_rates
+    return tuple(r * 8 // features.output_stride for r in (12, 24, 36))
 
 
 get_deeplab = variant("deeplab", "DeepLabV3")
+
+
+class DeepLabV3PlusHead(nn.Module):
+    """DeepLabV3+ head: :class:`ASPP` on ``c4``, upsampled to ``c1`` and concatenated with ``c1`` projected to
+    ``low_channels`` by a 1x1 conv, then two 3x3 convs and a 1x1 classifier (logits at stride 4).
+
+    Args:
+        in_channels: channels of ``c4``.
+        low_level_channels: channels of ``c1``.
+        out_channels: number of classes.
+        atrous_rates: ASPP dilations.
+        norm_layer: normalization layer class.
+        channels: channels of the ASPP and of the decoder convs.
+        low_channels: channels of the projected ``c1`` (48 in the paper).
+
+    Shape:
+        - Input: ``c1`` (``B x low_level_channels x H1 x W1``) and ``c4`` (``B x in_channels x H4 x W4``).
+        - Output: ``B x out_channels x H1 x W1``.
+    """
+
+    def __init__(self, in_channels: int, low_level_channels: int, out_channels: int,
+                 atrous_rates: Sequence[int] = (6, 12, 18), norm_layer: NormLayer = nn.BatchNorm2d,
+                 channels: int = 256, low_channels: int = 48) -> None:
+        super().__init__()
+        self.aspp = ASPP(in_channels, atrous_rates, channels, norm_layer)
+        self.project = conv_norm_act(low_level_channels, low_channels, 1, norm_layer)
+        self.decoder = nn.Sequential(*conv_norm_act(channels + low_channels, channels, 3, norm_layer),
+                                     *conv_norm_act(channels, channels, 3, norm_layer),
+                                     nn.Conv2d(channels, out_channels, 1))
+
+    def forward(self, c1: Tensor, c4: Tensor) -> Tensor:
+        context = resize(self.aspp(c4), c1.shape[-2:])
+        return self.decoder(torch.cat([context, self.project(c1)], dim=1))
+
+
+class DeepLabV3Plus(SegmentationModel):
+    """DeepLabV3+: backbone → :class:`DeepLabV3PlusHead` on ``c1`` and ``c4``. See :class:`SegmentationModel` for
+    the arguments and the output dict."""
+
+    head_inputs = (0, 3)
+
+
+@register_architecture("deeplabv3plus", DeepLabV3Plus, output_stride=16)
+def deeplabv3plus_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = nn.BatchNorm2d,
+                       atrous_rates: Optional[Sequence[int]] = None, channels: int = 256) -> nn.Module:
+    """The DeepLabV3+ head for the backbone ``features`` (uses ``c1`` and ``c4``).
+
+    Args:
+        atrous_rates: ASPP dilations; default (6, 12, 18) at output stride 16, scaled for other strides.
+        channels: channels of the ASPP and of the decoder (256 in the paper).
+    """
+    return DeepLabV3PlusHead(features.channels[3], features.channels[0], nclass,
+                             _atrous_rates(features, atrous_rates), norm_layer, channels)
+
+
+get_deeplabv3plus = variant("deeplabv3plus", "DeepLabV3+")

@@ -7,6 +7,7 @@ to the model class.
 """
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Callable, Optional, Union
 
@@ -101,7 +102,7 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
 
     Args:
         name: one of :data:`ARCHITECTURES`: ``fcn``, ``psp``, ``deeplab``, ``encnet``, ``danet``, ``upernet``,
-            ``fcfpn``.
+            ``fcfpn``, ``deeplabv3plus``.
         dataset: name in :data:`encoding.datasets.datasets`; gives the number of classes.
         backbone: see :func:`~encoding.models.backbone.backbone_list`.
         aux: add the auxiliary :class:`~encoding.models.fcn.FCNHead` on ``c3`` (output ``"aux"``).
@@ -111,7 +112,8 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
             checkpoint file of this model (loaded with ``weights_only=True``).
         nclass: number of classes, overriding the dataset's (for custom datasets).
         norm_layer: normalization layer for the whole model, e.g. ``encoding.nn.SyncBatchNorm``.
-        output_stride: backbone output stride (default 8 for dilated models, 32 for ``upernet``/``fcfpn``).
+        output_stride: backbone output stride (default 8 for dilated models, 16 for ``deeplabv3plus``, 32 for
+            ``upernet``/``fcfpn``).
         jpu: use a plain (stride-32) backbone with FastFCN's :class:`~encoding.models.jpu.JPU` instead of dilation.
         pretrained_backbone: ``True`` for torchvision's ImageNet weights, or a local file (ignored parts of the
             model stay randomly initialised). Default ``False``: nothing is downloaded.
@@ -120,7 +122,7 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
             recomputation is exact (BatchNorm statistics, SyncBatchNorm synchronisation and dropout masks are
             those of the forward).
         **head_options: options of the head factory (e.g. ``lateral=True`` / ``ncodes`` for ``encnet``,
-            ``atrous_rates`` for ``deeplab``, ``fpn_dim`` for ``upernet``/``fcfpn``).
+            ``atrous_rates`` for ``deeplab``/``deeplabv3plus``, ``fpn_dim`` for ``upernet``/``fcfpn``).
 
     Returns:
         The model; ``model(x)`` returns ``{"out", ["aux"], ["se"]}`` at the input resolution.
@@ -140,6 +142,7 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
         models = [n for n, a in ARCHITECTURES.items() if a.se_loss]
         raise ValueError(f"se_loss=True is not supported by {name!r}; models with an SE-loss branch: "
                          f"{', '.join(models)}")
+    _check_head_options(name, arch, head_options)
     if arch.se_loss:
         head_options["se_loss"] = se_loss
     model = _assemble(arch, nclass, backbone, aux, norm_layer, output_stride, jpu, pretrained_backbone,
@@ -147,6 +150,16 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
     if pretrained is not False and pretrained is not None:
         _load_pretrained(model, name, backbone, nclass, pretrained)
     return checkpoint_segmentation_model(model, checkpoint)
+
+
+def _check_head_options(name: str, arch: Architecture, head_options: dict) -> None:
+    """Raise ``ValueError`` naming the options ``arch``'s head factory does not take (and those it takes)."""
+    params = inspect.signature(arch.head).parameters
+    valid = [p for p, v in params.items() if v.kind == v.KEYWORD_ONLY and p not in ("norm_layer", "se_loss")]
+    unknown = sorted(set(head_options) - set(valid))
+    if unknown:
+        raise ValueError(f"model {name!r} has no head option {', '.join(unknown)}; its head options: "
+                         f"{', '.join(valid) or 'none'}")
 
 
 def variant(name: str, title: str) -> Callable[..., SegmentationModel]:

@@ -30,6 +30,7 @@ __all__ = [
     "barrier",
     "reduce_across_processes",
     "default_backend",
+    "ShardSampler",
 ]
 
 _REDUCE_OPS = ("sum", "mean", "max", "min")
@@ -148,3 +149,24 @@ def reduce_across_processes(value: Union[Tensor, float, int], op: str = "sum") -
     else:
         result = tensor.detach().clone()
     return result.item() if is_number else result
+
+
+class ShardSampler(torch.utils.data.Sampler):
+    """Every ``world_size``-th sample from ``rank``, in order and without padding: for evaluation under
+    ``torchrun``, where ``DistributedSampler`` would repeat samples to even out the shards (and count them twice).
+
+    Args:
+        dataset: anything with ``len``.
+        rank, world_size: default: this process's (:func:`get_rank`, :func:`get_world_size`).
+    """
+
+    def __init__(self, dataset, rank: Optional[int] = None, world_size: Optional[int] = None) -> None:
+        self.size = len(dataset)
+        self.rank = get_rank() if rank is None else rank
+        self.world_size = get_world_size() if world_size is None else world_size
+
+    def __iter__(self):
+        return iter(range(self.rank, self.size, self.world_size))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.size, self.world_size))

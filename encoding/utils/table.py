@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["format_table"]
+__all__ = ["format_table", "scores_to_json"]
 
 _SUMMARY_KEYS = ("pixAcc", "mIoU", "mAcc", "fwIoU", "mDice")
 
@@ -49,3 +49,21 @@ def format_table(result: Mapping[str, Any], class_names: Optional[Sequence[str]]
     rule = "-" * len(lines[0])
     summary = "  ".join(f"{key} {_percent(float(result[key]), digits)}" for key in _SUMMARY_KEYS if key in result)
     return "\n".join([lines[0], rule] + lines[1:] + [rule, summary])
+
+
+def _number(value: Any) -> Optional[float]:
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def scores_to_json(result: Mapping[str, Any], class_names: Optional[Sequence[str]] = None) -> dict:
+    """The scores of :meth:`SegmentationMetric.compute` as plain JSON values (``NaN`` -> ``null``).
+
+    Returns:
+        ``{"pixAcc", "mIoU", "mAcc", "fwIoU", "mDice", "per_class": {name: {"IoU", "Acc"}}}``.
+    """
+    iou, acc = result["IoU"].tolist(), result["Acc"].tolist()
+    names = list(class_names) if class_names is not None else [str(i) for i in range(len(iou))]
+    summary = {key: _number(result[key]) for key in _SUMMARY_KEYS if key in result}
+    return {**summary, "per_class": {name: {"IoU": _number(i), "Acc": _number(a)}
+                                     for name, i, a in zip(names, iou, acc)}}

@@ -20,11 +20,16 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from encoding import builders
+from encoding.datasets import datasets as DATASETS
+from encoding.engine import predicted_labels
+from encoding.inference import PredictionWriter
+from encoding.models import MultiEvalModule, get_model, get_segmentation_model
+from encoding.parallel import DataParallelModel
 from encoding.utils import LR_Scheduler, SegmentationMetric, get_rank, get_world_size, init_distributed_mode
 from encoding.utils.determinism import SeededSamples, rng_state, set_rng_state
 from option import AMP_DTYPES, parse_device_ids
 
-__all__ = ["TrainingRun", "build_run", "run_directory"]
+__all__ = ["TrainingRun", "build_run", "run_directory", "EvaluationJob", "build_evaluation", "load_model"]
 
 
 @dataclass
@@ -117,10 +122,12 @@ def build_run(args: argparse.Namespace) -> TrainingRun:
     model = builders.build_model(args.model, args.dataset, backbone=args.backbone, aux=args.aux,
                                  se_loss=args.se_loss, pretrained_backbone=args.pretrained,
                                  output_stride=args.output_stride, sync_bn=placement.synced, device=device,
-                                 checkpoint=False if args.checkpoint == "none" else args.checkpoint)
+                                 checkpoint=False if args.checkpoint == "none" else args.checkpoint,
+                                 head_options={"channels": args.head_channels} if args.head_channels else None)
     criterion = builders.build_criterion(nclass, aux=args.aux, aux_weight=args.aux_weight, se_loss=args.se_loss,
                                          se_weight=args.se_weight, device=device)
-    optimizer = builders.build_optimizer(model, args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    optimizer = builders.build_optimizer(model, args.lr, kind=args.optimizer, momentum=args.momentum,
+                                         weight_decay=args.weight_decay)
     scheduler = builders.build_scheduler(args.lr_scheduler, args.lr, args.epochs, len(loaders.train),
                                          lr_step=args.lr_step, warmup_epochs=args.warmup_epochs,
                                          head_lr_mult=args.head_lr_mult)
@@ -145,3 +152,96 @@ def build_run(args: argparse.Namespace) -> TrainingRun:
                        distributed=distributed, amp_dtype=amp_dtype, scaler=scaler, start_epoch=point.epoch,
                        start_iteration=point.iteration, best_pred=point.best_pred, best_epoch=point.best_epoch,
                        samplers=loaders.samplers)
+
+
+# ---------------------------------------------------------------------------------------------- test.py / demo.py
+def load_model(args: argparse.Namespace, device: torch.device) -> nn.Module:
+    """The network of ``--resume`` / ``--model-zoo`` / ``--pretrained torchvision``, on ``device``, in eval mode.
+
+    Raises:
+        CheckpointError, ValueError, RuntimeError: unreadable or mismatching weights, unknown names, offline.
+    """
+    if args.model_zoo:
+        model = get_model(args.model_zoo, pretrained=True)
+    elif args.pretrained == "torchvision":
+        model = get_segmentation_model(args.model, dataset=args.dataset, backbone=args.backbone, aux=args.aux,
+                                       pretrained="torchvision")
+    else:
+        model = builders.build_model(args.model, args.dataset, backbone=args.backbone, aux=args.aux,
+                                     se_loss=args.se_loss, output_stride=args.output_stride,
+                                     head_options={"channels": args.head_channels} if args.head_channels else None)
+        builders.resume(args.resume, model)
+    return model.to(device).eval()
+
+
+def weights_source(args: argparse.Namespace) -> str:
+    """``--resume PATH`` / ``--model-zoo NAME`` / ``--pretrained torchvision``, as given."""
+    return args.resume or (f"model-zoo:{args.model_zoo}" if args.model_zoo else "torchvision")
+
+
+@dataclass
+class EvaluationJob:
+    """What ``test.py`` needs; built by :func:`build_evaluation`."""
+
+    args: argparse.Namespace
+    model: nn.Module
+    loader: DataLoader
+    metric: SegmentationMetric
+    class_names: List[str]
+    devices: List[torch.device]
+    input_device: Optional[torch.device]
+    out_dir: str
+    weights: str
+    amp_dtype: Optional[torch.dtype] = None
+    writer: Optional[PredictionWriter] = None
+
+    def write_predictions(self, outputs: Any, batch: Any) -> None:
+        """``on_outputs`` hook of the evaluation loops: save the batch's predictions (with ``--save-pred``)."""
+        if self.writer is not None:
+            self.writer(predicted_labels(outputs), list(batch[-1]))
+
+    def describe(self) -> str:
+        a = self.args
+        where = (f"rank {get_rank()}/{get_world_size()}" if get_world_size() > 1
+                 else f"devices {[str(d) for d in self.devices]}")
+        how = f"multi-scale {list(a.scales)} + flip" if a.multi_scale else "single scale"
+        return (f"{a.model}-{a.backbone} ({self.weights}) on {a.dataset} {a.split!r} ({len(self.loader.dataset)} "
+                f"samples, mode {a.mode}, {how}), {where}")
+
+
+def build_evaluation(args: argparse.Namespace) -> EvaluationJob:
+    """Build an :class:`EvaluationJob` from ``test.py``'s parsed options.
+
+    ``val`` mode: batches of ``--test-batch-size`` through :class:`~encoding.parallel.DataParallelModel` on the
+    devices; ``testval`` / ``test``: whole images, one per device (:func:`encoding.engine.evaluate_images`), through
+    :class:`~encoding.models.MultiEvalModule` with ``--multi-scale``. Under ``torchrun`` each process evaluates its
+    shard of the samples on its own device.
+    """
+    distributed = init_distributed_mode()
+    placement = builders.select_devices(parse_device_ids(args.device_ids), use_cuda=not args.no_cuda,
+                                        distributed=distributed)
+    device = placement.model_device
+    devices = list(placement.device_ids) or [device]
+    model = load_model(args, device)
+    dataset_class = DATASETS[args.dataset]
+    nclass = dataset_class.NUM_CLASS
+    if args.multi_scale:
+        model = MultiEvalModule(model, nclass, base_size=args.base_size or dataset_class.BASE_SIZE,
+                                crop_size=args.crop_size or dataset_class.CROP_SIZE, scales=args.scales)
+    if args.mode == "val":
+        batch_size = args.test_batch_size
+        if not distributed:
+            model = DataParallelModel(model, placement.device_ids)
+    else:
+        batch_size = len(devices)
+    out_dir = args.out_dir or (os.path.dirname(os.path.abspath(args.resume)) if args.resume
+                               else os.path.join("runs", args.dataset, args.model, "eval"))
+    return EvaluationJob(
+        args=args, model=model,
+        loader=builders.build_eval_loader(args.dataset, split=args.split, mode=args.mode, batch_size=batch_size,
+                                          root=args.data_root, base_size=args.base_size, crop_size=args.crop_size,
+                                          workers=args.workers, limit=args.limit, distributed=distributed),
+        metric=SegmentationMetric(nclass, ignore_index=-1, device=device), class_names=list(dataset_class.CLASSES),
+        devices=devices, input_device=placement.input_device, out_dir=out_dir, weights=weights_source(args),
+        amp_dtype=AMP_DTYPES[args.amp],
+        writer=PredictionWriter(args.save_pred, args.dataset) if args.save_pred else None)  # each rank: its shard

@@ -6,7 +6,7 @@ folder, so option names, defaults and validation are written once.
 import argparse
 import os
 import sys
-from typing import Any, Callable, List, NoReturn, Optional
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 
 import torch
 
@@ -16,7 +16,8 @@ AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Per-dataset recipe defaults (PyTorch-Encoding's train.py; lr is for batch 16 and scales linearly with the batch).
 # `shapes` is the embedded offline dataset: a small model learns it in a few CPU minutes.
 RECIPES = {
-    "shapes": dict(epochs=16, lr=0.02, batch_size=8, model="fcn", backbone="resnet18", output_stride=16),
+    "shapes": dict(epochs=48, lr=0.05, batch_size=16, model="deeplabv3plus", backbone="mobilenet_v3_small",
+                   output_stride=16, head_channels=64, base_size=80, crop_size=64),
     "coco": dict(epochs=30, lr=0.004),
     "pascal_aug": dict(epochs=80, lr=0.001),
     "pascal_voc": dict(epochs=50, lr=0.0001),
@@ -24,7 +25,8 @@ RECIPES = {
     "ade20k": dict(epochs=180, lr=0.004),
     "citys": dict(epochs=240, lr=0.004),
 }
-GENERIC = dict(epochs=50, lr=0.004, batch_size=16, model="encnet", backbone="resnet50", output_stride=None)
+GENERIC = dict(epochs=50, lr=0.004, batch_size=16, model="encnet", backbone="resnet50", output_stride=None,
+               head_channels=None, base_size=None, crop_size=None, optimizer="sgd", weight_decay=1e-4)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -55,23 +57,61 @@ positive_int, positive_float = _number(int, 0, False), _number(float, 0.0, False
 non_negative_int, non_negative_float = _number(int, 0, True), _number(float, 0.0, True)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the segmentation scripts."""
-    p = OneLineParser(description="Train / evaluate a segmentation model (encoding)")
-    p.add_argument("--dataset", default="shapes", help="dataset name (default: the embedded 'shapes')")
+SCRIPTS = ("train", "test", "demo")
+
+#: Options that define the network; ``test.py`` / ``demo.py`` take them from the checkpoint when not given.
+MODEL_OPTIONS = ("dataset", "model", "backbone", "aux", "se_loss", "head_channels", "output_stride", "base_size",
+                 "crop_size")
+
+#: PyTorch-Encoding's multi-scale evaluation scales (``--multi-scale``), per dataset.
+MULTI_SCALES = {"citys": (0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25)}
+DEFAULT_SCALES = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75)
+
+
+def _add_model_options(p: argparse.ArgumentParser, script: str) -> None:
+    """Dataset and network options (``test.py`` / ``demo.py``: ``None`` = from the checkpoint, else the recipe)."""
+    p.add_argument("--dataset", default="shapes" if script == "train" else None,
+                   help="dataset name (default: the embedded 'shapes'; test/demo: the checkpoint's)")
     p.add_argument("--data-root", default=None, help="data root (default: $ENCODING_DATA or ~/.encoding/data)")
-    p.add_argument("--model", default=None, help="fcn, psp, deeplab, encnet, danet, upernet, fcfpn")
-    p.add_argument("--backbone", default=None, help="resnet18/34/50/101/152, resnext50_32x4d, ...")
+    p.add_argument("--model", default=None, help="fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn")
+    p.add_argument("--backbone", default=None,
+                   help="resnet18/34/50/101/152, resnext50_32x4d, ..., mobilenet_v3_large, mobilenet_v3_small")
+    flag = dict(action="store_true", default=False if script == "train" else None)
+    p.add_argument("--aux", help="auxiliary FCN head on the penultimate stage", **flag)
+    p.add_argument("--se-loss", help="semantic-encoding loss (EncNet)", **flag)
+    p.add_argument("--head-channels", type=positive_int, default=None,
+                   help="width of the head (ASPP/decoder channels of deeplab and deeplabv3plus; default: the "
+                        "recipe's for its model, else the model's)")
+    p.add_argument("--output-stride", type=int, default=None, choices=[8, 16, 32],
+                   help="backbone output stride (default: the recipe's; else the model's, 8 for dilated models)")
+    p.add_argument("--base-size", type=positive_int, default=None, help="default: the recipe's, else the dataset's")
+    p.add_argument("--crop-size", type=positive_int, default=None, help="default: the recipe's, else the dataset's")
+
+
+def _add_device_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=non_negative_int, default=2)
+    p.add_argument("--amp", choices=list(AMP_DTYPES), default="none", help="mixed precision")
+    p.add_argument("--no-cuda", action="store_true", help="run on the CPU even when CUDA is available")
+    p.add_argument("--device-ids", default=None,
+                   help="comma-separated devices for DataParallelModel, e.g. '0,1' or 'cpu,cpu' (default: all GPUs)")
+    p.add_argument("--seed", type=int, default=1)
+
+
+def _add_weight_options(p: argparse.ArgumentParser) -> None:
+    """Where ``test.py`` / ``demo.py`` take the weights from (exactly one)."""
+    p.add_argument("--resume", default=None, help="checkpoint to evaluate (train.py's model_best.pth / checkpoint.pth)")
+    p.add_argument("--model-zoo", default=None, metavar="NAME",
+                   help="a named preset with published weights, e.g. fcn_resnet50_voc (encoding.models.model_list)")
+    p.add_argument("--pretrained", default=None, choices=["torchvision"],
+                   help="torchvision's published weights of --model fcn/deeplab with --backbone resnet50/101")
+
+
+def _add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pretrained", action="store_true", help="start the backbone from ImageNet weights")
-    p.add_argument("--aux", action="store_true", help="auxiliary FCN head on the penultimate stage")
     p.add_argument("--aux-weight", type=non_negative_float, default=0.2, help="weight of the auxiliary loss (PE train.py: 0.2)")
-    p.add_argument("--se-loss", action="store_true", help="semantic-encoding loss (EncNet)")
     p.add_argument("--se-weight", type=non_negative_float, default=0.2)
-    p.add_argument("--base-size", type=positive_int, default=None, help="default: the dataset's")
-    p.add_argument("--crop-size", type=positive_int, default=None, help="default: the dataset's")
     p.add_argument("--train-split", default="train")
     p.add_argument("--val-split", default="val")
-    p.add_argument("--workers", type=non_negative_int, default=2)
     p.add_argument("--epochs", type=positive_int, default=None)
     p.add_argument("--start-epoch", type=non_negative_int, default=0)
     p.add_argument("--batch-size", type=positive_int, default=None,
@@ -83,22 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-epochs", type=non_negative_int, default=0)
     p.add_argument("--head-lr-mult", type=positive_float, default=None,
                    help="learning-rate factor of the heads (default: 10 with --pretrained, as in PE; else 1)")
-    p.add_argument("--output-stride", type=int, default=None, choices=[8, 16, 32],
-                   help="backbone output stride (default: the recipe's; else the model's, 8 for dilated models)")
+    p.add_argument("--optimizer", choices=["sgd", "adamw"], default=None,
+                   help="sgd (PyTorch-Encoding's, momentum + weight decay) or adamw (default: the recipe's)")
     p.add_argument("--momentum", type=non_negative_float, default=0.9)
-    p.add_argument("--weight-decay", type=non_negative_float, default=1e-4)
-    p.add_argument("--amp", choices=list(AMP_DTYPES), default="none", help="mixed precision")
+    p.add_argument("--weight-decay", type=non_negative_float, default=None, help="default: the recipe's (1e-4)")
     p.add_argument("--checkpoint", choices=["none", "backbone", "all"], default="none",
                    help="activation checkpointing (recompute in backward, exact): every residual block, or blocks "
                         "and heads; about half the peak memory of FCN-ResNet50 for one extra forward per step "
                         "(docs/checkpointing.md)")
     p.add_argument("--clip-grad", type=positive_float, default=None, help="clip the global gradient norm")
-    p.add_argument("--no-cuda", action="store_true", help="train on the CPU even when CUDA is available")
-    p.add_argument("--device-ids", default=None,
-                   help="comma-separated devices for DataParallelModel, e.g. '0,1' or 'cpu,cpu' (default: all GPUs)")
     p.add_argument("--balance", choices=["none", "memory"], default="none",
                    help="memory: per-device split sizes chosen by the memory simulator to unload device 0")
-    p.add_argument("--seed", type=int, default=1)
     p.add_argument("--resume", default=None, help="checkpoint to resume from")
     p.add_argument("--ft", action="store_true", help="fine-tune: load weights only, restart epochs/optimizer")
     p.add_argument("--checkname", default="default", help="run name under runs/<dataset>/<model>/")
@@ -114,6 +149,68 @@ def build_parser() -> argparse.ArgumentParser:
                         "drop the bad ones)")
     p.add_argument("--skip-bad", action="store_true",
                    help="skip unreadable or inconsistent samples with a warning instead of stopping")
+
+
+def _add_test_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--split", default="val", help="split to evaluate (test: predictions only, no masks)")
+    p.add_argument("--mode", default=None, choices=["val", "testval", "test"],
+                   help="val: resized centre crops, batched, as validated during training (default); testval: whole "
+                        "images (default with --multi-scale); test: predict only (default for the test split)")
+    p.add_argument("--multi-scale", action="store_true",
+                   help="average over scales and flips with sliding windows (MultiEvalModule)")
+    p.add_argument("--scales", type=_scales, default=None,
+                   help="comma-separated scales for --multi-scale (default: PyTorch-Encoding's for the dataset)")
+    p.add_argument("--test-batch-size", type=positive_int, default=None, help="default: 16 (val mode)")
+    p.add_argument("--limit", type=positive_int, default=None, help="use only the first N samples")
+    p.add_argument("--save-pred", default=None, metavar="DIR",
+                   help="write each prediction as a coloured PNG (dataset palette) named after its input file")
+    p.add_argument("--out-dir", default=None,
+                   help="where metrics.json goes (default: the checkpoint's folder, else runs/<dataset>/<model>/eval)")
+
+
+def _add_demo_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="JPEG/PNG images (any size; grey/RGBA converted)")
+    p.add_argument("--out-dir", default="demo", help="where the mask and overlay PNGs go (default: demo)")
+    p.add_argument("--alpha", type=_unit_float, default=0.5, help="weight of the mask in the overlay (0..1)")
+    p.add_argument("--multi-scale", action="store_true", help="average over scales and flips (MultiEvalModule)")
+    p.add_argument("--scales", type=_scales, default=None, help="comma-separated scales for --multi-scale")
+
+
+def _scales(text: str) -> tuple:
+    try:
+        scales = tuple(float(item) for item in text.split(",") if item.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not scales or any(not s > 0 for s in scales):
+        raise argparse.ArgumentTypeError(f"scales must be positive numbers, got {text!r}")
+    return scales
+
+
+def _unit_float(text: str) -> float:
+    value = non_negative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+def build_parser(script: str = "train") -> argparse.ArgumentParser:
+    """The argument parser of ``experiments/segmentation/<script>.py`` (``train``, ``test`` or ``demo``)."""
+    if script not in SCRIPTS:
+        raise ValueError(f"unknown script {script!r}; valid: {', '.join(SCRIPTS)}")
+    titles = {"train": "Train / evaluate a segmentation model (encoding)",
+              "test": "Evaluate a segmentation model on a dataset split (encoding)",
+              "demo": "Segment images: coloured mask and overlay PNGs (encoding)"}
+    p = OneLineParser(prog=f"{script}.py", description=titles[script])
+    if script == "demo":
+        _add_demo_options(p)
+    _add_model_options(p, script)
+    _add_device_options(p)
+    if script == "train":
+        _add_training_options(p)
+    else:
+        _add_weight_options(p)
+    if script == "test":
+        _add_test_options(p)
     return p
 
 
@@ -141,14 +238,26 @@ def parse_device_ids(text: Optional[str]) -> Optional[List[Any]]:
     return [int(item) if item.strip().isdigit() else item.strip() for item in text.split(",") if item.strip()]
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    """Parse ``argv``, fill unset options from the dataset recipe and check the combination (exit 2 on errors)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _fill_from_recipe(args: argparse.Namespace, names: Sequence[str]) -> Dict[str, Any]:
+    """Fill the unset ``names`` from the dataset's recipe (the model's head width only for the recipe's model)."""
     recipe = {**GENERIC, **RECIPES.get(args.dataset, {})}
-    for name in ("epochs", "batch_size", "model", "backbone", "output_stride"):
+    for name in names:
         if getattr(args, name) is None:
             setattr(args, name, recipe[name])
+    if args.head_channels is None and args.model == recipe["model"]:  # the width belongs to the recipe's head
+        args.head_channels = recipe["head_channels"]
+    return recipe
+
+
+def parse_args(argv: Optional[List[str]] = None, script: str = "train") -> argparse.Namespace:
+    """Parse ``argv`` for ``script``, fill unset options (checkpoint, then dataset recipe) and check the combination
+    (exit status 2 with a one-line error)."""
+    parser = build_parser(script)
+    args = parser.parse_args(argv)
+    if script != "train":
+        return _parse_inference(parser, args, script)
+    recipe = _fill_from_recipe(args, ("epochs", "batch_size", "model", "backbone", "output_stride", "base_size",
+                                      "crop_size", "optimizer", "weight_decay"))
     if args.lr is None:
         args.lr = recipe["lr"] if args.dataset == "shapes" else recipe["lr"] * args.batch_size / 16
     if args.head_lr_mult is None:
@@ -157,3 +266,53 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         args.test_batch_size = args.batch_size
     _check(parser, args)
     return args
+
+
+def _parse_inference(parser: argparse.ArgumentParser, args: argparse.Namespace, script: str) -> argparse.Namespace:
+    """``test.py`` / ``demo.py``: one source of weights; the network's options from it, then from the recipe."""
+    sources = [flag for flag, value in (("--resume", args.resume), ("--model-zoo", args.model_zoo),
+                                        ("--pretrained", args.pretrained)) if value]
+    if len(sources) != 1:
+        parser.error("pass exactly one of --resume <checkpoint.pth>, --model-zoo NAME or --pretrained torchvision"
+                     + (f" (got {', '.join(sources)})" if sources else ""))
+    if args.resume and not os.path.isfile(args.resume):
+        parser.error(f"argument --resume: no such file: {args.resume}")
+    try:
+        saved = _saved_model_options(args)
+    except (ValueError, OSError) as err:
+        parser.error(str(err).splitlines()[0])
+    for name in MODEL_OPTIONS:
+        if getattr(args, name) is None and saved.get(name) is not None:
+            setattr(args, name, saved[name])
+    args.dataset = args.dataset or "shapes"
+    if args.pretrained and args.model is None:
+        args.model, args.backbone = "fcn", args.backbone or "resnet50"
+    _fill_from_recipe(args, ("model", "backbone", "output_stride", "base_size", "crop_size"))
+    args.aux, args.se_loss = bool(args.aux), bool(args.se_loss)
+    if args.scales is None:
+        args.scales = MULTI_SCALES.get(args.dataset, DEFAULT_SCALES)
+    if script == "test":
+        if args.mode is None:
+            args.mode = "test" if args.split == "test" else "testval" if args.multi_scale else "val"
+        if args.mode == "val" and args.multi_scale:
+            parser.error("--multi-scale evaluates whole images: use --mode testval (the default with --multi-scale)")
+        args.test_batch_size = args.test_batch_size or 16
+    return args
+
+
+def _saved_model_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """The network options recorded with the weights: a checkpoint's training options, or a zoo preset's."""
+    if args.model_zoo:
+        from encoding.models.registry import PRESETS
+        from encoding.models import model_list
+        if args.model_zoo.lower() not in PRESETS:
+            raise ValueError(f"argument --model-zoo: unknown name {args.model_zoo!r}; e.g. "
+                             f"{', '.join(model_list[:4])}, ... (encoding.models.model_list)")
+        preset = PRESETS[args.model_zoo.lower()]
+        return {"dataset": preset["dataset"], "model": preset["name"], "backbone": preset["backbone"],
+                "aux": preset["aux"], "se_loss": preset["se_loss"]}
+    if args.resume:
+        from encoding.utils import load_checkpoint
+        saved = load_checkpoint(args.resume, map_location="cpu").get("args") or {}
+        return {name: saved.get(name) for name in MODEL_OPTIONS}
+    return {}

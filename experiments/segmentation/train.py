@@ -66,9 +66,14 @@ def _save(run: TrainingRun, epoch: int, best_pred: float, best_epoch: int, metri
     try:
         return save_checkpoint(state, run.output_dir, is_best)
     except NonFiniteError as err:
-        kept = f"the last good checkpoint {path} is kept" if os.path.isfile(path) else "no checkpoint was written"
         raise RunFailed(f"training diverged in epoch {epoch + (1 if iteration else 0)}: {err.tensor} (try a lower "
-                        f"--lr or --clip-grad); {kept}") from None
+                        f"--lr or --clip-grad); {_kept(run)}") from None
+
+
+def _kept(run: TrainingRun) -> str:
+    """What a diverged run leaves behind."""
+    path = os.path.join(run.output_dir, CHECKPOINT_NAME)
+    return f"the last good checkpoint {path} is kept" if os.path.isfile(path) else "no checkpoint was written"
 
 
 def _prepare_data(run: TrainingRun) -> None:
@@ -98,6 +103,8 @@ def _train(run: TrainingRun, log: EpochLogger, interrupt: GracefulInterrupt) -> 
             path = _save(run, epoch - 1, best_pred, best_epoch, {}, iteration=stop.iteration)
             raise RunInterrupted(f"interrupted in epoch {epoch} after iteration {stop.iteration}; saved {path} "
                                  f"(continue with --resume {path})") from None
+        except FloatingPointError as err:  # a NaN/inf loss: nothing of this epoch is saved
+            raise RunFailed(f"training diverged in epoch {epoch} ({err}); {_kept(run)}") from None
         try:
             if not args.no_val:
                 result = evaluate(run.model, run.val_loader, run.metric, run.input_device, run.amp_dtype,

@@ -1,0 +1,71 @@
+"""Evaluate a segmentation model on a dataset split; optionally write its predictions as coloured PNGs.
+
+    python experiments/segmentation/test.py --resume runs/shapes/deeplabv3plus/default/model_best.pth
+    python experiments/segmentation/test.py --resume model_best.pth --multi-scale --save-pred preds/
+    python experiments/segmentation/test.py --model-zoo fcn_resnet50_voc --dataset pascal_voc
+    python experiments/segmentation/test.py --pretrained torchvision --model deeplab --backbone resnet50 \\
+        --dataset pascal_voc
+    torchrun --nproc_per_node 2 experiments/segmentation/test.py --resume model_best.pth   # confusion matrices summed
+
+The network's options (dataset, model, backbone, ...) come from the checkpoint's training options unless given.
+Modes: ``val`` (default) scores resized centre crops in batches exactly as ``train.py`` validates, through
+DataParallelModel on ``--device-ids`` (outputs never gathered onto one device); ``testval`` (default with
+``--multi-scale``) scores whole images, one per device at a time; ``test`` (default for the ``test`` split, which
+has no masks) only predicts. Prints pixAcc / mIoU and the per-class table and writes ``metrics.json``.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from option import parse_args  # noqa: E402
+
+from assemble import build_evaluation  # noqa: E402
+from encoding.datasets import DatasetError  # noqa: E402
+from encoding.engine import evaluate, evaluate_images  # noqa: E402
+from encoding.utils import CheckpointError, format_table, is_main_process  # noqa: E402
+from encoding.utils.files import atomic_write  # noqa: E402
+from encoding.utils.table import scores_to_json  # noqa: E402
+
+
+def main(argv=None) -> dict:
+    """Run ``test.py`` with ``argv``; returns the scores (``{}`` in ``test`` mode, which only predicts)."""
+    args = parse_args(argv, "test")
+    job = build_evaluation(args)
+    if is_main_process():
+        print(job.describe())
+    if args.mode == "val":
+        result = evaluate(job.model, job.loader, job.metric, job.input_device, job.amp_dtype,
+                          on_outputs=job.write_predictions)
+    else:
+        result = evaluate_images(job.model, job.loader, None if args.mode == "test" else job.metric, job.devices,
+                                 job.amp_dtype, on_outputs=job.write_predictions)
+    if job.writer is not None:
+        print(f"wrote {len(job.writer.written)} prediction(s) to {job.writer.out_dir}")
+    if not result or not is_main_process():
+        return result or {}
+    print(format_table(result, job.class_names))
+    report = {"split": args.split, "mode": args.mode, "weights": job.weights,
+              "scales": list(args.scales) if args.multi_scale else [1.0], "flip": args.multi_scale,
+              **scores_to_json(result, job.class_names)}
+    os.makedirs(job.out_dir, exist_ok=True)
+    path = atomic_write(os.path.join(job.out_dir, "metrics.json"), json.dumps(report, indent=2) + "\n")
+    print(f"pixAcc {result['pixAcc']:.4f}, mIoU {result['mIoU']:.4f}; wrote {path}")
+    return result
+
+
+def cli(argv=None) -> int:
+    """``main`` for the command line: known failures become one line on stderr; returns the exit status."""
+    try:
+        main(argv)
+    except KeyboardInterrupt:
+        sys.stderr.write("test.py: interrupted\n")
+        return 130
+    except (CheckpointError, DatasetError, ValueError, RuntimeError, OSError) as err:
+        sys.stderr.write(f"test.py: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
