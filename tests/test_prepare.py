@@ -84,6 +84,9 @@ def test_prepare_pascal_voc_and_aug(tmp_path):
                        "--checksum", f"benchmark.tgz={sha256(sbd)}")) == 0
     root = str(tmp_path / "data")
     assert len(get_segmentation_dataset("pascal_voc", root=root, split="train")) == 3
+    # the .mat labels were converted at prepare time: loading only reads PNGs
+    pngs = os.path.join(root, "VOCaug", "dataset", "cls_png")
+    assert sorted(os.listdir(pngs)) == ["2008_000000.png", "2008_000001.png"]
     aug = get_segmentation_dataset("pascal_aug", root=root, split="trainval", mode="testval")
     assert len(aug) == 2  # train + val, de-duplicated
     with open(os.path.join(root, "VOCaug", "dataset", "trainval.txt")) as f:

@@ -14,6 +14,7 @@ continues bitwise where the run stopped. Errors end the run with one line on std
 import contextlib
 import os
 import sys
+import time
 from typing import Any, Dict, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -144,6 +145,7 @@ def main(argv=None) -> dict:
         RunFailed, RunDirLocked, CheckpointError, DatasetError, OSError: reported in one line by :func:`cli`.
         RunInterrupted: Ctrl-C; a resumable checkpoint was written (a ``SystemExit`` with status 130).
     """
+    started = time.perf_counter()
     args = parse_args(argv)
     if args.deterministic:
         enable_determinism()
@@ -172,6 +174,7 @@ def main(argv=None) -> dict:
             result = _train(run, log, interrupt)
     if result and is_main_process():
         print(format_table(result, run.class_names))
+        print(f"done in {time.perf_counter() - started:.1f} s: pixAcc {result['pixAcc']:.4f}, mIoU {result['mIoU']:.4f}")
     return result
 
 

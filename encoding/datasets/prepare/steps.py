@@ -16,7 +16,7 @@ from ..ade20k import ADE20KSegmentation
 from ..base import DatasetError, default_root, read_split_file
 from ..cityscapes import CitySegmentation
 from ..coco import COCOSegmentation, build_coco_masks
-from ..pascal_aug import VOCAugSegmentation
+from ..pascal_aug import VOCAugSegmentation, convert_sbd_masks
 from ..pascal_voc import VOCSegmentation
 from ..pcontext import ContextSegmentation
 from ..resources import Resource, fetch_resources
@@ -89,10 +89,12 @@ class Recipe(NamedTuple):
 
 
 def _write_sbd_trainval(folder: str, files: Sequence[str], overwrite: bool, progress: bool) -> None:
-    """SBD's ``trainval.txt`` (train + val, de-duplicated), the split ``pascal_aug`` reads, as in PyTorch-Encoding."""
-    del files, overwrite, progress
+    """SBD's ``trainval.txt`` (train + val, de-duplicated), the split ``pascal_aug`` reads, as in PyTorch-Encoding;
+    and the ``.mat`` labels converted to PNGs once, here, so loading reads PNGs."""
+    del files
     ids = read_split_file(os.path.join(folder, "train.txt")) + read_split_file(os.path.join(folder, "val.txt"))
     atomic_write(os.path.join(folder, "trainval.txt"), "".join(i + "\n" for i in dict.fromkeys(ids)))
+    convert_sbd_masks(folder, overwrite=overwrite, progress=progress)
 
 
 def _convert_context(folder: str, files: Sequence[str], overwrite: bool, progress: bool) -> None:
