@@ -150,7 +150,8 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
                   root: Optional[str] = None, train_split: str = "train", val_split: str = "val",
                   base_size: Optional[int] = None, crop_size: Optional[int] = None, workers: int = 2,
                   train_limit: Optional[int] = None, val_limit: Optional[int] = None, distributed: bool = False,
-                  seed: int = 0, pin_memory: bool = False, skip_bad: bool = False) -> Loaders:
+                  seed: int = 0, pin_memory: bool = False, skip_bad: bool = False,
+                  scale_range: Optional[Tuple[float, float]] = None) -> Loaders:
     """Training (``train`` mode, shuffled) and validation (``val`` mode) loaders of a registered dataset.
 
     The training order and each sample's augmentation depend only on ``(seed, epoch, sample)``
@@ -167,9 +168,11 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
         distributed: split the samples over the processes (the training order seeded with ``seed``).
         pin_memory: pin batches (for CUDA).
         skip_bad: skip unusable samples with a warning instead of raising (see :class:`~encoding.datasets.BaseDataset`).
+        scale_range: relative range of the training long side (default: the dataset's ``SCALE_RANGE``).
     """
     sizes = dict(base_size=base_size, crop_size=crop_size, skip_bad=skip_bad)
-    train_set = get_segmentation_dataset(dataset, root=root, split=train_split, mode="train", **sizes)
+    train_set = get_segmentation_dataset(dataset, root=root, split=train_split, mode="train", scale_range=scale_range,
+                                         **sizes)
     val_set = get_segmentation_dataset(dataset, root=root, split=val_split, mode="val", **sizes)
     train_set, val_set = _limit(train_set, train_limit), _limit(val_set, val_limit)
     train_sampler = EpochSampler(train_set, shuffle=True, seed=seed, distributed=distributed)

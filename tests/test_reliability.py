@@ -37,8 +37,9 @@ _DRIVER = ("import functools, sys; import encoding.builders as b; from encoding.
            "get_segmentation_dataset as g; b.get_segmentation_dataset = functools.partial(g, num_train=8, "
            "num_val=4, progress=False); sys.path.insert(0, 'experiments/segmentation'); import train; "
            "sys.exit(train.cli(sys.argv[1:]))")
-RUN = ["--crop-size", "32", "--base-size", "40", "--batch-size", "4", "--workers", "0", "--deterministic",
-       "--val-limit", "2"]
+# FCN-ResNet18 (not the lighter default model): an epoch lasts long enough for kills to land inside training.
+RUN = ["--model", "fcn", "--backbone", "resnet18", "--crop-size", "32", "--base-size", "40", "--batch-size", "4",
+       "--workers", "0", "--deterministic", "--val-limit", "2"]
 EPOCHS = 2
 
 
@@ -50,8 +51,8 @@ def tiny_shapes(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _run_dir(out):
-    return os.path.join(out, "shapes", "deeplabv3plus", "default")
+def _run_dir(out, model="deeplabv3plus"):
+    return os.path.join(out, "shapes", model, "default")
 
 
 def _spawn(data, out, extra, **kwargs):
@@ -96,7 +97,7 @@ def reference(tmp_path_factory):
     started = time.monotonic()
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, out + err
-    return (base / "data", _weights(os.path.join(_run_dir(base / "runs"), CHECKPOINT_NAME)),
+    return (base / "data", _weights(os.path.join(_run_dir(base / "runs", "fcn"), CHECKPOINT_NAME)),
             time.monotonic() - started)
 
 
@@ -186,7 +187,7 @@ def test_second_training_run_into_a_locked_directory_is_refused_in_one_line(tiny
 def test_kill_9_at_random_points_then_resume_ends_bitwise_equal(reference, tmp_path):
     data, expected, duration = reference
     out = tmp_path / "runs"
-    run_dir, rng = _run_dir(out), random.Random(12)
+    run_dir, rng = _run_dir(out, "fcn"), random.Random(12)
     for _ in range(2):
         proc = _spawn(data, out, ["--epochs", str(EPOCHS)] + _resume_args(run_dir))
         _wait_until_training(proc)
@@ -395,7 +396,7 @@ def test_skip_bad_counts_samples_skipped_in_worker_processes(tmp_path):
 def test_ctrl_c_saves_a_mid_epoch_checkpoint_and_resume_continues_exactly(reference, tmp_path):
     data, expected, duration = reference
     out = tmp_path / "runs"
-    checkpoint = os.path.join(_run_dir(out), CHECKPOINT_NAME)
+    checkpoint = os.path.join(_run_dir(out, "fcn"), CHECKPOINT_NAME)
     proc = _spawn(data, out, ["--epochs", str(EPOCHS)])
     _wait_until_training(proc)
     time.sleep(0.2 * duration)

@@ -44,7 +44,30 @@ def backbone_list() -> List[str]:
     return list(_BACKBONES)
 
 
-class ResNetBackbone(nn.Module):
+class _StagedBackbone(nn.Module):
+    """A stem followed by four stages; ``forward`` returns every stage's output (subclasses: ``stem``, ``stages``)."""
+
+    @staticmethod
+    def _check_output_stride(output_stride: int) -> None:
+        if output_stride not in _DILATIONS:
+            raise ValueError(f"output_stride must be one of {sorted(_DILATIONS)}, got {output_stride}")
+
+    def stem(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def stages(self) -> Tuple[nn.Sequential, ...]:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> List[Tensor]:
+        x = self.stem(x)
+        features = []
+        for stage in self.stages():
+            x = stage(x)
+            features.append(x)
+        return features
+
+
+class ResNetBackbone(_StagedBackbone):
     """The stem and four stages of a torchvision ResNet, returning every stage's output.
 
     Its state-dict keys are those of the torchvision ResNet without ``fc`` (``conv1``, ``bn1``, ``layer1``...), as
@@ -65,8 +88,7 @@ class ResNetBackbone(nn.Module):
 
     def __init__(self, resnet: torchvision.models.ResNet, output_stride: int = 8) -> None:
         super().__init__()
-        if output_stride not in _DILATIONS:
-            raise ValueError(f"output_stride must be one of {sorted(_DILATIONS)}, got {output_stride}")
+        self._check_output_stride(output_stride)
         self.conv1, self.bn1, self.relu, self.maxpool = resnet.conv1, resnet.bn1, resnet.relu, resnet.maxpool
         self.layer1, self.layer2, self.layer3, self.layer4 = resnet.layer1, resnet.layer2, resnet.layer3, resnet.layer4
         self.output_stride = output_stride
@@ -75,17 +97,12 @@ class ResNetBackbone(nn.Module):
                 _dilate_stage(stage, *dilation)
         self.channels = tuple(_stage_channels(stage) for stage in self.stages())
 
+    def stem(self, x: Tensor) -> Tensor:
+        return self.maxpool(self.relu(self.bn1(self.conv1(x))))
+
     def stages(self) -> Tuple[nn.Sequential, ...]:
         """``(layer1, layer2, layer3, layer4)``."""
         return self.layer1, self.layer2, self.layer3, self.layer4
-
-    def forward(self, x: Tensor) -> List[Tensor]:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        features = []
-        for stage in self.stages():
-            x = stage(x)
-            features.append(x)
-        return features
 
 
 def _stage_channels(stage: nn.Sequential) -> int:
@@ -109,7 +126,7 @@ def _dilate_stage(stage: nn.Sequential, previous: int, dilation: int) -> None:
             first = False
 
 
-class MobileNetV3Backbone(nn.Module):
+class MobileNetV3Backbone(_StagedBackbone):
     """The inverted-residual blocks of a torchvision MobileNetV3 cut into four stages, returning every stage's output.
 
     ``features`` is torchvision's own ``features`` module, so the state-dict keys are those of the torchvision model
@@ -121,19 +138,12 @@ class MobileNetV3Backbone(nn.Module):
         mobilenet: a torchvision ``MobileNetV3`` (its ``classifier`` is not kept).
         output_stride: the stride of ``c4`` relative to the input (8, 16 or 32).
 
-    Attributes:
-        channels: output channels of ``(c1, c2, c3, c4)``.
-        output_stride: as given.
-
-    Shape:
-        - Input: ``B x 3 x H x W``.
-        - Output: list ``[c1, c2, c3, c4]`` at strides ``4, 8, min(16, os), os``.
+    Attributes (``channels``, ``output_stride``) and shapes are those of :class:`ResNetBackbone`.
     """
 
     def __init__(self, mobilenet: nn.Module, output_stride: int = 16) -> None:
         super().__init__()
-        if output_stride not in _DILATIONS:
-            raise ValueError(f"output_stride must be one of {sorted(_DILATIONS)}, got {output_stride}")
+        self._check_output_stride(output_stride)
         self.features = mobilenet.features
         self.output_stride = output_stride
         self._bounds = _stride_boundaries(self.features)
@@ -142,17 +152,12 @@ class MobileNetV3Backbone(nn.Module):
                 _dilate_all(stage, dilation[1])
         self.channels = tuple(_stage_channels(stage) for stage in self.stages())
 
+    def stem(self, x: Tensor) -> Tensor:
+        return self.features[0](x)
+
     def stages(self) -> Tuple[nn.Sequential, ...]:
         """The four stages (views of ``features``: slicing shares the blocks, the state dict does not change)."""
         return tuple(self.features[start:end] for start, end in self._bounds)
-
-    def forward(self, x: Tensor) -> List[Tensor]:
-        x = self.features[0](x)
-        features = []
-        for stage in self.stages():
-            x = stage(x)
-            features.append(x)
-        return features
 
 
 def _block_stride(block: nn.Module) -> int:

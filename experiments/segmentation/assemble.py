@@ -116,7 +116,7 @@ def build_run(args: argparse.Namespace) -> TrainingRun:
         args.dataset, batch_size=args.batch_size, test_batch_size=args.test_batch_size, root=args.data_root,
         train_split=args.train_split, val_split=args.val_split, base_size=args.base_size, crop_size=args.crop_size,
         workers=args.workers, train_limit=args.train_limit, val_limit=args.val_limit, distributed=distributed,
-        seed=args.seed, pin_memory=device.type == "cuda", skip_bad=args.skip_bad)
+        seed=args.seed, pin_memory=device.type == "cuda", skip_bad=args.skip_bad, scale_range=args.scale_range)
     class_names = _class_names(loaders.train)
     nclass = len(class_names)
     model = builders.build_model(args.model, args.dataset, backbone=args.backbone, aux=args.aux,

@@ -11,7 +11,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from option import parse_args  # noqa: E402
+from option import parse_args, run_cli  # noqa: E402
 
 from assemble import load_model  # noqa: E402
 from encoding.datasets import DatasetError, datasets  # noqa: E402
@@ -52,15 +52,7 @@ def main(argv=None) -> list:
 
 def cli(argv=None) -> int:
     """``main`` for the command line: known failures become one line on stderr; returns the exit status."""
-    try:
-        main(argv)
-    except KeyboardInterrupt:
-        sys.stderr.write("demo.py: interrupted\n")
-        return 130
-    except (CheckpointError, DatasetError, ValueError, RuntimeError, OSError) as err:
-        sys.stderr.write(f"demo.py: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}\n")
-        return 1
-    return 0
+    return run_cli("demo.py", main, argv, (CheckpointError, DatasetError, ValueError, RuntimeError, OSError))
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Per-dataset recipe defaults (PyTorch-Encoding's train.py; lr is for batch 16 and scales linearly with the batch).
 # `shapes` is the embedded offline dataset: a small model learns it in a few CPU minutes.
 RECIPES = {
-    "shapes": dict(epochs=48, lr=0.05, batch_size=16, model="deeplabv3plus", backbone="mobilenet_v3_small",
-                   output_stride=16, head_channels=64, base_size=80, crop_size=64),
+    "shapes": dict(epochs=48, lr=0.002, batch_size=16, model="deeplabv3plus", backbone="mobilenet_v3_small",
+                   output_stride=16, head_channels=64, base_size=72, crop_size=64, scale_range=(0.75, 1.25),
+                   optimizer="adamw"),
     "coco": dict(epochs=30, lr=0.004),
     "pascal_aug": dict(epochs=80, lr=0.001),
     "pascal_voc": dict(epochs=50, lr=0.0001),
@@ -26,7 +27,27 @@ RECIPES = {
     "citys": dict(epochs=240, lr=0.004),
 }
 GENERIC = dict(epochs=50, lr=0.004, batch_size=16, model="encnet", backbone="resnet50", output_stride=None,
-               head_channels=None, base_size=None, crop_size=None, optimizer="sgd", weight_decay=1e-4)
+               head_channels=None, base_size=None, crop_size=None, scale_range=None, optimizer="sgd",
+               weight_decay=1e-4)
+
+
+#: Exit status after an interrupt (128 + SIGINT), as shells report it.
+EXIT_INTERRUPTED = 130
+
+
+def run_cli(prog: str, main: Callable[[Optional[List[str]]], Any], argv: Optional[List[str]],
+            known: tuple, interrupted: str = "interrupted") -> int:
+    """Run a script's ``main(argv)``: the ``known`` failures become one line on stderr (``prog: error: ...``, exit
+    status 1), Ctrl-C prints ``prog: interrupted`` (status 130); returns the exit status (0 on success)."""
+    try:
+        main(argv)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{prog}: {interrupted}\n")
+        return EXIT_INTERRUPTED
+    except known as err:
+        sys.stderr.write(f"{prog}: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}\n")
+        return 1
+    return 0
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -110,6 +131,9 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pretrained", action="store_true", help="start the backbone from ImageNet weights")
     p.add_argument("--aux-weight", type=non_negative_float, default=0.2, help="weight of the auxiliary loss (PE train.py: 0.2)")
     p.add_argument("--se-weight", type=non_negative_float, default=0.2)
+    p.add_argument("--scale-range", type=_scales, default=None, metavar="MIN,MAX",
+                   help="relative range of the training long side around --base-size (default: the recipe's, else "
+                        "the dataset's, 0.5,2.0 for the real datasets)")
     p.add_argument("--train-split", default="train")
     p.add_argument("--val-split", default="val")
     p.add_argument("--epochs", type=positive_int, default=None)
@@ -257,7 +281,9 @@ def parse_args(argv: Optional[List[str]] = None, script: str = "train") -> argpa
     if script != "train":
         return _parse_inference(parser, args, script)
     recipe = _fill_from_recipe(args, ("epochs", "batch_size", "model", "backbone", "output_stride", "base_size",
-                                      "crop_size", "optimizer", "weight_decay"))
+                                      "crop_size", "scale_range", "optimizer", "weight_decay"))
+    if args.scale_range is not None and (len(args.scale_range) != 2 or args.scale_range[0] > args.scale_range[1]):
+        parser.error(f"argument --scale-range: expected MIN,MAX with MIN <= MAX, got {args.scale_range}")
     if args.lr is None:
         args.lr = recipe["lr"] if args.dataset == "shapes" else recipe["lr"] * args.batch_size / 16
     if args.head_lr_mult is None:

@@ -18,7 +18,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from option import parse_args  # noqa: E402
+from option import parse_args, run_cli  # noqa: E402
 
 from assemble import build_evaluation  # noqa: E402
 from encoding.datasets import DatasetError  # noqa: E402
@@ -56,15 +56,7 @@ def main(argv=None) -> dict:
 
 def cli(argv=None) -> int:
     """``main`` for the command line: known failures become one line on stderr; returns the exit status."""
-    try:
-        main(argv)
-    except KeyboardInterrupt:
-        sys.stderr.write("test.py: interrupted\n")
-        return 130
-    except (CheckpointError, DatasetError, ValueError, RuntimeError, OSError) as err:
-        sys.stderr.write(f"test.py: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}\n")
-        return 1
-    return 0
+    return run_cli("test.py", main, argv, (CheckpointError, DatasetError, ValueError, RuntimeError, OSError))
 
 
 if __name__ == "__main__":

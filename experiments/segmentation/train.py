@@ -18,7 +18,7 @@ import time
 from typing import Any, Dict, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from option import parse_args  # noqa: E402
+from option import EXIT_INTERRUPTED, parse_args, run_cli  # noqa: E402
 
 from assemble import TrainingRun, build_run, run_directory  # noqa: E402
 from encoding.datasets import DatasetError  # noqa: E402
@@ -28,10 +28,6 @@ from encoding.utils import (CheckpointError, EpochLogger, format_table, is_main_
 from encoding.utils.checkpoint import CHECKPOINT_NAME, NonFiniteError, restore_best  # noqa: E402
 from encoding.utils.determinism import enable_determinism  # noqa: E402
 from encoding.utils.rundir import RunDirLock, RunDirLocked, remove_stale_temp_files  # noqa: E402
-
-#: Exit status after an interrupt (128 + SIGINT), as shells report it.
-EXIT_INTERRUPTED = 130
-
 
 class RunFailed(RuntimeError):
     """The run stopped with an error that the one-line report explains."""
@@ -181,17 +177,11 @@ def main(argv=None) -> dict:
 def cli(argv=None) -> int:
     """``main`` for the command line: known failures become one line on stderr; returns the exit status."""
     try:
-        main(argv)
-    except RunInterrupted as stop:
+        return run_cli("train.py", main, argv, (RunFailed, RunDirLocked, CheckpointError, DatasetError, OSError),
+                       interrupted="interrupted before training started; nothing was saved")
+    except RunInterrupted as stop:  # Ctrl-C inside the loop: a resumable checkpoint was written
         sys.stderr.write(f"train.py: {stop.message}\n")
         return EXIT_INTERRUPTED
-    except KeyboardInterrupt:  # Ctrl-C before the training loop took over
-        sys.stderr.write("train.py: interrupted before training started; nothing was saved\n")
-        return EXIT_INTERRUPTED
-    except (RunFailed, RunDirLocked, CheckpointError, DatasetError, OSError) as err:
-        sys.stderr.write(f"train.py: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}\n")
-        return 1
-    return 0
 
 
 if __name__ == "__main__":
