@@ -20,11 +20,12 @@ from torch import Tensor, nn
 
 from .datasets.base import BaseDataset
 from .datasets.transforms import IMAGENET_MEAN, IMAGENET_STD, image_transform
+from .engine import predicted_labels
 from .utils.files import atomic_write
-from .utils.metrics import main_output
 from .utils.palette import colorize, get_palette, overlay
 
-__all__ = ["read_image", "denormalize", "segment", "PredictionWriter", "prediction_filename", "save_png", "overlay_with_legend"]
+__all__ = ["read_image", "denormalize", "segment", "PredictionWriter", "prediction_filename", "save_png",
+           "overlay_with_legend"]
 
 
 def read_image(path: str) -> Tensor:
@@ -55,8 +56,7 @@ def segment(model: nn.Module, image: Tensor, device: Optional[torch.device] = No
     """
     if device is None:
         device = next(model.parameters()).device
-    logits = main_output(model(image.unsqueeze(0).to(device)))
-    return logits.argmax(1)[0].cpu()
+    return predicted_labels(model(image.unsqueeze(0).to(device)))[0]
 
 
 def prediction_filename(name: str) -> str:

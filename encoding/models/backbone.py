@@ -169,10 +169,11 @@ def _stride_boundaries(features: nn.Sequential) -> List[Tuple[int, int]]:
     block that halves the resolution once the stride is 4."""
     stride, starts = _block_stride(features[0]), []
     for i in range(1, len(features)):
-        stride *= _block_stride(features[i])
+        step = _block_stride(features[i])
+        stride *= step
         if not starts and stride == 4:
             starts.append(1)
-        elif starts and _block_stride(features[i]) > 1:
+        elif starts and step > 1:
             starts.append(i)
     if len(starts) != 4:
         raise ValueError(f"expected a stem and four stride-doubling stages, found {len(starts)} stages")

@@ -29,7 +29,8 @@ from encoding.utils import LR_Scheduler, SegmentationMetric, get_rank, get_world
 from encoding.utils.determinism import SeededSamples, rng_state, set_rng_state
 from option import AMP_DTYPES, parse_device_ids
 
-__all__ = ["TrainingRun", "build_run", "run_directory", "EvaluationJob", "build_evaluation", "load_model"]
+__all__ = ["TrainingRun", "build_run", "run_directory", "EvaluationJob", "build_evaluation", "load_model",
+           "multi_scale"]
 
 
 @dataclass
@@ -123,7 +124,7 @@ def build_run(args: argparse.Namespace) -> TrainingRun:
                                  se_loss=args.se_loss, pretrained_backbone=args.pretrained,
                                  output_stride=args.output_stride, sync_bn=placement.synced, device=device,
                                  checkpoint=False if args.checkpoint == "none" else args.checkpoint,
-                                 head_options={"channels": args.head_channels} if args.head_channels else None)
+                                 head_options=_head_options(args))
     criterion = builders.build_criterion(nclass, aux=args.aux, aux_weight=args.aux_weight, se_loss=args.se_loss,
                                          se_weight=args.se_weight, device=device)
     optimizer = builders.build_optimizer(model, args.lr, kind=args.optimizer, momentum=args.momentum,
@@ -169,9 +170,24 @@ def load_model(args: argparse.Namespace, device: torch.device) -> nn.Module:
     else:
         model = builders.build_model(args.model, args.dataset, backbone=args.backbone, aux=args.aux,
                                      se_loss=args.se_loss, output_stride=args.output_stride,
-                                     head_options={"channels": args.head_channels} if args.head_channels else None)
+                                     head_options=_head_options(args))
         builders.resume(args.resume, model)
     return model.to(device).eval()
+
+
+def _head_options(args: argparse.Namespace) -> Optional[dict]:
+    """``--head-channels`` as the head factory's option (``None``: the model's default width)."""
+    return {"channels": args.head_channels} if args.head_channels else None
+
+
+def multi_scale(model: nn.Module, args: argparse.Namespace) -> nn.Module:
+    """``model`` inside a :class:`~encoding.models.MultiEvalModule` (``--scales`` + flip) with ``--multi-scale``,
+    else ``model`` itself."""
+    if not args.multi_scale:
+        return model
+    dataset = DATASETS[args.dataset]
+    return MultiEvalModule(model, dataset.NUM_CLASS, base_size=args.base_size or dataset.BASE_SIZE,
+                           crop_size=args.crop_size or dataset.CROP_SIZE, scales=args.scales)
 
 
 def weights_source(args: argparse.Namespace) -> str:
@@ -222,12 +238,9 @@ def build_evaluation(args: argparse.Namespace) -> EvaluationJob:
                                         distributed=distributed)
     device = placement.model_device
     devices = list(placement.device_ids) or [device]
-    model = load_model(args, device)
+    model = multi_scale(load_model(args, device), args)
     dataset_class = DATASETS[args.dataset]
     nclass = dataset_class.NUM_CLASS
-    if args.multi_scale:
-        model = MultiEvalModule(model, nclass, base_size=args.base_size or dataset_class.BASE_SIZE,
-                                crop_size=args.crop_size or dataset_class.CROP_SIZE, scales=args.scales)
     if args.mode == "val":
         batch_size = args.test_batch_size
         if not distributed:

@@ -13,13 +13,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from option import parse_args, run_cli  # noqa: E402
 
-from assemble import load_model  # noqa: E402
+from assemble import load_model, multi_scale  # noqa: E402
+from encoding.builders import select_devices  # noqa: E402
 from encoding.datasets import DatasetError, datasets  # noqa: E402
 from encoding.inference import denormalize, overlay_with_legend, read_image, save_png, segment  # noqa: E402
-from encoding.models import MultiEvalModule  # noqa: E402
 from encoding.utils import CheckpointError, colorize  # noqa: E402
-
-import torch  # noqa: E402
 
 
 def _outputs(out_dir: str, path: str) -> tuple:
@@ -31,12 +29,9 @@ def main(argv=None) -> list:
     """Run ``demo.py`` with ``argv``; returns the written ``(mask, overlay)`` paths, one pair per image."""
     args = parse_args(argv, "demo")
     images = [(path, read_image(path)) for path in args.images]  # every input is checked before any work
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.no_cuda else "cpu")
-    model = load_model(args, device)
+    device = select_devices(None, use_cuda=not args.no_cuda).model_device  # the first GPU, else the CPU
+    model = multi_scale(load_model(args, device), args)
     dataset = datasets[args.dataset]
-    if args.multi_scale:
-        model = MultiEvalModule(model, dataset.NUM_CLASS, base_size=args.base_size or dataset.BASE_SIZE,
-                                crop_size=args.crop_size or dataset.CROP_SIZE, scales=args.scales)
     os.makedirs(args.out_dir, exist_ok=True)
     written = []
     for path, image in images:
