@@ -357,6 +357,7 @@ def test_quickstart_loads_the_default_training_run():
     call = re.search(r"get_segmentation_model\((.*?)\)\n", text, flags=re.S)[1]
     assert f'"{args.model}"' in call and f'dataset="{args.dataset}"' in call and f'backbone="{args.backbone}"' in call
     assert args.head_channels is None or f"channels={args.head_channels}" in call
+    assert args.output_stride is None or f"output_stride={args.output_stride}" in call  # same weights, other net
     assert f"runs/{args.dataset}/{args.model}/{args.checkname}/model_best.pth" in text
 
 

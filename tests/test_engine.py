@@ -80,7 +80,7 @@ def test_train_script_runs_checkpoints_and_resumes(tiny_shapes):
     script = load_train_script()
     out = str(tiny_shapes / "runs")
     result = script.main(TINY + ["--output-dir", out])
-    run_dir = os.path.join(out, "shapes", "deeplabv3plus", "default")
+    run_dir = os.path.join(out, "shapes", "unet", "default")
     assert 0.0 <= result["mIoU"] <= 1.0 and 0.0 <= result["pixAcc"] <= 1.0
     for name in ("checkpoint.pth", "model_best.pth", "log.csv", "log.jsonl"):
         assert os.path.isfile(os.path.join(run_dir, name)), name

@@ -51,7 +51,7 @@ def trained(tmp_path_factory):
     patch.setattr(encoding.builders, "get_segmentation_dataset", functools.partial(get_segmentation_dataset, **TINY))
     torch.manual_seed(0)
     result = load_script("train").main(TRAIN + ["--output-dir", str(base / "runs")])
-    checkpoint = base / "runs" / "shapes" / "deeplabv3plus" / "default" / "model_best.pth"
+    checkpoint = base / "runs" / "shapes" / "unet" / "default" / "model_best.pth"
     yield base, str(checkpoint), result
     patch.undo()
 
@@ -80,7 +80,7 @@ def test_test_py_reproduces_the_last_validation(trained, tmp_path):
     assert saved["split"] == "val" and saved["mode"] == "val" and saved["weights"] == checkpoint
     assert list(saved["per_class"]) == list(SHAPES_CLASSES)
     # the network options came from the checkpoint: nothing but --resume was needed
-    assert load_checkpoint(checkpoint)["args"]["model"] == "deeplabv3plus"
+    assert load_checkpoint(checkpoint)["args"]["model"] == "unet"
 
 
 def test_two_cpu_devices_score_like_one(trained, tmp_path):
@@ -107,8 +107,9 @@ def test_saved_predictions_map_back_to_the_predicted_classes(trained, tmp_path):
     images = val_images(base)
     assert sorted(os.listdir(tmp_path)) == sorted(os.path.splitext(os.path.basename(p))[0] + ".png" for p in images)
     args = load_checkpoint(checkpoint)["args"]
-    model = get_segmentation_model("deeplabv3plus", dataset="shapes", backbone=args["backbone"],
-                                   output_stride=args["output_stride"], channels=args["head_channels"])
+    width = {"channels": args["head_channels"]} if args["head_channels"] else {}
+    model = get_segmentation_model(args["model"], dataset="shapes", backbone=args["backbone"],
+                                   output_stride=args["output_stride"], **width)
     encoding.builders.resume(checkpoint, model)
     colours = {colour: cls for cls, colour in enumerate(SHAPES_PALETTE)}
     for path in images:

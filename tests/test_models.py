@@ -127,9 +127,9 @@ def test_sync_batchnorm_model_under_data_parallel_trains_like_full_batch():
 
 # ------------------------------------------------------------------------------------------------ registry API
 def test_registry_errors():
-    with pytest.raises(ValueError, match="valid models: fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn"):
+    with pytest.raises(ValueError, match="valid models: fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn, unet"):
         get_segmentation_model("segformer", nclass=NCLASS)
-    with pytest.raises(ValueError, match="valid backbones: resnet18.*wide_resnet101_2, mobilenet_v3_large"):
+    with pytest.raises(ValueError, match="valid backbones: resnet18.*wide_resnet101_2, mobilenet_v3_large, mobilenet_v3_small, vgg_tiny"):
         get_segmentation_model("fcn", backbone="vgg16", nclass=NCLASS)
     with pytest.raises(ValueError, match="se_loss=True is not supported by 'fcn'.*encnet"):
         build("fcn", se_loss=True)
@@ -139,6 +139,10 @@ def test_registry_errors():
         build("fcn", lateral=True)  # head options are checked against the head factory's signature
     with pytest.raises(ValueError, match="no head option ncodes; its head options: atrous_rates, channels"):
         build("deeplabv3plus", ncodes=8)
+    with pytest.raises(ValueError, match="no head option channels; its head options: decoder_channels"):
+        build("unet", channels=8)
+    with pytest.raises(ValueError, match="decoder_channels needs 3 values"):
+        build("unet", decoder_channels=(8, 8))
     with pytest.raises(ValueError, match="unknown dataset 'nope'.*pascal_voc"):
         get_segmentation_model("fcn", dataset="nope", backbone="resnet18")
 
@@ -244,7 +248,7 @@ def test_dilation_matches_torchvision_replace_stride_with_dilation():
 
 
 def test_every_backbone_is_torchvisions_without_classifier():
-    for name in backbone_list():
+    for name in (n for n in backbone_list() if n != "vgg_tiny"):  # vgg_tiny is ours, tested below
         with torch.device("meta"):
             backbone = get_backbone(name)
             reference = getattr(torchvision.models, name)()
@@ -274,6 +278,31 @@ def test_mobilenet_backbone_is_torchvisions_features(name, tmp_path):
     ours16 = get_backbone(name, output_stride=16, pretrained=str(path)).eval()
     torch.testing.assert_close(ours16(x)[-1], dilated.features(x), rtol=1e-5, atol=1e-5)
     assert [f.shape[-1] for f in get_backbone(name, output_stride=8)(x)] == [24, 12, 12, 12]
+
+
+def test_vgg_tiny_strides_dilation_and_no_published_weights():
+    """Stages at strides 2, 4, 8 and 16 (8 with c4's convs dilated 2 and 4, as many parameters); pretrained=True is
+    refused by name rather than attempted."""
+    x = torch.randn(2, 3, 64, 96)
+    plain, dilated = get_backbone("vgg_tiny", output_stride=16), get_backbone("vgg_tiny", output_stride=8)
+    assert [f.shape[-1] for f in plain(x)] == [48, 24, 12, 6]
+    assert [f.shape[-1] for f in dilated(x)] == [48, 24, 12, 12]
+    assert tuple(f.shape[1] for f in dilated(x)) == dilated.channels == (24, 48, 72, 72)
+    assert [m.dilation[0] for m in dilated.layer4.modules() if isinstance(m, nn.Conv2d)] == [2, 4]
+    assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in dilated.parameters())
+    with pytest.raises(ValueError, match="output_stride of vgg_tiny must be 8 or 16, got 32"):
+        get_backbone("vgg_tiny", output_stride=32)
+    with pytest.raises(ValueError, match="vgg_tiny has no published weights; pretrained=True is available for resnet18"):
+        get_backbone("vgg_tiny", pretrained=True)
+
+
+def test_unet_decodes_to_the_finest_stage():
+    """The U-Net head climbs c4 -> c3 -> c2 -> c1: its logits have c1's size (stride 2 on vgg_tiny, 4 on ResNet)."""
+    for backbone, stride in (("vgg_tiny", 2), ("resnet18", 4)):
+        model = get_segmentation_model("unet", backbone=backbone, nclass=NCLASS, decoder_channels=(8, 16, 24)).eval()
+        features = model.backbone(torch.randn(1, 3, 64, 64))
+        assert model.classifier(*features).shape == (1, NCLASS, 64 // stride, 64 // stride)
+        assert [m[0].out_channels for m in model.classifier.fuse] == [8, 16, 24]
 
 
 def test_pretrained_backbone_offline_error_and_cache(offline_hub):

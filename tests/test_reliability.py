@@ -51,7 +51,7 @@ def tiny_shapes(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _run_dir(out, model="deeplabv3plus"):
+def _run_dir(out, model="unet"):
     return os.path.join(out, "shapes", model, "default")
 
 

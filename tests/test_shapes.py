@@ -86,6 +86,17 @@ def test_generation_layout_marker_and_idempotence(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["shapes-seed5-6-3"]  # no staging or old folders left
 
 
+def test_generation_in_several_processes_writes_the_same_files(tmp_path):
+    """Every scene has its own random stream: two worker processes write byte-identical files and lists."""
+    folders = [shapes.generate_shapes(str(tmp_path / f"w{n}"), seed=3, num_train=7, num_val=3, progress=False,
+                                      workers=n) for n in (1, 2)]
+    trees = []
+    for folder in folders:
+        files = sorted(os.path.relpath(os.path.join(d, f), folder) for d, _, fs in os.walk(folder) for f in fs)
+        trees.append({name: open(os.path.join(folder, name), "rb").read() for name in files})
+    assert len(trees[0]) == 10 + 10 + 3 + 1 and trees[0] == trees[1]
+
+
 def test_interrupted_generation_leaves_no_dataset(tmp_path, monkeypatch):
     real = shapes._scene_for
     calls = []

@@ -20,8 +20,10 @@ does it explicitly.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
+import multiprocessing
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -43,7 +45,7 @@ SHAPES_PALETTE = (
 )
 GENERATOR_VERSION = 2
 DEFAULT_SEED = 0
-DEFAULT_NUM_TRAIN = 400
+DEFAULT_NUM_TRAIN = 3000
 DEFAULT_NUM_VAL = 100
 #: Image sides are drawn uniformly from this range (inclusive), independently for height and width.
 SIDE_RANGE = (128, 160)
@@ -279,25 +281,51 @@ def _is_complete(folder: str, config: Dict[str, object]) -> bool:
         return False
 
 
+def _write_scene(staging: str, seed: int, split: str, index: int) -> str:
+    """Render one scene and write its image and label into ``staging``; returns its name."""
+    image, label = _scene_for(seed, split, index)
+    name = f"{split}_{index:05d}"
+    Image.fromarray(image).save(os.path.join(staging, "JPEGImages", name + ".jpg"), quality=90)
+    Image.fromarray(label).save(os.path.join(staging, "SegmentationClass", name + ".png"))
+    return name
+
+
+def _map_scenes(staging: str, seed: int, jobs: List[Tuple[str, int]], workers: int, progress: bool) -> None:
+    """Write every ``(split, index)`` scene of ``jobs``, in ``workers`` forked processes when more than one."""
+    bar = tqdm(total=len(jobs), desc="generating shapes", unit="img", disable=not progress)
+    args = ([staging] * len(jobs), [seed] * len(jobs), [split for split, _ in jobs], [i for _, i in jobs])
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        for _ in map(_write_scene, *args):
+            bar.update()
+    else:  # every scene has its own random stream: the files do not depend on the order or the process
+        context = multiprocessing.get_context("fork")
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+            for _ in pool.map(_write_scene, *args, chunksize=16):
+                bar.update()
+    bar.close()
+
+
 def generate_shapes(folder: str, *, seed: int = DEFAULT_SEED, num_train: int = DEFAULT_NUM_TRAIN,
-                    num_val: int = DEFAULT_NUM_VAL, progress: bool = True) -> str:
+                    num_val: int = DEFAULT_NUM_VAL, progress: bool = True, workers: Optional[int] = None) -> str:
     """Generate the dataset into ``folder`` (replacing what is there), atomically.
+
+    Args:
+        workers: processes that render scenes (default: one per CPU core, up to 8, for more than 256 scenes);
+            the result is the same for any number.
 
     Returns:
         ``folder``.
     """
     config = _config(seed, num_train, num_val)
+    jobs = [(split, i) for split, n in (("train", num_train), ("val", num_val)) for i in range(n)]
+    if workers is None:
+        workers = min(os.cpu_count() or 1, 8) if len(jobs) > 256 else 1
     with staged_dir(folder, replace=True) as staging:
         for sub in ("JPEGImages", "SegmentationClass", "ImageSets"):
             os.makedirs(os.path.join(staging, sub))
-        lists: Dict[str, List[str]] = {"train": [], "val": []}
-        jobs = [(split, i) for split, n in (("train", num_train), ("val", num_val)) for i in range(n)]
-        for split, i in tqdm(jobs, desc="generating shapes", unit="img", disable=not progress):
-            image, label = _scene_for(seed, split, i)
-            name = f"{split}_{i:05d}"
-            Image.fromarray(image).save(os.path.join(staging, "JPEGImages", name + ".jpg"), quality=90)
-            Image.fromarray(label).save(os.path.join(staging, "SegmentationClass", name + ".png"))
-            lists[split].append(name)
+        _map_scenes(staging, seed, jobs, workers, progress)
+        lists: Dict[str, List[str]] = {split: [f"{split}_{i:05d}" for i in range(n)]
+                                       for split, n in (("train", num_train), ("val", num_val))}
         lists["trainval"] = lists["train"] + lists["val"]
         for split, names in lists.items():
             with open(os.path.join(staging, "ImageSets", split + ".txt"), "w", encoding="utf-8") as f:

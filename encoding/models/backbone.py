@@ -6,7 +6,9 @@ the first 3x3 conv of each dilated stage keeping the previous dilation, as torch
 ``replace_stride_with_dilation`` does for bottleneck blocks; the same rule also covers the basic blocks of
 ResNet-18/34, which torchvision refuses to dilate). ``mobilenet_v3_large`` / ``mobilenet_v3_small`` are light
 backbones for fast segmentation (:class:`MobileNetV3Backbone`): the same four stages at strides 4, 8, 16 and 32,
-dilated the same way.
+dilated the same way. ``vgg_tiny`` (:class:`VGGTinyBackbone`) is this package's own: a few plain 3x3 conv layers
+at strides 2 to 16 (about 0.2M parameters) for training from scratch on small images, such as the embedded
+``shapes`` data on a CPU.
 
 Weights: ``pretrained=True`` loads torchvision's default ImageNet weights through its weights API (from the torch hub
 cache, ``$TORCH_HOME/hub/checkpoints``, or downloaded there); ``pretrained="file.pth"`` loads a local state dict with
@@ -21,19 +23,22 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
-from ..nn.blocks import NormLayer
+from ..nn.blocks import NormLayer, conv_norm_act
 from ..utils.checkpoint import load_model_state, read_state_dict
 
-__all__ = ["ResNetBackbone", "MobileNetV3Backbone", "get_backbone", "backbone_list", "fetch_torchvision_weights"]
+__all__ = ["ResNetBackbone", "MobileNetV3Backbone", "VGGTinyBackbone", "get_backbone", "backbone_list",
+           "fetch_torchvision_weights"]
 
 Pretrained = Union[bool, str, os.PathLike]
 
-#: Backbone names, which are also the names of torchvision's builders and weights.
-_BACKBONES: Tuple[str, ...] = (
+#: Backbone names built from torchvision (also the names of its builders and weights).
+_TORCHVISION_BACKBONES: Tuple[str, ...] = (
     "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
     "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2", "wide_resnet101_2",
     "mobilenet_v3_large", "mobilenet_v3_small",
 )
+#: Every backbone name: torchvision's and this package's own (no published weights).
+_BACKBONES: Tuple[str, ...] = _TORCHVISION_BACKBONES + ("vgg_tiny",)
 
 #: Output stride -> (previous dilation, dilation) for layer3 and layer4; ``None`` keeps the stage strided.
 _DILATIONS: Dict[int, Tuple] = {8: ((1, 2), (2, 4)), 16: (None, (1, 2)), 32: (None, None)}
@@ -160,6 +165,50 @@ class MobileNetV3Backbone(_StagedBackbone):
         return tuple(self.features[start:end] for start, end in self._bounds)
 
 
+class VGGTinyBackbone(_StagedBackbone):
+    """A small plain CNN (3x3 conv → norm → ReLU layers, VGG-style) for training from scratch on small images.
+
+    A full-resolution stem conv, then four stages that each end (or, for ``c4``, begin) with a stride-2 conv:
+    ``c1`` at stride 2 (``width`` channels), ``c2`` at 4 (``2 * width``), ``c3`` at 8 (``3 * width``) and ``c4``
+    at 16 (``3 * width``, two convs). At ``output_stride=8``, ``c4`` keeps stride 8 and its convs are dilated 2 and 4,
+    which gives the last layers a receptive field of the whole image on inputs of about 64 pixels. The finer strides
+    than ResNet's (2 ... 16 instead of 4 ... 32) keep detail for a skip decoder such as :class:`~encoding.models.unet.UNetHead`.
+
+    Args:
+        width: channels of ``c1``.
+        output_stride: 16 (plain) or 8 (dilated ``c4``).
+        norm_layer: normalization layer class.
+
+    Attributes (``channels``, ``output_stride``) are those of :class:`ResNetBackbone`.
+
+    Shape:
+        - Input: ``B x 3 x H x W``.
+        - Output: list ``[c1, c2, c3, c4]`` at strides ``2, 4, 8, output_stride``.
+    """
+
+    def __init__(self, width: int = 24, output_stride: int = 16, norm_layer: NormLayer = nn.BatchNorm2d) -> None:
+        super().__init__()
+        if output_stride not in (8, 16):
+            raise ValueError(f"output_stride of vgg_tiny must be 8 or 16, got {output_stride}")
+        w1, w2, w3 = width, 2 * width, 3 * width
+        self.conv1 = conv_norm_act(3, w1, 3, norm_layer)
+        self.layer1 = nn.Sequential(conv_norm_act(w1, w1, 3, norm_layer, stride=2))
+        self.layer2 = nn.Sequential(conv_norm_act(w1, w2, 3, norm_layer), conv_norm_act(w2, w2, 3, norm_layer, stride=2))
+        self.layer3 = nn.Sequential(conv_norm_act(w2, w3, 3, norm_layer), conv_norm_act(w3, w3, 3, norm_layer, stride=2))
+        self.layer4 = nn.Sequential(conv_norm_act(w3, w3, 3, norm_layer, stride=2), conv_norm_act(w3, w3, 3, norm_layer))
+        if output_stride == 8:
+            _dilate_stage(self.layer4, 2, 4)
+        self.output_stride = output_stride
+        self.channels = (w1, w2, w3, w3)
+
+    def stem(self, x: Tensor) -> Tensor:
+        return self.conv1(x)
+
+    def stages(self) -> Tuple[nn.Sequential, ...]:
+        """``(layer1, layer2, layer3, layer4)``."""
+        return self.layer1, self.layer2, self.layer3, self.layer4
+
+
 def _block_stride(block: nn.Module) -> int:
     return max(m.stride[0] for m in block.modules() if isinstance(m, nn.Conv2d))
 
@@ -208,24 +257,26 @@ def fetch_torchvision_weights(weights: torchvision.models.WeightsEnum) -> Dict[s
 
 
 def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: NormLayer = nn.BatchNorm2d,
-                 pretrained: Pretrained = False) -> Union[ResNetBackbone, MobileNetV3Backbone]:
-    """Build a (dilated) ResNet-family or MobileNetV3 backbone.
+                 pretrained: Pretrained = False) -> _StagedBackbone:
+    """Build a (dilated) ResNet-family, MobileNetV3 or ``vgg_tiny`` backbone.
 
     Args:
         name: one of :func:`backbone_list` (``resnet18`` ... ``resnet152``, ``resnext50_32x4d``,
             ``resnext101_32x8d``, ``resnext101_64x4d``, ``wide_resnet50_2``, ``wide_resnet101_2``,
-            ``mobilenet_v3_large``, ``mobilenet_v3_small``).
-        output_stride: 8 (default, dilated ``layer3`` and ``layer4``), 16 (dilated ``layer4``) or 32 (plain).
+            ``mobilenet_v3_large``, ``mobilenet_v3_small``, ``vgg_tiny``).
+        output_stride: 8 (default, dilated ``layer3`` and ``layer4``), 16 (dilated ``layer4``) or 32 (plain);
+            ``vgg_tiny``: 8 or 16 (see :class:`VGGTinyBackbone`).
         norm_layer: normalization layer class, e.g. ``nn.BatchNorm2d`` or ``encoding.nn.SyncBatchNorm``.
         pretrained: ``False`` (random init, no network access), ``True`` (torchvision's default ImageNet weights)
             or the path of a local state-dict file (the torchvision model's keys; ``fc.*`` / ``classifier.*`` are
             ignored).
 
     Returns:
-        A :class:`ResNetBackbone` or :class:`MobileNetV3Backbone`.
+        A :class:`ResNetBackbone`, :class:`MobileNetV3Backbone` or :class:`VGGTinyBackbone`.
 
     Raises:
-        ValueError: unknown name (the message lists the valid ones) or output stride, or weights that do not fit.
+        ValueError: unknown name (the message lists the valid ones) or output stride, weights that do not fit, or
+            ``pretrained=True`` for ``vgg_tiny`` (it has no published weights).
         RuntimeError: ``pretrained=True`` while offline and the weights are not cached.
 
     Example:
@@ -235,9 +286,10 @@ def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: Nor
     """
     if name not in _BACKBONES:
         raise ValueError(f"unknown backbone {name!r}; valid backbones: {', '.join(_BACKBONES)}")
-    network = getattr(torchvision.models, name)(weights=None, norm_layer=norm_layer)
-    mobile = name.startswith("mobilenet")
-    backbone = MobileNetV3Backbone(network, output_stride) if mobile else ResNetBackbone(network, output_stride)
+    backbone = _build_backbone(name, output_stride, norm_layer)
+    if pretrained is True and name not in _TORCHVISION_BACKBONES:
+        raise ValueError(f"{name} has no published weights; pretrained=True is available for "
+                         f"{', '.join(_TORCHVISION_BACKBONES)}")
     if pretrained is True:
         weights = torchvision.models.get_model_weights(name).DEFAULT
         state, source = fetch_torchvision_weights(weights), str(weights)
@@ -250,3 +302,12 @@ def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: Nor
     head = ("fc.", "classifier.")
     load_model_state(backbone, {k: v for k, v in state.items() if not k.startswith(head)}, source=source)
     return backbone
+
+
+def _build_backbone(name: str, output_stride: int, norm_layer: NormLayer) -> _StagedBackbone:
+    if name == "vgg_tiny":
+        return VGGTinyBackbone(output_stride=output_stride, norm_layer=norm_layer)
+    network = getattr(torchvision.models, name)(weights=None, norm_layer=norm_layer)
+    if name.startswith("mobilenet"):
+        return MobileNetV3Backbone(network, output_stride)
+    return ResNetBackbone(network, output_stride)

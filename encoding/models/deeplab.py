@@ -4,8 +4,7 @@
 With a ResNet-50/101 backbone, output stride 8 and ``aux=True`` this is torchvision's ``deeplabv3_resnet50/101``
 module for module (same parameters, same state-dict keys, same outputs): :class:`ASPP` and :class:`DeepLabV3Head`
 have the layout of torchvision's ``ASPP`` / ``DeepLabHead``. :class:`DeepLabV3Plus` (``deeplabv3plus``, output
-stride 16 by default, as in the paper) is the default model of the embedded ``shapes`` recipe, with a MobileNetV3
-backbone.
+stride 16 by default, as in the paper) pairs with the light MobileNetV3 backbones for fast segmentation.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Segment images: for each input write ``<name>_mask.png`` (coloured mask) and ``<name>_overlay.png`` (the image
 blended with the mask, with a legend of the classes present) into ``--out-dir``.
 
-    python experiments/segmentation/demo.py image.jpg --resume runs/shapes/deeplabv3plus/default/model_best.pth
+    python experiments/segmentation/demo.py image.jpg --resume runs/shapes/unet/default/model_best.pth
     python experiments/segmentation/demo.py a.jpg b.png --model-zoo fcn_resnet50_voc --out-dir demo/ --multi-scale
 
 Any image size; JPEG or PNG; grey-scale, palette and RGBA images are converted to RGB. The network's options come

@@ -16,9 +16,8 @@ AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Per-dataset recipe defaults (PyTorch-Encoding's train.py; lr is for batch 16 and scales linearly with the batch).
 # `shapes` is the embedded offline dataset: a small model learns it in a few CPU minutes.
 RECIPES = {
-    "shapes": dict(epochs=48, lr=0.002, batch_size=16, model="deeplabv3plus", backbone="mobilenet_v3_small",
-                   output_stride=16, head_channels=64, base_size=72, crop_size=64, scale_range=(0.75, 1.25),
-                   optimizer="adamw"),
+    "shapes": dict(epochs=8, lr=0.002, batch_size=16, model="unet", backbone="vgg_tiny", output_stride=8,
+                   head_channels=None, base_size=72, crop_size=64, scale_range=(1.0, 1.0), optimizer="adamw"),
     "coco": dict(epochs=30, lr=0.004),
     "pascal_aug": dict(epochs=80, lr=0.001),
     "pascal_voc": dict(epochs=50, lr=0.0001),
@@ -94,9 +93,11 @@ def _add_model_options(p: argparse.ArgumentParser, script: str) -> None:
     p.add_argument("--dataset", default="shapes" if script == "train" else None,
                    help="dataset name (default: the embedded 'shapes'; test/demo: the checkpoint's)")
     p.add_argument("--data-root", default=None, help="data root (default: $ENCODING_DATA or ~/.encoding/data)")
-    p.add_argument("--model", default=None, help="fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn")
+    p.add_argument("--model", default=None,
+                   help="fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn, unet")
     p.add_argument("--backbone", default=None,
-                   help="resnet18/34/50/101/152, resnext50_32x4d, ..., mobilenet_v3_large, mobilenet_v3_small")
+                   help="resnet18/34/50/101/152, resnext50_32x4d, ..., mobilenet_v3_large, mobilenet_v3_small, "
+                        "vgg_tiny")
     flag = dict(action="store_true", default=False if script == "train" else None)
     p.add_argument("--aux", help="auxiliary FCN head on the penultimate stage", **flag)
     p.add_argument("--se-loss", help="semantic-encoding loss (EncNet)", **flag)

@@ -1,6 +1,6 @@
 """Evaluate a segmentation model on a dataset split; optionally write its predictions as coloured PNGs.
 
-    python experiments/segmentation/test.py --resume runs/shapes/deeplabv3plus/default/model_best.pth
+    python experiments/segmentation/test.py --resume runs/shapes/unet/default/model_best.pth
     python experiments/segmentation/test.py --resume model_best.pth --multi-scale --save-pred preds/
     python experiments/segmentation/test.py --model-zoo fcn_resnet50_voc --dataset pascal_voc
     python experiments/segmentation/test.py --pretrained torchvision --model deeplab --backbone resnet50 \\
