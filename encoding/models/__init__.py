@@ -1,7 +1,8 @@
 """encoding.models: dilated backbones, segmentation models, the model registry and multi-scale evaluation.
 
 Build a model with :func:`get_segmentation_model` (``"fcn"``, ``"psp"``, ``"deeplab"``, ``"encnet"``, ``"danet"``,
-``"upernet"``, ``"fcfpn"``, ``"deeplabv3plus"``, ``"unet"``) or a named preset with :func:`get_model` (see :data:`model_list`). Every model returns
+``"upernet"``, ``"fcfpn"``, ``"deeplabv3plus"``, ``"unet"``) or a named preset with :func:`get_model` (see
+:data:`model_list`). Every model returns
 ``{"out": B x nclass x H x W}`` (+ ``"aux"``, + ``"se"``) at the input resolution. Each architecture lives in one
 file, ``encoding/models/<arch>.py``: its head, its model class and its ``get_<arch>`` builder.
 """
@@ -20,7 +21,8 @@ from .unet import UNet, UNetHead, get_unet
 from .jpu import JPU
 from .multieval import MultiEvalModule
 
-__all__ = ["ResNetBackbone", "MobileNetV3Backbone", "VGGTinyBackbone", "backbone_list", "get_backbone", "SegmentationModel",
+__all__ = ["ResNetBackbone", "MobileNetV3Backbone", "VGGTinyBackbone", "backbone_list", "get_backbone",
+           "SegmentationModel",
            "FeatureInfo",
            "FCN", "PSP", "DeepLabV3", "EncNet", "DANet", "UperNet", "FCFPN", "DeepLabV3Plus", "UNet",
            "FCNHead", "PSPHead", "PyramidPooling", "ASPP", "DeepLabV3Head", "DeepLabV3PlusHead", "EncModule",

@@ -172,7 +172,8 @@ class VGGTinyBackbone(_StagedBackbone):
     ``c1`` at stride 2 (``width`` channels), ``c2`` at 4 (``2 * width``), ``c3`` at 8 (``3 * width``) and ``c4``
     at 16 (``3 * width``, two convs). At ``output_stride=8``, ``c4`` keeps stride 8 and its convs are dilated 2 and 4,
     which gives the last layers a receptive field of the whole image on inputs of about 64 pixels. The finer strides
-    than ResNet's (2 ... 16 instead of 4 ... 32) keep detail for a skip decoder such as :class:`~encoding.models.unet.UNetHead`.
+    than ResNet's (2 ... 16 instead of 4 ... 32) keep detail for a skip decoder such as
+    :class:`~encoding.models.unet.UNetHead`.
 
     Args:
         width: channels of ``c1``.
@@ -191,11 +192,15 @@ class VGGTinyBackbone(_StagedBackbone):
         if output_stride not in (8, 16):
             raise ValueError(f"output_stride of vgg_tiny must be 8 or 16, got {output_stride}")
         w1, w2, w3 = width, 2 * width, 3 * width
-        self.conv1 = conv_norm_act(3, w1, 3, norm_layer)
-        self.layer1 = nn.Sequential(conv_norm_act(w1, w1, 3, norm_layer, stride=2))
-        self.layer2 = nn.Sequential(conv_norm_act(w1, w2, 3, norm_layer), conv_norm_act(w2, w2, 3, norm_layer, stride=2))
-        self.layer3 = nn.Sequential(conv_norm_act(w2, w3, 3, norm_layer), conv_norm_act(w3, w3, 3, norm_layer, stride=2))
-        self.layer4 = nn.Sequential(conv_norm_act(w3, w3, 3, norm_layer, stride=2), conv_norm_act(w3, w3, 3, norm_layer))
+
+        def layer(cin: int, cout: int, stride: int = 1) -> nn.Sequential:
+            return conv_norm_act(cin, cout, 3, norm_layer, stride=stride)
+
+        self.conv1 = layer(3, w1)
+        self.layer1 = nn.Sequential(layer(w1, w1, 2))
+        self.layer2 = nn.Sequential(layer(w1, w2), layer(w2, w2, 2))
+        self.layer3 = nn.Sequential(layer(w2, w3), layer(w3, w3, 2))
+        self.layer4 = nn.Sequential(layer(w3, w3, 2), layer(w3, w3))
         if output_stride == 8:
             _dilate_stage(self.layer4, 2, 4)
         self.output_stride = output_stride
