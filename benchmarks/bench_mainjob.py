@@ -45,7 +45,6 @@ def main(argv=None) -> None:
 
 def _bench(args: argparse.Namespace) -> None:
     train = _train_script()
-    train.parse_args([])
     from encoding.datasets import get_segmentation_dataset
     start = time.perf_counter()
     get_segmentation_dataset("shapes", split="val")  # generate the data once, before the first timed run

@@ -41,7 +41,7 @@ from .utils.dist import ShardSampler, get_local_rank
 from .utils.lr_scheduler import LR_Scheduler
 
 __all__ = ["Placement", "Loaders", "select_devices", "build_model", "build_criterion", "build_loaders",
-           "build_eval_loader",
+           "build_eval_loader", "OPTIMIZERS",
            "build_optimizer", "build_scheduler", "wrap_model", "resume", "ResumePoint", "load_training_state"]
 
 

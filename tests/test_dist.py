@@ -95,3 +95,13 @@ def test_two_process_gloo(tmp_path):
         assert res["scores"][0] == res["scores"][1]
         assert res["sum"] == [1, 10] and res["mean"] == 1.5 and res["max"] == 1.0 and res["min"] == 5
         assert res["loss_avg"] == pytest.approx((1 * 1.0 + 2 * 2.0) / 3)
+
+
+def test_shard_sampler_scores_every_sample_once():
+    """Shards of 5 samples over 2 processes: every sample once, no padding (DistributedSampler would yield 6)."""
+    from encoding.utils.dist import ShardSampler
+
+    shards = [list(ShardSampler(range(5), rank=rank, world_size=2)) for rank in (0, 1)]
+    assert shards == [[0, 2, 4], [1, 3]]
+    assert [len(ShardSampler(range(5), rank=rank, world_size=2)) for rank in (0, 1)] == [3, 2]
+    assert list(ShardSampler(range(3))) == [0, 1, 2]  # one process: everything, in order

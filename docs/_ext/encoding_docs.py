@@ -142,32 +142,29 @@ def recipe_rows() -> List[Dict[str, Any]]:
     for name, dataset in datasets.items():
         args = option.parse_args(["--dataset", name])
         rows.append(dict(dataset=name, nclass=dataset.NUM_CLASS, base_size=args.base_size or dataset.BASE_SIZE,
-                         crop_size=args.crop_size or dataset.CROP_SIZE, model=args.model, backbone=args.backbone,
-                         output_stride=args.output_stride, head_channels=getattr(args, "head_channels", None),
-                         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                         optimizer=getattr(args, "optimizer", None), weight_decay=getattr(args, "weight_decay", None)))
+                         crop_size=args.crop_size or dataset.CROP_SIZE,
+                         scale_range=args.scale_range or dataset.SCALE_RANGE, model=args.model,
+                         backbone=args.backbone, output_stride=args.output_stride, head_channels=args.head_channels,
+                         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
+                         weight_decay=args.weight_decay))
     return rows
 
 
 def recipe_table_markdown() -> str:
     """The per-dataset defaults of ``train.py`` as a Markdown table."""
-    lines = ["| `--dataset` | classes | base / crop | model | backbone | output stride | head channels | epochs "
-             "| batch | lr | optimizer |",
-             "|---|---:|---|---|---|---|---|---:|---:|---:|---|"]
+    lines = ["| `--dataset` | classes | base / crop | scale range | model | backbone | output stride | head channels "
+             "| epochs | batch | lr | optimizer |",
+             "|---|---:|---|---|---|---|---|---|---:|---:|---:|---|"]
     for row in recipe_rows():
         stride = row["output_stride"] if row["output_stride"] is not None else "the model's"
         width = row["head_channels"] if row["head_channels"] is not None else "the model's"
-        lines.append(f"| `{row['dataset']}` | {row['nclass']} | {row['base_size']} / {row['crop_size']} "
+        low, high = row["scale_range"]
+        scales = f"{low:g} (none)" if low == high else f"{low:g}–{high:g}"
+        lines.append(f"| `{row['dataset']}` | {row['nclass']} | {row['base_size']} / {row['crop_size']} | {scales} "
                      f"| `{row['model']}` | `{row['backbone']}` | {stride} | {width} | {row['epochs']} "
-                     f"| {row['batch_size']} | {row['lr']:g} | {_optimizer(row)} |")
+                     f"| {row['batch_size']} | {row['lr']:g} | `{row['optimizer']}`, weight decay "
+                     f"{row['weight_decay']:g} |")
     return "\n".join(lines) + "\n"
-
-
-def _optimizer(row: Dict[str, Any]) -> str:
-    """``sgd, weight decay 0.0001`` (what is known of the optimizer of a recipe row)."""
-    parts = [f"`{row['optimizer']}`" if row["optimizer"] else "",
-             f"weight decay {row['weight_decay']:g}" if row["weight_decay"] is not None else ""]
-    return ", ".join(p for p in parts if p) or "—"
 
 
 class RecipeTable(SphinxDirective):

@@ -21,6 +21,8 @@ does it explicitly.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import functools
 import json
 import math
 import multiprocessing
@@ -281,8 +283,9 @@ def _is_complete(folder: str, config: Dict[str, object]) -> bool:
         return False
 
 
-def _write_scene(staging: str, seed: int, split: str, index: int) -> str:
-    """Render one scene and write its image and label into ``staging``; returns its name."""
+def _write_scene(staging: str, seed: int, job: Tuple[str, int]) -> str:
+    """Render the scene ``job = (split, index)`` and write its image and label into ``staging``; returns its name."""
+    split, index = job
     image, label = _scene_for(seed, split, index)
     name = f"{split}_{index:05d}"
     Image.fromarray(image).save(os.path.join(staging, "JPEGImages", name + ".jpg"), quality=90)
@@ -290,19 +293,19 @@ def _write_scene(staging: str, seed: int, split: str, index: int) -> str:
     return name
 
 
-def _map_scenes(staging: str, seed: int, jobs: List[Tuple[str, int]], workers: int, progress: bool) -> None:
-    """Write every ``(split, index)`` scene of ``jobs``, in ``workers`` forked processes when more than one."""
-    bar = tqdm(total=len(jobs), desc="generating shapes", unit="img", disable=not progress)
-    args = ([staging] * len(jobs), [seed] * len(jobs), [split for split, _ in jobs], [i for _, i in jobs])
-    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        for _ in map(_write_scene, *args):
-            bar.update()
-    else:  # every scene has its own random stream: the files do not depend on the order or the process
-        context = multiprocessing.get_context("fork")
-        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            for _ in pool.map(_write_scene, *args, chunksize=16):
-                bar.update()
-    bar.close()
+def _write_scenes(staging: str, seed: int, jobs: List[Tuple[str, int]], workers: int, progress: bool) -> List[str]:
+    """Write every ``(split, index)`` scene of ``jobs``, in ``workers`` forked processes when more than one; returns
+    their names, in the order of ``jobs``."""
+    write = functools.partial(_write_scene, staging, seed)
+    with contextlib.ExitStack() as stack:
+        if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+            # every scene has its own random stream: the files do not depend on the order or the process
+            context = multiprocessing.get_context("fork")
+            pool = stack.enter_context(concurrent.futures.ProcessPoolExecutor(workers, mp_context=context))
+            names = pool.map(write, jobs, chunksize=16)
+        else:
+            names = map(write, jobs)
+        return list(tqdm(names, total=len(jobs), desc="generating shapes", unit="img", disable=not progress))
 
 
 def generate_shapes(folder: str, *, seed: int = DEFAULT_SEED, num_train: int = DEFAULT_NUM_TRAIN,
@@ -323,10 +326,8 @@ def generate_shapes(folder: str, *, seed: int = DEFAULT_SEED, num_train: int = D
     with staged_dir(folder, replace=True) as staging:
         for sub in ("JPEGImages", "SegmentationClass", "ImageSets"):
             os.makedirs(os.path.join(staging, sub))
-        _map_scenes(staging, seed, jobs, workers, progress)
-        lists: Dict[str, List[str]] = {split: [f"{split}_{i:05d}" for i in range(n)]
-                                       for split, n in (("train", num_train), ("val", num_val))}
-        lists["trainval"] = lists["train"] + lists["val"]
+        names = _write_scenes(staging, seed, jobs, workers, progress)
+        lists = {"train": names[:num_train], "val": names[num_train:], "trainval": names}
         for split, names in lists.items():
             with open(os.path.join(staging, "ImageSets", split + ".txt"), "w", encoding="utf-8") as f:
                 f.write("".join(n + "\n" for n in names))

@@ -291,10 +291,10 @@ def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: Nor
     """
     if name not in _BACKBONES:
         raise ValueError(f"unknown backbone {name!r}; valid backbones: {', '.join(_BACKBONES)}")
-    backbone = _build_backbone(name, output_stride, norm_layer)
     if pretrained is True and name not in _TORCHVISION_BACKBONES:
         raise ValueError(f"{name} has no published weights; pretrained=True is available for "
                          f"{', '.join(_TORCHVISION_BACKBONES)}")
+    backbone = _build_backbone(name, output_stride, norm_layer)
     if pretrained is True:
         weights = torchvision.models.get_model_weights(name).DEFAULT
         state, source = fetch_torchvision_weights(weights), str(weights)

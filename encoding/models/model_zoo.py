@@ -102,7 +102,7 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
 
     Args:
         name: one of :data:`ARCHITECTURES`: ``fcn``, ``psp``, ``deeplab``, ``encnet``, ``danet``, ``upernet``,
-            ``fcfpn``, ``deeplabv3plus``.
+            ``fcfpn``, ``deeplabv3plus``, ``unet``.
         dataset: name in :data:`encoding.datasets.datasets`; gives the number of classes.
         backbone: see :func:`~encoding.models.backbone.backbone_list`.
         aux: add the auxiliary :class:`~encoding.models.fcn.FCNHead` on ``c3`` (output ``"aux"``).

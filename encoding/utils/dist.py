@@ -161,12 +161,12 @@ class ShardSampler(torch.utils.data.Sampler):
     """
 
     def __init__(self, dataset, rank: Optional[int] = None, world_size: Optional[int] = None) -> None:
-        self.size = len(dataset)
-        self.rank = get_rank() if rank is None else rank
-        self.world_size = get_world_size() if world_size is None else world_size
+        rank = get_rank() if rank is None else rank
+        world_size = get_world_size() if world_size is None else world_size
+        self.indices = range(rank, len(dataset), world_size)
 
     def __iter__(self):
-        return iter(range(self.rank, self.size, self.world_size))
+        return iter(self.indices)
 
     def __len__(self) -> int:
-        return len(range(self.rank, self.size, self.world_size))
+        return len(self.indices)

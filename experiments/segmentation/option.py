@@ -10,6 +10,8 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 
 import torch
 
+from encoding.builders import OPTIMIZERS
+
 #: ``--amp`` choice -> autocast dtype (``None``: full precision).
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -148,7 +150,7 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-epochs", type=non_negative_int, default=0)
     p.add_argument("--head-lr-mult", type=positive_float, default=None,
                    help="learning-rate factor of the heads (default: 10 with --pretrained, as in PE; else 1)")
-    p.add_argument("--optimizer", choices=["sgd", "adamw"], default=None,
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                    help="sgd (PyTorch-Encoding's, momentum + weight decay) or adamw (default: the recipe's)")
     p.add_argument("--momentum", type=non_negative_float, default=0.9)
     p.add_argument("--weight-decay", type=non_negative_float, default=None, help="default: the recipe's (1e-4)")
@@ -181,10 +183,7 @@ def _add_test_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", default=None, choices=["val", "testval", "test"],
                    help="val: resized centre crops, batched, as validated during training (default); testval: whole "
                         "images (default with --multi-scale); test: predict only (default for the test split)")
-    p.add_argument("--multi-scale", action="store_true",
-                   help="average over scales and flips with sliding windows (MultiEvalModule)")
-    p.add_argument("--scales", type=_scales, default=None,
-                   help="comma-separated scales for --multi-scale (default: PyTorch-Encoding's for the dataset)")
+    _add_multi_scale_options(p)
     p.add_argument("--test-batch-size", type=positive_int, default=None, help="default: 16 (val mode)")
     p.add_argument("--limit", type=positive_int, default=None, help="use only the first N samples")
     p.add_argument("--save-pred", default=None, metavar="DIR",
@@ -197,8 +196,14 @@ def _add_demo_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("images", nargs="+", metavar="IMAGE", help="JPEG/PNG images (any size; grey/RGBA converted)")
     p.add_argument("--out-dir", default="demo", help="where the mask and overlay PNGs go (default: demo)")
     p.add_argument("--alpha", type=_unit_float, default=0.5, help="weight of the mask in the overlay (0..1)")
-    p.add_argument("--multi-scale", action="store_true", help="average over scales and flips (MultiEvalModule)")
-    p.add_argument("--scales", type=_scales, default=None, help="comma-separated scales for --multi-scale")
+    _add_multi_scale_options(p)
+
+
+def _add_multi_scale_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--multi-scale", action="store_true",
+                   help="average over scales and flips with sliding windows (MultiEvalModule)")
+    p.add_argument("--scales", type=_scales, default=None,
+                   help="comma-separated scales for --multi-scale (default: PyTorch-Encoding's for the dataset)")
 
 
 def _scales(text: str) -> tuple:
