@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from .datasets import get_segmentation_dataset, list_collate
-from .engine import param_groups
+from .engine.loop import param_groups
 from .models import SegmentationModel, get_segmentation_model
 from .nn import SegmentationLosses, SyncBatchNorm
 from .parallel import DataParallelCriterion, DataParallelModel, resolve_devices

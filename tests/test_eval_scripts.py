@@ -14,7 +14,7 @@ from PIL import Image
 import encoding.builders
 from encoding.datasets import get_segmentation_dataset
 from encoding.datasets.shapes import SHAPES_CLASSES, SHAPES_PALETTE
-from encoding.inference import read_image, segment
+from encoding.engine.inference import read_image, segment
 from encoding.models import get_segmentation_model
 from encoding.utils import load_checkpoint
 

@@ -8,7 +8,7 @@ file, ``encoding/models/<arch>.py``: its head, its model class and its ``get_<ar
 """
 from .backbone import MobileNetV3Backbone, ResNetBackbone, VGGTinyBackbone, backbone_list, get_backbone
 from .base import FeatureInfo, SegmentationModel
-from .model_zoo import get_model, get_segmentation_model
+from .factory import get_model, get_segmentation_model
 from .registry import ARCHITECTURES, Architecture, model_list, register_architecture
 # One module per architecture; importing them registers them (in this order: the order of ARCHITECTURES).
 from .fcn import FCN, FCNHead, get_fcn

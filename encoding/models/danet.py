@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from ..nn.blocks import NormLayer, conv_norm_act
 from .base import FeatureInfo, SegmentationModel
-from .model_zoo import variant
+from .factory import variant
 from .registry import register_architecture
 
 __all__ = ["PAM", "CAM", "DANetHead", "DANet", "danet_head", "get_danet"]

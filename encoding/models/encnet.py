@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from ..nn.blocks import NormLayer, conv_norm_act, resize
 from ..nn.encoding import Encoding
 from .base import FeatureInfo, SegmentationModel
-from .model_zoo import variant
+from .factory import variant
 from .registry import register_architecture
 
 __all__ = ["EncModule", "EncHead", "EncNet", "encnet_head", "get_encnet"]

@@ -9,7 +9,7 @@ from torch import nn
 
 from ..nn.blocks import NormLayer, conv_norm_act
 from .base import FeatureInfo, SegmentationModel
-from .model_zoo import variant
+from .factory import variant
 from .registry import register_architecture
 
 __all__ = ["FCNHead", "FCN", "fcn_head", "get_fcn"]

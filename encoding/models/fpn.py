@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from ..nn.blocks import NormLayer, conv_norm_act, resize
 from .base import FeatureInfo, SegmentationModel
-from .model_zoo import variant
+from .factory import variant
 from .psp import PyramidPooling
 from .registry import register_architecture
 

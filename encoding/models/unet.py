@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from ..nn.blocks import NormLayer, conv_norm_act, resize
 from .base import FeatureInfo, SegmentationModel
-from .model_zoo import variant
+from .factory import variant
 from .registry import register_architecture
 
 __all__ = ["UNetHead", "UNet", "unet_head", "get_unet"]

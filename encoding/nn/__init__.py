@@ -8,11 +8,11 @@ from .loss import *  # noqa: F401,F403
 from .encoding import *  # noqa: F401,F403
 from .blocks import *  # noqa: F401,F403
 from .compat import *  # noqa: F401,F403
-from .checkpoint import *  # noqa: F401,F403
-from . import syncbn, loss, encoding, blocks, compat, checkpoint
+from .recompute import *  # noqa: F401,F403
+from . import syncbn, loss, encoding, blocks, compat, recompute
 
 __all__ = (syncbn.__all__ + loss.__all__ + encoding.__all__ + blocks.__all__ + compat.__all__
-           + checkpoint.__all__ + ["DistSyncBatchNorm"])  # the last one from encoding.compat
+           + recompute.__all__ + ["DistSyncBatchNorm"])  # the last one from encoding.compat
 
 #: Heads and blocks PyTorch-Encoding exported from ``encoding.nn``, now in ``encoding.models``: name -> module.
 _MOVED_TO_MODELS = {

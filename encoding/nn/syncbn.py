@@ -11,7 +11,7 @@ One class, :class:`SyncBatchNorm`, normalises with the statistics of the *whole*
    included), optionally within a ``process_group``;
 3. on a single device, and in eval mode, it *is* ``nn.BatchNorm``: the forward calls the same ``F.batch_norm``.
 
-Under activation checkpointing (:mod:`encoding.nn.checkpoint`) the recomputation in the backward reuses the statistics
+Under activation checkpointing (:mod:`encoding.nn.recompute`) the recomputation in the backward reuses the statistics
 its forward synchronised: no second all-reduce, and the running statistics are updated once per step.
 
 Every participant contributes its count, mean and (biased) variance; they are merged with Chan's parallel formula
@@ -34,7 +34,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..parallel import ReplicaAbortedError, allreduce, get_replica_context
-from .checkpoint import is_recomputing, replay_in_recomputation
+from .recompute import is_recomputing, replay_in_recomputation
 
 __all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
 

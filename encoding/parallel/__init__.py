@@ -17,12 +17,13 @@ from .replicate import CallbackContext, execute_replication_callbacks, patch_rep
 from .scatter_gather import gather, scatter
 from .structures import PerSample
 
-# What users call; helpers such as ``scatter_gather.get_split_sizes`` / ``scatter_kwargs`` / ``to_device``,
-# ``reduction.criterion_loss_terms`` and ``devices.resolve_device`` stay in their submodules.
+# What users call (19 names); helpers such as ``CallbackContext`` / ``execute_replication_callbacks``
+# (``replicate``), ``ReplicaAbortedError`` (``parallel_apply``), ``scatter_gather.get_split_sizes`` /
+# ``scatter_kwargs`` / ``to_device``, ``reduction.criterion_loss_terms`` and ``devices.resolve_device`` stay in their
+# submodules; the memory planner is :mod:`encoding.memory`.
 __all__ = [
     "DataParallelModel", "DataParallelCriterion", "DataParallelWithCallback", "ReplicaOutputs", "data_parallel",
-    "MemoryBalancer", "scatter", "gather", "replicate", "parallel_apply", "broadcast", "allreduce", "AllReduce",
-    "PerSample", "LossTerm", "reduce_loss_terms",
-    "CallbackContext", "execute_replication_callbacks", "patch_replication_callback",
-    "ReplicaContext", "ReplicaAbortedError", "get_replica_context", "resolve_devices", "is_module_wrapper",
+    "scatter", "gather", "replicate", "parallel_apply", "broadcast", "allreduce", "AllReduce",
+    "PerSample", "LossTerm", "reduce_loss_terms", "patch_replication_callback",
+    "ReplicaContext", "get_replica_context", "resolve_devices",
 ]

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Subset
 from encoding import builders
 from encoding.datasets import datasets as DATASETS
 from encoding.engine import predicted_labels
-from encoding.inference import PredictionWriter
+from encoding.engine.inference import PredictionWriter
 from encoding.models import MultiEvalModule, get_model, get_segmentation_model
 from encoding.parallel import DataParallelModel
 from encoding.utils import LR_Scheduler, SegmentationMetric, get_rank, get_world_size, init_distributed_mode

@@ -16,7 +16,7 @@ from option import parse_args, run_cli  # noqa: E402
 from assemble import load_model, multi_scale  # noqa: E402
 from encoding.builders import select_devices  # noqa: E402
 from encoding.datasets import DatasetError, datasets  # noqa: E402
-from encoding.inference import denormalize, overlay_with_legend, read_image, save_png, segment  # noqa: E402
+from encoding.engine.inference import denormalize, overlay_with_legend, read_image, save_png, segment  # noqa: E402
 from encoding.utils import CheckpointError, colorize  # noqa: E402
 
 

@@ -18,11 +18,11 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor, nn
 
-from .datasets.base import BaseDataset
-from .datasets.transforms import IMAGENET_MEAN, IMAGENET_STD, image_transform
-from .engine import predicted_labels
-from .utils.files import atomic_write
-from .utils.palette import colorize, get_palette, overlay
+from ..datasets.base import BaseDataset
+from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD, image_transform
+from .loop import predicted_labels
+from ..utils.files import atomic_write
+from ..utils.palette import colorize, get_palette, overlay
 
 __all__ = ["read_image", "denormalize", "segment", "PredictionWriter", "prediction_filename", "save_png",
            "overlay_with_legend"]

@@ -19,9 +19,9 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from .parallel import DataParallelModel
-from .utils.dist import is_main_process
-from .utils.logger import MetricLogger, SmoothedValue
+from ..parallel import DataParallelModel
+from ..utils.dist import is_main_process
+from ..utils.logger import MetricLogger, SmoothedValue
 
 __all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch", "evaluate", "evaluate_images",
            "predicted_labels", "Interrupted", "GracefulInterrupt"]
@@ -249,7 +249,7 @@ def predicted_labels(outputs: Any) -> List[Tensor]:
         outputs: logits ``B x C x H x W``, a model output dict (its ``"out"``), or the ungathered per-replica list of
             :class:`~encoding.parallel.DataParallelModel` (only the small label maps leave each device).
     """
-    from .utils.metrics import main_output  # the metric's idea of "the main output", in one place
+    from ..utils.metrics import main_output  # the metric's idea of "the main output", in one place
 
     replicas = outputs if isinstance(outputs, (list, tuple)) else [outputs]
     return [labels for out in replicas for labels in main_output(out).argmax(1).cpu().unbind(0)]
@@ -280,7 +280,7 @@ def evaluate_images(evaluator: nn.Module, loader: Iterable, metric: Optional[Any
     Returns:
         ``metric.compute()``, or ``None`` without a metric.
     """
-    from .parallel import parallel_apply, replicate
+    from ..parallel import parallel_apply, replicate
 
     evaluator.eval()
     if metric is not None:

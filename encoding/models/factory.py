@@ -15,7 +15,7 @@ import torchvision
 from torch import nn
 
 from ..nn.blocks import NormLayer
-from ..nn.checkpoint import checkpoint_segmentation_model
+from ..nn.recompute import checkpoint_segmentation_model
 from ..utils.checkpoint import load_model_state, read_state_dict
 from .backbone import Pretrained, fetch_torchvision_weights, get_backbone
 from .base import FeatureInfo, SegmentationModel
