@@ -129,3 +129,38 @@ def test_builders_compose_without_an_options_namespace(tiny_shapes):
     ddp = encoding.builders.Placement([], torch.device("cpu"), torch.device("cpu"), True)
     with pytest.raises(ValueError, match="balance applies to DataParallelModel"):
         encoding.builders.wrap_model(nn.Conv2d(3, 2, 1), nn.CrossEntropyLoss(), ddp, balance="memory")
+
+
+def test_training_with_balance_memory_plans_from_the_runs_own_loss(tmp_path, monkeypatch):
+    """``train.py --device-ids cpu,cpu,cpu --balance memory``: one epoch on tiny shapes, split planned by the
+    simulator from the run's criterion, every batch split over the replicas."""
+    import functools
+    import importlib.util
+    import math
+    import os
+
+    import encoding.builders
+    from encoding.parallel.balance import MemoryBalancer
+    from encoding.datasets import get_segmentation_dataset
+    from encoding.engine import train_one_epoch
+
+    monkeypatch.setenv("ENCODING_DATA", str(tmp_path / "data"))
+    small = functools.partial(get_segmentation_dataset, num_train=6, num_val=3, progress=False)
+    monkeypatch.setattr(encoding.builders, "get_segmentation_dataset", small)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("train_script", os.path.join(root, "experiments", "segmentation",
+                                                                               "train.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    args = script.parse_args(["--crop-size", "32", "--base-size", "40", "--batch-size", "6", "--workers", "0",
+                              "--device-ids", "cpu,cpu,cpu", "--balance", "memory", "--aux",
+                              "--output-dir", str(tmp_path / "runs")])
+    run = script.build_run(args)
+    assert isinstance(run.model.balance, MemoryBalancer)
+    assert run.model.balance.criterion is run.criterion.criterion
+    stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, run.scheduler, 0)
+    assert math.isfinite(stats["loss"])
+    plans = run.model.balance._plans
+    assert plans, "no split was planned"
+    for (batch, devices, _), plan in plans.items():
+        assert sum(plan) == batch and len(plan) == devices == 3

@@ -303,40 +303,6 @@ def test_simulation_matches_cuda_max_memory_allocated():
     assert abs(simulated[0] - real[0]) <= 0.10 * real[0], (simulated[0] / MIB, real[0] / MIB)
 
 
-def test_training_with_balance_memory_plans_from_the_runs_own_loss(tmp_path, monkeypatch):
-    """``train.py --device-ids cpu,cpu,cpu --balance memory``: one epoch on tiny shapes, split planned by the
-    simulator from the run's criterion, every batch split over the replicas."""
-    import functools
-    import importlib.util
-    import math
-    import os
-
-    import encoding.builders
-    from encoding.datasets import get_segmentation_dataset
-    from encoding.engine import train_one_epoch
-
-    monkeypatch.setenv("ENCODING_DATA", str(tmp_path / "data"))
-    small = functools.partial(get_segmentation_dataset, num_train=6, num_val=3, progress=False)
-    monkeypatch.setattr(encoding.builders, "get_segmentation_dataset", small)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("train_script", os.path.join(root, "experiments", "segmentation",
-                                                                               "train.py"))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    args = script.parse_args(["--crop-size", "32", "--base-size", "40", "--batch-size", "6", "--workers", "0",
-                              "--device-ids", "cpu,cpu,cpu", "--balance", "memory", "--aux",
-                              "--output-dir", str(tmp_path / "runs")])
-    run = script.build_run(args)
-    assert isinstance(run.model.balance, MemoryBalancer)
-    assert run.model.balance.criterion is run.criterion.criterion
-    stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, run.scheduler, 0)
-    assert math.isfinite(stats["loss"])
-    plans = run.model.balance._plans
-    assert plans, "no split was planned"
-    for (batch, devices, _), plan in plans.items():
-        assert sum(plan) == batch and len(plan) == devices == 3
-
-
 def test_a_device_with_one_sample_behind_global_pooling_is_simulated():
     """PSPNet's pyramid pooling has BatchNorm on 1x1 maps: one sample per device is legal with SyncBatchNorm across
     replicas, and the simulator (and the calibration's real one-sample step) must run it."""
