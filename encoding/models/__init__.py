@@ -1,25 +1,32 @@
 """encoding.models: dilated backbones, segmentation models, the model registry and multi-scale evaluation.
 
 Build a model with :func:`get_segmentation_model` (``"fcn"``, ``"psp"``, ``"deeplab"``, ``"encnet"``, ``"danet"``,
-``"upernet"``, ``"fcfpn"``, ``"deeplabv3plus"``, ``"unet"``) or a named preset with :func:`get_model` (see
-:data:`model_list`). Every model returns
+``"upernet"``, ``"fcfpn"``, ``"deeplabv3plus"``, ``"unet"``), its shortcut ``get_<name>`` (``get_fcn``, ...) or a
+named preset with :func:`get_model` (see :data:`model_list`). Every model returns
 ``{"out": B x nclass x H x W}`` (+ ``"aux"``, + ``"se"``) at the input resolution. Each architecture lives in one
-file, ``encoding/models/<arch>.py``: its head, its model class and its ``get_<arch>`` builder.
+file, ``encoding/models/<arch>.py``: its head, its model class and the head factory it registers
+(:mod:`~encoding.models.registry`); registering defines its ``get_<arch>`` builder here. The heads shared between
+architectures are in :mod:`~encoding.models.heads`, the builders in :mod:`~encoding.models.factory`, pretrained
+weights in :mod:`~encoding.models.weights`.
 """
 from .backbone import MobileNetV3Backbone, ResNetBackbone, VGGTinyBackbone, backbone_list, get_backbone
 from .base import FeatureInfo, SegmentationModel
-from .factory import get_model, get_segmentation_model
+from .factory import builder, get_model, get_segmentation_model
+from .heads import FCNHead, PyramidPooling
 from .registry import ARCHITECTURES, Architecture, model_list, register_architecture
 # One module per architecture; importing them registers them (in this order: the order of ARCHITECTURES).
-from .fcn import FCN, FCNHead, get_fcn
-from .psp import PSP, PSPHead, PyramidPooling, get_psp
-from .deeplab import ASPP, DeepLabV3, DeepLabV3Head, DeepLabV3Plus, DeepLabV3PlusHead, get_deeplab, get_deeplabv3plus
-from .encnet import EncHead, EncModule, EncNet, get_encnet
-from .danet import CAM, PAM, DANet, DANetHead, get_danet
-from .fpn import FCFPN, FPNHead, UperNet, get_fcfpn, get_upernet
-from .unet import UNet, UNetHead, get_unet
+from .fcn import FCN
+from .psp import PSP, PSPHead
+from .deeplab import ASPP, DeepLabV3, DeepLabV3Head, DeepLabV3Plus, DeepLabV3PlusHead
+from .encnet import EncHead, EncModule, EncNet
+from .danet import CAM, PAM, DANet, DANetHead
+from .fpn import FCFPN, FPNHead, UperNet
+from .unet import UNet, UNetHead
 from .jpu import JPU
 from .multieval import MultiEvalModule
+
+# Registering an architecture defines its builder: get_fcn, get_psp, ... one per entry of ARCHITECTURES.
+globals().update({f"get_{name}": builder(name) for name in ARCHITECTURES})
 
 __all__ = ["ResNetBackbone", "MobileNetV3Backbone", "VGGTinyBackbone", "backbone_list", "get_backbone",
            "SegmentationModel",

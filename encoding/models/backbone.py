@@ -10,26 +10,22 @@ dilated the same way. ``vgg_tiny`` (:class:`VGGTinyBackbone`) is this package's 
 at strides 2 to 16 (about 0.2M parameters) for training from scratch on small images, such as the embedded
 ``shapes`` data on a CPU.
 
-Weights: ``pretrained=True`` loads torchvision's default ImageNet weights through its weights API (from the torch hub
-cache, ``$TORCH_HOME/hub/checkpoints``, or downloaded there); ``pretrained="file.pth"`` loads a local state dict with
-``torch.load(weights_only=True)``. ``pretrained=False`` never touches the network.
+Weights (loaded by :mod:`~encoding.models.weights`): ``pretrained=True`` loads torchvision's default ImageNet weights
+through its weights API (from the torch hub cache, ``$TORCH_HOME/hub/checkpoints``, or downloaded there);
+``pretrained="file.pth"`` loads a local state dict with ``torch.load(weights_only=True)``. ``pretrained=False`` never
+touches the network.
 """
 from __future__ import annotations
 
-import os
-from typing import Dict, List, Tuple, Union
+from typing import Dict, List, Tuple
 
-import torch
 import torchvision
 from torch import Tensor, nn
 
 from ..nn.blocks import NormLayer, conv_norm_act
-from ..utils.checkpoint import load_model_state, read_state_dict
+from .weights import Pretrained, load_backbone_weights
 
-__all__ = ["ResNetBackbone", "MobileNetV3Backbone", "VGGTinyBackbone", "get_backbone", "backbone_list",
-           "fetch_torchvision_weights"]
-
-Pretrained = Union[bool, str, os.PathLike]
+__all__ = ["ResNetBackbone", "MobileNetV3Backbone", "VGGTinyBackbone", "get_backbone", "backbone_list"]
 
 #: Backbone names built from torchvision (also the names of its builders and weights).
 _TORCHVISION_BACKBONES: Tuple[str, ...] = (
@@ -243,24 +239,6 @@ def _dilate_all(stage: nn.Sequential, dilation: int) -> None:
             module.padding = tuple((k - 1) // 2 * dilation for k in module.kernel_size)
 
 
-def fetch_torchvision_weights(weights: torchvision.models.WeightsEnum) -> Dict[str, Tensor]:
-    """The state dict of torchvision ``weights``, from the torch hub cache or downloaded into it.
-
-    Raises:
-        RuntimeError: the file is not cached and cannot be downloaded (offline); the message names the URL and the
-            cache path where the file can be placed by hand.
-    """
-    filename = os.path.basename(weights.url)
-    cached = os.path.join(torch.hub.get_dir(), "checkpoints", filename)
-    try:
-        return weights.get_state_dict(progress=False, check_hash=True, map_location="cpu", weights_only=True)
-    except OSError as err:  # URLError, HTTPError, timeouts, DNS failures
-        raise RuntimeError(
-            f"could not download torchvision weights {weights} from {weights.url} ({err}). When offline, put the "
-            f"file at {cached} (or set TORCH_HOME), or pass a local file as pretrained='path/to/weights.pth'."
-        ) from err
-
-
 def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: NormLayer = nn.BatchNorm2d,
                  pretrained: Pretrained = False) -> _StagedBackbone:
     """Build a (dilated) ResNet-family, MobileNetV3 or ``vgg_tiny`` backbone.
@@ -295,17 +273,7 @@ def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: Nor
         raise ValueError(f"{name} has no published weights; pretrained=True is available for "
                          f"{', '.join(_TORCHVISION_BACKBONES)}")
     backbone = _build_backbone(name, output_stride, norm_layer)
-    if pretrained is True:
-        weights = torchvision.models.get_model_weights(name).DEFAULT
-        state, source = fetch_torchvision_weights(weights), str(weights)
-    elif isinstance(pretrained, (str, os.PathLike)):
-        state, source = read_state_dict(pretrained), repr(os.fspath(pretrained))
-    elif pretrained is False or pretrained is None:
-        return backbone
-    else:
-        raise ValueError(f"pretrained must be True, False or a file path, got {pretrained!r}")
-    head = ("fc.", "classifier.")
-    load_model_state(backbone, {k: v for k, v in state.items() if not k.startswith(head)}, source=source)
+    load_backbone_weights(backbone, name, pretrained)
     return backbone
 
 

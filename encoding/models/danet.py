@@ -7,10 +7,9 @@ from torch import Tensor, nn
 
 from ..nn.blocks import NormLayer, conv_norm_act
 from .base import FeatureInfo, SegmentationModel
-from .factory import variant
 from .registry import register_architecture
 
-__all__ = ["PAM", "CAM", "DANetHead", "DANet", "danet_head", "get_danet"]
+__all__ = ["PAM", "CAM", "DANetHead", "DANet", "danet_head"]
 
 
 class PAM(nn.Module):
@@ -96,6 +95,3 @@ class DANet(SegmentationModel):
 def danet_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = nn.BatchNorm2d) -> nn.Module:
     """The DANet head for the backbone ``features`` (uses ``c4``)."""
     return DANetHead(features.channels[3], nclass, norm_layer)
-
-
-get_danet = variant("danet", "DANet")

@@ -15,11 +15,10 @@ from torch import Tensor, nn
 
 from ..nn.blocks import NormLayer, conv_norm_act, resize
 from .base import FeatureInfo, SegmentationModel
-from .factory import variant
 from .registry import register_architecture
 
-__all__ = ["ASPP", "DeepLabV3Head", "DeepLabV3", "deeplab_head", "get_deeplab", "DeepLabV3PlusHead",
-           "DeepLabV3Plus", "deeplabv3plus_head", "get_deeplabv3plus"]
+__all__ = ["ASPP", "DeepLabV3Head", "DeepLabV3", "deeplab_head", "DeepLabV3PlusHead",
+           "DeepLabV3Plus", "deeplabv3plus_head"]
 
 
 class _ImagePooling(nn.Sequential):
@@ -105,9 +104,6 @@ def _atrous_rates(features: FeatureInfo, atrous_rates: Optional[Sequence[int]]) 
     return tuple(r * 8 // features.output_stride for r in (12, 24, 36))
 
 
-get_deeplab = variant("deeplab", "DeepLabV3")
-
-
 class DeepLabV3PlusHead(nn.Module):
     """DeepLabV3+ head: :class:`ASPP` on ``c4``, upsampled to ``c1`` and concatenated with ``c1`` projected to
     ``low_channels`` by a 1x1 conv, then two 3x3 convs and a 1x1 classifier (logits at stride 4).
@@ -148,7 +144,7 @@ class DeepLabV3Plus(SegmentationModel):
     head_inputs = (0, 3)
 
 
-@register_architecture("deeplabv3plus", DeepLabV3Plus, output_stride=16)
+@register_architecture("deeplabv3plus", DeepLabV3Plus, output_stride=16, title="DeepLabV3+")
 def deeplabv3plus_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = nn.BatchNorm2d,
                        atrous_rates: Optional[Sequence[int]] = None, channels: int = 256) -> nn.Module:
     """The DeepLabV3+ head for the backbone ``features`` (uses ``c1`` and ``c4``).
@@ -159,6 +155,3 @@ def deeplabv3plus_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLa
     """
     return DeepLabV3PlusHead(features.channels[3], features.channels[0], nclass,
                              _atrous_rates(features, atrous_rates), norm_layer, channels)
-
-
-get_deeplabv3plus = variant("deeplabv3plus", "DeepLabV3+")

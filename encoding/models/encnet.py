@@ -15,10 +15,9 @@ from torch import Tensor, nn
 from ..nn.blocks import NormLayer, conv_norm_act, resize
 from ..nn.encoding import Encoding
 from .base import FeatureInfo, SegmentationModel
-from .factory import variant
 from .registry import register_architecture
 
-__all__ = ["EncModule", "EncHead", "EncNet", "encnet_head", "get_encnet"]
+__all__ = ["EncModule", "EncHead", "EncNet", "encnet_head"]
 
 
 class EncModule(nn.Module):
@@ -126,6 +125,3 @@ def encnet_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = n
     channels = features.channels
     return EncHead(channels[3], nclass, se_loss=se_loss, lateral=lateral, lateral_channels=channels[1:3],
                    ncodes=ncodes, norm_layer=norm_layer)
-
-
-get_encnet = variant("encnet", "EncNet")

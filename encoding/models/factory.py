@@ -1,9 +1,11 @@
-"""Model builders: :func:`get_segmentation_model` and the named presets of :func:`get_model`.
+"""Model builders: :func:`get_segmentation_model`, the named presets of :func:`get_model` and the ``get_<arch>``
+builders.
 
-Every builder follows one path: a public variant (``get_fcn`` in ``fcn.py`` ... or a preset name for
-:func:`get_model`) → :func:`get_segmentation_model` → the private assembler ``_assemble``, which looks the
-architecture up in :data:`~encoding.models.registry.ARCHITECTURES` and builds backbone, neck and heads and hands them
-to the model class.
+Every builder follows one path: a public variant (``get_fcn`` ..., made by :func:`builder` for each registered
+architecture, or a preset name for :func:`get_model`) → :func:`get_segmentation_model` → the private assembler
+``_assemble``, which looks the architecture up in :data:`~encoding.models.registry.ARCHITECTURES`, builds backbone,
+neck, head and auxiliary head (:class:`~encoding.models.heads.FCNHead`) and hands them to the model class; whole-model
+weights come from :mod:`~encoding.models.weights`.
 """
 from __future__ import annotations
 
@@ -11,27 +13,18 @@ import inspect
 import os
 from typing import Any, Callable, Optional, Union
 
-import torchvision
 from torch import nn
 
 from ..nn.blocks import NormLayer
 from ..nn.recompute import checkpoint_segmentation_model
-from ..utils.checkpoint import load_model_state, read_state_dict
-from .backbone import Pretrained, fetch_torchvision_weights, get_backbone
+from .backbone import get_backbone
 from .base import FeatureInfo, SegmentationModel
+from .heads import FCNHead
 from .jpu import JPU
 from .registry import ARCHITECTURES, PRESET_BACKBONES, PRESET_DATASETS, PRESETS, Architecture, get_architecture
+from .weights import Pretrained, load_pretrained
 
-__all__ = ["get_segmentation_model", "get_model", "variant"]
-
-#: (model, backbone) -> torchvision segmentation weights enum (COCO subset with the 21 Pascal VOC classes).
-_TORCHVISION_WEIGHTS = {
-    ("fcn", "resnet50"): "FCN_ResNet50_Weights",
-    ("fcn", "resnet101"): "FCN_ResNet101_Weights",
-    ("deeplab", "resnet50"): "DeepLabV3_ResNet50_Weights",
-    ("deeplab", "resnet101"): "DeepLabV3_ResNet101_Weights",
-}
-
+__all__ = ["get_segmentation_model", "get_model", "builder"]
 
 def _nclass_of(dataset: str) -> int:
     from ..datasets import datasets  # lazy: the dataset modules are not needed to build a model
@@ -48,8 +41,6 @@ def _assemble(arch: Architecture, nclass: int, backbone: str, aux: bool, norm_la
     if jpu and output_stride not in (None, 32):
         raise ValueError(f"jpu=True replaces dilation and needs output_stride=32, got {output_stride}")
     output_stride = 32 if jpu else (output_stride or arch.output_stride)
-    from .fcn import FCNHead  # the auxiliary head of every model; fcn.py imports this module for get_fcn
-
     body = get_backbone(backbone, output_stride, norm_layer, pretrained_backbone)
     channels = body.channels
     neck = None
@@ -60,36 +51,6 @@ def _assemble(arch: Architecture, nclass: int, backbone: str, aux: bool, norm_la
     head = arch.head(FeatureInfo(tuple(channels), output_stride), nclass, norm_layer=norm_layer, **head_options)
     aux_head = FCNHead(channels[arch.model.aux_input], nclass, norm_layer) if aux else None
     return arch.model(body, head, aux_head, neck)
-
-
-def _load_pretrained(model: SegmentationModel, name: str, backbone: str, nclass: int,
-                     pretrained: Union[bool, str, os.PathLike]) -> None:
-    key = (name, backbone)
-    if pretrained is True:
-        if key not in _TORCHVISION_WEIGHTS:
-            raise ValueError(
-                f"no published weights for {name} with {backbone}; pretrained=True is available for "
-                f"{', '.join(f'{m}/{b}' for m, b in _TORCHVISION_WEIGHTS)} (torchvision's weights). Use "
-                "pretrained='path/to/model.pth' for your own checkpoint, or pretrained_backbone=True for an "
-                "ImageNet backbone.")
-        pretrained = "torchvision"
-    if pretrained == "torchvision":
-        if key not in _TORCHVISION_WEIGHTS:
-            raise ValueError(f"pretrained='torchvision' is available for "
-                             f"{', '.join(f'{m}/{b}' for m, b in _TORCHVISION_WEIGHTS)}, not {name}/{backbone}")
-        weights = getattr(torchvision.models.segmentation, _TORCHVISION_WEIGHTS[key]).DEFAULT
-        classes = len(weights.meta["categories"])
-        if nclass != classes:
-            raise ValueError(f"torchvision's {weights} predict {classes} classes (Pascal VOC), the model has "
-                             f"{nclass}; build it with dataset='pascal_voc' (or nclass={classes})")
-        state, source = fetch_torchvision_weights(weights), str(weights)
-        if model.aux_classifier is None:
-            state = {k: v for k, v in state.items() if not k.startswith("aux_classifier.")}
-    elif isinstance(pretrained, (str, os.PathLike)):
-        state, source = read_state_dict(pretrained), repr(os.fspath(pretrained))
-    else:
-        raise ValueError(f"pretrained must be False, True, 'torchvision' or a file path, got {pretrained!r}")
-    load_model_state(model, state, source=source)
 
 
 def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str = "resnet50", aux: bool = False,
@@ -148,7 +109,7 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
     model = _assemble(arch, nclass, backbone, aux, norm_layer, output_stride, jpu, pretrained_backbone,
                       head_options)
     if pretrained is not False and pretrained is not None:
-        _load_pretrained(model, name, backbone, nclass, pretrained)
+        load_pretrained(model, name, backbone, nclass, pretrained)
     return checkpoint_segmentation_model(model, checkpoint)
 
 
@@ -162,13 +123,18 @@ def _check_head_options(name: str, arch: Architecture, head_options: dict) -> No
                          f"{', '.join(valid) or 'none'}")
 
 
-def variant(name: str, title: str) -> Callable[..., SegmentationModel]:
-    """The ``get_<name>(dataset, backbone, **kwargs)`` builder of a registered architecture (``get_fcn``, ...).
+def builder(name: str) -> Callable[..., SegmentationModel]:
+    """The ``get_<name>(dataset, backbone, **kwargs)`` builder of the registered architecture ``name``
+    (``get_fcn``, ...; :mod:`encoding.models` makes one for every registered architecture).
 
     Args:
         name: the architecture's registry name.
-        title: how the docstring names the model (e.g. ``"FCN"``).
+
+    Raises:
+        ValueError: ``name`` is not registered.
     """
+    title = get_architecture(name).title
+
     def build(dataset: str = "pascal_voc", backbone: str = "resnet50", **kwargs: Any) -> SegmentationModel:
         return get_segmentation_model(name, dataset, backbone, **kwargs)
 

@@ -8,11 +8,10 @@ from torch import Tensor, nn
 
 from ..nn.blocks import NormLayer, conv_norm_act, resize
 from .base import FeatureInfo, SegmentationModel
-from .factory import variant
-from .psp import PyramidPooling
+from .heads import PyramidPooling
 from .registry import register_architecture
 
-__all__ = ["FPNHead", "FCFPN", "UperNet", "upernet_head", "fcfpn_head", "get_upernet", "get_fcfpn"]
+__all__ = ["FPNHead", "FCFPN", "UperNet", "upernet_head", "fcfpn_head"]
 
 
 class FPNHead(nn.Module):
@@ -83,9 +82,3 @@ def fcfpn_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = nn
                fpn_dim: int = 256) -> nn.Module:
     """The FCFPN head for the backbone ``features`` (uses ``c1..c4``)."""
     return FPNHead(features.channels, nclass, norm_layer, fpn_dim=fpn_dim)
-
-
-get_upernet = variant("upernet", "UperNet")
-
-
-get_fcfpn = variant("fcfpn", "FCFPN")

@@ -1,16 +1,21 @@
-"""The registry of segmentation architectures and of the named presets built from them.
+"""The registry of segmentation architectures and of the named presets built from them (a leaf: it imports nothing
+of ``encoding``).
 
 Each ``encoding/models/<arch>.py`` registers its head factory with :func:`register_architecture`; registering also
-adds the PyTorch-Encoding presets ``<arch>_<backbone>_<dataset>`` (see :data:`model_list`).
+adds the PyTorch-Encoding presets ``<arch>_<backbone>_<dataset>`` (see :data:`model_list`) and defines the public
+builder ``encoding.models.get_<arch>`` (:func:`encoding.models.factory.builder` makes it, for every registered
+architecture, when :mod:`encoding.models` is imported). The registry only describes architectures;
+:mod:`~encoding.models.factory` builds them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Type
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Type
 
 from torch import nn
 
-from .base import SegmentationModel
+if TYPE_CHECKING:  # for the annotations only: the registry imports no module of encoding.models
+    from .base import SegmentationModel
 
 __all__ = ["Architecture", "ARCHITECTURES", "register_architecture", "get_architecture", "PRESETS", "model_list",
            "PRESET_DATASETS", "PRESET_BACKBONES"]
@@ -29,12 +34,14 @@ class Architecture:
             backbone's :class:`~encoding.models.base.FeatureInfo` (stage channels and output stride).
         output_stride: the backbone's default output stride (8 = dilated, 32 = plain for pyramid heads).
         se_loss: whether the head has an SE-loss branch (its factory then takes ``se_loss``).
+        title: how documentation names the model (e.g. ``"PSPNet"``; the docstring of its ``get_<name>``).
     """
 
     model: Type[SegmentationModel]
     head: HeadFactory
     output_stride: int = 8
     se_loss: bool = False
+    title: str = ""
 
 
 #: Registry of the segmentation models: name -> :class:`Architecture` (filled by :func:`register_architecture`).
@@ -54,14 +61,15 @@ model_list: List[str] = []
 
 
 def register_architecture(name: str, model: Type[SegmentationModel], *, output_stride: int = 8,
-                          se_loss: bool = False) -> Callable[[HeadFactory], HeadFactory]:
-    """Decorator registering a head factory as the architecture ``name`` (and its presets).
+                          se_loss: bool = False, title: Optional[str] = None) -> Callable[[HeadFactory], HeadFactory]:
+    """Decorator registering a head factory as the architecture ``name`` (its presets and its ``get_<name>``).
 
     Args:
         name: the name :func:`~encoding.models.get_segmentation_model` accepts.
         model: the model class the head goes into.
         output_stride: default backbone output stride.
         se_loss: the head has an SE-loss branch.
+        title: how documentation names the model (default: the model class's name).
 
     Raises:
         ValueError: ``name`` is already registered.
@@ -69,7 +77,7 @@ def register_architecture(name: str, model: Type[SegmentationModel], *, output_s
     def decorator(head: HeadFactory) -> HeadFactory:
         if name in ARCHITECTURES:
             raise ValueError(f"architecture {name!r} is already registered")
-        ARCHITECTURES[name] = Architecture(model, head, output_stride, se_loss)
+        ARCHITECTURES[name] = Architecture(model, head, output_stride, se_loss, title or model.__name__)
         for backbone in PRESET_BACKBONES:
             for short, dataset in PRESET_DATASETS.items():
                 PRESETS[f"{name}_{backbone}_{short}"] = dict(name=name, backbone=backbone, dataset=dataset,

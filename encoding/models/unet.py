@@ -14,10 +14,9 @@ from torch import Tensor, nn
 
 from ..nn.blocks import NormLayer, conv_norm_act, resize
 from .base import FeatureInfo, SegmentationModel
-from .factory import variant
 from .registry import register_architecture
 
-__all__ = ["UNetHead", "UNet", "unet_head", "get_unet"]
+__all__ = ["UNetHead", "UNet", "unet_head"]
 
 
 class UNetHead(nn.Module):
@@ -65,7 +64,7 @@ class UNet(SegmentationModel):
     head_inputs = (0, 1, 2, 3)
 
 
-@register_architecture("unet", UNet, output_stride=16)
+@register_architecture("unet", UNet, output_stride=16, title="U-Net")
 def unet_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = nn.BatchNorm2d,
               decoder_channels: Optional[Sequence[int]] = None) -> nn.Module:
     """The U-Net decoder for the backbone ``features`` (uses ``c1..c4``).
@@ -75,6 +74,3 @@ def unet_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = nn.
             ``c1, c2, c3``).
     """
     return UNetHead(features.channels, nclass, norm_layer, decoder_channels)
-
-
-get_unet = variant("unet", "U-Net")
