@@ -148,6 +148,26 @@ def test_registry_errors():
         get_segmentation_model("fcn", dataset="nope", backbone="resnet18")
 
 
+def test_registering_an_architecture_defines_its_builder():
+    """Every registered architecture has its ``encoding.models.get_<name>``, which builds that architecture; the
+    registry itself is a leaf (it imports no module of ``encoding``)."""
+    import ast
+
+    import encoding.models.registry as registry
+
+    for name, arch in ARCHITECTURES.items():
+        build_it = getattr(encoding.models, f"get_{name}")
+        assert build_it.__name__ == f"get_{name}" and build_it.__doc__.startswith(arch.title)
+        assert type(build_it(backbone="resnet18", nclass=NCLASS)) is arch.model
+    tree = ast.parse(open(registry.__file__, encoding="utf-8").read())
+    typing_only = {id(n) for block in tree.body
+                   if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING" for n in ast.walk(block)}
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in typing_only]
+    names = [a.name for n in imports if isinstance(n, ast.Import) for a in n.names]
+    names += ["." * n.level + (n.module or "") for n in imports if isinstance(n, ast.ImportFrom)]
+    assert names and not [m for m in names if m.startswith((".", "encoding"))], names
+
+
 def test_number_of_classes_comes_from_the_dataset_registry():
     from encoding.datasets import datasets
     model = get_segmentation_model("fcn", dataset="shapes", backbone="resnet18")
