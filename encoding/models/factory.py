@@ -26,6 +26,7 @@ from .weights import Pretrained, load_pretrained
 
 __all__ = ["get_segmentation_model", "get_model", "builder"]
 
+
 def _nclass_of(dataset: str) -> int:
     from ..datasets import datasets  # lazy: the dataset modules are not needed to build a model
 
