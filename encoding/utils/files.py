@@ -10,6 +10,8 @@ Everything here is safe to re-run and safe to interrupt:
   (``"md5:<hex>"``, ``"sha1:<hex>"``, ``"sha256:<hex>"`` or bare hex, see :func:`parse_checksum`).
 
 Downloading and extracting archives is a dataset-preparation step: :mod:`encoding.datasets.prepare.download`.
+PyTorch-Encoding's ``mkdir`` and ``check_sha1`` (on :func:`makedirs` and :func:`check_checksum`) are installed here by
+the table of old names (``encoding.legacy``).
 
 Example:
     >>> import os, tempfile
@@ -42,6 +44,8 @@ __all__ = [
     "staged_dir",
     "atomic_write",
     "makedirs",
+    "mkdir",
+    "check_sha1",
 ]
 
 

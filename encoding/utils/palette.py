@@ -7,12 +7,12 @@ dataset name or an explicit sequence of RGB triples. The names are those :func:`
 module imports no dataset; ``"detail"``, PyTorch-Encoding's name of the VOC colour map, means ``pcontext``.
 :func:`colorize` stores the mask as a PIL ``"P"`` image whose index 255 is the ignore colour, so saved PNGs keep the
 class ids as pixel values. PyTorch-Encoding's ``get_mask_pallete`` lives with the other old names
-(:mod:`encoding.legacy`).
+(``encoding.legacy``).
 """
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, List, Mapping, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
 import numpy as np
 from PIL import Image
@@ -24,6 +24,7 @@ __all__ = [
     "get_ignore_color",
     "voc_palette",
     "colorize",
+    "get_mask_pallete",
     "overlay",
 ]
 
@@ -60,7 +61,7 @@ def voc_palette(num: int = 256) -> Palette:
 
 
 #: Name -> an object carrying ``PALETTE`` and ``IGNORE_COLOR`` (a dataset class), filled by :func:`register_palettes`.
-_SOURCES: dict = {}
+_SOURCES: Dict[str, Any] = {}
 #: The names :func:`get_palette` and :func:`colorize` accept: the registered dataset names, then PE's ``detail``
 #: (kept up to date in place by :func:`register_palettes`).
 PALETTE_NAMES: List[str] = list(_ALIASES)
