@@ -25,7 +25,7 @@ from torchvision.transforms.v2 import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from encoding.datasets import IMAGENET_MEAN, IMAGENET_STD, VOCSegmentation  # noqa: E402
-from encoding.datasets.shapes import render_scene  # noqa: E402
+from encoding.datasets.prepare.shapes_render import render_scene  # noqa: E402
 
 BASE, CROP = 520, 480
 

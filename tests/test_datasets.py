@@ -16,9 +16,10 @@ import torch
 from PIL import Image, ImageDraw
 
 import encoding.datasets as eds
-from encoding.datasets import (DatasetError, get_dataset, get_segmentation_dataset, pad_collate)
-from encoding.datasets.pascal_aug import read_sbd_segmentation
-from encoding.datasets.pcontext import convert_context_annotations, decode_rle
+from encoding.datasets import DatasetError, get_segmentation_dataset, pad_collate
+from encoding.datasets.prepare import convert_context_annotations, decode_rle
+from encoding.datasets.prepare.coco_masks import build_coco_masks
+from encoding.datasets.prepare.sbd import convert_sbd_masks, read_sbd_segmentation
 
 MEAN = torch.tensor(eds.IMAGENET_MEAN).view(3, 1, 1)
 STD = torch.tensor(eds.IMAGENET_STD).view(3, 1, 1)
@@ -263,6 +264,8 @@ def colour_agreement(image, mask):
 
 # ----------------------------------------------------------------------------------------------------- registry
 def test_registry_names_counts_and_lookup_errors():
+    from encoding.datasets import get_dataset  # PyTorch-Encoding's name, from the one table of old names
+
     expected = {"ade20k": 150, "pascal_voc": 21, "pascal_aug": 21, "pcontext": 59, "citys": 19, "coco": 21,
                 "shapes": 7}
     assert {k: v.NUM_CLASS for k, v in eds.datasets.items()} == expected
@@ -344,6 +347,9 @@ def test_cityscapes_ids_to_train_ids(tmp_path):
 
 def test_pascal_aug_mat_labels(tmp_path):
     base, ids = make_aug(str(tmp_path))
+    with pytest.raises(DatasetError, match=r"cls_png.*python -m encoding\.datasets\.prepare pascal"):
+        get_segmentation_dataset("pascal_aug", root=str(tmp_path), split="train")  # loading never converts
+    convert_sbd_masks(base, progress=False)  # the prepare step (python -m encoding.datasets.prepare pascal)
     ds = get_segmentation_dataset("pascal_aug", root=str(tmp_path), split="train", mode="testval")
     assert len(ds) == 2
     assert ds.masks == [os.path.join(base, "cls_png", name + ".png") for name in ids]  # converted once, read as PNG
@@ -416,7 +422,10 @@ def test_pcontext_conversion_and_mapping(tmp_path):
 
 
 def test_coco_masks_built_with_pycocotools_api(tmp_path, fake_pycocotools):
-    make_coco(str(tmp_path))
+    base = make_coco(str(tmp_path))
+    with pytest.raises(DatasetError, match=r"val2017\.txt.*python -m encoding\.datasets\.prepare coco"):
+        get_segmentation_dataset("coco", root=str(tmp_path), split="val")  # loading never builds the masks
+    build_coco_masks(base, "val", progress=False)  # the prepare step (python -m encoding.datasets.prepare coco)
     ds = get_segmentation_dataset("coco", root=str(tmp_path), split="val", mode="testval")
     assert len(ds) == 1  # image 2 has no VOC category and is dropped
     image, mask = ds[0]
@@ -427,11 +436,11 @@ def test_coco_masks_built_with_pycocotools_api(tmp_path, fake_pycocotools):
 
 
 def test_coco_without_pycocotools_is_a_clear_error(tmp_path, monkeypatch):
-    make_coco(str(tmp_path))
+    base = make_coco(str(tmp_path))
     monkeypatch.setitem(sys.modules, "pycocotools", None)
     monkeypatch.setitem(sys.modules, "pycocotools.coco", None)
     with pytest.raises(ImportError, match="pip install pycocotools"):
-        get_segmentation_dataset("coco", root=str(tmp_path), split="val")
+        build_coco_masks(base, "val", progress=False)  # the masks are built at prepare time, the one user of it
 
 
 # --------------------------------------------------------------------------------------------------- transforms

@@ -1,4 +1,5 @@
-"""encoding.utils.files: download (local, file:// and HTTP with Range), checksums, resume, extraction, staging."""
+"""encoding.datasets.prepare.download (local, file:// and HTTP with Range, resume, extraction) and encoding.utils.files
+(checksums, staging)."""
 import hashlib
 import http.server
 import io
@@ -9,8 +10,8 @@ import zipfile
 
 import pytest
 
-from encoding.utils.files import (ChecksumError, DownloadError, check_checksum, check_sha1, download, extract,
-                                  file_checksum, mkdir, staged_dir, verify_checksum)
+from encoding.datasets.prepare.download import DownloadError, download, extract
+from encoding.utils.files import ChecksumError, check_checksum, file_checksum, staged_dir, verify_checksum
 
 PAYLOAD = bytes(range(256)) * 64 + b"tail"  # 16388 bytes
 
@@ -37,14 +38,24 @@ def test_download_local_path_and_file_url_verify_checksums(tmp_path):
             assert f.read() == PAYLOAD
         assert not os.path.exists(out + ".part")
     # a folder destination keeps the source's file name
-    mkdir(str(tmp_path / "dir"))
+    os.makedirs(str(tmp_path / "dir"))
     assert download(src, str(tmp_path / "dir"), progress=False) == str(tmp_path / "dir" / "data.bin")
-    # PyTorch-Encoding's spelling: download(url, path, overwrite, sha1_hash) and check_sha1
+    # PyTorch-Encoding's spelling: download(url, path, overwrite, sha1_hash)
+    sha1 = hashlib.sha1(PAYLOAD).hexdigest()
+    out = download(src, str(tmp_path / "pe.bin"), False, sha1, progress=False)
+    with pytest.raises(ChecksumError):
+        download(src, str(tmp_path / "pe2.bin"), sha1_hash="0" * 40, progress=False)
+
+
+def test_pytorch_encoding_mkdir_and_check_sha1_still_resolve_from_utils_files(tmp_path):
+    from encoding.utils.files import check_sha1, mkdir  # PyTorch-Encoding's names, from the one table of old names
+
+    mkdir(str(tmp_path / "dir"))
+    assert os.path.isdir(tmp_path / "dir")
+    src = _write(tmp_path / "src" / "data.bin")
     sha1 = hashlib.sha1(PAYLOAD).hexdigest()
     out = download(src, str(tmp_path / "pe.bin"), False, sha1, progress=False)
     assert check_sha1(out, sha1) and not check_sha1(out, "0" * 40)
-    with pytest.raises(ChecksumError):
-        download(src, str(tmp_path / "pe2.bin"), sha1_hash="0" * 40, progress=False)
 
 
 def test_checksum_mismatch_leaves_nothing_behind(tmp_path):

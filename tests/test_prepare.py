@@ -174,7 +174,7 @@ def test_prepare_module_runs_as_a_command(tmp_path):
 def test_run_recipe_extracts_checks_the_layout_and_converts(tmp_path):
     from encoding.datasets import DatasetError
     from encoding.datasets.prepare import Recipe, run_recipe
-    from encoding.datasets.resources import Resource
+    from encoding.datasets.prepare import Resource
 
     (tmp_path / "src" / "thing" / "images").mkdir(parents=True)
     (tmp_path / "src" / "thing" / "images" / "a.txt").write_text("a")
@@ -196,6 +196,20 @@ def test_run_recipe_extracts_checks_the_layout_and_converts(tmp_path):
     assert len(calls) == 1
 
 
+#: Dataset module -> {name it had: name in encoding.datasets.prepare} of what moved to preparation.
+MOVED = {
+    "encoding.datasets.ade20k": {"prepare_ade20k": "prepare_ade20k", "RESOURCES": "ADE20K_RESOURCES"},
+    "encoding.datasets.pascal_voc": {"prepare_pascal": "prepare_pascal", "RESOURCES": "VOC_RESOURCES"},
+    "encoding.datasets.pcontext": {"prepare_pcontext": "prepare_pcontext", "RESOURCES": "CONTEXT_RESOURCES",
+                                   "decode_rle": "decode_rle",
+                                   "convert_context_annotations": "convert_context_annotations"},
+    "encoding.datasets.cityscapes": {"prepare_citys": "prepare_citys", "PACKAGES": "CITYS_PACKAGES",
+                                     "INSTRUCTIONS": "CITYS_INSTRUCTIONS"},
+    "encoding.datasets.coco": {"prepare_coco": "prepare_coco", "RESOURCES": "COCO_RESOURCES"},
+    "encoding.datasets.shapes": {"prepare_shapes": "prepare_shapes"},
+}
+
+
 def test_moved_names_still_resolve_from_the_dataset_modules():
     import importlib
 
@@ -203,7 +217,7 @@ def test_moved_names_still_resolve_from_the_dataset_modules():
     from encoding.datasets.pcontext import convert_context_annotations  # the spelling tests/users import
 
     assert convert_context_annotations is prepare.convert_context_annotations
-    for module_name, names in prepare.MOVED.items():
+    for module_name, names in MOVED.items():
         module = importlib.import_module(module_name)
         for old, new in names.items():
             assert getattr(module, old) is getattr(prepare, new), (module_name, old)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-import encoding.datasets.shapes as shapes
+import encoding.datasets.prepare.shapes_render as shapes  # the generator (prepare step); the dataset only loads
 from encoding.datasets import DatasetError, ShapesSegmentation, get_segmentation_dataset, pad_collate
 
 

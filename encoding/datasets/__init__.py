@@ -33,6 +33,7 @@ from .cityscapes import CitySegmentation
 from .coco import COCOSegmentation
 from .shapes import ShapesSegmentation
 from .prepare import prepare_ade20k, prepare_citys, prepare_coco, prepare_pascal, prepare_pcontext, prepare_shapes
+from ..utils.palette import register_palettes
 
 __all__ = [
     "datasets",
@@ -73,6 +74,7 @@ datasets: Dict[str, Type[BaseDataset]] = {
     "coco": COCOSegmentation,
     "shapes": ShapesSegmentation,
 }
+register_palettes(datasets)  # colorize(mask, "ade20k") and the other palette names read the classes' colours
 
 
 def get_segmentation_dataset(name: str, root: Optional[str] = None, split: str = "train", mode: Optional[str] = None,
@@ -95,9 +97,3 @@ def get_segmentation_dataset(name: str, root: Optional[str] = None, split: str =
         raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(sorted(datasets))}")
     return datasets[key](root=root, split=split, mode=mode, transform=transform, **kwargs)
 
-
-def __getattr__(name: str) -> Any:
-    """PyTorch-Encoding's ``get_dataset`` alias, kept in :mod:`encoding.compat`."""
-    from .. import compat
-
-    return compat.export(__name__, name)

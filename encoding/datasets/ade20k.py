@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from .base import BaseDataset, DatasetError, ShiftedLabels
+from .layout import ADE20K_DIR
 
 __all__ = ["ADE20KSegmentation", "ADE20K_CLASSES", "ADE20K_PALETTE"]
 
@@ -74,7 +75,7 @@ class ADE20KSegmentation(ShiftedLabels, BaseDataset):
     PALETTE = ADE20K_PALETTE
     IGNORE_COLOR = (0, 0, 0)  # ADE20K's "unlabeled" colour
     SPLITS = ("train", "val", "trainval", "test")
-    BASE_DIR = "ADEChallengeData2016"
+    BASE_DIR = ADE20K_DIR
 
     @property
     def dataset_dir(self) -> str:
@@ -96,10 +97,3 @@ class ADE20KSegmentation(ShiftedLabels, BaseDataset):
             masks += [os.path.join(self.dataset_dir, "annotations", folder,
                                    os.path.splitext(os.path.basename(p))[0] + ".png") for p in found]
         return images, masks
-
-
-def __getattr__(name: str) -> Any:
-    """``prepare_ade20k`` and ``RESOURCES``, moved to :mod:`encoding.datasets.prepare`, still resolve here."""
-    from . import prepare
-
-    return prepare.moved_attribute(__name__, name)

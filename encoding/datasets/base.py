@@ -26,6 +26,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, get_worker_info
 from torchvision import tv_tensors
 
+from .layout import DatasetError, default_root, read_split_file
 from .transforms import (IMAGENET_MEAN, IMAGENET_STD, LABEL_IGNORE, PadTo, image_transform, to_index_mask,
                          train_joint_transform, val_joint_transform)
 
@@ -46,39 +47,6 @@ MODES = ("train", "val", "testval", "test")
 INVALID_LABEL = 254
 _LABEL_MODES = ("L", "P", "I", "I;16", "1")
 _SKIP_SLOTS = 257
-
-
-class DatasetError(ValueError):
-    """A dataset file is missing, unreadable or inconsistent.
-
-    Attributes:
-        path: the offending file or folder.
-        problem: what is wrong with it.
-    """
-
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"{path}: {problem}")
-        self.path, self.problem = path, problem
-
-
-def default_root() -> str:
-    """The data root: ``$ENCODING_DATA`` if set, else ``~/.encoding/data``."""
-    return os.path.expanduser(os.environ.get("ENCODING_DATA") or os.path.join("~", ".encoding", "data"))
-
-
-def read_split_file(path: str) -> List[str]:
-    """Read a split list (one sample id per line; blank lines and ``#`` comments skipped).
-
-    Raises:
-        DatasetError: the file is missing or lists no sample.
-    """
-    if not os.path.isfile(path):
-        raise DatasetError(path, "split file is missing")
-    with open(path, encoding="utf-8") as f:
-        ids = [line.split()[0] for line in f if line.strip() and not line.lstrip().startswith("#")]
-    if not ids:
-        raise DatasetError(path, "split file is empty")
-    return ids
 
 
 def identity_table(nclass: int, ignore: Sequence[int] = (255,)) -> np.ndarray:
@@ -193,6 +161,19 @@ class BaseDataset(Dataset):
             script = self.PREPARE_SCRIPT or f"scripts/prepare_{self.NAME}.py"
             raise DatasetError(folder, f"{self.NAME} dataset not found; run python {script}, or point --data-root "
                                        f"(root= in Python, or $ENCODING_DATA) at the folder holding it")
+
+    def _prepared(self, path: str, what: str) -> str:
+        """``path`` when it exists; else a :class:`DatasetError` naming it and the command that writes it.
+
+        Args:
+            path: a file or folder written at prepare time (converted masks, their lists).
+            what: what it holds, for the message.
+        """
+        if not os.path.exists(path):
+            script = os.path.basename(self.PREPARE_SCRIPT or f"scripts/prepare_{self.NAME}.py")
+            command = f"python -m encoding.datasets.prepare {script[len('prepare_'):-len('.py')]}"
+            raise DatasetError(path, f"{what} not found; run {command} (it converts them once)")
+        return path
 
     @property
     def dataset_dir(self) -> str:

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from .base import BaseDataset, DatasetError, mapped_table
+from .layout import CITYS_DIR
 
 __all__ = ["CitySegmentation", "CITYSCAPES_CLASSES", "CITYSCAPES_PALETTE", "CITYSCAPES_ID_TO_TRAIN_ID"]
 
@@ -49,7 +50,7 @@ class CitySegmentation(BaseDataset):
     SPLITS = ("train", "val", "trainval", "test")
     BASE_SIZE = 1024
     CROP_SIZE = 768
-    BASE_DIR = "citys"
+    BASE_DIR = CITYS_DIR
 
     @classmethod
     def label_table(cls) -> np.ndarray:
@@ -73,11 +74,3 @@ class CitySegmentation(BaseDataset):
             masks.append(os.path.join(self.dataset_dir, "gtFine",
                                       rel[:-len("_leftImg8bit.png")] + "_gtFine_labelIds.png"))
         return images, masks
-
-
-def __getattr__(name: str) -> Any:
-    """``prepare_citys``, ``PACKAGES`` and ``INSTRUCTIONS``, moved to :mod:`encoding.datasets.prepare`, still resolve
-    here."""
-    from . import prepare
-
-    return prepare.moved_attribute(__name__, name)

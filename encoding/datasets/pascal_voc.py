@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from .base import BaseDataset, read_split_file
+from .layout import VOC_DIR
 from ..utils.palette import voc_palette
 
 __all__ = ["VOCSegmentation", "VOC_CLASSES", "VOC_PALETTE", "VOC_IGNORE_COLOR", "list_split"]
@@ -46,17 +47,10 @@ class VOCSegmentation(BaseDataset):
     IGNORE_COLOR = VOC_IGNORE_COLOR
     SPLITS = ("train", "val", "trainval", "test")
     PREPARE_SCRIPT = "scripts/prepare_pascal.py"
-    BASE_DIR = os.path.join("VOCdevkit", "VOC2012")
+    BASE_DIR = VOC_DIR
 
     def _find_samples(self) -> Tuple[List[str], Optional[List[str]]]:
         base = self.dataset_dir
         return list_split(os.path.join(base, "ImageSets", "Segmentation", self.split + ".txt"),
                           os.path.join(base, "JPEGImages"), ".jpg",
                           None if self.split == "test" else os.path.join(base, "SegmentationClass"), ".png")
-
-
-def __getattr__(name: str) -> Any:
-    """``prepare_pascal`` and ``RESOURCES``, moved to :mod:`encoding.datasets.prepare`, still resolve here."""
-    from . import prepare
-
-    return prepare.moved_attribute(__name__, name)

@@ -2,21 +2,24 @@
 
 The colours belong to the datasets: every dataset class carries ``PALETTE`` (one RGB triple per class) and
 ``IGNORE_COLOR`` (the colour of ignored pixels, distinct from every class colour). The functions here take either a
-dataset name, looked up in :data:`encoding.datasets.datasets` (``"detail"``, PyTorch-Encoding's name of the VOC colour
-map, means ``pcontext``), or an explicit sequence of RGB triples. :func:`colorize` stores the mask as a PIL ``"P"``
-image whose index 255 is the ignore colour, so saved PNGs keep the class ids as pixel values. PyTorch-Encoding's
-``get_mask_pallete`` is implemented in :mod:`encoding.compat` and still importable from here.
+dataset name or an explicit sequence of RGB triples. The names are those :func:`register_palettes` was given:
+:mod:`encoding.datasets` registers its registry (:data:`encoding.datasets.datasets`) when it is imported, so this
+module imports no dataset; ``"detail"``, PyTorch-Encoding's name of the VOC colour map, means ``pcontext``.
+:func:`colorize` stores the mask as a PIL ``"P"`` image whose index 255 is the ignore colour, so saved PNGs keep the
+class ids as pixel values. PyTorch-Encoding's ``get_mask_pallete`` lives with the other old names
+(``encoding.legacy``).
 """
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
 import numpy as np
 from PIL import Image
 
 __all__ = [
     "PALETTE_NAMES",
+    "register_palettes",
     "get_palette",
     "get_ignore_color",
     "voc_palette",
@@ -57,32 +60,32 @@ def voc_palette(num: int = 256) -> Palette:
     return tuple(colors)
 
 
-def _registry() -> dict:
-    from ..datasets import datasets  # lazy: the dataset modules import voc_palette from here
+#: Name -> an object carrying ``PALETTE`` and ``IGNORE_COLOR`` (a dataset class), filled by :func:`register_palettes`.
+_SOURCES: Dict[str, Any] = {}
+#: The names :func:`get_palette` and :func:`colorize` accept: the registered dataset names, then PE's ``detail``
+#: (kept up to date in place by :func:`register_palettes`).
+PALETTE_NAMES: List[str] = list(_ALIASES)
 
-    return datasets
+
+def register_palettes(registry: Mapping[str, Any]) -> None:
+    """Make the colours of ``registry``'s entries (name -> object with ``PALETTE`` / ``IGNORE_COLOR``) known by name.
+
+    The colours are read from the objects when asked for, so a class's own ``PALETTE`` stays the one source.
+
+    Args:
+        registry: e.g. :data:`encoding.datasets.datasets` (which registers itself when imported).
+    """
+    _SOURCES.update((name.lower(), source) for name, source in registry.items())
+    PALETTE_NAMES[:] = list(_SOURCES) + [alias for alias in _ALIASES if alias not in _SOURCES]
 
 
-def _dataset_class(dataset: str) -> type:
-    """The dataset class whose ``PALETTE`` / ``IGNORE_COLOR`` a name refers to."""
+def _dataset_class(dataset: str) -> Any:
+    """The registered dataset class whose ``PALETTE`` / ``IGNORE_COLOR`` a name refers to."""
     key = _ALIASES.get(dataset.lower(), dataset.lower()) if isinstance(dataset, str) else None
-    cls = _registry().get(key)
+    cls = _SOURCES.get(key)
     if cls is None or cls.PALETTE is None:
-        raise ValueError(f"unknown dataset {dataset!r} for a palette; known: {', '.join(_palette_names())}")
+        raise ValueError(f"unknown dataset {dataset!r} for a palette; known: {', '.join(PALETTE_NAMES)}")
     return cls
-
-
-def _palette_names() -> Tuple[str, ...]:
-    return tuple(_registry()) + tuple(_ALIASES)
-
-
-def __getattr__(name: str) -> Any:
-    """``PALETTE_NAMES`` (from the dataset registry, on first use) and PE's ``get_mask_pallete`` (in compat)."""
-    if name == "PALETTE_NAMES":
-        return _palette_names()
-    from .. import compat
-
-    return compat.export(__name__, name)
 
 
 def get_palette(dataset: str) -> Palette:

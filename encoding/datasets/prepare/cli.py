@@ -19,9 +19,9 @@ import argparse
 import sys
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
-from ..base import DatasetError
-from ..shapes import DEFAULT_NUM_TRAIN, DEFAULT_NUM_VAL, DEFAULT_SEED
-from ...utils.files import ChecksumError, DownloadError
+from ..layout import SHAPES_DEFAULT_NUM_TRAIN, SHAPES_DEFAULT_NUM_VAL, SHAPES_DEFAULT_SEED, DatasetError
+from ...utils.files import ChecksumError
+from .download import DownloadError
 from .steps import (CITYS_INSTRUCTIONS, prepare_ade20k, prepare_citys, prepare_coco, prepare_pascal,
                     prepare_pcontext, prepare_shapes)
 
@@ -69,9 +69,9 @@ def _coco_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _shapes_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    parser.add_argument("--num-train", type=int, default=DEFAULT_NUM_TRAIN)
-    parser.add_argument("--num-val", type=int, default=DEFAULT_NUM_VAL)
+    parser.add_argument("--seed", type=int, default=SHAPES_DEFAULT_SEED)
+    parser.add_argument("--num-train", type=int, default=SHAPES_DEFAULT_NUM_TRAIN)
+    parser.add_argument("--num-val", type=int, default=SHAPES_DEFAULT_NUM_VAL)
 
 
 def _no_options(parser: argparse.ArgumentParser) -> None:

@@ -17,8 +17,7 @@ import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
-from ..base import DatasetError
-from ..pcontext import CONTEXT_CATEGORY_IDS, LIST_DIR, MASK_DIR
+from ..layout import CONTEXT_CATEGORY_IDS, CONTEXT_LIST_DIR, CONTEXT_MASK_DIR, DatasetError
 from ...utils.files import atomic_write, staged_dir
 
 __all__ = ["decode_rle", "convert_context_annotations"]
@@ -94,7 +93,7 @@ def convert_context_annotations(json_path: str, voc_root: str, *, overwrite: boo
     Returns:
         Number of images per phase, e.g. ``{"train": 4998, "val": 5105}``.
     """
-    mask_dir, list_dir = os.path.join(voc_root, MASK_DIR), os.path.join(voc_root, LIST_DIR)
+    mask_dir, list_dir = os.path.join(voc_root, CONTEXT_MASK_DIR), os.path.join(voc_root, CONTEXT_LIST_DIR)
     if not overwrite and os.path.isdir(mask_dir) and os.path.isfile(os.path.join(list_dir, "val.txt")):
         return {p: _count_ids(os.path.join(list_dir, p + ".txt")) for p in ("train", "val")}
     try:

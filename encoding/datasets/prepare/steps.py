@@ -1,28 +1,26 @@
 """The ``prepare_<name>`` functions: each real dataset is a :class:`Recipe`, prepared by one shared path.
 
-:func:`run_recipe` resolves the data root, fetches the recipe's files (:func:`~encoding.datasets.resources.
-fetch_resources`: verified downloads or mirror copies, reused when already there) and hands them to :func:`install`,
+:func:`run_recipe` resolves the data root, fetches the recipe's files (verified downloads or mirror copies, reused
+when already there: :func:`~encoding.datasets.prepare.download.fetch_resources`) and hands them to :func:`install`,
 which extracts the archives (all or nothing; a marker per archive makes re-runs skip it), checks that the layout is
 there and runs the recipe's converter. Cityscapes (login-gated) only swaps the fetch for checks of the two packages
 downloaded by hand. ``shapes`` is generated, not downloaded: :func:`prepare_shapes` is
-:func:`~encoding.datasets.shapes.ensure_shapes`.
+:func:`~encoding.datasets.prepare.shapes_render.ensure_shapes`. The folder names come from
+:mod:`encoding.datasets.layout`, which the dataset classes read too: nothing here imports a dataset class.
 """
 from __future__ import annotations
 
 import os
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from ..ade20k import ADE20KSegmentation
-from ..base import DatasetError, default_root, read_split_file
-from ..cityscapes import CitySegmentation
-from ..coco import COCOSegmentation, build_coco_masks
-from ..pascal_aug import VOCAugSegmentation, convert_sbd_masks
-from ..pascal_voc import VOCSegmentation
-from ..pcontext import ContextSegmentation
-from ..resources import Resource, fetch_resources
-from ..shapes import ensure_shapes
-from ...utils.files import atomic_write, extract, verify_checksum
+from ..layout import (ADE20K_DIR, CITYS_DIR, COCO_DIR, CONTEXT_DIR, SBD_DIR, VOC_DIR, DatasetError,
+                      default_root)
+from ...utils.files import verify_checksum
+from .coco_masks import build_coco_masks
+from .download import Resource, extract, fetch_resources
 from .pcontext_json import convert_context_annotations
+from .sbd import convert_sbd_masks, write_sbd_trainval
+from .shapes_render import ensure_shapes
 
 __all__ = ["Recipe", "RECIPES", "ADE20K_RESOURCES", "VOC_RESOURCES", "CONTEXT_RESOURCES", "COCO_RESOURCES",
            "CITYS_PACKAGES", "CITYS_INSTRUCTIONS", "resolve_root", "install", "run_recipe", "prepare_ade20k",
@@ -74,7 +72,7 @@ class Recipe(NamedTuple):
         archives: what is fetched and extracted, in order (empty when the archives are local: Cityscapes).
         expected: paths under ``folder`` that must exist after extraction (a wrong archive is caught here).
         extract_to: where the archives are extracted, relative to the data root (``""``: the root itself).
-        rename: top-level names renamed while extracting (see :func:`~encoding.utils.files.extract`).
+        rename: top-level names renamed while extracting (see :func:`~encoding.datasets.prepare.download.extract`).
         files: what is fetched but not extracted; handed to ``convert``.
         convert: the prepare-time conversion (``None``: the extracted files are read as they are).
     """
@@ -92,8 +90,7 @@ def _write_sbd_trainval(folder: str, files: Sequence[str], overwrite: bool, prog
     """SBD's ``trainval.txt`` (train + val, de-duplicated), the split ``pascal_aug`` reads, as in PyTorch-Encoding;
     and the ``.mat`` labels converted to PNGs once, here, so loading reads PNGs."""
     del files
-    ids = read_split_file(os.path.join(folder, "train.txt")) + read_split_file(os.path.join(folder, "val.txt"))
-    atomic_write(os.path.join(folder, "trainval.txt"), "".join(i + "\n" for i in dict.fromkeys(ids)))
+    write_sbd_trainval(folder)
     convert_sbd_masks(folder, overwrite=overwrite, progress=progress)
 
 
@@ -115,17 +112,17 @@ _ADE20K_EXPECTED = ("images/training", "annotations/training", "images/validatio
 #: Recipe name -> recipe (``prepare_pascal`` runs ``pascal_voc`` and ``pascal_aug``; options adjust a recipe with
 #: ``_replace``: ADE20K's test images, COCO without masks).
 RECIPES: Dict[str, Recipe] = {
-    "ade20k": Recipe(ADE20KSegmentation.BASE_DIR, (ADE20K_RESOURCES["trainval"],), _ADE20K_EXPECTED),
-    "pascal_voc": Recipe(VOCSegmentation.BASE_DIR, (VOC_RESOURCES["voc2012"],),
+    "ade20k": Recipe(ADE20K_DIR, (ADE20K_RESOURCES["trainval"],), _ADE20K_EXPECTED),
+    "pascal_voc": Recipe(VOC_DIR, (VOC_RESOURCES["voc2012"],),
                          (os.path.join("ImageSets", "Segmentation", "train.txt"),)),
-    "pascal_aug": Recipe(VOCAugSegmentation.BASE_DIR, (VOC_RESOURCES["sbd"],), ("cls",),
+    "pascal_aug": Recipe(SBD_DIR, (VOC_RESOURCES["sbd"],), ("cls",),
                          rename={"benchmark_RELEASE": "VOCaug"}, convert=_write_sbd_trainval),
-    "pcontext": Recipe(ContextSegmentation.BASE_DIR, (CONTEXT_RESOURCES["voc2010"],), ("JPEGImages",),
+    "pcontext": Recipe(CONTEXT_DIR, (CONTEXT_RESOURCES["voc2010"],), ("JPEGImages",),
                        files=(CONTEXT_RESOURCES["annotations"],), convert=_convert_context),
-    "citys": Recipe(CitySegmentation.BASE_DIR, (), ("leftImg8bit/train", "leftImg8bit/val", "gtFine/train",
-                                                   "gtFine/val"), extract_to=CitySegmentation.BASE_DIR),
-    "coco": Recipe(COCOSegmentation.BASE_DIR, tuple(COCO_RESOURCES[k] for k in ("annotations", "val", "train")),
-                   ("annotations", "train2017", "val2017"), extract_to=COCOSegmentation.BASE_DIR,
+    "citys": Recipe(CITYS_DIR, (), ("leftImg8bit/train", "leftImg8bit/val", "gtFine/train",
+                                                   "gtFine/val"), extract_to=CITYS_DIR),
+    "coco": Recipe(COCO_DIR, tuple(COCO_RESOURCES[k] for k in ("annotations", "val", "train")),
+                   ("annotations", "train2017", "val2017"), extract_to=COCO_DIR,
                    convert=_build_coco_masks),
 }
 
@@ -174,7 +171,7 @@ def run_recipe(recipe: Recipe, root: Optional[str] = None, *, download_dir: Opti
         recipe: what to fetch and how to lay it out.
         root: data root (default :func:`~encoding.datasets.default_root`).
         download_dir: where the downloads are kept (default ``<root>/downloads``).
-        mirror, checksums, overwrite, progress: see :func:`~encoding.datasets.resources.fetch_resources`
+        mirror, checksums, overwrite, progress: see :func:`~encoding.datasets.prepare.download.fetch_resources`
             (``overwrite`` also extracts and converts again).
 
     Returns:

@@ -1,0 +1,323 @@
+"""Fetching the files of a dataset: :func:`download`, :func:`extract` and the recipes' :func:`fetch_resources`.
+
+Everything here is safe to re-run and safe to interrupt:
+
+* :func:`download` streams into ``<dest>.part`` (resuming it when the server or file allows), verifies the checksum,
+  and only then renames the file into place; a file already present with the right checksum is not fetched again.
+* :func:`extract` unpacks into a private staging folder next to the destination and moves the result into place only
+  when the whole archive was read; a marker remembers which archive (by size and modification time) was extracted,
+  so a re-run does nothing.
+* :func:`fetch_resources` downloads (or reuses verified copies of) a recipe's :class:`Resource` files, from their
+  published URLs or from a mirror.
+
+URLs may be ``http(s)://``, ``file://`` or a plain local path, so tests and offline mirrors use the same code path.
+Checksums and atomic writes are the toolkit's own (:mod:`encoding.utils.files`).
+
+Example:
+    >>> from encoding.datasets.prepare.download import download, extract
+    >>> archive = download("https://example.org/data.zip", "~/downloads",
+    ...                    checksum="md5:0123456789abcdef0123456789abcdef")  # doctest: +SKIP
+    >>> extract(archive, "~/.encoding/data")  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import tarfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+import zlib
+from typing import List, Mapping, NamedTuple, Optional, Sequence
+
+from tqdm.auto import tqdm
+
+from ...utils.files import (CHUNK, ChecksumError, atomic_write, check_checksum, makedirs, parse_checksum, staged_dir,
+                            verify_checksum)
+
+__all__ = ["DownloadError", "ChecksumError", "download", "extract", "Resource", "fetch_resources"]
+
+
+class DownloadError(RuntimeError):
+    """A file could not be fetched (network failure, HTTP error, missing local file)."""
+
+
+def _local_source(url: str) -> Optional[str]:
+    """The local path behind a ``file://`` URL or a plain path; ``None`` for network URLs."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme == "file":
+        return urllib.request.url2pathname(parsed.path)
+    if parsed.scheme in ("http", "https", "ftp"):
+        return None
+    return os.path.expanduser(url)
+
+
+def _url_filename(url: str) -> str:
+    name = os.path.basename(urllib.parse.urlparse(url).path) if "://" in url else os.path.basename(url)
+    if not name:
+        raise ValueError(f"cannot derive a file name from {url!r}; pass an explicit file path as `path`")
+    return urllib.parse.unquote(name)
+
+
+def _copy_stream(src, dst, bar) -> None:
+    for chunk in iter(lambda: src.read(CHUNK), b""):
+        dst.write(chunk)
+        bar.update(len(chunk))
+
+
+def _fetch_local(source: str, part: str, progress: bool, desc: str) -> None:
+    if not os.path.isfile(source):
+        raise DownloadError(f"cannot download {source}: no such file")
+    total = os.path.getsize(source)
+    done = os.path.getsize(part) if os.path.exists(part) else 0
+    if done > total:  # stale partial file from another source
+        done = 0
+    with open(source, "rb") as src, open(part, "ab" if done else "wb") as dst, \
+            tqdm(total=total, initial=done, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar:
+        src.seek(done)
+        _copy_stream(src, dst, bar)
+
+
+def _fetch_http(url: str, part: str, progress: bool, desc: str, timeout: float) -> None:
+    done = os.path.getsize(part) if os.path.exists(part) else 0
+    request = urllib.request.Request(url, headers={"User-Agent": "encoding-datasets"})
+    if done:
+        request.add_header("Range", f"bytes={done}-")
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and done:  # asked past the end: the partial file is already complete
+            return
+        raise
+    with response:
+        resumed = done and response.status == 206
+        if not resumed:
+            done = 0
+        length = response.headers.get("Content-Length")
+        total = int(length) + done if length is not None else None
+        with open(part, "ab" if resumed else "wb") as dst, \
+                tqdm(total=total, initial=done, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar:
+            _copy_stream(response, dst, bar)
+        if total is not None and os.path.getsize(part) != total:
+            raise DownloadError(f"download of {url} stopped at {os.path.getsize(part)} of {total} bytes")
+
+
+def _fetch_http_with_retries(url: str, part: str, progress: bool, desc: str, timeout: float, retries: int) -> None:
+    for attempt in range(1, max(retries, 1) + 1):
+        try:
+            _fetch_http(url, part, progress, desc, timeout)
+            return
+        except (urllib.error.URLError, OSError, DownloadError) as e:  # HTTPError is a URLError
+            if attempt >= retries:
+                raise DownloadError(f"cannot download {url} after {attempt} attempt(s): {e}") from e
+            time.sleep(min(2 ** attempt, 30))
+
+
+def download(url: str, path: Optional[str] = None, overwrite: bool = False, sha1_hash: Optional[str] = None, *,
+             checksum: Optional[str] = None, progress: bool = True, retries: int = 3, timeout: float = 60.0) -> str:
+    """Fetch ``url`` into ``path`` with a progress bar, resuming, checksum verification and an atomic rename.
+
+    Args:
+        url: ``http(s)://`` or ``file://`` URL, or a local file path.
+        path: destination file, or an existing folder (the URL's file name is kept); default: the current folder.
+        overwrite: fetch again even if a verified file is already there.
+        sha1_hash: PyTorch-Encoding's argument, same as ``checksum="sha1:<hash>"``.
+        checksum: expected digest, ``"md5:<hex>"``, ``"sha1:<hex>"``, ``"sha256:<hex>"`` or bare hex (algorithm from
+            its length). ``None`` skips verification.
+        progress: show a tqdm progress bar.
+        retries: attempts for network errors (each attempt resumes the partial file).
+        timeout: socket timeout in seconds.
+
+    Returns:
+        The path of the verified file.
+
+    Raises:
+        ChecksumError: the downloaded content does not match ``checksum`` (the bad file is deleted, nothing is left
+            at ``path``).
+        DownloadError: the source cannot be read after ``retries`` attempts.
+    """
+    if sha1_hash is not None:
+        if checksum is not None:
+            raise ValueError("pass either checksum or sha1_hash, not both")
+        checksum = "sha1:" + sha1_hash
+    if checksum is not None:
+        parse_checksum(checksum)  # fail early on a malformed checksum
+    if path is None:
+        path = _url_filename(url)
+    path = os.path.expanduser(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, _url_filename(url))
+    makedirs(os.path.dirname(os.path.abspath(path)))
+    if not overwrite and check_checksum(path, checksum):
+        return path
+
+    part = path + ".part"
+    if overwrite and os.path.exists(part):
+        os.remove(part)
+    source = _local_source(url)
+    desc = os.path.basename(path)
+    if source is not None:
+        _fetch_local(source, part, progress, desc)
+    else:
+        _fetch_http_with_retries(url, part, progress, desc, timeout, retries)
+
+    if checksum is not None:
+        try:
+            verify_checksum(part, checksum, progress)
+        except ChecksumError as e:
+            os.remove(part)
+            raise ChecksumError(f"{path} (from {url})", checksum, e.actual) from None
+    os.replace(part, path)
+    return path
+
+
+def _archive_kind(archive: str) -> str:
+    if zipfile.is_zipfile(archive):
+        return "zip"
+    if tarfile.is_tarfile(archive):
+        return "tar"
+    raise ValueError(f"{archive}: not a zip or tar archive (or it is corrupt)")
+
+
+def _check_member(name: str, archive: str) -> None:
+    normalised = os.path.normpath(name)
+    if os.path.isabs(name) or normalised == ".." or normalised.startswith(".." + os.sep):
+        raise ValueError(f"{archive}: refusing to extract {name!r}, which points outside the destination")
+
+
+def _extract_all(archive: str, kind: str, dest: str) -> None:
+    if kind == "zip":
+        with zipfile.ZipFile(archive) as zf:
+            for name in zf.namelist():
+                _check_member(name, archive)
+            zf.extractall(dest)
+        return
+    with tarfile.open(archive) as tf:
+        members = tf.getmembers()
+        for member in members:
+            _check_member(member.name, archive)
+            if member.issym() or member.islnk():
+                _check_member(os.path.join(os.path.dirname(member.name), member.linkname), archive)
+        if hasattr(tarfile, "data_filter"):
+            tf.extractall(dest, members=members, filter="data")
+        else:  # pragma: no cover - Python < 3.11.4
+            tf.extractall(dest, members=members)
+
+
+def _merge_move(src: str, dst: str) -> None:
+    """Move ``src`` to ``dst``; when both are folders, merge ``src`` into ``dst`` (its files win)."""
+    if os.path.isdir(src) and os.path.isdir(dst) and not os.path.islink(dst):
+        for name in os.listdir(src):
+            _merge_move(os.path.join(src, name), os.path.join(dst, name))
+        os.rmdir(src)
+        return
+    if os.path.isdir(dst) and not os.path.islink(dst):
+        shutil.rmtree(dst)
+    os.replace(src, dst)
+
+
+def _archive_fingerprint(archive: str) -> dict:
+    st = os.stat(archive)
+    return {"archive": os.path.basename(archive), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def extract(archive: str, dest: str, *, rename: Optional[Mapping[str, str]] = None, overwrite: bool = False,
+            progress: bool = True) -> List[str]:
+    """Unpack a zip or tar(.gz/.bz2/.xz) archive into ``dest``, all or nothing, and skip it on re-runs.
+
+    The archive is unpacked into a staging folder inside ``dest``; only after every member was read are its top-level
+    entries moved into place (folders that already exist are merged, e.g. two archives both holding ``VOCdevkit/``).
+    Members pointing outside ``dest`` are refused. A marker ``dest/.extracted-<archive>.json`` records the archive's
+    size and modification time, so extracting the same archive again is a no-op.
+
+    Args:
+        archive: the archive file.
+        dest: destination folder (created if needed).
+        rename: top-level renames applied before moving into place, e.g. ``{"benchmark_RELEASE": "VOCaug"}``.
+        overwrite: extract even if the marker says this archive was already extracted.
+        progress: show a tqdm bar while moving entries into place.
+
+    Returns:
+        The paths of the top-level entries created or updated in ``dest``.
+
+    Raises:
+        ValueError: not an archive, a corrupt archive, or an unsafe member path.
+    """
+    archive, dest = os.path.expanduser(archive), makedirs(dest)
+    marker = os.path.join(dest, f".extracted-{os.path.basename(archive)}.json")
+    fingerprint = _archive_fingerprint(archive)
+    if not overwrite and os.path.isfile(marker):
+        with open(marker, encoding="utf-8") as f:
+            recorded = json.load(f)
+        if recorded.get("fingerprint") == fingerprint and all(
+                os.path.exists(os.path.join(dest, e)) for e in recorded.get("entries", [])):
+            return [os.path.join(dest, e) for e in recorded["entries"]]
+    kind = _archive_kind(archive)
+    rename = dict(rename or {})
+    with staged_dir(os.path.join(dest, f".staging-{os.path.basename(archive)}"), keep=False) as staging:
+        try:
+            _extract_all(archive, kind, staging)
+        except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise ValueError(f"{archive}: corrupt or truncated archive ({e})") from e
+        entries = []
+        names = sorted(os.listdir(staging))
+        for name in tqdm(names, desc=f"placing {os.path.basename(archive)}", leave=False, disable=not progress):
+            target = rename.get(name, name)
+            _merge_move(os.path.join(staging, name), os.path.join(dest, target))
+            entries.append(target)
+    atomic_write(marker, json.dumps({"fingerprint": fingerprint, "entries": entries}, indent=1,
+                                    sort_keys=True))
+    return [os.path.join(dest, e) for e in entries]
+
+
+class Resource(NamedTuple):
+    """One file to download.
+
+    Attributes:
+        url: where it is published.
+        checksum: expected digest (``"md5:<hex>"``, ``"sha1:<hex>"``, ...); ``None`` when not published.
+    """
+
+    url: str
+    checksum: Optional[str] = None
+
+    @property
+    def filename(self) -> str:
+        return urllib.parse.unquote(os.path.basename(urllib.parse.urlparse(self.url).path))
+
+
+def _mirrored(mirror: str, filename: str) -> str:
+    if "://" in mirror:
+        return mirror.rstrip("/") + "/" + urllib.parse.quote(filename)
+    return os.path.join(os.path.expanduser(mirror), filename)
+
+
+def fetch_resources(resources: Sequence[Resource], download_dir: str, *, mirror: Optional[str] = None,
+                    checksums: Optional[Mapping[str, Optional[str]]] = None, overwrite: bool = False,
+                    progress: bool = True) -> List[str]:
+    """Download (or reuse verified copies of) ``resources`` into ``download_dir``.
+
+    Args:
+        resources: what to fetch.
+        download_dir: where the archives are kept (a verified file already there is not fetched again).
+        mirror: a folder or base URL holding files with the same names, used instead of the original URLs (offline
+            copies, institutional mirrors, tests).
+        checksums: per-file-name overrides of the expected checksums (``None`` as a value disables verification).
+        overwrite: fetch again even when a verified copy exists.
+        progress: show tqdm progress bars.
+
+    Returns:
+        Local paths, in the order of ``resources``.
+    """
+    checksums = dict(checksums or {})
+    paths = []
+    for res in resources:
+        url = res.url if mirror is None else _mirrored(mirror, res.filename)
+        checksum = checksums.get(res.filename, res.checksum)
+        paths.append(download(url, os.path.join(download_dir, res.filename), checksum=checksum,
+                              overwrite=overwrite, progress=progress))
+    return paths
