@@ -35,7 +35,8 @@ def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, 
         round_to: allocation granularity (512 for a CUDA caching allocator).
         fake_mode: the ``FakeTensorMode`` to run in (one that ``spec``'s tensors already belong to), default new.
         workspaces: kernels' workspaces learned by :func:`~encoding.memory.profiler.learn_workspaces` (default: none).
-        model: a model already built by ``spec.build_model`` in ``fake_mode`` (see :func:`~encoding.memory.program.run_program`).
+        model: a model already built by ``spec.build_model`` in ``fake_mode`` (see
+            :func:`~encoding.memory.program.run_program`).
     """
     tracker = AllocationTracker(round_to, workspaces, (program.share, program.total))
     with (fake_mode or new_fake_mode()), tracker:

@@ -118,10 +118,10 @@ class Workspaces:
 
     For every operator call of a profiled real step (:func:`~encoding.memory.profiler.learn_workspaces`), the bytes
     it held above its starting level (its outputs included) are recorded under ``(operator, input shapes with the
-    batch dimension symbolic)`` and the share. The tracker raises its peak by that much while the same call runs on fake tensors.
-    Between measured shares the bytes are interpolated linearly, beyond them the last segment is extrapolated
-    (CPU kernels keep one buffer per thread, so growth flattens once the share reaches the thread count: measure
-    at 1, the thread count and one more).
+    batch dimension symbolic)`` and the share. The tracker raises its peak by that much while the same call runs on
+    fake tensors. Between measured shares the bytes are interpolated linearly, beyond them the last segment is
+    extrapolated (CPU kernels keep one buffer per thread, so growth flattens once the share reaches the thread
+    count: measure at 1, the thread count and one more).
     """
 
     def __init__(self, table: Dict[tuple, Dict[int, int]]) -> None:
