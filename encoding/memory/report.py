@@ -23,7 +23,6 @@ from .tracker import CUDA_BLOCK, MIB
 __all__ = ["memory_report", "format_report", "write_json", "write_chart"]
 
 
-# ------------------------------------------------------------------------------------------------ the report
 def _summary(peaks: Sequence[int], split: Sequence[int], seconds: float) -> Dict[str, Any]:
     mib = [round(p / MIB, 2) for p in peaks]
     held = [p for p in peaks if p > 0]
