@@ -4,7 +4,7 @@
     python benchmarks/bench_checkpoint.py --policies backbone --steps 3 --backbone resnet101
 
 For each policy (``none`` first) it reports the real peak of one training step on the CPU (``torch.profiler`` memory
-events, :func:`~encoding.parallel.memory.measure_program_cpu`), the simulator's peak for the same program (fake
+events, :func:`~encoding.memory.measure_program_cpu`), the simulator's peak for the same program (fake
 tensors) and the time of an unprofiled step; the figures that matter are the ratios to ``none``. Nothing is
 asserted: these machines are noisy, so compare ratios from the same run.
 """
@@ -17,8 +17,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from encoding.parallel.memory import MIB, DeviceProgram, measure_program_cpu, simulate_program  # noqa: E402
-from encoding.tools.memory_balance import segmentation_spec  # noqa: E402
+from encoding.memory import DeviceProgram, measure_program_cpu, segmentation_spec, simulate_program  # noqa: E402
+from encoding.memory.tracker import MIB  # noqa: E402
 
 #: One device holding the module and its optimizer, running the whole batch (the issue's measurement).
 ONE_DEVICE = "balanced"

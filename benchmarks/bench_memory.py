@@ -14,11 +14,12 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from encoding.memory import (Simulator, learn_workspaces, max_batch, measure_program_cpu,  # noqa: E402
+                             segmentation_spec, simulate_program, strategy_peaks)
+from encoding.memory.cli import main as tool_main, parse_memory  # noqa: E402
+from encoding.memory.program import STRATEGIES, DeviceProgram, device_programs  # noqa: E402
+from encoding.memory.tracker import CUDA_BLOCK, MIB  # noqa: E402
 from encoding.models import ARCHITECTURES  # noqa: E402
-from encoding.parallel.balance import max_batch, strategy_peaks  # noqa: E402
-from encoding.parallel.memory import (MIB, STRATEGIES, DeviceProgram, Simulator, device_programs,  # noqa: E402
-                                      learn_workspaces, measure_program_cpu, simulate_program)
-from encoding.tools.memory_balance import CUDA_BLOCK, main as tool_main, parse_memory, segmentation_spec  # noqa: E402
 
 CONFIGS = [("fcn", 21), ("fcn", 150), ("encnet", 21), ("encnet", 150)]
 

@@ -4,6 +4,8 @@ Subpackages:
     parallel: ``DataParallelModel`` / ``DataParallelCriterion`` with ungathered outputs and exact loss reduction.
     nn: ``SyncBatchNorm``, the ``Encoding`` layer, small generic blocks and ``SegmentationLosses``.
     models: dilated backbones and segmentation models, one file per architecture (``get_segmentation_model``).
+    memory: per-device peak memory of a training step (simulated on fake tensors or measured), the split that
+        balances it (``balance="memory"``) and the memory tool (``python -m encoding.memory``).
     datasets: segmentation datasets (``get_segmentation_dataset``) including the embedded ``shapes`` dataset.
     utils: metrics, learning-rate schedules, palettes, checkpoints, distributed helpers and logging.
     engine: ``train_one_epoch`` / ``evaluate`` loops; builders: small typed builders (model, criterion, loaders,
@@ -11,9 +13,11 @@ Subpackages:
     compat: PyTorch-Encoding conventions (``LR_Scheduler``, loss layouts, metric helpers, aliases) on the core.
 """
 from .version import __version__
-from . import utils, parallel, nn, datasets, models, engine, builders
+from . import utils, parallel, nn, datasets, models
+from . import memory  # fills encoding.parallel's planner registry (DataParallelModel(balance="memory"))
+from . import engine, builders
 from . import functions, transforms  # PyTorch-Encoding's functional forms and classification transforms
 from . import compat  # PyTorch-Encoding conventions on top of the core (last: it builds on everything above)
 
-__all__ = ["__version__", "parallel", "nn", "models", "datasets", "utils", "engine", "builders", "functions",
-           "transforms", "compat"]
+__all__ = ["__version__", "parallel", "nn", "models", "datasets", "utils", "memory", "engine", "builders",
+           "functions", "transforms", "compat"]

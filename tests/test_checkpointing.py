@@ -11,13 +11,12 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
+from encoding.memory import DeviceProgram, StepSpec, measure_program_cpu, segmentation_spec, simulate_program
 from encoding.models import FCNHead, SegmentationModel, get_segmentation_model
 from encoding.nn import (SegmentationLosses, SyncBatchNorm, checkpoint_segmentation_model, disable_checkpointing,
                          is_checkpointed)
 from encoding.parallel import DataParallelCriterion, DataParallelModel, get_replica_context
-from encoding.parallel.memory import DeviceProgram, StepSpec, measure_program_cpu, simulate_program
 from encoding.parallel.rng import ReplicaRandom, replica_seed
-from encoding.tools.memory_balance import segmentation_spec
 from test_dist import _free_port  # the same free-port helper as the other gloo test
 
 NCLASS = 4

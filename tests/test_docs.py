@@ -199,7 +199,7 @@ def _segmentation_parser(script: str) -> argparse.ArgumentParser:
 
 
 def _memory_balance_parser() -> argparse.ArgumentParser:
-    from encoding.tools.memory_balance import build_parser
+    from encoding.memory.cli import build_parser
 
     return build_parser()
 
@@ -381,7 +381,8 @@ def test_json_blocks_parse(block):
 
 def test_memory_report_example_has_the_tools_keys():
     """docs/memory.md's JSON example only uses keys that a real (tiny, simulated) report has."""
-    from encoding.tools.memory_balance import memory_report, parse_args
+    from encoding.memory.cli import parse_args
+    from encoding.memory.report import memory_report
 
     example = next(json.loads(b.text) for b in ALL_BLOCKS if b.lang == "json" and b.page.name == "memory.md")
     args = parse_args(["--model", "fcn", "--backbone", "resnet18", "--crop-size", "32", "--simulate", "2",
@@ -482,7 +483,7 @@ def test_site_builds_with_warnings_as_errors(built_site):
         assert html.is_file(), f"{rel(page)} was not built (is it in a toctree?)"
 
 
-@pytest.mark.parametrize("package", ["parallel", "nn", "models", "datasets", "utils", "engine", "builders"])
+@pytest.mark.parametrize("package", ["parallel", "memory", "nn", "models", "datasets", "utils", "engine", "builders"])
 def test_api_pages_document_all_public_names(built_site, package):
     module = importlib.import_module(f"encoding.{package}")
     html = (built_site / "api" / f"{package}.html").read_text(encoding="utf-8")

@@ -7,14 +7,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from encoding.memory import (DeviceProgram, MemoryBalancer, Simulator, StepSpec, cli, learn_workspaces, max_batch,
+                             measure_program_cpu, plan_split, segmentation_spec, simulate_program, strategy_peaks)
+from encoding.memory.cli import parse_memory
+from encoding.memory.program import device_programs
+from encoding.memory.simulate import new_fake_mode
+from encoding.memory.tracker import MIB, AllocationTracker, Workspaces
 from encoding.nn import SegmentationLosses
 from encoding.parallel import DataParallelCriterion, DataParallelModel
-from encoding.parallel.balance import MemoryBalancer, max_batch, plan_split, strategy_peaks
-from encoding.parallel.memory import (MIB, AllocationTracker, DeviceProgram, Simulator, StepSpec, Workspaces,
-                                      device_programs, learn_workspaces, measure_program_cpu, new_fake_mode,
-                                      simulate_program)
-from encoding.tools import memory_balance
-from encoding.tools.memory_balance import parse_memory, segmentation_spec
 
 NCLASS = 6
 
@@ -211,7 +211,7 @@ TOOL = ["--model", "fcn", "--backbone", "resnet18", "--crop-size", "256", "--aux
 
 
 def test_tool_report_table_json_and_chart(tmp_path, capsys):
-    report = memory_balance.main(TOOL + ["--out-dir", str(tmp_path), "--max-batch", "--memory-limit", "1GiB"])
+    report = cli.main(TOOL + ["--out-dir", str(tmp_path), "--max-batch", "--memory-limit", "1GiB"])
     out = capsys.readouterr().out
     saved = json.loads((tmp_path / "memory_balance.json").read_text())
     assert saved == json.loads(json.dumps(report))
@@ -230,7 +230,7 @@ def test_tool_report_table_json_and_chart(tmp_path, capsys):
 
 
 def test_tool_with_one_simulated_device(tmp_path):
-    report = memory_balance.main(TOOL[:-1] + ["1", "--strategies", "gather,ddp", "--out-dir", str(tmp_path)])
+    report = cli.main(TOOL[:-1] + ["1", "--strategies", "gather,ddp", "--out-dir", str(tmp_path)])
     assert [len(v["peak_mib"]) for v in report["strategies"].values()] == [1, 1]
 
 
@@ -238,16 +238,16 @@ def test_tool_amp_lowers_every_device(tmp_path):
     """--amp (bf16 autocast on fake CPU tensors: low-precision convolutions, float32 BatchNorm and parameters)
     lowers every device's peak."""
     common = TOOL + ["--strategies", "balanced", "--out-dir", str(tmp_path)]
-    full = memory_balance.main(common)["strategies"]["balanced"]["peak_mib"]
-    mixed = memory_balance.main(common + ["--amp"])["strategies"]["balanced"]["peak_mib"]
+    full = cli.main(common)["strategies"]["balanced"]["peak_mib"]
+    mixed = cli.main(common + ["--amp"])["strategies"]["balanced"]["peak_mib"]
     assert all(m < f for m, f in zip(mixed, full)), (mixed, full)
 
 
 def test_tool_calibrate_adds_the_workspaces_fake_tensors_miss(tmp_path, capsys):
     common = ["--model", "fcn", "--backbone", "resnet18", "--crop-size", "48", "--simulate", "2",
               "--strategies", "balanced", "--out-dir", str(tmp_path)]
-    plain = memory_balance.main(common)
-    calibrated = memory_balance.main(common + ["--calibrate"])
+    plain = cli.main(common)
+    calibrated = cli.main(common + ["--calibrate"])
     assert calibrated["config"]["calibrate"] and "calibrating on cpu" in capsys.readouterr().err
     assert all(c > p for c, p in zip(calibrated["strategies"]["balanced"]["peak_mib"],
                                      plain["strategies"]["balanced"]["peak_mib"]))
@@ -262,7 +262,7 @@ def test_tool_without_matplotlib_still_writes_json(tmp_path, monkeypatch, capsys
             raise ImportError(name)
         return real_import(name, *args, **kwargs)
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    memory_balance.main(TOOL + ["--strategies", "balanced", "--out-dir", str(tmp_path)])
+    cli.main(TOOL + ["--strategies", "balanced", "--out-dir", str(tmp_path)])
     assert (tmp_path / "memory_balance.json").exists() and not (tmp_path / "memory_balance.png").exists()
     assert "pip install matplotlib" in capsys.readouterr().err
 
@@ -280,7 +280,7 @@ def test_bad_values_give_one_line_errors(argv, message, capsys):
     if "--devices" in argv and torch.cuda.is_available():
         pytest.skip("this machine has CUDA devices")
     with pytest.raises(SystemExit) as exc:
-        memory_balance.parse_args(argv)
+        cli.parse_args(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert message in err[-1]
@@ -295,7 +295,7 @@ def test_parse_memory_units():
 
 @pytest.mark.gpu
 def test_simulation_matches_cuda_max_memory_allocated():
-    from encoding.tools.cuda_memory import measure_strategy
+    from encoding.memory import measure_strategy
 
     args = dict(model="fcn", backbone="resnet50", nclass=21, crop_size=256, aux=True)
     _, real, _ = measure_strategy(args, "balanced", [0], 2)

@@ -105,3 +105,23 @@ def test_chunk_sizes_must_sum_to_the_batch():
 def test_bad_balance_value_is_named():
     with pytest.raises(ValueError, match="balance must be None, 'memory'"):
         DataParallelModel(nn.Linear(4, 2), CPU3, balance="speed")
+
+
+def test_balance_names_come_from_the_planner_registry(monkeypatch):
+    """``encoding.parallel`` does not import the memory planner: ``balance="memory"`` is the name that
+    ``encoding.memory`` registers; without it the error says what to import, and any planner can register."""
+    from encoding.memory import MemoryBalancer
+    from encoding.parallel import planners
+
+    assert isinstance(DataParallelModel(nn.Linear(4, 2), CPU3, balance="memory").balance, MemoryBalancer)
+    monkeypatch.setattr(planners, "_BALANCERS", {})
+    with pytest.raises(ValueError, match="needs the memory planner.*encoding.memory"):
+        DataParallelModel(nn.Linear(4, 2), CPU3, balance="memory")
+
+    class AllOnDeviceZero:
+        def plan(self, module, inputs, kwargs, device_ids, dim=0):
+            return [inputs[0].shape[dim]] + [0] * (len(device_ids) - 1)
+
+    planners.register_balancer("device0", AllOnDeviceZero)
+    assert planners.registered_balancers() == ["device0"]
+    assert DataParallelModel(nn.Linear(4, 2), CPU3, balance="device0")(torch.randn(5, 4)).split_sizes == [5]

@@ -5,7 +5,6 @@ loss where each output lives and reduces it exactly (the whole-batch value). Dev
 ``torch.device``s and strings, including repeated ``"cpu"``, so the multi-replica path runs without GPUs.
 See ``docs/parallel.md``.
 """
-from .balance import MemoryBalancer
 from .comm import AllReduce, allreduce, broadcast
 from .compat import is_module_wrapper
 from .data_parallel import (DataParallelCriterion, DataParallelModel, DataParallelWithCallback, ReplicaOutputs,

@@ -10,13 +10,13 @@ from torch import nn
 
 from .devices import DeviceLike, check_module_device, resolve_device, resolve_devices
 from .parallel_apply import parallel_apply
+from .planners import check_chunk_sizes, make_balancer
 from .reduction import criterion_loss_terms, reduce_loss_terms
 from .replicate import execute_replication_callbacks, replicate
 from .scatter_gather import batch_size_of, gather, get_split_sizes, scatter_kwargs, to_device
 from .structures import device_of
 
-__all__ = ["ReplicaOutputs", "DataParallelModel", "DataParallelWithCallback", "DataParallelCriterion", "data_parallel",
-           "check_chunk_sizes"]
+__all__ = ["ReplicaOutputs", "DataParallelModel", "DataParallelWithCallback", "DataParallelCriterion", "data_parallel"]
 
 
 class ReplicaOutputs(list):
@@ -79,9 +79,11 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
         chunk_sizes: explicit samples per device (one entry per device, ``0`` = the device sits this batch out;
             the argument of torch's C++ ``Scatter``), e.g. ``[1, 3, 3]`` to unload device 0. Every batch must then
             have ``sum(chunk_sizes)`` samples. Settable later as the ``chunk_sizes`` attribute.
-        balance: ``"memory"`` (or a :class:`~encoding.parallel.balance.MemoryBalancer`) picks, per batch size, the
-            integer split that minimises the heaviest device's simulated peak memory of a training step (see
-            ``docs/memory.md``); ``None`` (default) splits evenly (:func:`~encoding.parallel.scatter_gather.get_split_sizes`).
+        balance: ``"memory"`` (or a :class:`~encoding.memory.MemoryBalancer`) picks, per batch size, the integer
+            split that minimises the heaviest device's simulated peak memory of a training step (see
+            ``docs/memory.md``; the name is registered by :mod:`encoding.memory`, see
+            :mod:`encoding.parallel.planners`); ``None`` (default) splits evenly
+            (:func:`~encoding.parallel.scatter_gather.get_split_sizes`).
 
     It is a ``torch.nn.DataParallel`` (``model.module``, ``"module."`` state-dict keys, wrapper checks), with
     ``device_ids`` kept as ``torch.device``s and torch's four steps as methods a subclass may override:
@@ -126,17 +128,12 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
 
     @property
     def balance(self) -> Any:
-        """The split planner (``None`` or a :class:`~encoding.parallel.balance.MemoryBalancer`)."""
+        """The split planner (``None`` or a :class:`~encoding.memory.MemoryBalancer`)."""
         return self._balance
 
     @balance.setter
     def balance(self, balance: Any) -> None:
-        if balance == "memory":
-            from .balance import MemoryBalancer  # lazy: the simulator is only needed when asked for
-            balance = MemoryBalancer()
-        elif balance is not None and not callable(getattr(balance, "plan", None)):
-            raise ValueError(f"balance must be None, 'memory' or a MemoryBalancer, got {balance!r}")
-        self._balance = balance
+        self._balance = make_balancer(balance)  # a name is looked up in the registry of encoding.parallel.planners
 
     def forward(self, *inputs: Any, **kwargs: Any) -> ReplicaOutputs:
         return self._run(None, inputs, kwargs)
@@ -258,22 +255,6 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
             size = None
         device = self.device_ids[0] if self.device_ids else device_of(output, torch.device("cpu"))
         return ReplicaOutputs([output], [size], [device], self.dim)
-
-
-def check_chunk_sizes(sizes: Sequence[int], num_devices: int) -> List[int]:
-    """Validate per-device split sizes: one non-negative integer per device, at least one positive.
-
-    Raises:
-        ValueError: naming the offending value.
-    """
-    sizes = list(sizes)
-    if num_devices and len(sizes) != num_devices:
-        raise ValueError(f"chunk_sizes {sizes} must have one entry per device ({num_devices} devices)")
-    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes):
-        raise ValueError(f"chunk_sizes {sizes} must be non-negative integers")
-    if not any(sizes):
-        raise ValueError(f"chunk_sizes {sizes} gives no device a sample")
-    return sizes
 
 
 class DataParallelCriterion(_DataParallelBase):

@@ -1,4 +1,4 @@
-"""Measured peak memory per GPU of one training step under each strategy (``memory_balance.py --devices``).
+"""Measured peak memory per GPU of one training step under each strategy (``python -m encoding.memory --devices``).
 
 Each strategy runs for real: ``gather`` through ``torch.nn.DataParallel`` with the loss on the output device,
 ``balanced``/``balanced-auto`` through :class:`~encoding.parallel.DataParallelModel` (with ``chunk_sizes``) and
@@ -20,7 +20,8 @@ from torch import nn
 
 from ..parallel import DataParallelCriterion, DataParallelModel
 from ..parallel.scatter_gather import get_split_sizes
-from ..parallel.memory import StepSpec, step_autocast
+from .program import StepSpec, step_autocast
+from .spec import segmentation_spec
 
 __all__ = ["measure_strategy"]
 
@@ -68,8 +69,6 @@ def _single_process(spec: StepSpec, strategy: str, devices: Sequence[int], batch
 
 def _ddp_worker(rank: int, spec_args: Dict[str, Any], devices: Sequence[int], shares: Sequence[int], steps: int,
                 init_file: str, out_dir: str) -> None:
-    from .memory_balance import segmentation_spec
-
     device = torch.device("cuda", devices[rank])
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=len(devices))
@@ -102,7 +101,7 @@ def measure_strategy(spec_args: Dict[str, Any], strategy: str, devices: Sequence
     """Measure ``strategy`` on CUDA ``devices``.
 
     Args:
-        spec_args: keyword arguments of :func:`~encoding.tools.memory_balance.segmentation_spec`.
+        spec_args: keyword arguments of :func:`~encoding.memory.spec.segmentation_spec`.
         strategy: ``gather``, ``balanced``, ``balanced-auto`` (give its ``split``) or ``ddp``.
         devices: CUDA indices.
         batch: the total batch.
@@ -112,8 +111,6 @@ def measure_strategy(spec_args: Dict[str, Any], strategy: str, devices: Sequence
     Returns:
         ``(split, peak bytes per device, seconds per step)``.
     """
-    from .memory_balance import segmentation_spec
-
     split = list(split) if split is not None else get_split_sizes(batch, len(devices))
     split += [0] * (len(devices) - len(split))
     gc.collect()

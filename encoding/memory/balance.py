@@ -1,9 +1,10 @@
 """The automatic split: per-device batch shares that minimise the heaviest device's simulated peak memory.
 
 :func:`plan_split` searches the integer split of a batch given device 0's and the other devices' cost curves;
-:func:`max_batch` finds the largest batch that fits a memory limit; :class:`MemoryBalancer` plans
-:class:`~encoding.parallel.DataParallelModel`'s split (``balance="memory"``) by simulating the wrapped module on
-fake tensors (:mod:`encoding.parallel.memory`). See ``docs/memory.md``.
+:func:`strategy_peaks` gives a strategy's split and peaks; :func:`max_batch` finds the largest batch that fits a
+memory limit; :class:`MemoryBalancer` plans :class:`~encoding.parallel.DataParallelModel`'s split
+(``balance="memory"``, registered here with :func:`encoding.parallel.planners.register_balancer`) by simulating the
+wrapped module on fake tensors (:mod:`encoding.memory.simulate`). See ``docs/memory.md``.
 """
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .memory import DeviceProgram, Simulator, StepSpec, default_optimizer, new_fake_mode, tensor_leaves
-from .scatter_gather import batch_size_of, get_split_sizes
-from .structures import iter_leaves, transpose_map
+from ..parallel.planners import register_balancer
+from ..parallel.scatter_gather import batch_size_of, get_split_sizes
+from ..parallel.structures import iter_leaves, transpose_map
+from .program import DeviceProgram, StepSpec, default_optimizer, tensor_leaves
+from .simulate import Simulator, new_fake_mode
 
 __all__ = ["plan_split", "strategy_peaks", "max_batch", "MemoryBalancer"]
 
@@ -198,3 +201,6 @@ class MemoryBalancer:
 def _default_target(args: tuple, kwargs: dict) -> Tensor:
     first = next(v for _, v in iter_leaves((args, kwargs)) if isinstance(v, Tensor))
     return torch.zeros((first.shape[0],) + tuple(first.shape[2:]), dtype=torch.long, device=first.device)
+
+
+register_balancer("memory", MemoryBalancer)

@@ -1,0 +1,153 @@
+"""The memory tool's command line: ``python -m encoding.memory`` (``scripts/memory_balance.py`` wraps it).
+
+Runs training steps of a segmentation model under each strategy — ``gather`` (``torch.nn.DataParallel``),
+``balanced`` (:class:`~encoding.parallel.DataParallelModel` + :class:`~encoding.parallel.DataParallelCriterion`),
+``balanced-auto`` (the same with the split of :func:`~encoding.memory.balance.plan_split`) and ``ddp`` — and
+reports each device's peak memory: simulated for ``--simulate N`` virtual devices (no GPU needed, see
+:mod:`encoding.memory.simulate`), or measured with ``torch.cuda.max_memory_allocated`` on ``--devices``. Writes a
+table, a JSON file and (with matplotlib) a PNG bar chart (:mod:`encoding.memory.report`). See ``docs/memory.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from .program import STRATEGIES
+from .report import format_report, memory_report, write_chart, write_json
+
+__all__ = ["parse_memory", "build_parser", "parse_args", "main"]
+
+_UNITS = {"": 1, "b": 1, "k": 2 ** 10, "kb": 10 ** 3, "kib": 2 ** 10, "m": 2 ** 20, "mb": 10 ** 6, "mib": 2 ** 20,
+          "g": 2 ** 30, "gb": 10 ** 9, "gib": 2 ** 30, "t": 2 ** 40, "tb": 10 ** 12, "tib": 2 ** 40}
+
+
+def parse_memory(text: str) -> int:
+    """``"11GiB"`` -> bytes; accepts B, KB/KiB, MB/MiB, GB/GiB, TB/TiB (K/M/G/T = binary) and plain numbers.
+
+    Raises:
+        ValueError: for anything else, or a size that is not positive.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise ValueError(f"cannot read memory size {text!r}; write e.g. 11GiB, 11000MiB or 12GB")
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"memory size {text!r} must be positive")
+    return value
+
+
+# ------------------------------------------------------------------------------------------------ options
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m encoding.memory`` (``scripts/memory_balance.py``)."""
+    p = argparse.ArgumentParser(
+        prog="python -m encoding.memory",
+        description="Peak memory per device of a training step under gather (nn.DataParallel), balanced "
+                    "(DataParallelModel + DataParallelCriterion), balanced-auto and ddp; simulated with --simulate N "
+                    "(no GPU needed) or measured on --devices.")
+    p.add_argument("--model", default="fcn", help="segmentation model (default: fcn)")
+    p.add_argument("--backbone", default="resnet50", help="backbone (default: resnet50)")
+    p.add_argument("--dataset", default="pascal_voc", help="gives the class count and the default crop")
+    p.add_argument("--nclass", type=int, default=None, help="class count (default: the dataset's)")
+    p.add_argument("--batch-size", type=int, default=None, help="total batch (default: 2 per device)")
+    p.add_argument("--crop-size", type=int, default=None, help="default: the dataset's")
+    p.add_argument("--aux", action="store_true", help="auxiliary FCN head")
+    p.add_argument("--se-loss", action="store_true", help="semantic-encoding loss (EncNet)")
+    p.add_argument("--devices", default=None, help="CUDA devices to measure, e.g. 0,1,2,3")
+    p.add_argument("--simulate", type=int, default=None, metavar="N",
+                   help="simulate N virtual devices on fake tensors (default: 4 when there is no GPU)")
+    p.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated, from {', '.join(STRATEGIES)}")
+    p.add_argument("--steps", type=int, default=1, help="measured steps after one warm-up step (real devices)")
+    p.add_argument("--amp", action="store_true", help="mixed precision (bf16 when simulating, fp16 on GPUs)")
+    p.add_argument("--checkpoint", choices=["none", "backbone", "all"], default="none",
+                   help="activation checkpointing of the model (every residual block, or blocks and heads); when "
+                        "simulating, the report adds each device's peak without it and the saving")
+    p.add_argument("--calibrate", action="store_true",
+                   help="learn the kernels' workspaces that fake tensors miss from real steps of 1-3 samples on the "
+                        "real device (a GPU where there is one, else the CPU)")
+    p.add_argument("--max-batch", action="store_true",
+                   help="also find, per strategy, the largest total batch that fits --memory-limit (simulated)")
+    p.add_argument("--memory-limit", default="11GiB", help="memory per device for --max-batch (default: 11GiB)")
+    p.add_argument("--json", default=None, metavar="PATH", help="JSON report (default: OUT_DIR/memory_balance.json)")
+    p.add_argument("--chart", default=None, metavar="PATH", help="PNG chart (default: OUT_DIR/memory_balance.png)")
+    p.add_argument("--out-dir", default="runs/memory", help="where the report files go (default: runs/memory)")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse and check the options; every bad value ends in a one-line argparse error (exit 2)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        _complete(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def _complete(args: argparse.Namespace) -> None:
+    from ..datasets import datasets
+
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown or not strategies:
+        raise ValueError(f"--strategies: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
+                         f"valid: {', '.join(STRATEGIES)}")
+    args.strategies = strategies
+    if args.devices is not None and args.simulate is not None:
+        raise ValueError("--devices measures real GPUs and --simulate N simulates; give one of them")
+    if args.simulate is not None and args.simulate < 1:
+        raise ValueError(f"--simulate must be at least 1 device, got {args.simulate}")
+    if args.devices is not None:
+        args.device_list = _cuda_devices(args.devices)
+    elif args.simulate is None:
+        args.simulate = 4
+    count = args.simulate if args.devices is None else len(args.device_list)
+    if args.dataset not in datasets:
+        raise ValueError(f"--dataset: unknown {args.dataset!r}; valid: {', '.join(datasets)}")
+    args.nclass = args.nclass or datasets[args.dataset].NUM_CLASS
+    args.crop_size = args.crop_size or datasets[args.dataset].CROP_SIZE
+    if args.crop_size <= 0 or args.nclass <= 0:
+        raise ValueError("--crop-size and --nclass must be positive")
+    if args.batch_size is None:
+        args.batch_size = 2 * count
+    if args.batch_size < count:
+        raise ValueError(f"--batch-size {args.batch_size} is smaller than the {count} devices: every device needs "
+                         "a sample to compare strategies")
+    if args.steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {args.steps}")
+    args.memory_limit_bytes = parse_memory(args.memory_limit)
+    args.num_devices = count
+
+
+def _cuda_devices(text: str) -> List[int]:
+    try:
+        indices = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise ValueError(f"--devices must be comma-separated CUDA indices such as 0,1,2,3, got {text!r}") from None
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    bad = [i for i in indices if not 0 <= i < available]
+    if not indices or bad:
+        raise ValueError(f"--devices {text!r}: this machine has {available} CUDA device(s); without a GPU use "
+                         "--simulate N")
+    return indices
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """Entry point of ``python -m encoding.memory`` (and ``scripts/memory_balance.py``): print the table, write
+    JSON and chart; return the report."""
+    args = parse_args(argv)
+    report = memory_report(args)
+    print(format_report(report))
+    json_path = args.json or os.path.join(args.out_dir, "memory_balance.json")
+    write_json(report, json_path)
+    print(f"wrote {json_path}")
+    chart_path = args.chart or os.path.join(args.out_dir, "memory_balance.png")
+    if write_chart(report, chart_path):
+        print(f"wrote {chart_path}")
+    return report

@@ -1,0 +1,128 @@
+"""Real steps under ``torch.profiler``: the peak of a device program run on real CPU tensors
+(:func:`measure_program_cpu`, what the simulator is checked against) and the kernels' workspaces that fake tensors
+miss (:func:`learn_workspaces`, ``--calibrate``), both from the ``"Total Allocated"`` of the profiler's memory events.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+import os
+import tempfile
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .program import DeviceProgram, ProgramResult, StepSpec, run_program
+from .tracker import Workspaces, batch_key
+
+__all__ = ["measure_program_cpu", "learn_workspaces"]
+
+#: The profiler range that marks the measured step.
+_MARK = "encoding.memory.step"
+
+
+def _memory_levels(events: List[dict], device: torch.device) -> List[Tuple[float, int]]:
+    """``(timestamp, Total Allocated)`` of the profiler's memory events on ``device``, in time order."""
+    kind = 1 if device.type == "cuda" else 0
+    return sorted((e["ts"], e["args"]["Total Allocated"]) for e in events
+                  if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == kind
+                  and (kind == 0 or e["args"].get("Device Id") == device.index))
+
+
+def _op_workspaces(events: List[dict], share: int, span: Tuple[float, float], device: torch.device
+                   ) -> Dict[tuple, int]:
+    """Per operator call inside ``span`` of a chrome trace: the largest ``Total Allocated`` inside the call minus
+    the level at its start (only calls that held more than they returned are kept)."""
+    memory = _memory_levels(events, device)
+    stamps = [ts for ts, _ in memory]
+    found: Dict[tuple, int] = {}
+    for e in events:
+        if e.get("ph") != "X" or not str(e.get("name", "")).startswith("aten::"):
+            continue
+        if not span[0] <= e["ts"] <= span[1]:
+            continue
+        dims = (e.get("args") or {}).get("Input Dims")
+        if dims is None:
+            continue
+        first = bisect.bisect_left(stamps, e["ts"])
+        last = bisect.bisect_right(stamps, e["ts"] + e["dur"])
+        if first >= last:
+            continue
+        start = memory[first - 1][1] if first else 0
+        held = max(total for _, total in memory[first:last]) - start
+        end = memory[last - 1][1] - start
+        if held > max(end, 0):
+            shapes = [d for d in dims if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]
+            key = batch_key(e["name"], shapes, share)
+            found[key] = max(found.get(key, 0), held)
+    return found
+
+
+def _step_span(events: List[dict]) -> Tuple[float, float]:
+    spans = [e for e in events if e.get("name") == _MARK and e.get("ph") == "X"]
+    if not spans:
+        raise RuntimeError(f"the profiler trace has no {_MARK!r} range")
+    return spans[-1]["ts"], spans[-1]["ts"] + spans[-1]["dur"]
+
+
+def _profiled_peak(events: List[dict], device: torch.device) -> int:
+    start, end = _step_span(events)
+    memory = _memory_levels(events, device)
+    before = [total for ts, total in memory if ts < start]
+    inside = [total for ts, total in memory if start <= ts <= end]
+    return max(before[-1:] + inside)
+
+
+def _profile_program(spec: StepSpec, program: DeviceProgram, device: torch.device, record_shapes: bool = False
+                     ) -> Tuple[List[dict], float]:
+    """Run ``program`` for real on ``device`` under ``torch.profiler``; return the trace events and the step
+    time."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=record_shapes) as prof:
+        with torch.device(device):
+            seconds = run_program(spec, program, device.type,
+                                  functools.partial(torch.profiler.record_function, _MARK), real_ddp=True)
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)["traceEvents"], seconds
+    finally:
+        os.unlink(path)
+
+
+def measure_program_cpu(spec: StepSpec, program: DeviceProgram) -> ProgramResult:
+    """Peak bytes of ``program`` run for real on the CPU, from ``torch.profiler`` memory events.
+
+    The profiler starts before the model is built, so ``"Total Allocated"`` is the live bytes of the program; the
+    peak is the largest value inside the measured step (and the value when it starts).
+    """
+    cpu = torch.device("cpu")
+    events, seconds = _profile_program(spec, program, cpu)
+    return ProgramResult(_profiled_peak(events, cpu), seconds)
+
+
+def learn_workspaces(spec: StepSpec, shares: Optional[Sequence[int]] = None,
+                     device: torch.device = torch.device("cpu")) -> Workspaces:
+    """Learn kernels' workspaces from real steps (one per share) of a device that runs a replica.
+
+    Args:
+        spec: the step (its callables create tensors on the current default device, which is set to ``device``).
+        shares: the batch shares to run (default: 1, and on the CPU the intra-op thread count ``T`` and ``T + 1``,
+            on a GPU 2).
+        device: where to run them (the CPU, or a CUDA device: the profiler's CUDA memory events are used).
+    """
+    if shares is None:
+        threads = torch.get_num_threads() if device.type == "cpu" else 1
+        shares = sorted({1, threads, threads + 1})
+    table: Dict[tuple, Dict[int, int]] = {}
+    for share in shares:
+        program = DeviceProgram("balanced", share, share * 2, source=False, replicas=2)
+        events, _ = _profile_program(spec, program, device, record_shapes=True)
+        for key, held in _op_workspaces(events, share, _step_span(events), device).items():
+            table.setdefault(key, {})[share] = held
+    return Workspaces(table)

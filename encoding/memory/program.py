@@ -1,0 +1,337 @@
+"""What one device does in one training step: the step (:class:`StepSpec`), the device program of each strategy
+(:class:`DeviceProgram`, :func:`device_programs`) and the code that runs it (:func:`run_program`).
+
+What one device holds during a steady-state training step (forward, loss, backward, SGD-momentum step, after one
+warm-up step) depends on the strategy:
+
+* ``gather`` (``torch.nn.DataParallel``): device 0 holds the module's parameters, buffers and optimizer state,
+  replica 0 (aliasing the parameters), its share's activations, the **gathered whole-batch outputs**, the
+  whole-batch loss and its gradients, and at the end of backward replica 0's gradients beside the reduced sums.
+  Every other device holds a broadcast replica, its share's activations and the gradient chunk of its output.
+* ``balanced`` (:class:`~encoding.parallel.DataParallelModel` + :class:`~encoding.parallel.DataParallelCriterion`):
+  the same without the whole-batch tensors: each device computes the loss of its own share.
+* ``balanced-auto``: ``balanced`` with the split that minimises the heaviest device
+  (:func:`encoding.memory.balance.plan_split`).
+* ``ddp`` (``DistributedDataParallel``): every rank holds parameters, gradients, optimizer state, DDP's gradient
+  buckets (one more copy of the gradients) and its share's activations.
+
+Each distinct device program is a real, single-device program written with our real model, criterion and optimizer:
+:mod:`encoding.memory.simulate` runs it on fake tensors, :mod:`encoding.memory.profiler` on real CPU tensors under
+``torch.profiler`` (how the simulator is checked: ``benchmarks/bench_memory.py``, ``tests/test_memory.py``).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..parallel.reduction import criterion_loss_terms, reduce_loss_terms
+from ..parallel.structures import iter_leaves, transpose_map
+from .tracker import MIB
+
+__all__ = ["STRATEGIES", "StepSpec", "DeviceProgram", "ProgramResult", "device_programs", "run_program",
+           "default_optimizer", "step_autocast", "tensor_leaves"]
+
+#: The strategies the memory tool compares, in report order.
+STRATEGIES: Tuple[str, ...] = ("gather", "balanced", "balanced-auto", "ddp")
+#: DDP's default bucket capacity (``bucket_cap_mb=25``) and first-bucket size.
+_DDP_BUCKET_BYTES = 25 * MIB
+_DDP_FIRST_BUCKET_BYTES = 1 * MIB
+
+
+def default_optimizer(params: List[Tensor]) -> torch.optim.Optimizer:
+    """SGD with momentum 0.9 and weight decay, as the segmentation recipes use (device 0 holds its momentum), in
+    its multi-tensor (``foreach``) form, torch's default on GPUs: its weight decay makes a transient copy of the
+    gradients."""
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=1e-4, foreach=True)
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One training step, independent of any device.
+
+    Attributes:
+        build_model: builds the module on the current default device (called inside the simulator's fake mode, or
+            for real); it is put in training mode.
+        make_inputs: ``share -> (args, kwargs)``: the model's inputs for ``share`` samples.
+        make_target: ``share -> target`` for ``share`` samples.
+        criterion: ``criterion(output, target)``; evaluated through the exact-reduction protocol
+            (:func:`~encoding.parallel.reduction.criterion_loss_terms`), as :class:`~encoding.parallel.DataParallelCriterion`
+            does on each device.
+        optimizer: ``params -> optimizer`` (default: SGD with momentum 0.9 and weight decay).
+        amp_dtype: autocast dtype for forward and loss (``None``: full precision).
+    """
+
+    build_model: Callable[[], nn.Module]
+    make_inputs: Callable[[int], Tuple[tuple, dict]]
+    make_target: Callable[[int], Any]
+    criterion: Callable[..., Any]
+    optimizer: Callable[[List[Tensor]], torch.optim.Optimizer] = default_optimizer
+    amp_dtype: Optional[torch.dtype] = None
+
+
+@dataclass(frozen=True)
+class DeviceProgram:
+    """What one device runs in one step; equal programs have equal peaks, so each is simulated once.
+
+    Attributes:
+        strategy: ``"gather"``, ``"balanced"`` or ``"ddp"`` (``balanced-auto`` runs ``balanced`` programs).
+        share: samples this device processes.
+        total: samples in the whole batch (the gathered outputs of ``gather`` hold ``total``).
+        source: device 0 of ``gather``/``balanced``: it holds the module, the optimizer state and the reduced
+            gradients.
+        replicas: devices that run a replica in this step (the gradients are reduced when more than one).
+    """
+
+    strategy: str
+    share: int
+    total: int
+    source: bool
+    replicas: int
+
+    @property
+    def keeps_module(self) -> bool:
+        """Holds the trained module's gradients and optimizer state (device 0, or any DDP rank)."""
+        return self.source or self.strategy == "ddp"
+
+    @property
+    def receives_gradients(self) -> bool:
+        """Device 0 receives the sum of the other replicas' gradients."""
+        return self.source and self.replicas > (1 if self.share else 0)
+
+    def canonical(self) -> "DeviceProgram":
+        """The same program with the fields that do not change what it holds normalised (a cache key)."""
+        total = self.total if self.strategy == "gather" and self.source else self.share
+        return DeviceProgram(self.strategy, self.share, total, self.source, 2 if self.receives_gradients else 1)
+
+
+def device_programs(strategy: str, split: Sequence[int]) -> List[DeviceProgram]:
+    """One :class:`DeviceProgram` per device for ``strategy`` with samples per device ``split``.
+
+    Args:
+        strategy: one of :data:`STRATEGIES` (``balanced-auto`` is ``balanced`` with its own split).
+        split: samples per device, one entry per device (zeros allowed except for ``ddp``).
+    """
+    total = sum(split)
+    replicas = sum(1 for n in split if n > 0)
+    kind = "balanced" if strategy == "balanced-auto" else strategy
+    if kind not in ("gather", "balanced", "ddp"):
+        raise ValueError(f"unknown strategy {strategy!r}; valid strategies: {', '.join(STRATEGIES)}")
+    return [DeviceProgram(kind, n, total, source=(i == 0 and kind != "ddp"), replicas=replicas)
+            for i, n in enumerate(split)]
+
+
+# ------------------------------------------------------------------------------------------------ the device program
+class _GatherInto(torch.autograd.Function):
+    """This device's output copied into a new whole-batch tensor (the other devices' rows arrive there);
+    backward hands this device the view of its rows (torch's Scatter on the same device)."""
+
+    @staticmethod
+    def forward(ctx, output: Tensor, total: int) -> Tensor:
+        ctx.rows = output.shape[0]
+        whole = output.new_zeros((total,) + tuple(output.shape[1:]))
+        whole[:ctx.rows].copy_(output)
+        return whole
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad[:ctx.rows], None
+
+
+class _Ship(torch.autograd.Function):
+    """This device's output leaves for device 0 (and is freed); backward receives the gradient chunk as a copy."""
+
+    @staticmethod
+    def forward(ctx, output: Tensor) -> Tensor:
+        ctx.shape, ctx.dtype, ctx.device = output.shape, output.dtype, output.device
+        return output.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return torch.zeros(ctx.shape, dtype=ctx.dtype, device=ctx.device)
+
+
+def tensor_leaves(tree: Any) -> List[Tensor]:
+    """The tensors of a nested output that require grad."""
+    return [leaf for _, leaf in iter_leaves(tree) if isinstance(leaf, Tensor) and leaf.requires_grad]
+
+
+def _gather_whole(outputs: Any, total: int) -> Any:
+    def leaf(value: Any) -> List[Any]:
+        if isinstance(value, Tensor) and value.dim() > 0:
+            return [_GatherInto.apply(value, total)]
+        return [value]
+    return transpose_map(leaf, outputs, 1)[0]
+
+
+def _ddp_buckets(params: List[Tensor]) -> List[Tensor]:
+    """DDP's gradient buckets: flat tensors filled in reverse parameter order, 1 MiB first, then 25 MiB each."""
+    sizes, numel, cap = [], 0, _DDP_FIRST_BUCKET_BYTES
+    for p in reversed(params):
+        numel += p.numel()
+        if numel * p.element_size() >= cap:
+            sizes.append(numel)
+            numel, cap = 0, _DDP_BUCKET_BYTES
+    if numel:
+        sizes.append(numel)
+    return [params[0].new_empty(n) for n in sizes]
+
+
+@contextlib.contextmanager
+def _world_of_one() -> Iterator[None]:
+    """A one-process gloo group while a real ``DistributedDataParallel`` runs in this process (destroyed after,
+    when it was made here, so the process does not look distributed to later code)."""
+    import torch.distributed as dist
+
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        if made:
+            dist.destroy_process_group()
+
+
+def step_autocast(spec: StepSpec, device_type: str):
+    """Autocast for ``spec``'s forward and loss on ``device_type`` (a no-op without ``amp_dtype``)."""
+    if spec.amp_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=spec.amp_dtype)
+
+
+def _loss(spec: StepSpec, output: Any, target: Any, share: int) -> Tensor:
+    terms = criterion_loss_terms(spec.criterion, (output, target), {}, share)
+    return reduce_loss_terms([terms]) if isinstance(terms, list) else terms.sum()
+
+
+def _step(spec: StepSpec, program: DeviceProgram, model: nn.Module, params: List[Tensor],
+          optimizer: Optional[torch.optim.Optimizer], device_type: str) -> None:
+    if program.share:
+        _forward_backward(spec, program, model, device_type)
+    if program.receives_gradients:
+        # the sums of every replica's gradients arrive beside replica 0's own (or alone, when device 0 sat out)
+        reduced = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
+        for p, g in zip(params, reduced):
+            p.grad = g
+    if optimizer is not None:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    else:  # a replica's gradients leave for device 0
+        for p in params:
+            p.grad = None
+
+
+def _forward_backward(spec: StepSpec, program: DeviceProgram, model: nn.Module, device_type: str) -> None:
+    args, kwargs = spec.make_inputs(program.share)
+    with step_autocast(spec, device_type):
+        outputs = model(*args, **kwargs)
+        del args, kwargs
+        if program.strategy == "gather" and not program.source:
+            handles = [_Ship.apply(t) for t in tensor_leaves(outputs)]
+            del outputs
+            loss = sum(handles)
+        elif program.strategy == "gather":
+            outputs = _gather_whole(outputs, program.total)
+            loss = _loss(spec, outputs, spec.make_target(program.total), program.total)
+        else:
+            loss = _loss(spec, outputs, spec.make_target(program.share), program.share)
+        outputs = None
+    loss.backward()
+
+
+@contextlib.contextmanager
+def _any_batchnorm_batch() -> Iterator[None]:
+    """Let BatchNorm train on one value per channel (a device with one sample behind global pooling): in
+    multi-device training ``SyncBatchNorm``'s statistics span the replicas, which a single-device program cannot
+    show. Such calls skip the running-statistics update (C values updated in place; the memory is the same)."""
+    check, batch_norm = F._verify_batch_size, F.batch_norm
+
+    def one_sample_batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
+                              *args: Any, **kwargs: Any) -> Tensor:
+        training = kwargs.get("training", args[2] if len(args) > 2 else False)
+        if training and input.dim() > 1 and input.numel() == input.shape[1]:
+            running_mean = running_var = None
+        return batch_norm(input, running_mean, running_var, *args, **kwargs)
+
+    F._verify_batch_size, F.batch_norm = (lambda size: None), one_sample_batch_norm
+    try:
+        yield
+    finally:
+        F._verify_batch_size, F.batch_norm = check, batch_norm
+
+
+def _optimizer_warmup(params: List[Tensor], optimizer: Optional[torch.optim.Optimizer]) -> None:
+    """What a warm-up step leaves behind on fake tensors: the optimizer's state (e.g. momentum buffers)."""
+    if optimizer is not None:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu",
+                window: Callable[[], Any] = contextlib.nullcontext, steps: int = 1,
+                track: Callable[[List[Tensor]], None] = lambda tensors: None, real_ddp: bool = False,
+                model: Optional[nn.Module] = None) -> float:
+    """Run ``program``: build, one warm-up step, then ``steps`` steps each inside ``window()``.
+
+    Args:
+        spec: the step.
+        program: what this device does.
+        device_type: for autocast (tensors are created where ``spec`` creates them).
+        window: context manager marking a measured step (a peak window, a profiler range).
+        steps: measured steps.
+        track: called with the model's parameters and buffers once it is built (for tensors made without an
+            operator, e.g. converted to fake tensors).
+        real_ddp: run a ``ddp`` program through a real ``DistributedDataParallel`` (a one-process gloo group)
+            instead of modelling its gradient buckets.
+        model: a model built by ``spec.build_model`` on fake tensors, reused across programs: its parameters have
+            no values, so the warm-up step is reduced to what it leaves behind (the optimizer state).
+
+    Returns:
+        Seconds of the last measured step.
+    """
+    ddp_group = _world_of_one() if real_ddp and program.strategy == "ddp" else contextlib.nullcontext()
+    with _any_batchnorm_batch(), ddp_group:
+        return _run_program(spec, program, device_type, window, steps, track, real_ddp, model)
+
+
+def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, window: Callable[[], Any], steps: int,
+                 track: Callable[[List[Tensor]], None], real_ddp: bool, model: Optional[nn.Module]) -> float:
+    reuse = model is not None
+    model = model if reuse else spec.build_model()
+    model.train()
+    track(list(model.parameters()) + list(model.buffers()))
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = spec.optimizer(params) if program.keeps_module else None
+    buckets = []
+    if program.strategy == "ddp" and real_ddp:
+        model = nn.parallel.DistributedDataParallel(model)
+    elif program.strategy == "ddp" and params:
+        buckets = _ddp_buckets(params)  # held for the whole run, like DDP's
+    if reuse:
+        _optimizer_warmup(params, optimizer)
+    else:
+        _step(spec, program, model, params, optimizer, device_type)
+    seconds = 0.0
+    for _ in range(steps):
+        with window():
+            start = time.perf_counter()
+            _step(spec, program, model, params, optimizer, device_type)
+            seconds = time.perf_counter() - start
+    del buckets
+    return seconds
+
+
+@dataclass
+class ProgramResult:
+    """The peak of one device program. ``peak`` in bytes, ``seconds`` of the measured step."""
+
+    peak: int
+    seconds: float

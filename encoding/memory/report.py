@@ -1,0 +1,172 @@
+"""The memory report: peaks per device for every requested strategy (:func:`memory_report`, simulated with
+:class:`~encoding.memory.simulate.Simulator` or measured by :mod:`encoding.memory.cuda`), and its three forms: a
+table (:func:`format_report`), a JSON file (:func:`write_json`) and a PNG bar chart (:func:`write_chart`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, Sequence
+
+import torch
+
+from ..utils.files import atomic_write
+from .balance import max_batch, strategy_peaks
+from .profiler import learn_workspaces
+from .simulate import Simulator
+from .spec import segmentation_spec
+from .tracker import CUDA_BLOCK, MIB
+
+__all__ = ["memory_report", "format_report", "write_json", "write_chart"]
+
+
+def _summary(peaks: Sequence[int], split: Sequence[int], seconds: float) -> Dict[str, Any]:
+    mib = [round(p / MIB, 2) for p in peaks]
+    held = [p for p in peaks if p > 0]
+    mean = sum(peaks) / len(peaks)
+    return {"peak_mib": mib, "max_over_mean": round(max(peaks) / mean, 4) if mean else None,
+            "max_over_min": round(max(held) / min(held), 4) if held and len(held) == len(peaks) else None,
+            "step_s": round(seconds, 4), "split": list(split)}
+
+
+def _config(args: argparse.Namespace, mode: str) -> Dict[str, Any]:
+    keys = ("model", "backbone", "dataset", "nclass", "batch_size", "crop_size", "aux", "se_loss", "amp",
+            "calibrate", "memory_limit", "checkpoint")
+    config = {k: getattr(args, k) for k in keys}
+    config.update(mode=mode, devices=args.num_devices, strategies=list(args.strategies))
+    return config
+
+
+def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, Any]:
+    """Peaks per device for every requested strategy (and, with ``--max-batch``, the largest batch that fits).
+
+    Returns:
+        ``{"config": {...}, "strategies": {name: {"peak_mib", "max_over_mean", "max_over_min", "step_s",
+        "split"[, "max_batch"][, "plain_peak_mib", "saving_mib"]}}}``; the last two (simulated, with
+        ``--checkpoint``) are each device's peak without activation checkpointing and what it saves.
+    """
+    amp = (torch.float16 if args.devices is not None else torch.bfloat16) if args.amp else None
+    spec_args = dict(model=args.model, backbone=args.backbone, nclass=args.nclass, crop_size=args.crop_size,
+                     aux=args.aux, se_loss=args.se_loss, amp_dtype=amp, seed=args.seed,
+                     checkpoint=False if args.checkpoint == "none" else args.checkpoint)
+    spec = segmentation_spec(**spec_args)
+    workspaces = None
+    if args.calibrate:
+        device = _calibration_device(args)
+        _say(progress, f"calibrating on {device}: real steps of 1-3 samples ...")
+        workspaces = learn_workspaces(spec, device=device)
+    simulator = Simulator(spec, CUDA_BLOCK, workspaces=workspaces)
+    report = {"config": _config(args, "measured" if args.devices is not None else "simulated"), "strategies": {}}
+    for strategy in args.strategies:
+        start = time.perf_counter()
+        if args.devices is not None:
+            from .cuda import measure_strategy  # CUDA, processes: only when measuring
+            split = (strategy_peaks(simulator, strategy, args.batch_size, args.num_devices)[0]
+                     if strategy == "balanced-auto" else None)
+            split, peaks, seconds = measure_strategy(spec_args, strategy, args.device_list, args.batch_size, split,
+                                                     args.steps)
+        else:
+            split, peaks = strategy_peaks(simulator, strategy, args.batch_size, args.num_devices)
+            seconds = time.perf_counter() - start
+        entry = _summary(peaks, split, seconds)
+        if args.max_batch:
+            entry["max_batch"] = max_batch(simulator, strategy, args.num_devices, args.memory_limit_bytes)
+        if spec_args["checkpoint"] and args.devices is None:
+            entry.update(_checkpoint_saving(dict(spec_args, checkpoint=False), strategy, args, peaks, workspaces))
+        report["strategies"][strategy] = entry
+        _say(progress, f"{strategy}: peaks {entry['peak_mib']} MiB ({time.perf_counter() - start:.1f} s)")
+    return report
+
+
+def _checkpoint_saving(plain_args: Dict[str, Any], strategy: str, args: argparse.Namespace, peaks: Sequence[int],
+                       workspaces: Any) -> Dict[str, List[float]]:
+    """Each device's simulated peak without activation checkpointing and what checkpointing saves there."""
+    plain = strategy_peaks(Simulator(segmentation_spec(**plain_args), CUDA_BLOCK, workspaces=workspaces), strategy,
+                           args.batch_size, args.num_devices)[1]
+    return {"plain_peak_mib": [round(p / MIB, 2) for p in plain],
+            "saving_mib": [round((p - c) / MIB, 2) for p, c in zip(plain, peaks)]}
+
+
+def _calibration_device(args: argparse.Namespace) -> torch.device:
+    """Where ``--calibrate`` learns the kernels' workspaces: the first measured GPU, else any GPU, else the CPU."""
+    if args.devices is not None:
+        return torch.device("cuda", args.device_list[0])
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _say(enabled: bool, text: str) -> None:
+    if enabled:
+        print(text, file=sys.stderr, flush=True)
+
+
+def format_report(report: Dict[str, Any]) -> str:
+    """The report as a table: one row per device (peak MiB per strategy), then max/mean, max/min, step time,
+    split and, when computed, the largest batch that fits."""
+    strategies = list(report["strategies"])
+    rows = [["device"] + strategies]
+    count = len(next(iter(report["strategies"].values()))["peak_mib"])
+    for d in range(count):
+        rows.append([str(d)] + [f"{report['strategies'][s]['peak_mib'][d]:.1f}" for s in strategies])
+    fields = [("max/mean", "max_over_mean"), ("max/min", "max_over_min"), ("step s", "step_s"), ("split", "split")]
+    if all("max_batch" in v for v in report["strategies"].values()):
+        fields.append((f"max batch @ {report['config']['memory_limit']}", "max_batch"))
+    if all("saving_mib" in v for v in report["strategies"].values()):
+        fields += [("without checkpointing", "plain_peak_mib"), ("checkpointing saves", "saving_mib")]
+    for label, key in fields:
+        rows.append([label] + [_cell(report["strategies"][s][key]) for s in strategies])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.insert(count + 2, "  ".join("-" * w for w in widths))
+    c = report["config"]
+    title = (f"peak memory per device (MiB), {c['mode']}: {c['model']}-{c['backbone']}, {c['nclass']} classes, "
+             f"batch {c['batch_size']}, crop {c['crop_size']}, {c['devices']} device(s)")
+    return title + "\n" + "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return "/".join(str(v) for v in value)
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def write_chart(report: Dict[str, Any], path: str) -> bool:
+    """A grouped bar chart (device x strategy, MiB) as PNG; ``False`` (and a hint) when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed, so no chart was written; install it with: pip install matplotlib "
+              "(or pip install -e '.[chart]')", file=sys.stderr)
+        return False
+    strategies = list(report["strategies"])
+    count = len(report["strategies"][strategies[0]]["peak_mib"])
+    width = 0.8 / len(strategies)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * count + 3), 4))
+    for k, name in enumerate(strategies):
+        xs = [d + (k - (len(strategies) - 1) / 2) * width for d in range(count)]
+        ax.bar(xs, report["strategies"][name]["peak_mib"], width, label=name)
+    c = report["config"]
+    ax.set_xticks(range(count))
+    ax.set_xticklabels([f"device {d}" for d in range(count)])
+    ax.set_ylabel("peak memory (MiB)")
+    ax.set_title(f"{c['model']}-{c['backbone']}, {c['nclass']} classes, batch {c['batch_size']}, "
+                 f"crop {c['crop_size']} ({c['mode']})")
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, format="png", dpi=100)
+    plt.close(fig)
+    return True
+
+
+def write_json(report: Dict[str, Any], path: str) -> None:
+    """Write ``report`` as indented JSON to ``path`` (atomically; its folder is created)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write(path, json.dumps(report, indent=2))

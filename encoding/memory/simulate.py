@@ -1,0 +1,94 @@
+"""The simulator: peak bytes of device programs run on fake tensors (``FakeTensorMode``: shapes, dtypes and
+storages, no memory allocated, no kernel run) under :class:`~encoding.memory.tracker.AllocationTracker`.
+
+:func:`simulate_program` runs one :class:`~encoding.memory.program.DeviceProgram`; :class:`Simulator` runs each
+distinct program of one :class:`~encoding.memory.program.StepSpec` once (cached) and gives the peaks per device of a
+strategy and split.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+from torch import nn
+
+from .program import DeviceProgram, ProgramResult, StepSpec, device_programs, run_program
+from .tracker import AllocationTracker, Workspaces
+
+__all__ = ["new_fake_mode", "simulate_program", "Simulator"]
+
+
+def new_fake_mode() -> Any:
+    """A ``FakeTensorMode`` that accepts real tensors as constants."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, fake_mode: Any = None,
+                     workspaces: Optional[Workspaces] = None, model: Optional[nn.Module] = None) -> ProgramResult:
+    """Peak bytes of ``program`` on fake CPU tensors (no memory is allocated, no kernel runs).
+
+    Args:
+        spec: the step; its callables run inside ``FakeTensorMode``.
+        program: the device program.
+        round_to: allocation granularity (512 for a CUDA caching allocator).
+        fake_mode: the ``FakeTensorMode`` to run in (one that ``spec``'s tensors already belong to), default new.
+        workspaces: kernels' workspaces learned by :func:`~encoding.memory.profiler.learn_workspaces` (default: none).
+        model: a model already built by ``spec.build_model`` in ``fake_mode`` (see
+            :func:`~encoding.memory.program.run_program`).
+    """
+    tracker = AllocationTracker(round_to, workspaces, (program.share, program.total))
+    with (fake_mode or new_fake_mode()), tracker:
+        @contextlib.contextmanager
+        def window() -> Iterator[None]:
+            tracker.reset_peak()
+            yield
+        seconds = run_program(spec, program, "cpu", window, track=tracker.track, model=model)
+    return ProgramResult(tracker.peak, seconds)
+
+
+class Simulator:
+    """Simulated peaks of the device programs of one :class:`StepSpec`, each distinct program run once.
+
+    Args:
+        spec: the step.
+        round_to: allocation granularity (512 for CUDA).
+        fake_mode: as for :func:`simulate_program`.
+        workspaces: kernels' workspaces (see :func:`~encoding.memory.profiler.learn_workspaces`); default none.
+    """
+
+    def __init__(self, spec: StepSpec, round_to: int = 1, fake_mode: Any = None,
+                 workspaces: Optional[Workspaces] = None) -> None:
+        self.spec = spec
+        self.round_to = round_to
+        self.fake_mode = fake_mode if fake_mode is not None else new_fake_mode()
+        self.workspaces = workspaces
+        self._model: Optional[nn.Module] = None
+        self._cache: Dict[DeviceProgram, ProgramResult] = {}
+
+    @property
+    def programs_run(self) -> int:
+        """How many distinct programs were simulated."""
+        return len(self._cache)
+
+    def result(self, program: DeviceProgram) -> ProgramResult:
+        """The (cached) simulation of ``program``; devices with nothing to hold peak at 0."""
+        if not program.share and not program.keeps_module:
+            return ProgramResult(0, 0.0)
+        key = program.canonical()
+        if key not in self._cache:
+            if self._model is None:
+                with self.fake_mode:
+                    self._model = self.spec.build_model()
+            self._cache[key] = simulate_program(self.spec, key, self.round_to, self.fake_mode, self.workspaces,
+                                                self._model)
+        return self._cache[key]
+
+    def peak(self, program: DeviceProgram) -> int:
+        """Simulated peak bytes of ``program``."""
+        return self.result(program).peak
+
+    def peaks(self, strategy: str, split: Sequence[int]) -> List[int]:
+        """Peak bytes per device for ``strategy`` with samples per device ``split``."""
+        return [self.peak(p) for p in device_programs(strategy, split)]

@@ -1,0 +1,149 @@
+"""Allocation tracking on fake tensors: the bytes of live storages an operator creates, and their peak.
+
+:class:`AllocationTracker` is the dispatch mode the simulator (:mod:`encoding.memory.simulate`) runs a device
+program under; :class:`Workspaces` holds what kernels hold beyond the tensors they return (learned from real steps by
+:func:`~encoding.memory.profiler.learn_workspaces`), which the tracker adds to its peak while such an operator runs.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ..parallel.structures import iter_leaves
+
+__all__ = ["MIB", "CUDA_BLOCK", "AllocationTracker", "Workspaces", "batch_key"]
+
+MIB = 2 ** 20
+#: Allocation granularity of the CUDA caching allocator (blocks are multiples of 512 bytes).
+CUDA_BLOCK = 512
+
+
+class AllocationTracker(TorchDispatchMode):
+    """Count the bytes of live tensor storages created by operators, and their peak.
+
+    Every operator output whose storage was not seen before adds its ``nbytes`` (rounded up to ``round_to``, e.g.
+    512 like the CUDA caching allocator's blocks); a weak reference subtracts it when the storage is freed. Views and
+    in-place results share a seen storage and add nothing. On fake tensors a host read (``.item()``, ``.tolist()``)
+    has no value: it returns ``0``, so code that checks values (e.g. a target range check) passes.
+
+    Args:
+        round_to: allocation granularity in bytes.
+        workspaces: per-operator workspaces learned from a real run (:class:`Workspaces`); while such an operator
+            runs, ``live`` is raised by what it held beyond its inputs.
+        shares: the batch sizes the simulated program's operators see (its share, and the whole batch where it
+            computes a gathered loss), to look ``workspaces`` up.
+
+    Attributes:
+        live: bytes currently allocated.
+        peak: the largest ``live`` since the last :meth:`reset_peak`.
+    """
+
+    def __init__(self, round_to: int = 1, workspaces: Optional["Workspaces"] = None,
+                 shares: Sequence[int] = (1,)) -> None:
+        super().__init__()
+        self.round_to = max(1, int(round_to))
+        self.workspaces = workspaces
+        self.shares = tuple(shares)
+        self.live = 0
+        self.peak = 0
+        self._sizes: Dict[int, int] = {}
+        self._refs: Dict[int, weakref.ref] = {}
+
+    def track(self, tensors: Any) -> None:
+        """Count tensors created outside the tracker (e.g. a module's fake parameters)."""
+        for _, leaf in iter_leaves(tensors):
+            if isinstance(leaf, Tensor):
+                self._add(leaf)
+
+    def reset_peak(self) -> None:
+        """Start a new peak window at the current live bytes."""
+        self.peak = self.live
+
+    def _rounded(self, nbytes: int) -> int:
+        return -(-nbytes // self.round_to) * self.round_to
+
+    def _add(self, tensor: Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        size = self._rounded(storage.nbytes())
+        known = self._sizes.get(key)
+        if known is not None and self._refs[key]() is storage:
+            if known != size:  # resized in place
+                self.live += size - known
+                self._sizes[key] = size
+        else:
+            self._sizes[key] = size
+            self._refs[key] = weakref.ref(storage, functools.partial(self._free, key))
+            self.live += size
+        self.peak = max(self.peak, self.live)
+
+    def _free(self, key: int, ref: weakref.ref) -> None:
+        if self._refs.get(key) is ref:
+            self.live -= self._sizes.pop(key)
+            del self._refs[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return 0
+        if self.workspaces is not None:
+            held = self.workspaces.bytes(func.name(), _shapes(args, kwargs), *self.shares)
+            self.peak = max(self.peak, self.live + held)
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_flatten(out)[0]:
+            if isinstance(leaf, Tensor):
+                self._add(leaf)
+        return out
+
+
+def _shapes(args: Any, kwargs: Any) -> List[Tuple[int, ...]]:
+    return [tuple(t.shape) for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor) and t.dim()]
+
+
+def batch_key(name: str, shapes: Sequence[Sequence[int]], share: int) -> tuple:
+    """An operator call with the batch dimension (a leading ``share`` of a tensor of 2+ dims) made symbolic."""
+    return (name.split("::")[-1].split(".")[0],
+            tuple(("B",) + tuple(s[1:]) if len(s) >= 2 and s[0] == share else tuple(s) for s in shapes))
+
+
+class Workspaces:
+    """Bytes that operators hold beyond the tensors they return (kernels' internal buffers), learned from the
+    ``torch.profiler`` memory events of real steps at a few batch shares.
+
+    For every operator call of a profiled real step (:func:`~encoding.memory.profiler.learn_workspaces`), the bytes
+    it held above its starting level (its outputs included) are recorded under ``(operator, input shapes with the
+    batch dimension symbolic)`` and the share. The tracker raises its peak by that much while the same call runs on
+    fake tensors. Between measured shares the bytes are interpolated linearly, beyond them the last segment is
+    extrapolated (CPU kernels keep one buffer per thread, so growth flattens once the share reaches the thread
+    count: measure at 1, the thread count and one more).
+    """
+
+    def __init__(self, table: Dict[tuple, Dict[int, int]]) -> None:
+        self.table = table
+
+    def bytes(self, name: str, shapes: Sequence[Sequence[int]], *shares: int) -> int:
+        """Workspace (outputs included) of operator ``name`` on inputs ``shapes`` (0 if unknown); the batch
+        dimension is the first of ``shares`` that makes a known call."""
+        for share in shares:
+            known = self.table.get(batch_key(name, shapes, share))
+            if known:
+                return self._at(known, share)
+        return 0
+
+    @staticmethod
+    def _at(known: Dict[int, int], share: int) -> int:
+        points = sorted(known.items())
+        if len(points) == 1 or share <= points[0][0]:
+            return points[0][1]
+        i = min(max(bisect.bisect_left([p for p, _ in points], share), 1), len(points) - 1)
+        (s1, b1), (s2, b2) = points[i - 1], points[i]
+        return max(0, int(round(b1 + (b2 - b1) * (share - s1) / (s2 - s1))))
+
+    def __len__(self) -> int:
+        return len(self.table)
