@@ -7,7 +7,6 @@ See ``docs/parallel.md``.
 """
 from .balance import MemoryBalancer
 from .comm import AllReduce, allreduce, broadcast
-from .compat import is_module_wrapper
 from .data_parallel import (DataParallelCriterion, DataParallelModel, DataParallelWithCallback, ReplicaOutputs,
                             data_parallel)
 from .devices import resolve_devices
