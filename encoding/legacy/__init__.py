@@ -112,21 +112,28 @@ ALIASES: Dict[str, Dict[str, Any]] = {
 }
 
 
-def install() -> None:
-    """Bind every name of :data:`ALIASES` in its module (idempotent).
+def _hides_core(current: Any, obj: Any) -> bool:
+    """Whether binding ``obj`` over ``current`` would hide a different object. A class may be replaced by its
+    subclass of the same name (the loss classes of ``encoding.nn``: the core class plus PE's argument layouts)."""
+    if current is obj:
+        return False
+    return not (isinstance(current, type) and isinstance(obj, type) and issubclass(obj, current)
+                and obj.__name__ == current.__name__)
 
-    An alias never hides a different core object, with one exception: it may replace a class by a subclass (the
-    loss classes of ``encoding.nn``, which accept PE's argument layouts on top of the core call).
+
+def install() -> None:
+    """Bind every name of :data:`ALIASES` in its module (idempotent; nothing is bound when a check fails).
 
     Raises:
-        RuntimeError: an alias would replace a module attribute that is neither the same object nor its base class.
+        RuntimeError: an alias would hide a different object its module already has (see :func:`_hides_core`).
     """
+    modules = {module_name: importlib.import_module(module_name) for module_name in ALIASES}
     for module_name, names in ALIASES.items():
-        module = importlib.import_module(module_name)
         for name, obj in names.items():
-            current = vars(module).get(name, obj)
-            if current is not obj and not (isinstance(current, type) and isinstance(obj, type)
-                                           and issubclass(obj, current)):
+            current = vars(modules[module_name]).get(name, obj)
+            if _hides_core(current, obj):
                 raise RuntimeError(f"encoding.legacy: {module_name}.{name} is already {current!r}; the alias "
                                    f"{obj!r} would hide it")
-            setattr(module, name, obj)
+    for module_name, names in ALIASES.items():
+        for name, obj in names.items():
+            setattr(modules[module_name], name, obj)
