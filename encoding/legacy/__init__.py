@@ -5,26 +5,21 @@ once in :data:`ALIASES`; :func:`install` — called at the end of ``encoding/__i
 module where users import it. No core module knows about these names: the core has one convention per feature, and
 the second ones live here.
 
-==========================  ===========================================================  ==============================
-module                      conventions and names                                        core it is built on
-==========================  ===========================================================  ==============================
-:mod:`.scheduler`           ``LR_Scheduler`` (optimizer optional, ``scheduler(optimizer,  ``utils.lr_scheduler.
-                            i, epoch, best_pred)``), ``LR_Scheduler_Head``               IterationLR`` (``step()``)
-:mod:`.loss`                ``SegmentationLosses`` / ``OhemCrossEntropy`` that accept     ``nn.loss`` (``criterion(
-                            ``(out[, se][, aux])`` tuples and the flat call               output_dict_or_tensor,
-                            ``criterion(out, se, aux, target)``; ``loss_inputs``          target)``)
-:mod:`.metrics`             ``batch_pix_accuracy``, ``batch_intersection_union``,         ``utils.metrics.
-                            ``pixel_accuracy``, ``intersection_and_union``                confusion_matrix``
-:mod:`.helpers`             ``get_mask_pallete``, ``mkdir``, ``check_sha1``               ``utils.palette``,
-                                                                                         ``utils.files``
-:mod:`.batchnorm`           ``BatchNorm1d/2d/3d``, ``SynchronizedBatchNorm1d/2d/3d``,     ``nn.SyncBatchNorm``
-                            ``convert_model``, ``patch_sync_batchnorm``,
-                            ``revert_sync_batchnorm``
-:mod:`.layers`              ``GlobalAvgPool2d``, ``View``, ``Sum``, ``Mean``,              torch, ``nn.Encoding``
-                            ``Normalize``, ``ConcurrentModule``, ``GramMatrix``,
-                            ``DropBlock2D``, ``LabelSmoothing``, ``EncodingDrop``
-:mod:`.wrappers`            ``is_module_wrapper``, ``MODULE_WRAPPERS`` (mmcv)             ``parallel``
-==========================  ===========================================================  ==============================
+Modules (each name on the core it is built on):
+
+* :mod:`.scheduler`: ``LR_Scheduler`` (optimizer optional, ``scheduler(optimizer, i, epoch, best_pred)``) and
+  ``LR_Scheduler_Head``, on the torch-style ``utils.lr_scheduler.IterationLR`` (``step()`` per iteration).
+* :mod:`.loss`: ``SegmentationLosses`` / ``OhemCrossEntropy``, the core ``nn.loss`` classes (which take
+  ``criterion(output_dict_or_tensor, target)``) also accepting ``(out[, se][, aux])`` tuples and the flat call
+  ``criterion(out, se, aux, target)``; ``loss_inputs`` adapts those layouts.
+* :mod:`.metrics`: ``batch_pix_accuracy``, ``batch_intersection_union``, ``pixel_accuracy``,
+  ``intersection_and_union``, on ``utils.metrics.confusion_matrix``.
+* :mod:`.helpers`: ``get_mask_pallete`` (``utils.palette.colorize``), ``mkdir`` and ``check_sha1`` (``utils.files``).
+* :mod:`.batchnorm`: ``BatchNorm1d/2d/3d`` = ``SynchronizedBatchNorm1d/2d/3d``, ``convert_model``,
+  ``patch_sync_batchnorm``, ``revert_sync_batchnorm``, on ``nn.SyncBatchNorm``.
+* :mod:`.layers`: ``GlobalAvgPool2d``, ``View``, ``Sum``, ``Mean``, ``Normalize``, ``ConcurrentModule``,
+  ``GramMatrix``, ``DropBlock2D``, ``LabelSmoothing``, ``EncodingDrop`` (torch, ``nn.Encoding``).
+* :mod:`.wrappers`: mmcv's ``is_module_wrapper`` and ``MODULE_WRAPPERS``, on ``parallel``.
 
 Plain aliases of core objects (``get_dataset``, ``DistSyncBatchNorm``, ``download``, the heads PE exported from
 ``encoding.nn``, the preparation names the dataset modules had) are only entries of :data:`ALIASES`.
@@ -36,7 +31,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Dict
 
-from .. import datasets, models, nn, parallel, utils
+from .. import datasets, models, nn, utils
 from ..datasets import prepare
 from . import batchnorm, helpers, layers, loss, metrics, scheduler, wrappers
 from .batchnorm import (BatchNorm1d, BatchNorm2d, BatchNorm3d, SynchronizedBatchNorm1d, SynchronizedBatchNorm2d,

@@ -1,4 +1,4 @@
-"""Synchronized-BatchNorm names of PyTorch-Encoding, vacancy and mmcv, as thin layers over :class:`~encoding.nn.SyncBatchNorm`.
+"""The synchronized-BatchNorm names of PyTorch-Encoding, vacancy and mmcv: thin layers over ``nn.SyncBatchNorm``.
 
 * PyTorch-Encoding and vacancy: ``BatchNorm1d/2d/3d`` = ``SynchronizedBatchNorm1d/2d/3d`` (:class:`SyncBatchNorm`
   with the input-dimension check of ``nn.BatchNorm*d``).
