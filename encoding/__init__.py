@@ -10,14 +10,17 @@ Subpackages:
     utils: metrics, learning-rate schedules, palettes, checkpoints, distributed helpers and logging.
     engine: ``train_one_epoch`` / ``evaluate`` loops; builders: small typed builders (model, criterion, loaders,
         optimizer + schedule, dp/ddp wrapping, resume) for your own scripts.
-    compat: PyTorch-Encoding conventions (``LR_Scheduler``, loss layouts, metric helpers, aliases) on the core.
+    legacy: PyTorch-Encoding / vacancy / mmcv names and conventions on the core, bound where users import them
+        (``legacy.ALIASES``; installed last, by this module).
 """
 from .version import __version__
 from . import utils, parallel, nn, datasets, models
 from . import memory  # fills encoding.parallel's planner registry (DataParallelModel(balance="memory"))
 from . import engine, builders
 from . import functions, transforms  # PyTorch-Encoding's functional forms and classification transforms
-from . import compat  # PyTorch-Encoding conventions on top of the core (last: it builds on everything above)
+from . import legacy  # old names and conventions on top of the core (last: it builds on everything above)
+
+legacy.install()
 
 __all__ = ["__version__", "parallel", "nn", "models", "datasets", "utils", "memory", "engine", "builders",
-           "functions", "transforms", "compat"]
+           "functions", "transforms", "legacy"]

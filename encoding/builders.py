@@ -38,7 +38,7 @@ from .parallel import DataParallelCriterion, DataParallelModel, resolve_devices
 from .utils.checkpoint import load_checkpoint
 from .utils.determinism import EpochSampler, SeededSamples, seed_worker
 from .utils.dist import ShardSampler, get_local_rank
-from .utils.lr_scheduler import LR_Scheduler
+from .legacy.scheduler import LR_Scheduler  # H-engine: builders moves to IterationLR
 
 __all__ = ["Placement", "Loaders", "select_devices", "build_model", "build_criterion", "build_loaders",
            "build_eval_loader", "OPTIMIZERS",
@@ -231,7 +231,7 @@ def build_optimizer(model: nn.Module, lr: float, *, kind: str = "sgd", momentum:
 
 def build_scheduler(mode: str, lr: float, epochs: int, iters_per_epoch: int, *, lr_step: int = 0,
                     warmup_epochs: int = 0, head_lr_mult: float = 10.0) -> LR_Scheduler:
-    """The PyTorch-Encoding per-iteration schedule (see :class:`~encoding.utils.LR_Scheduler`)."""
+    """The PyTorch-Encoding per-iteration schedule (see ``encoding.utils.LR_Scheduler``)."""
     return LR_Scheduler(mode, lr, epochs, iters_per_epoch, lr_step=lr_step, warmup_epochs=warmup_epochs,
                         head_multiplier=head_lr_mult)
 

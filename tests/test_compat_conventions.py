@@ -1,26 +1,60 @@
-"""encoding.compat: PyTorch-Encoding conventions implemented once, re-exported where PE users import them."""
+"""encoding.legacy: PyTorch-Encoding conventions implemented once, bound where PE users import them (one table)."""
+import ast
 import importlib
+from pathlib import Path
 
 import pytest
 import torch
 
 import encoding
-from encoding import compat
+from encoding import legacy
 from encoding.nn import SegmentationLosses
+from encoding.nn import loss as core_loss
 from encoding.utils.lr_scheduler import IterationLR
 from encoding.utils.metrics import SegmentationMetric
 
 
-def test_every_pe_name_resolves_to_the_compat_object():
-    for module_name, names in compat.EXPORTS.items():
+def test_every_pe_name_resolves_to_the_legacy_object():
+    for module_name, names in legacy.ALIASES.items():
         module = importlib.import_module(module_name)
-        for name in names:
-            assert getattr(module, name) is getattr(compat, name), (module_name, name)
-            assert name in module.__all__, (module_name, name)
-    assert encoding.nn.DistSyncBatchNorm is compat.DistSyncBatchNorm is encoding.nn.SyncBatchNorm
-    assert encoding.utils.mkdir is compat.mkdir and encoding.utils.check_sha1 is compat.check_sha1
+        for name, obj in names.items():
+            assert getattr(module, name) is obj, (module_name, name)
+    for module in (encoding.nn, encoding.utils, encoding.parallel, encoding.utils.metrics, encoding.utils.lr_scheduler):
+        aliases = set(legacy.ALIASES[module.__name__]) - {"SegmentationLosses", "OhemCrossEntropy"}
+        assert not aliases & set(module.__all__), module.__name__  # the old names are not the packages' API
+    for name in ("LR_Scheduler", "LR_Scheduler_Head", "batch_pix_accuracy", "batch_intersection_union",
+                 "pixel_accuracy", "intersection_and_union", "get_mask_pallete", "mkdir", "check_sha1"):
+        assert getattr(encoding.utils, name) is getattr(legacy, name), name
+    assert encoding.nn.DistSyncBatchNorm is encoding.nn.SyncBatchNorm
+    assert encoding.datasets.get_dataset is encoding.datasets.get_segmentation_dataset
+    assert encoding.utils.mkdir is legacy.mkdir and encoding.utils.check_sha1 is legacy.check_sha1
     with pytest.raises(AttributeError, match="no attribute 'bogus'"):
         encoding.utils.bogus  # noqa: B018
+
+
+def test_install_is_idempotent_and_never_hides_a_core_object(monkeypatch):
+    legacy.install()
+    legacy.install()
+    assert encoding.nn.BatchNorm2d is legacy.BatchNorm2d
+    # the loss classes are the one replacement allowed: a core class by its subclass (PE layouts on top)
+    assert issubclass(encoding.nn.SegmentationLosses, core_loss.SegmentationLosses)
+    assert issubclass(encoding.nn.OhemCrossEntropy, core_loss.OhemCrossEntropy)
+    assert issubclass(encoding.nn.OhemCrossEntropy, encoding.nn.SegmentationLosses)
+    core_bn = encoding.nn.SyncBatchNorm
+    for bad in ({"SyncBatchNorm": legacy.BatchNorm1d}, {"Encoding": len}):  # a subclass of another name, a function
+        monkeypatch.setitem(legacy.ALIASES, "encoding.nn", {"View": legacy.View, **bad})
+        with pytest.raises(RuntimeError, match="would hide it"):
+            legacy.install()
+    assert encoding.nn.SyncBatchNorm is core_bn and encoding.nn.Encoding is legacy.EncodingDrop.__mro__[1]
+
+
+def test_no_module_level_getattr_in_the_package():
+    """Old names resolve through one table, never a module ``__getattr__`` hook."""
+    root = Path(encoding.__file__).parent
+    hooks = [str(path.relative_to(root.parent)) for path in sorted(root.rglob("*.py"))
+             if any(isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+                    for node in ast.parse(path.read_text(encoding="utf-8")).body)]
+    assert hooks == []
 
 
 def test_core_scheduler_is_torch_style_only():
@@ -35,21 +69,29 @@ def test_core_scheduler_is_torch_style_only():
     assert core.last_epoch == 6 and core.get_last_lr() == [0.0, 0.0]
     with pytest.raises(TypeError, match="Optimizer"):
         IterationLR(None, "poly", 0.1, 2, 3)
-    assert issubclass(compat.LR_Scheduler, IterationLR)
+    assert issubclass(legacy.LR_Scheduler, IterationLR)
 
 
 def test_pe_loss_layouts_are_adapted_to_the_core_call():
     g = torch.Generator().manual_seed(0)
     out, aux, se = torch.randn(2, 3, 4, 4, generator=g), torch.randn(2, 3, 4, 4, generator=g), torch.randn(2, 3)
     target = torch.randint(-1, 3, (2, 4, 4), generator=g)
-    named, tgt = compat.loss_inputs((out, se, aux, target), se_loss=True, aux=True)
+    named, tgt = legacy.loss_inputs((out, se, aux, target), se_loss=True, aux=True)
     assert tgt is target and named["out"] is out and named["se"] is se and named["aux"] is aux
     criterion = SegmentationLosses(se_loss=True, aux=True)
     core = criterion({"out": out, "aux": aux, "se": se}, target)
     for call in ((out, se, aux, target), ((out, se, aux), target), ([out, se, aux], target)):
         torch.testing.assert_close(criterion(*call), core, rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"\(out, aux\)"):
-        compat.loss_inputs((out, target), se_loss=False, aux=True)
+        legacy.loss_inputs((out, target), se_loss=False, aux=True)
+    # the core class takes the core call only; encoding.nn's (the legacy subclass) every layout, with equal values
+    core = core_loss.SegmentationLosses(se_loss=True, aux=True)
+    torch.testing.assert_close(core({"out": out, "aux": aux, "se": se}, target), criterion(out, se, aux, target),
+                               rtol=0, atol=0)
+    with pytest.raises(TypeError, match="dict or a tensor"):
+        core((out, se, aux), target)
+    with pytest.raises(TypeError, match=r"expects \(output, target\)"):
+        core(out, se, aux, target)
 
 
 def test_metric_targets_are_scattered_like_the_outputs(monkeypatch):

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from encoding.nn import OhemCrossEntropy, SegmentationLosses
+from encoding.nn import loss as core_loss
 from encoding.parallel import DataParallelCriterion, DataParallelModel, reduce_loss_terms
 
 NCLASS = 5
@@ -162,6 +163,31 @@ def test_data_parallel_criterion_is_exact(criterion):
     # the test can fail: PyTorch-Encoding's unweighted mean of per-replica losses is visibly off here
     naive = sum(criterion(o, t) for o, t in zip(outputs, target.split([3, 2, 2]))) / 3
     assert abs(naive.item() - single.item()) > 1e-3
+
+
+class _PENet(_SegNet):
+    """The same network returning PyTorch-Encoding's tuple ``(out, se, aux)``."""
+
+    def forward(self, x):
+        output = super().forward(x)
+        return output["out"], output["se"], output["aux"]
+
+
+@pytest.mark.parametrize("cls,options", [(SegmentationLosses, {}), (OhemCrossEntropy, {"thresh": 0.9, "min_kept": 5})],
+                         ids=["SegmentationLosses", "OhemCrossEntropy"])
+def test_pe_layouts_reduce_exactly_like_the_core(cls, options):
+    """encoding.nn's classes (legacy subclasses) on PE tuples == the core classes on dicts, also across replicas."""
+    core_cls = getattr(core_loss, cls.__name__)
+    assert cls is not core_cls and issubclass(cls, core_cls)
+    torch.manual_seed(0)
+    net = _PENet().double()
+    x, target = _uneven_batch(seed=1)
+    single = core_cls(se_loss=True, aux=True, nclass=NCLASS, **options)(dict(zip(("out", "se", "aux"), net(x))),
+                                                                         target)
+    criterion = cls(se_loss=True, aux=True, nclass=NCLASS, **options)
+    torch.testing.assert_close(criterion(*net(x), target), single, rtol=0, atol=0)
+    loss = DataParallelCriterion(criterion, DEVICES)(DataParallelModel(net, DEVICES)(x), target)
+    torch.testing.assert_close(loss, single, rtol=0, atol=1e-10)
 
 
 def _ohem_reference(logits, target, thresh, min_kept):

@@ -1,34 +1,28 @@
 """encoding.nn: synchronized BatchNorm, the Encoding layer, small generic blocks and the losses (pure PyTorch).
 
-The segmentation heads live with their models (``encoding.models.<arch>``); their PyTorch-Encoding import path
-``encoding.nn.FCNHead`` (``PSPHead``, ``ASPP``, ``EncModule``, ``JPU``, ...) keeps working.
+PyTorch-Encoding's, vacancy's and mmcv's names (``BatchNorm2d``, ``SynchronizedBatchNorm2d``, ``convert_model``,
+``DistSyncBatchNorm``, the heads ``FCNHead`` / ``PSPHead`` / ... that now live in ``encoding.models``, ...) are bound
+here by :mod:`encoding.legacy` (``legacy.ALIASES``) when ``encoding`` is imported; they are not part of ``__all__``.
+So are ``SegmentationLosses`` / ``OhemCrossEntropy``: ``encoding.nn`` names ``encoding.legacy``'s subclasses, which
+also accept PyTorch-Encoding's argument layouts; the core classes, which take ``(output_dict_or_tensor, target)``,
+are :mod:`encoding.nn.loss`'s.
 """
-from .syncbn import *  # noqa: F401,F403
-from .loss import *  # noqa: F401,F403
-from .encoding import *  # noqa: F401,F403
-from .blocks import *  # noqa: F401,F403
-from .compat import *  # noqa: F401,F403
-from .recompute import *  # noqa: F401,F403
-from . import syncbn, loss, encoding, blocks, compat, recompute
+from . import blocks, encoding, loss, recompute, syncbn
+from .blocks import NormLayer, SeparableConv2d, conv_norm_act, resize
+from .encoding import Encoding
+from .loss import OhemCrossEntropy, SegmentationLosses
+from .recompute import (CHECKPOINT_POLICIES, checkpoint_module, checkpoint_segmentation_model, disable_checkpointing,
+                        enable_checkpointing, is_checkpointed, is_recomputing, replay_in_recomputation)
+from .syncbn import SyncBatchNorm, convert_sync_batchnorm
 
-__all__ = (syncbn.__all__ + loss.__all__ + encoding.__all__ + blocks.__all__ + compat.__all__
-           + recompute.__all__ + ["DistSyncBatchNorm"])  # the last one from encoding.compat
-
-#: Heads and blocks PyTorch-Encoding exported from ``encoding.nn``, now in ``encoding.models``: name -> module.
-_MOVED_TO_MODELS = {
-    "FCNHead": "fcn", "PyramidPooling": "psp", "PSPHead": "psp", "ASPP": "deeplab", "DeepLabV3Head": "deeplab",
-    "EncModule": "encnet", "EncHead": "encnet", "PAM": "danet", "CAM": "danet", "DANetHead": "danet",
-    "FPNHead": "fpn", "JPU": "jpu",
-}
-
-
-def __getattr__(name: str):
-    """Resolve the PyTorch-Encoding names of the heads (``encoding.models`` imports this package) and of
-    :mod:`encoding.compat` lazily."""
-    if name in _MOVED_TO_MODELS:
-        import importlib
-
-        return getattr(importlib.import_module(f"encoding.models.{_MOVED_TO_MODELS[name]}"), name)
-    from .. import compat
-
-    return compat.export(__name__, name)
+__all__ = [
+    # synchronized BatchNorm
+    "SyncBatchNorm", "convert_sync_batchnorm",
+    # losses
+    "SegmentationLosses", "OhemCrossEntropy",
+    # the Encoding layer and small blocks
+    "Encoding", "NormLayer", "resize", "conv_norm_act", "SeparableConv2d",
+    # activation checkpointing
+    "checkpoint_module", "replay_in_recomputation", "is_recomputing", "enable_checkpointing",
+    "disable_checkpointing", "is_checkpointed", "checkpoint_segmentation_model", "CHECKPOINT_POLICIES",
+]

@@ -8,7 +8,7 @@ one call, so on a single device the losses are ordinary ``nn.Module`` criteria.
 """
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,7 @@ from ..parallel.reduction import LossTerm, reduce_loss_terms, valid_count
 
 __all__ = ["SegmentationLosses", "OhemCrossEntropy"]
 
-ModelOutput = Union[Tensor, Mapping[str, Tensor], Sequence[Tensor]]
+ModelOutput = Union[Tensor, Mapping[str, Tensor]]
 
 
 class SegmentationLosses(nn.Module):
@@ -43,10 +43,9 @@ class SegmentationLosses(nn.Module):
 
     Inputs:
         The model output and the target, as ``criterion(output, target)``. ``output`` is a dict with ``"out"`` and,
-        where used, ``"aux"`` / ``"se"`` (extra keys are ignored); or a PyTorch-Encoding tuple ``(out[, se][, aux])``
-        (the SE logits come before the auxiliary output, as PyTorch-Encoding's EncNet returns them); or the bare
-        ``out`` tensor. The PyTorch-Encoding call ``criterion(out, se, aux, target)`` is accepted too. The core call
-        is ``criterion(output_dict_or_tensor, target)``; the PE layouts are adapted in :mod:`encoding.compat`.
+        where used, ``"aux"`` / ``"se"`` (extra keys are ignored), or the bare ``out`` tensor. PyTorch-Encoding's
+        layouts (an ``(out[, se][, aux])`` tuple, the flat ``criterion(out, se, aux, target)``) are accepted by the
+        subclass ``encoding.legacy.SegmentationLosses``, which is what ``encoding.nn.SegmentationLosses`` names.
 
     Shape:
         - out, aux: ``B x nclass x H x W`` logits (any number of spatial dimensions, matching the target).
@@ -101,7 +100,7 @@ class SegmentationLosses(nn.Module):
         """This call's loss as exact-reduction terms (the protocol of :mod:`encoding.parallel.reduction`).
 
         Args:
-            *inputs: ``(output, target)`` or PyTorch-Encoding's flat ``(out[, se][, aux], target)``.
+            *inputs: ``(output, target)``: the model output (a dict or a tensor) and the target.
 
         Returns:
             ``[main]``, then ``aux`` and ``se`` terms when enabled, in that order: each a :class:`LossTerm` holding
@@ -120,17 +119,12 @@ class SegmentationLosses(nn.Module):
 
     # -- input handling -------------------------------------------------------------------------------------------
     def _parse(self, inputs: Tuple[Any, ...]) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Tensor]:
-        """``(out, aux, se, target)`` of the core call ``(output_dict_or_tensor, target)``.
-
-        PyTorch-Encoding's layouts (an ``(out[, se][, aux])`` tuple, or the flat ``(out[, se][, aux], target)``) are
-        turned into the core call by :func:`encoding.compat.loss_inputs`.
-        """
-        if len(inputs) < 2:
+        """``(out, aux, se, target)`` of the call ``(output_dict_or_tensor, target)``."""
+        if len(inputs) != 2:
             raise TypeError(f"{type(self).__name__} expects (output, target), got {len(inputs)} argument(s)")
-        if not _is_core_call(inputs, extras=self.se_loss or self.aux):
-            from ..compat import loss_inputs  # PE layouts, adapted once there
-
-            inputs = loss_inputs(inputs, se_loss=self.se_loss, aux=self.aux)
+        if not isinstance(inputs[0], (Tensor, Mapping)):
+            raise TypeError(f"the model output must be a dict or a tensor, got {type(inputs[0]).__name__} (for "
+                            f"PyTorch-Encoding's tuple layouts use encoding.nn.SegmentationLosses / OhemCrossEntropy)")
         output, target = inputs
         if not isinstance(target, Tensor):
             raise TypeError(f"target must be a tensor, got {type(target).__name__}")
@@ -189,11 +183,6 @@ class SegmentationLosses(nn.Module):
         return LossTerm(total, se.numel(), self.se_weight)
 
 
-def _is_core_call(inputs: Tuple[Any, ...], extras: bool) -> bool:
-    """Whether ``inputs`` is ``(output_dict, target)``, or ``(tensor, target)`` for a criterion without extra terms."""
-    return len(inputs) == 2 and (isinstance(inputs[0], Mapping) or (isinstance(inputs[0], Tensor) and not extras))
-
-
 def _class_presence(target: Tensor, valid: Tensor, nclass: int) -> Tensor:
     """``B x nclass`` boolean: which classes occur among the valid pixels of each image."""
     flat = torch.where(valid, target, nclass).reshape(target.shape[0], -1)
@@ -208,7 +197,7 @@ class OhemCrossEntropy(SegmentationLosses):
     For each pixel term, only the *hard* valid pixels count: those whose softmax probability of the true class is
     ``<= threshold``, where ``threshold = max(thresh, p_k)`` and ``p_k`` is the ``min_kept``-th smallest true-class
     probability, so at least ``min_kept`` pixels are kept (all valid pixels when there are fewer). The loss is the
-    (weighted) mean cross-entropy over the kept pixels. Everything else — dict / tuple outputs, the auxiliary and SE
+    (weighted) mean cross-entropy over the kept pixels. Everything else — dict / tensor outputs, the auxiliary and SE
     terms, class weights, label smoothing, target checks — is :class:`SegmentationLosses`; mining applies to the main
     and the auxiliary output, each selecting its own hard pixels.
 

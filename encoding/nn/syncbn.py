@@ -29,11 +29,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd import Function
-from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..parallel import ReplicaAbortedError, allreduce, get_replica_context
+from ._functions import DistAllReduce, LocalMoments, Normalize, merge_moments, slot, stats_dtype
 from .recompute import is_recomputing, replay_in_recomputation
 
 __all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
@@ -143,16 +142,16 @@ class SyncBatchNorm(_BatchNorm):
         channels = input.shape[1]
         count = input.numel() // channels
         if count:
-            mean, var = _LocalMoments.apply(input)
+            mean, var = LocalMoments.apply(input)
         else:  # an empty shard contributes nothing
-            mean = var = input.new_zeros(channels, dtype=_stats_dtype(input))
+            mean = var = input.new_zeros(channels, dtype=stats_dtype(input))
         row = torch.cat([mean.new_full((1,), float(count)), mean, var])
         # under activation checkpointing, the recomputation reuses the table this forward synchronised
-        mean, var, total = _merge(replay_in_recomputation(lambda: exchange(row)), channels)
+        mean, var, total = merge_moments(replay_in_recomputation(lambda: exchange(row)), channels)
         if update_running and self.track_running_stats and not is_recomputing():
             self._update_running_stats(mean, var, total)
         weight, bias = (None, None) if self.weight is None else (self.weight.to(mean.dtype), self.bias.to(mean.dtype))
-        return _Normalize.apply(input, mean, var, weight, bias, self.eps)
+        return Normalize.apply(input, mean, var, weight, bias, self.eps)
 
     @torch.no_grad()
     def _update_running_stats(self, mean: Tensor, var: Tensor, total: Tensor) -> None:
@@ -169,12 +168,12 @@ class SyncBatchNorm(_BatchNorm):
         size, index = self._rendezvous.size, self._copy_id
         context = get_replica_context()
         failed = context.failed if context is not None else None
-        return self._rendezvous.exchange(call, index, _slot(row, index, size), failed, self.sync_timeout)
+        return self._rendezvous.exchange(call, index, slot(row, index, size), failed, self.sync_timeout)
 
     def _exchange_processes(self, row: Tensor) -> Tensor:
         """All-gather ``row`` among the ranks of the process group: returns the ``ranks x len(row)`` table."""
         group = self.process_group if self.process_group is not None else dist.group.WORLD
-        return _DistAllReduce.apply(_slot(row, dist.get_rank(group), dist.get_world_size(group)), group)
+        return DistAllReduce.apply(slot(row, dist.get_rank(group), dist.get_world_size(group)), group)
 
     def extra_repr(self) -> str:
         extra = "" if self.sync else ", sync=False"
@@ -273,122 +272,11 @@ def rebuild_batchnorm(layer: _BatchNorm, cls: type, **kwargs: object) -> nn.Modu
     return result
 
 
-# -- statistics ---------------------------------------------------------------------------------------------------
-def _slot(row: Tensor, index: int, size: int) -> Tensor:
-    """``row`` placed in line ``index`` of a ``size x len(row)`` zero table (a sum of these is an all-gather)."""
-    return F.pad(row.unsqueeze(0), (0, 0, index, size - index - 1))
-
-
-def _merge(table: Tensor, channels: int) -> Tuple[Tensor, Tensor, Tensor]:
-    """Whole-batch mean, biased variance and count from per-participant ``[count, mean(C), var(C)]`` rows."""
-    counts = table[:, :1]
-    means = table[:, 1:channels + 1]
-    variances = table[:, channels + 1:]
-    total = counts.sum()
-    mean = (counts * means).sum(0) / total
-    var = (counts * (variances + (means - mean) ** 2)).sum(0) / total
-    return mean, var, total
-
-
-def _stats_dtype(input: Tensor) -> torch.dtype:
-    """Statistics are kept in float32 at least (float64 inputs keep float64)."""
-    return input.dtype if input.dtype in (torch.float32, torch.float64) else torch.float32
-
-
-def _channel_view(vector: Tensor, input: Tensor) -> Tensor:
-    return vector.view((1, -1) + (1,) * (input.dim() - 2))
-
-
-class _LocalMoments(Function):
-    """Per-channel mean and biased variance of ``(N, C, *)`` input; the backward is one fused pass over the input.
-
-    Two passes (mean, then the mean of centred squares): as stable as Welford's ``var_mean`` and, on CPU, an order
-    of magnitude faster.
-    """
-
-    @staticmethod
-    def forward(ctx, input: Tensor) -> Tuple[Tensor, Tensor]:
-        dims = [0] + list(range(2, input.dim()))
-        mean = input.mean(dims, dtype=_stats_dtype(input))
-        var = (input - _channel_view(mean, input)).square_().mean(dims)
-        ctx.save_for_backward(input, mean)
-        return mean, var
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_mean: Tensor, grad_var: Tensor) -> Tensor:
-        input, mean = ctx.saved_tensors
-        count = input.numel() // input.shape[1]
-        # d/dx [mean, var] . [g_mean, g_var] = g_mean / n + 2 g_var (x - mean) / n = a * x + b
-        a = grad_var * (2.0 / count)
-        b = grad_mean / count - a * mean
-        return torch.addcmul(_channel_view(b, input), input, _channel_view(a, input)).to(input.dtype)
-
-
-class _Normalize(Function):
-    """``(x - mean) / sqrt(var + eps) * weight + bias`` with differentiable ``mean`` and ``var``.
-
-    Forward and input/parameter gradients are torch's fused BatchNorm kernels in inference form (given statistics);
-    the gradients of ``mean`` and ``var`` follow from the reduced ones: ``-w * invstd * sum(g)`` and
-    ``-w * invstd^2 / 2 * sum(g * x_hat)``.
-    """
-
-    @staticmethod
-    def forward(ctx, input: Tensor, mean: Tensor, var: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
-                eps: float) -> Tensor:
-        ctx.eps = eps
-        ctx.save_for_backward(input, mean, var, weight)
-        return torch.batch_norm(input, weight, bias, mean, var, False, 0.0, eps, torch.backends.cudnn.enabled)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor):
-        input, mean, var, weight = ctx.saved_tensors
-        invstd = torch.rsqrt(var + ctx.eps)
-        # inference form (train=False); CUDA's kernel also wants the statistics as save_mean / save_invstd and a
-        # defined weight
-        kernel_weight = weight if weight is not None else torch.ones_like(invstd)
-        grad_input, grad_weight, grad_bias = torch.ops.aten.native_batch_norm_backward(
-            _like(grad, input), input, kernel_weight, mean, var, mean, invstd, False, ctx.eps,
-            [ctx.needs_input_grad[0], True, True])
-        scale = kernel_weight.to(invstd.dtype) * invstd
-        grad_mean = -scale * grad_bias.to(invstd.dtype)
-        grad_var = -0.5 * scale * invstd * grad_weight.to(invstd.dtype)
-        return (grad_input, grad_mean, grad_var,
-                grad_weight if weight is not None and ctx.needs_input_grad[3] else None,
-                grad_bias if ctx.needs_input_grad[4] else None, None)
-
-
-def _like(grad: Tensor, input: Tensor) -> Tensor:
-    """``grad`` laid out like ``input`` (e.g. channels_last): torch's CPU kernel takes a slower, lower-precision
-    mixed-layout path otherwise (it sums ``grad_bias`` in bf16)."""
-    if grad.stride() == input.stride():
-        return grad
-    return torch.empty_like(input, dtype=grad.dtype).copy_(grad)
-
-
 def _group_size(group: Optional[object]) -> int:
     if not (dist.is_available() and dist.is_initialized()):
         return 1
     group = group if group is not None else dist.group.WORLD
     return dist.get_world_size(group) if dist.get_rank(group) >= 0 else 1
-
-
-class _DistAllReduce(Function):
-    """Sum across the ranks of a process group; the backward sums the gradients the same way."""
-
-    @staticmethod
-    def forward(ctx, tensor: Tensor, group: object) -> Tensor:
-        ctx.group = group
-        out = tensor.clone(memory_format=torch.contiguous_format)
-        dist.all_reduce(out, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tuple[Tensor, None]:
-        grad = grad.clone(memory_format=torch.contiguous_format)
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
 
 
 # -- replica rendezvous -------------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ loss where each output lives and reduces it exactly (the whole-batch value). Dev
 See ``docs/parallel.md``.
 """
 from .comm import AllReduce, allreduce, broadcast
-from .compat import is_module_wrapper
 from .data_parallel import (DataParallelCriterion, DataParallelModel, DataParallelWithCallback, ReplicaOutputs,
                             data_parallel)
 from .devices import resolve_devices

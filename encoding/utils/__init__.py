@@ -10,15 +10,15 @@ Modules:
     files: download / verify / extract helpers and ``atomic_write`` (``encoding.utils.files``).
 
 PyTorch-Encoding's names (``LR_Scheduler``, ``LR_Scheduler_Head``, ``batch_pix_accuracy``, ``batch_intersection_union``,
-``pixel_accuracy``, ``intersection_and_union``, ``get_mask_pallete``, ``mkdir``, ``check_sha1``) are importable from
-here as before; their conventions are implemented in :mod:`encoding.compat`.
+``pixel_accuracy``, ``intersection_and_union``, ``get_mask_pallete``, ``download``, ``mkdir``, ``check_sha1``) are
+bound here by :mod:`encoding.legacy` (``legacy.ALIASES``) when ``encoding`` is imported, as is ``PALETTE_NAMES``.
+The other helpers stay importable from here and from their submodules; ``__all__`` lists what scripts call.
 """
 from . import checkpoint, dist, files, logger, lr_scheduler, metrics, palette, table
 from .checkpoint import (BEST_NAME, CHECKPOINT_FORMAT, CheckpointError, load_checkpoint, load_model_state,
                          read_state_dict, save_checkpoint, unwrap_model)
 from .dist import (barrier, default_backend, get_local_rank, get_rank, get_world_size, init_distributed_mode,
                    is_main_process, reduce_across_processes)
-from .files import download
 from .logger import AverageMeter, EpochLogger, MetricLogger, SmoothedValue
 from .lr_scheduler import IterationLR
 from .metrics import SegmentationMetric, confusion_matrix, format_table, scores_from_confusion
@@ -26,31 +26,15 @@ from .palette import colorize, get_ignore_color, get_palette, overlay, voc_palet
 
 __all__ = [
     # metrics
-    "SegmentationMetric", "confusion_matrix", "scores_from_confusion", "format_table",
-    "batch_pix_accuracy", "batch_intersection_union", "pixel_accuracy", "intersection_and_union",
-    # learning-rate schedules
-    "IterationLR", "LR_Scheduler", "LR_Scheduler_Head",
+    "SegmentationMetric", "confusion_matrix", "format_table",
+    # learning-rate schedule
+    "IterationLR",
     # palettes
-    "PALETTE_NAMES", "get_palette", "get_ignore_color", "voc_palette", "colorize", "get_mask_pallete", "overlay",
+    "colorize", "overlay", "get_palette",
     # checkpoints and weights
-    "save_checkpoint", "load_checkpoint", "load_model_state", "read_state_dict", "unwrap_model", "CheckpointError",
-    "CHECKPOINT_FORMAT", "BEST_NAME",
+    "save_checkpoint", "load_checkpoint", "load_model_state", "read_state_dict", "CheckpointError",
     # distributed
-    "init_distributed_mode", "get_rank", "get_local_rank", "get_world_size", "is_main_process", "barrier",
-    "reduce_across_processes", "default_backend",
+    "init_distributed_mode", "get_rank", "get_world_size", "is_main_process", "reduce_across_processes", "barrier",
     # logging
-    "MetricLogger", "SmoothedValue", "EpochLogger", "AverageMeter",
-    # PyTorch-Encoding file helpers (the rest is in encoding.utils.files)
-    "download", "mkdir", "check_sha1",
-    # submodules
-    "checkpoint", "dist", "files", "logger", "lr_scheduler", "metrics", "palette", "table",
+    "MetricLogger", "EpochLogger", "SmoothedValue",
 ]
-
-
-def __getattr__(name: str):
-    """``PALETTE_NAMES`` (from the dataset registry, on first use) and the PE names implemented in compat."""
-    if name == "PALETTE_NAMES":
-        return palette.PALETTE_NAMES
-    from .. import compat
-
-    return compat.export(__name__, name)

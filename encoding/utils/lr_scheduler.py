@@ -17,7 +17,7 @@ instead. Pass ``head_multiplier=1`` for one rate everywhere.
 The core convention is torch's: :class:`IterationLR` takes the optimizer, sets the rate of iteration 0 right away,
 and ``step()`` after each ``optimizer.step()`` advances one iteration (``last_epoch`` is the last ``T`` applied).
 PyTorch-Encoding's ``LR_Scheduler`` (optimizer optional, ``scheduler(optimizer, i, epoch, best_pred)`` at every
-iteration) is implemented on top of it in :mod:`encoding.compat` and importable from here as before.
+iteration) is built on it in :mod:`encoding.legacy` and bound here by its alias table (``legacy.ALIASES``).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-__all__ = ["IterationLR", "LR_Scheduler", "LR_Scheduler_Head"]
+__all__ = ["IterationLR"]
 
 _MODES = ("poly", "cos", "step")
 #: The logger of the schedule (PyTorch-Encoding-style drivers announce each epoch's rate on it).
@@ -165,10 +165,3 @@ class IterationLR(LRScheduler):
         return (f"{type(self).__name__}(mode={self.mode!r}, base_lr={self.base_lr}, num_epochs={self.num_epochs}, "
                 f"iters_per_epoch={self.iters_per_epoch}, lr_step={self.lr_step}, "
                 f"warmup_epochs={self.warmup_epochs}, head_multiplier={self.head_multiplier})")
-
-
-def __getattr__(name: str) -> Any:
-    """PyTorch-Encoding's ``LR_Scheduler`` / ``LR_Scheduler_Head``, implemented in :mod:`encoding.compat`."""
-    from .. import compat
-
-    return compat.export(__name__, name)

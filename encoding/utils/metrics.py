@@ -12,7 +12,7 @@ that is predicted but absent from the target still counts (its IoU is 0).
 
 The table is rendered by :func:`format_table` (:mod:`encoding.utils.table`); PyTorch-Encoding's functional
 helpers (``batch_pix_accuracy``, ``batch_intersection_union``, ``pixel_accuracy``, ``intersection_and_union``) are
-implemented in :mod:`encoding.compat` and still importable from here.
+defined in :mod:`encoding.legacy` and bound here by its alias table (``legacy.ALIASES``).
 """
 from __future__ import annotations
 
@@ -33,10 +33,6 @@ __all__ = [
     "confusion_matrix",
     "scores_from_confusion",
     "format_table",
-    "batch_pix_accuracy",
-    "batch_intersection_union",
-    "pixel_accuracy",
-    "intersection_and_union",
 ]
 
 Output = Union[Tensor, Mapping[str, Any], Sequence[Any]]
@@ -305,10 +301,3 @@ class SegmentationMetric:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(nclass={self.nclass}, ignore_index={self.ignore_index}, device={self.device})"
-
-
-def __getattr__(name: str) -> Any:
-    """PyTorch-Encoding's functional metric helpers, implemented in :mod:`encoding.compat`."""
-    from .. import compat
-
-    return compat.export(__name__, name)

@@ -1,9 +1,12 @@
-"""Wrapper checks that mmcv / mmengine users call, recognising our wrappers and torch's (see ``docs/migration.md``)."""
+"""mmcv / mmengine's wrapper check, recognising our wrappers and torch's (see ``docs/migration.md``).
+
+``encoding.parallel.is_module_wrapper`` resolves here through :data:`encoding.legacy.ALIASES`.
+"""
 from __future__ import annotations
 
 from torch import nn
 
-from .data_parallel import DataParallelCriterion
+from ..parallel import DataParallelCriterion
 
 __all__ = ["MODULE_WRAPPERS", "is_module_wrapper"]
 

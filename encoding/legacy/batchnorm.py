@@ -1,0 +1,122 @@
+"""The synchronized-BatchNorm names of PyTorch-Encoding, vacancy and mmcv: thin layers over ``nn.SyncBatchNorm``.
+
+* PyTorch-Encoding and vacancy: ``BatchNorm1d/2d/3d`` = ``SynchronizedBatchNorm1d/2d/3d`` (:class:`SyncBatchNorm`
+  with the input-dimension check of ``nn.BatchNorm*d``).
+* vacancy: :func:`convert_model`, :func:`patch_sync_batchnorm`.
+* mmcv / mmengine: :func:`revert_sync_batchnorm`.
+
+``encoding.nn`` resolves these names through :data:`encoding.legacy.ALIASES`; the status of each is in
+``docs/migration.md``.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional, Tuple
+
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..nn.syncbn import SyncBatchNorm, rebuild_batchnorm, swap_modules
+from ..parallel import DataParallelWithCallback
+
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SynchronizedBatchNorm1d", "SynchronizedBatchNorm2d",
+           "SynchronizedBatchNorm3d", "convert_model", "patch_sync_batchnorm", "revert_sync_batchnorm"]
+
+
+# -- synchronized BatchNorm with a fixed input dimensionality ---------------------------------------------------------
+class _FixedDimSyncBatchNorm(SyncBatchNorm):
+    """:class:`SyncBatchNorm` that accepts only the input dimensionalities of one ``nn.BatchNorm*d``."""
+
+    _dims: Tuple[int, ...] = ()
+    _torch_class: type = _BatchNorm
+
+    def _check_input_dim(self, input: Tensor) -> None:
+        if input.dim() not in self._dims:
+            raise ValueError(f"{type(self).__name__} expected {' or '.join(f'{d}D' for d in self._dims)} input, "
+                             f"got {input.dim()}D ({tuple(input.shape)})")
+        super()._check_input_dim(input)
+
+
+class BatchNorm1d(_FixedDimSyncBatchNorm):
+    """Synchronized BatchNorm over ``(N, C)`` or ``(N, C, L)`` input (PyTorch-Encoding's and vacancy's name)."""
+
+    _dims, _torch_class = (2, 3), nn.BatchNorm1d
+
+
+class BatchNorm2d(_FixedDimSyncBatchNorm):
+    """Synchronized BatchNorm over ``(N, C, H, W)`` input (PyTorch-Encoding's and vacancy's name)."""
+
+    _dims, _torch_class = (4,), nn.BatchNorm2d
+
+
+class BatchNorm3d(_FixedDimSyncBatchNorm):
+    """Synchronized BatchNorm over ``(N, C, D, H, W)`` input (PyTorch-Encoding's and vacancy's name)."""
+
+    _dims, _torch_class = (5,), nn.BatchNorm3d
+
+
+SynchronizedBatchNorm1d = BatchNorm1d
+SynchronizedBatchNorm2d = BatchNorm2d
+SynchronizedBatchNorm3d = BatchNorm3d
+
+#: torch class -> the synchronized class with the same input check.
+_SYNC_OF = {cls._torch_class: cls for cls in (BatchNorm1d, BatchNorm2d, BatchNorm3d)}
+
+
+class _BatchNormXd(_BatchNorm):
+    """Plain (unsynchronized) BatchNorm accepting any ``(N, C, *)`` input: what a dimension-agnostic
+    :class:`SyncBatchNorm` reverts to."""
+
+    def _check_input_dim(self, input: Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected an input of shape (N, C, *), got {input.dim()}D")
+
+
+def convert_model(module: nn.Module) -> nn.Module:
+    """vacancy's ``convert_model``: ``nn.BatchNorm1d/2d/3d`` -> ``SynchronizedBatchNorm1d/2d/3d`` (same tensors and
+    flags), and a ``torch.nn.DataParallel`` -> :class:`~encoding.parallel.DataParallelWithCallback` on its devices.
+
+    Example:
+        >>> type(convert_model(nn.Sequential(nn.BatchNorm2d(3)))[0]).__name__
+        'BatchNorm2d'
+    """
+    if isinstance(module, nn.DataParallel) and not isinstance(module, DataParallelWithCallback):
+        return DataParallelWithCallback(convert_model(module.module), module.device_ids,
+                                        getattr(module, "output_device", None), getattr(module, "dim", 0))
+
+    def to_sync(layer: nn.Module) -> Optional[nn.Module]:
+        target = _SYNC_OF.get(type(layer))
+        return None if target is None else rebuild_batchnorm(layer, target)
+
+    return swap_modules(module, to_sync)
+
+
+@contextlib.contextmanager
+def patch_sync_batchnorm() -> Iterator[None]:
+    """vacancy's context manager: ``nn.BatchNorm1d/2d/3d`` built inside it are synchronized ones.
+
+    Example:
+        >>> with patch_sync_batchnorm():
+        ...     layer = nn.BatchNorm2d(3)
+        >>> isinstance(layer, SyncBatchNorm)
+        True
+    """
+    originals = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d = BatchNorm1d, BatchNorm2d, BatchNorm3d
+    try:
+        yield
+    finally:
+        nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d = originals
+
+
+def revert_sync_batchnorm(module: nn.Module) -> nn.Module:
+    """mmcv's ``revert_sync_batchnorm``: every synchronized BatchNorm (ours, ``torch.nn.SyncBatchNorm``) becomes a
+    plain one taking over its tensors and flags — ``nn.BatchNorm1d/2d/3d`` for the fixed-dimension names, otherwise
+    a BatchNorm that accepts any ``(N, C, *)`` input. Useful to run a model on one CPU or export it.
+    """
+    def to_plain(layer: nn.Module) -> Optional[nn.Module]:
+        if not isinstance(layer, (SyncBatchNorm, nn.SyncBatchNorm)):
+            return None
+        return rebuild_batchnorm(layer, getattr(layer, "_torch_class", _BatchNormXd))
+
+    return swap_modules(module, to_plain)

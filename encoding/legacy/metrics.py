@@ -1,0 +1,90 @@
+"""PyTorch-Encoding's functional metric helpers, on :func:`~encoding.utils.metrics.confusion_matrix`.
+
+``batch_pix_accuracy`` / ``batch_intersection_union`` use PE's label convention (``-1`` = unlabeled);
+``pixel_accuracy`` / ``intersection_and_union`` the CSAIL scene-parsing one (``0`` = unlabeled). ``encoding.utils``
+and ``encoding.utils.metrics`` resolve these names through :data:`encoding.legacy.ALIASES`.
+"""
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+import numpy as np
+from torch import Tensor
+
+from ..utils.metrics import confusion_matrix, to_labels
+
+__all__ = ["batch_pix_accuracy", "batch_intersection_union", "pixel_accuracy", "intersection_and_union"]
+
+
+def batch_pix_accuracy(output: Tensor, target: Tensor) -> Tuple[int, int]:
+    """Correct and labeled pixel counts of a batch (PyTorch-Encoding helper).
+
+    Args:
+        output: logits ``BxCxHxW`` (or labels shaped like ``target``).
+        target: int labels ``BxHxW``; negative values are unlabeled.
+
+    Returns:
+        ``(pixel_correct, pixel_labeled)`` as Python ints.
+    """
+    labels, _ = to_labels(output, target)
+    target = target.to(labels.device)
+    labeled = target >= 0
+    correct = (labels == target) & labeled
+    return int(correct.sum()), int(labeled.sum())
+
+
+def batch_intersection_union(output: Tensor, target: Tensor, nclass: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Per-class intersection and union pixel counts of a batch (PyTorch-Encoding helper).
+
+    Args:
+        output: logits ``BxCxHxW`` (or labels shaped like ``target``).
+        target: int labels ``BxHxW`` with ``-1`` for unlabeled pixels.
+        nclass: number of classes.
+
+    Returns:
+        ``(area_inter, area_union)``: int64 numpy arrays of length ``nclass``. Unlike PE, a target value outside
+        ``[0, nclass)`` other than ``-1`` raises ``ValueError`` instead of being silently dropped.
+    """
+    conf = confusion_matrix(output, target, nclass, ignore_index=-1).cpu()
+    inter = conf.diagonal()
+    union = conf.sum(dim=0) + conf.sum(dim=1) - inter
+    return inter.numpy().astype(np.int64), union.numpy().astype(np.int64)
+
+
+def pixel_accuracy(im_pred: Any, im_lab: Any) -> Tuple[int, int]:
+    """Correct and labeled pixel counts of one image, CSAIL scene-parsing convention (label 0 = unlabeled).
+
+    Args:
+        im_pred: predicted labels (array-like).
+        im_lab: ground-truth labels (array-like), 0 for unlabeled pixels.
+
+    Returns:
+        ``(pixel_correct, pixel_labeled)``.
+    """
+    pred, lab = np.asarray(im_pred), np.asarray(im_lab)
+    labeled = lab > 0
+    return int(np.sum((pred == lab) & labeled)), int(np.sum(labeled))
+
+
+def intersection_and_union(im_pred: Any, im_lab: Any, num_class: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Per-class intersection and union of one image, PyTorch-Encoding's CSAIL-style helper.
+
+    Labels use 0 for unlabeled pixels and ``1 .. num_class - 1`` for the classes (``num_class`` counts the
+    unlabeled value, as in PE). Predictions on unlabeled pixels are not counted; values outside
+    ``[1, num_class - 1]`` are dropped, as PE's ``np.histogram`` did.
+
+    Returns:
+        ``(area_inter, area_union)``: int64 arrays of length ``num_class - 1`` (entry ``k`` is class ``k + 1``).
+    """
+    pred = np.asarray(im_pred).astype(np.int64).ravel()
+    lab = np.asarray(im_lab).astype(np.int64).ravel()
+    pred = pred * (lab > 0)
+    bins = num_class - 1
+
+    def area(values: np.ndarray) -> np.ndarray:
+        values = values[(values >= 1) & (values <= bins)]
+        return np.bincount(values - 1, minlength=bins)[:bins].astype(np.int64)
+
+    area_inter = area(pred[pred == lab])
+    area_union = area(pred) + area(lab) - area_inter
+    return area_inter, area_union
