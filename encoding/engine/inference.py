@@ -160,13 +160,16 @@ class EvaluationConfig:
         mode: ``val`` (batched centre crops), ``testval`` (whole images, scored) or ``test`` (predict only).
     """
 
+    resume: Optional[str] = None
+    model_zoo: Optional[str] = None
+    torchvision_weights: bool = False
     dataset: str = "shapes"
     model: str = "unet"
     backbone: str = "vgg_tiny"
-    aux: bool = False
-    se_loss: bool = False
     head_channels: Optional[int] = None
     output_stride: Optional[int] = None
+    aux: bool = False
+    se_loss: bool = False
     base_size: Optional[int] = None
     crop_size: Optional[int] = None
     data_root: Optional[str] = None
@@ -174,9 +177,6 @@ class EvaluationConfig:
     amp: str = "none"
     no_cuda: bool = False
     device_ids: Optional[str] = None
-    resume: Optional[str] = None
-    model_zoo: Optional[str] = None
-    torchvision_weights: bool = False
     multi_scale: bool = False
     scales: Tuple[float, ...] = (1.0,)
     split: str = "val"
