@@ -200,8 +200,8 @@ def param_groups(model: nn.Module) -> List[Dict[str, Any]]:
     """Optimizer parameter groups: the backbone first, then everything else (the heads).
 
     :class:`~encoding.utils.lr_scheduler.IterationLR` gives group 0 the base learning rate and later groups
-    ``head_multiplier`` times it (10x: the PyTorch-Encoding convention for pretrained backbones and new heads). A model without a ``backbone`` attribute
-    gives a single group.
+    ``head_multiplier`` times it (10x: the PyTorch-Encoding convention for pretrained backbones and new heads). A
+    model without a ``backbone`` attribute gives a single group.
 
     Args:
         model: the (possibly wrapped) segmentation model.

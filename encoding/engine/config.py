@@ -218,5 +218,6 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
         result = train(run, checkpoint if resumed else None, verify_data=config.verify_data)
     if result and is_main_process():
         print(format_table(result, run.class_names))
-        print(f"done in {time.perf_counter() - started:.1f} s: pixAcc {result['pixAcc']:.4f}, mIoU {result['mIoU']:.4f}")
+        print(f"done in {time.perf_counter() - started:.1f} s: pixAcc {result['pixAcc']:.4f}, "
+              f"mIoU {result['mIoU']:.4f}")
     return result
