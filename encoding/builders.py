@@ -7,12 +7,14 @@ Each builder does one job and takes plain, typed arguments (no ``argparse`` name
 * :func:`build_model` / :func:`build_criterion`: a segmentation model (``SyncBatchNorm`` when ``sync_bn``) and its
   :class:`~encoding.nn.SegmentationLosses`;
 * :func:`build_loaders`: training and validation ``DataLoader``\\ s (distributed samplers under DDP);
-* :func:`build_optimizer` / :func:`build_scheduler`: SGD over the backbone/head parameter groups and the
-  PyTorch-Encoding learning-rate schedule;
+* :func:`param_groups` / :func:`build_optimizer` / :func:`build_scheduler`: the backbone/head parameter groups,
+  SGD or AdamW over them, and the per-iteration :class:`~encoding.utils.lr_scheduler.IterationLR` (torch style:
+  ``scheduler.step()`` after each ``optimizer.step()``);
 * :func:`wrap_model`: :class:`~encoding.parallel.DataParallelModel` + :class:`~encoding.parallel.DataParallelCriterion`
   (optionally ``balance="memory"``), or ``DistributedDataParallel``;
-* :func:`resume` / :func:`load_training_state`: restore weights (and optimizer / scaler) from a checkpoint, and
-  where to continue (epoch, iteration, RNG states).
+
+What a run saves and how it resumes is :mod:`encoding.engine.state`'s; :mod:`encoding.engine.config` turns a whole
+configuration into a run with these builders.
 
 Example:
     >>> placement = select_devices(["cpu", "cpu"])                                        # doctest: +SKIP
@@ -24,25 +26,22 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from .datasets import get_segmentation_dataset, list_collate
-from .engine.loop import param_groups
 from .models import SegmentationModel, get_segmentation_model
 from .nn import SegmentationLosses, SyncBatchNorm
 from .parallel import DataParallelCriterion, DataParallelModel, resolve_devices
-from .utils.checkpoint import load_checkpoint
 from .utils.determinism import EpochSampler, SeededSamples, seed_worker
 from .utils.dist import ShardSampler, get_local_rank
-from .legacy.scheduler import LR_Scheduler  # H-engine: builders moves to IterationLR
+from .utils.lr_scheduler import IterationLR
 
 __all__ = ["Placement", "Loaders", "select_devices", "build_model", "build_criterion", "build_loaders",
-           "build_eval_loader", "OPTIMIZERS",
-           "build_optimizer", "build_scheduler", "wrap_model", "resume", "ResumePoint", "load_training_state"]
+           "build_eval_loader", "OPTIMIZERS", "param_groups", "build_optimizer", "build_scheduler", "wrap_model"]
 
 
 @dataclass(frozen=True)
@@ -74,24 +73,6 @@ class Loaders(NamedTuple):
     train: DataLoader
     val: DataLoader
     samplers: List[DistributedSampler]
-
-
-class ResumePoint(NamedTuple):
-    """Where a resumed run continues (see :func:`load_training_state`).
-
-    Attributes:
-        epoch: the next epoch to run.
-        iteration: training iterations of ``epoch`` already done (a checkpoint saved on interrupt), else 0.
-        best_pred: the best score so far.
-        best_epoch: the epoch that scored it (-1: unknown).
-        rng: the global RNG states to restore (:func:`~encoding.utils.determinism.set_rng_state`), or ``None``.
-    """
-
-    epoch: int
-    iteration: int
-    best_pred: float
-    best_epoch: int
-    rng: Optional[dict]
 
 
 def select_devices(device_ids: Optional[Sequence[Union[int, str, torch.device]]] = None, *, use_cuda: bool = True,
@@ -151,7 +132,8 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
                   base_size: Optional[int] = None, crop_size: Optional[int] = None, workers: int = 2,
                   train_limit: Optional[int] = None, val_limit: Optional[int] = None, distributed: bool = False,
                   seed: int = 0, pin_memory: bool = False, skip_bad: bool = False,
-                  scale_range: Optional[Tuple[float, float]] = None) -> Loaders:
+                  scale_range: Optional[Tuple[float, float]] = None,
+                  datasets: Optional[Tuple[Dataset, Dataset]] = None) -> Loaders:
     """Training (``train`` mode, shuffled) and validation (``val`` mode) loaders of a registered dataset.
 
     The training order and each sample's augmentation depend only on ``(seed, epoch, sample)``
@@ -169,11 +151,16 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
         pin_memory: pin batches (for CUDA).
         skip_bad: skip unusable samples with a warning instead of raising (see :class:`~encoding.datasets.BaseDataset`).
         scale_range: relative range of the training long side (default: the dataset's ``SCALE_RANGE``).
+        datasets: ``(train, val)`` dataset objects to load instead of building ``dataset``'s (e.g. a small
+            generated set in a test); the options that build a dataset (root, splits, sizes, skip_bad, scale_range)
+            are then the caller's.
     """
-    sizes = dict(base_size=base_size, crop_size=crop_size, skip_bad=skip_bad)
-    train_set = get_segmentation_dataset(dataset, root=root, split=train_split, mode="train", scale_range=scale_range,
-                                         **sizes)
-    val_set = get_segmentation_dataset(dataset, root=root, split=val_split, mode="val", **sizes)
+    if datasets is None:
+        sizes = dict(base_size=base_size, crop_size=crop_size, skip_bad=skip_bad)
+        datasets = (get_segmentation_dataset(dataset, root=root, split=train_split, mode="train",
+                                             scale_range=scale_range, **sizes),
+                    get_segmentation_dataset(dataset, root=root, split=val_split, mode="val", **sizes))
+    train_set, val_set = datasets
     train_set, val_set = _limit(train_set, train_limit), _limit(val_set, val_limit)
     train_sampler = EpochSampler(train_set, shuffle=True, seed=seed, distributed=distributed)
     val_sampler = ShardSampler(val_set) if distributed else None  # no padding: each sample scored once
@@ -188,7 +175,8 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
 
 def build_eval_loader(dataset: str, *, split: str = "val", mode: str = "val", batch_size: int = 16,
                       root: Optional[str] = None, base_size: Optional[int] = None, crop_size: Optional[int] = None,
-                      workers: int = 2, limit: Optional[int] = None, distributed: bool = False) -> DataLoader:
+                      workers: int = 2, limit: Optional[int] = None, distributed: bool = False,
+                      data: Optional[Dataset] = None) -> DataLoader:
     """An evaluation loader that also yields each sample's file name (last element of every batch).
 
     Args:
@@ -197,13 +185,38 @@ def build_eval_loader(dataset: str, *, split: str = "val", mode: str = "val", ba
             (:func:`~encoding.datasets.list_collate`) for :func:`~encoding.engine.evaluate_images`.
         limit: use only the first N samples.
         distributed: this process's shard of the samples (every sample exactly once over all processes).
+        data: a dataset object (built with ``return_name=True``) to load instead of building ``dataset``'s.
     """
-    data = get_segmentation_dataset(dataset, root=root, split=split, mode=mode, base_size=base_size,
-                                    crop_size=crop_size, return_name=True)
+    if data is None:
+        data = get_segmentation_dataset(dataset, root=root, split=split, mode=mode, base_size=base_size,
+                                        crop_size=crop_size, return_name=True)
     data = _limit(data, limit)
     return DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=workers,
                       sampler=ShardSampler(data) if distributed else None,
                       collate_fn=None if mode == "val" else list_collate)
+
+
+def param_groups(model: nn.Module) -> List[Dict[str, Any]]:
+    """Optimizer parameter groups: the backbone first, then everything else (the heads).
+
+    :class:`~encoding.utils.lr_scheduler.IterationLR` gives group 0 the base learning rate and later groups
+    ``head_multiplier`` times it (10x: the PyTorch-Encoding convention for pretrained backbones and new heads). A
+    model without a ``backbone`` attribute gives a single group.
+
+    Args:
+        model: the (possibly wrapped) segmentation model.
+
+    Returns:
+        A list of ``{"params": [...]}`` dicts for ``torch.optim``; parameters with ``requires_grad=False`` are left out.
+    """
+    module = getattr(model, "module", model)
+    backbone = getattr(module, "backbone", None)
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    if not isinstance(backbone, nn.Module):
+        return [{"params": trainable}]
+    backbone_ids = {id(p) for p in backbone.parameters()}
+    return [{"params": [p for p in trainable if id(p) in backbone_ids]},
+            {"params": [p for p in trainable if id(p) not in backbone_ids]}]
 
 
 #: ``build_optimizer(kind=...)`` choices.
@@ -212,7 +225,7 @@ OPTIMIZERS = ("sgd", "adamw")
 
 def build_optimizer(model: nn.Module, lr: float, *, kind: str = "sgd", momentum: float = 0.9,
                     weight_decay: float = 1e-4) -> torch.optim.Optimizer:
-    """The optimizer over :func:`~encoding.engine.param_groups` (backbone first, then the heads).
+    """The optimizer over :func:`param_groups` (backbone first, then the heads).
 
     Args:
         kind: ``"sgd"`` (PyTorch-Encoding's: SGD with ``momentum``) or ``"adamw"`` (fast from scratch, e.g. the
@@ -229,11 +242,12 @@ def build_optimizer(model: nn.Module, lr: float, *, kind: str = "sgd", momentum:
     raise ValueError(f"unknown optimizer {kind!r}; valid: {', '.join(OPTIMIZERS)}")
 
 
-def build_scheduler(mode: str, lr: float, epochs: int, iters_per_epoch: int, *, lr_step: int = 0,
-                    warmup_epochs: int = 0, head_lr_mult: float = 10.0) -> LR_Scheduler:
-    """The PyTorch-Encoding per-iteration schedule (see ``encoding.utils.LR_Scheduler``)."""
-    return LR_Scheduler(mode, lr, epochs, iters_per_epoch, lr_step=lr_step, warmup_epochs=warmup_epochs,
-                        head_multiplier=head_lr_mult)
+def build_scheduler(optimizer: torch.optim.Optimizer, mode: str, lr: float, epochs: int, iters_per_epoch: int, *,
+                    lr_step: int = 0, warmup_epochs: int = 0, head_lr_mult: float = 10.0) -> IterationLR:
+    """The per-iteration schedule of ``optimizer`` (:class:`~encoding.utils.lr_scheduler.IterationLR`): it sets the
+    rates of iteration 0 now; ``scheduler.step()`` after each ``optimizer.step()`` moves to the next iteration."""
+    return IterationLR(optimizer, mode, lr, epochs, iters_per_epoch, lr_step=lr_step, warmup_epochs=warmup_epochs,
+                       head_multiplier=head_lr_mult)
 
 
 def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
@@ -245,7 +259,7 @@ def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
         criterion: its loss.
         placement: from :func:`select_devices`.
         balance: ``None`` (even split) or ``"memory"``: per-device split sizes chosen by the memory simulator
-            (:class:`~encoding.parallel.balance.MemoryBalancer` with this criterion) to unload device 0;
+            (:class:`~encoding.memory.MemoryBalancer` with this criterion) to unload device 0;
             ``DataParallelModel`` only.
 
     Returns:
@@ -261,35 +275,7 @@ def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
         return ddp, criterion
     if balance == "memory":  # simulate this run's own loss on each device
-        from .parallel.balance import MemoryBalancer
+        from .memory import MemoryBalancer
         balance = MemoryBalancer(criterion)
     return (DataParallelModel(model, placement.device_ids, balance=balance),
             DataParallelCriterion(criterion, placement.device_ids))
-
-
-def load_training_state(path: Union[str, os.PathLike], model: nn.Module,
-                        optimizer: Optional[torch.optim.Optimizer] = None,
-                        scaler: Optional[torch.amp.GradScaler] = None) -> ResumePoint:
-    """Restore ``model`` (and ``optimizer``, and ``scaler`` when the checkpoint has its state) from ``path`` and say
-    where to continue.
-
-    Raises:
-        FileNotFoundError, CheckpointError: see :func:`~encoding.utils.load_checkpoint`.
-    """
-    checkpoint = load_checkpoint(path, map_location="cpu", model=model, optimizer=optimizer)
-    if scaler is not None and checkpoint.get("scaler"):  # a bf16/fp32 run saved no scaler state
-        scaler.load_state_dict(checkpoint["scaler"])
-    return ResumePoint(epoch=checkpoint.get("epoch", -1) + 1, iteration=int(checkpoint.get("iteration", 0)),
-                       best_pred=checkpoint.get("best_pred", 0.0), best_epoch=checkpoint.get("best_epoch", -1),
-                       rng=checkpoint.get("rng"))
-
-
-def resume(path: Union[str, os.PathLike], model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
-           scaler: Optional[torch.amp.GradScaler] = None) -> Tuple[int, float]:
-    """Restore ``model`` (and ``optimizer``, and ``scaler``) from ``path`` (see :func:`load_training_state`).
-
-    Returns:
-        ``(next epoch, best score so far)`` recorded in the checkpoint.
-    """
-    point = load_training_state(path, model, optimizer, scaler)
-    return point.epoch, point.best_pred

@@ -1,6 +1,25 @@
-"""Shared pytest configuration: the ``gpu`` marker skips cleanly on machines without CUDA."""
+"""Shared pytest configuration and fixtures.
+
+* the ``gpu`` marker skips cleanly on machines without CUDA;
+* :func:`tiny_shapes_pair`: a tiny generated ``shapes`` (train, val) pair the tests hand to the run directly
+  (``train.main(argv, datasets=...)``, ``encoding.engine.run_training(config, datasets)``);
+* fixtures: ``shapes_root`` (one data root per session: each tiny set is generated once), ``tiny_shapes`` (the
+  8 / 4 pair there, with ``ENCODING_DATA`` pointing at it) and ``tiny_run`` (one epoch of ``train.py`` on 8 / 5
+  scenes, shared by the evaluation-script tests).
+"""
+import importlib.util
+import os
+
 import pytest
 import torch
+
+from encoding.datasets import get_segmentation_dataset
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "experiments", "segmentation")
+#: train.py options of a tiny run (the sizes are those of :func:`tiny_shapes_pair`).
+TINY = ["--crop-size", "32", "--base-size", "40", "--batch-size", "4", "--workers", "0", "--epochs", "1"]
+TINY_SIZES = dict(base_size=40, crop_size=32)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -10,3 +29,49 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def tiny_shapes_pair(root=None, num_train=8, num_val=4, **options):
+    """``(train, val)`` generated ``shapes`` datasets of ``num_train`` / ``num_val`` scenes, built as the ``shapes``
+    recipe builds them (crop 32 / base 40, no scale jitter); ``root`` ``None``: ``$ENCODING_DATA``."""
+    common = dict(root=None if root is None else str(root), num_train=num_train, num_val=num_val, progress=False,
+                  **TINY_SIZES, **options)
+    return (get_segmentation_dataset("shapes", split="train", mode="train", scale_range=(1.0, 1.0), **common),
+            get_segmentation_dataset("shapes", split="val", mode="val", **common))
+
+
+def tiny_eval_set(root=None, mode="val", num_val=5):
+    """The tiny validation split as ``test.py`` loads it (file names returned) in ``mode``."""
+    return get_segmentation_dataset("shapes", root=None if root is None else str(root), split="val", mode=mode,
+                                    return_name=True, num_train=8, num_val=num_val, progress=False, **TINY_SIZES)
+
+
+def load_script(name):
+    """``experiments/segmentation/<name>.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(f"{name}_script", os.path.join(SCRIPTS, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def shapes_root(tmp_path_factory):
+    """One data root for the session's tiny generated sets."""
+    return tmp_path_factory.mktemp("shapes_data")
+
+
+@pytest.fixture
+def tiny_shapes(shapes_root, monkeypatch):
+    """``ENCODING_DATA`` -> the session's data root; the 8-train / 4-val pair there."""
+    monkeypatch.setenv("ENCODING_DATA", str(shapes_root))
+    return tiny_shapes_pair(shapes_root)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(shapes_root, tmp_path_factory):
+    """One epoch of train.py on 8 train / 5 val scenes: (data root, model_best.pth, the run's last validation)."""
+    out = tmp_path_factory.mktemp("tiny_run")
+    torch.manual_seed(0)
+    result = load_script("train").main(TINY + ["--output-dir", str(out)],
+                                       datasets=tiny_shapes_pair(shapes_root, num_val=5))
+    return shapes_root, str(out / "shapes" / "unet" / "default" / "model_best.pth"), result

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from encoding.models import get_backbone
-from encoding.utils import (BEST_NAME, CHECKPOINT_FORMAT, CheckpointError, LR_Scheduler, load_checkpoint,
+from encoding.utils.lr_scheduler import IterationLR
+from encoding.utils import (BEST_NAME, CHECKPOINT_FORMAT, CheckpointError, load_checkpoint,
                             load_model_state, read_state_dict, save_checkpoint, unwrap_model)
 
 
@@ -32,7 +33,7 @@ def trained_state(tmp_path):
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    sched = LR_Scheduler("poly", 0.1, 2, 3, optimizer=opt)
+    sched = IterationLR(opt, "poly", 0.1, 2, 3)
     loss = model.head(model.bn(model.conv(torch.randn(2, 3, 5, 5)))).sum()
     loss.backward()
     opt.step()
@@ -56,7 +57,7 @@ def test_round_trip_unwraps_and_restores_everything(tmp_path):
 
     fresh = Net()
     opt2 = torch.optim.SGD(fresh.parameters(), lr=0.5, momentum=0.9)
-    sched2 = LR_Scheduler("cos", 1.0, 5, 5, optimizer=opt2)
+    sched2 = IterationLR(opt2, "cos", 1.0, 5, 5)
     scaler2 = torch.amp.GradScaler("cpu")
     ckpt = load_checkpoint(written, "cpu", model=Wrapper(fresh), optimizer=opt2, scheduler=sched2, scaler=scaler2)
     for (k, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):

@@ -193,8 +193,8 @@ def _load(path: Path, name: str):
 
 
 def _segmentation_parser(script: str) -> argparse.ArgumentParser:
-    """The parser of ``experiments/segmentation/<script>.py``: the shared option.py, ``build_parser(script)``."""
-    option = _load(ROOT / "experiments" / "segmentation" / "option.py", "_docs_segmentation_option")
+    """The parser of ``experiments/segmentation/<script>.py``: the shared options.py, ``build_parser(script)``."""
+    option = _load(ROOT / "experiments" / "segmentation" / "options.py", "_docs_segmentation_option")
     return option.build_parser(script)
 
 
@@ -351,7 +351,7 @@ def test_training_option_table_names_real_options():
 def test_quickstart_loads_the_default_training_run():
     """docs/quickstart.md builds the model that ``train.py`` trains by default (so that its checkpoint loads) and
     names that run's directory."""
-    option = _load(ROOT / "experiments" / "segmentation" / "option.py", "_docs_segmentation_option")
+    option = _load(ROOT / "experiments" / "segmentation" / "options.py", "_docs_segmentation_option")
     args = option.parse_args([])
     text = (DOCS / "quickstart.md").read_text(encoding="utf-8")
     call = re.search(r"get_segmentation_model\((.*?)\)\n", text, flags=re.S)[1]

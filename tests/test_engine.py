@@ -1,7 +1,6 @@
-"""encoding.engine / encoding.builders and the training script, end to end on a tiny generated `shapes` dataset."""
+"""encoding.engine / encoding.builders and the training script, end to end on a tiny generated `shapes` dataset
+(the ``tiny_shapes`` pair of conftest.py, handed to the run)."""
 import csv
-import functools
-import importlib.util
 import math
 import os
 
@@ -10,31 +9,21 @@ import torch
 from torch import nn
 
 import encoding.builders
-from encoding.datasets import get_segmentation_dataset
-from encoding.engine import backward_step, evaluate, param_groups, train_one_epoch
+from conftest import TINY, load_script
+from encoding.engine import TrainingConfig, backward_step, build_training, evaluate, param_groups, train_one_epoch
 from encoding.models import get_segmentation_model
 from encoding.nn import SyncBatchNorm
 from encoding.utils import SegmentationMetric, load_checkpoint
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--crop-size", "32", "--base-size", "40", "--batch-size", "4", "--workers", "0", "--epochs", "1"]
-
 
 def load_train_script():
-    spec = importlib.util.spec_from_file_location("train_script",
-                                                  os.path.join(ROOT, "experiments", "segmentation", "train.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("train")
 
 
-@pytest.fixture
-def tiny_shapes(tmp_path, monkeypatch):
-    """Point the data root at tmp_path and make the run build an 8-train / 4-val shapes dataset."""
-    monkeypatch.setenv("ENCODING_DATA", str(tmp_path / "data"))
-    small = functools.partial(get_segmentation_dataset, num_train=8, num_val=4, progress=False)
-    monkeypatch.setattr(encoding.builders, "get_segmentation_dataset", small)
-    return tmp_path
+def tiny_config(tmp_path, argv):
+    """train.py's configuration of ``TINY + argv`` (written under ``tmp_path``)."""
+    options = load_train_script().parse_args(TINY + ["--output-dir", str(tmp_path / "runs")] + argv)
+    return TrainingConfig(**vars(options))
 
 
 def test_param_groups_split_backbone_and_heads():
@@ -76,10 +65,10 @@ def test_train_then_evaluate_learns_a_batch():
     assert result["pixAcc"] > 0.9
 
 
-def test_train_script_runs_checkpoints_and_resumes(tiny_shapes):
+def test_train_script_runs_checkpoints_and_resumes(tiny_shapes, tmp_path):
     script = load_train_script()
-    out = str(tiny_shapes / "runs")
-    result = script.main(TINY + ["--output-dir", out])
+    out = str(tmp_path / "runs")
+    result = script.main(TINY + ["--output-dir", out], datasets=tiny_shapes)
     run_dir = os.path.join(out, "shapes", "unet", "default")
     assert 0.0 <= result["mIoU"] <= 1.0 and 0.0 <= result["pixAcc"] <= 1.0
     for name in ("checkpoint.pth", "model_best.pth", "log.csv", "log.jsonl"):
@@ -87,42 +76,60 @@ def test_train_script_runs_checkpoints_and_resumes(tiny_shapes):
     checkpoint = load_checkpoint(os.path.join(run_dir, "checkpoint.pth"), map_location="cpu")
     assert checkpoint["epoch"] == 0 and checkpoint["args"]["dataset"] == "shapes"
     script.main(TINY[:-2] + ["--epochs", "2", "--output-dir", out,
-                             "--resume", os.path.join(run_dir, "checkpoint.pth")])
+                             "--resume", os.path.join(run_dir, "checkpoint.pth")], datasets=tiny_shapes)
     with open(os.path.join(run_dir, "log.csv"), newline="") as f:
         assert [row["epoch"] for row in csv.DictReader(f)] == ["0", "1"]
     evaluated = script.main(TINY + ["--output-dir", out, "--eval", "--resume", os.path.join(run_dir,
-                                                                                              "model_best.pth")])
+                                                                                              "model_best.pth")],
+                            datasets=tiny_shapes)
     assert set(evaluated) >= {"pixAcc", "mIoU"}
 
 
-def test_two_cpu_replicas_use_sync_batchnorm(tiny_shapes):
+def test_a_resumed_run_reads_its_checkpoint_file_once(tiny_shapes, tmp_path, monkeypatch):
+    """Finished-check, training state, best model and log all come from one read of ``--resume``."""
     script = load_train_script()
-    args = script.parse_args(TINY + ["--device-ids", "cpu,cpu", "--aux"])
-    run = script.build_run(args)
+    out = str(tmp_path / "runs")
+    script.main(TINY + ["--output-dir", out], datasets=tiny_shapes)
+    path = os.path.join(out, "shapes", "unet", "default", "checkpoint.pth")
+    reads, real_load = [], torch.load
+
+    def counting_load(f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)) and os.path.abspath(f) == os.path.abspath(path):
+            reads.append(f)
+        return real_load(f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counting_load)
+    script.main(TINY[:-2] + ["--epochs", "2", "--output-dir", out, "--resume", path], datasets=tiny_shapes)
+    assert len(reads) == 1
+    assert load_checkpoint(path)["epoch"] == 1
+
+
+def test_two_cpu_replicas_use_sync_batchnorm(tiny_shapes, tmp_path):
+    run = build_training(tiny_config(tmp_path, ["--device-ids", "cpu,cpu", "--aux"]), datasets=tiny_shapes)
     assert [str(d) for d in run.model.device_ids] == ["cpu", "cpu"]
     assert any(isinstance(m, SyncBatchNorm) for m in run.model.module.modules())
     stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, run.scheduler, 0)
     assert math.isfinite(stats["loss"])
 
 
-def test_balance_option_reaches_the_dp_wrapper(tiny_shapes):
+def test_balance_option_reaches_the_dp_wrapper(tiny_shapes, tmp_path):
     script = load_train_script()
     assert script.parse_args([]).balance == "none"
     assert script.parse_args(["--balance", "memory"]).balance == "memory"
     with pytest.raises(SystemExit):
         script.parse_args(["--balance", "fastest"])
-    run = script.build_run(script.parse_args(TINY + ["--device-ids", "cpu,cpu"]))
+    run = build_training(tiny_config(tmp_path, ["--device-ids", "cpu,cpu"]), datasets=tiny_shapes)
     assert run.model.balance is None
 
 
 def test_builders_compose_without_an_options_namespace(tiny_shapes):
     placement = encoding.builders.select_devices(["cpu", "cpu"])
     assert placement.synced and placement.input_device is None
-    loaders = encoding.builders.build_loaders("shapes", batch_size=4, crop_size=32, base_size=40, workers=0)
+    loaders = encoding.builders.build_loaders("shapes", batch_size=4, workers=0, datasets=tiny_shapes)
     model = encoding.builders.build_model("fcn", "shapes", backbone="resnet18", aux=True, sync_bn=placement.synced)
     criterion = encoding.builders.build_criterion(7, aux=True)
     optimizer = encoding.builders.build_optimizer(model, 0.01)
-    scheduler = encoding.builders.build_scheduler("poly", 0.01, 1, len(loaders.train), head_lr_mult=1.0)
+    scheduler = encoding.builders.build_scheduler(optimizer, "poly", 0.01, 1, len(loaders.train), head_lr_mult=1.0)
     model, criterion = encoding.builders.wrap_model(model, criterion, placement)
     stats = train_one_epoch(model, criterion, optimizer, loaders.train, scheduler, 0)
     assert math.isfinite(stats["loss"]) and len(loaders.val.dataset) == 4
@@ -131,31 +138,19 @@ def test_builders_compose_without_an_options_namespace(tiny_shapes):
         encoding.builders.wrap_model(nn.Conv2d(3, 2, 1), nn.CrossEntropyLoss(), ddp, balance="memory")
 
 
-def test_training_with_balance_memory_plans_from_the_runs_own_loss(tmp_path, monkeypatch):
+def test_training_with_balance_memory_plans_from_the_runs_own_loss(shapes_root, tmp_path):
     """``train.py --device-ids cpu,cpu,cpu --balance memory``: one epoch on tiny shapes, split planned by the
     simulator from the run's criterion, every batch split over the replicas."""
-    import functools
-    import importlib.util
     import math
-    import os
 
-    import encoding.builders
-    from encoding.parallel.balance import MemoryBalancer
-    from encoding.datasets import get_segmentation_dataset
-    from encoding.engine import train_one_epoch
+    from encoding.memory import MemoryBalancer
+    from encoding.engine import TrainingConfig, build_training, train_one_epoch
+    from conftest import load_script, tiny_shapes_pair
 
-    monkeypatch.setenv("ENCODING_DATA", str(tmp_path / "data"))
-    small = functools.partial(get_segmentation_dataset, num_train=6, num_val=3, progress=False)
-    monkeypatch.setattr(encoding.builders, "get_segmentation_dataset", small)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("train_script", os.path.join(root, "experiments", "segmentation",
-                                                                               "train.py"))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    args = script.parse_args(["--crop-size", "32", "--base-size", "40", "--batch-size", "6", "--workers", "0",
-                              "--device-ids", "cpu,cpu,cpu", "--balance", "memory", "--aux",
-                              "--output-dir", str(tmp_path / "runs")])
-    run = script.build_run(args)
+    args = load_script("train").parse_args(["--crop-size", "32", "--base-size", "40", "--batch-size", "6",
+                                             "--workers", "0", "--device-ids", "cpu,cpu,cpu", "--balance", "memory",
+                                             "--aux", "--output-dir", str(tmp_path / "runs")])
+    run = build_training(TrainingConfig(**vars(args)), datasets=tiny_shapes_pair(shapes_root, 6, 3))
     assert isinstance(run.model.balance, MemoryBalancer)
     assert run.model.balance.criterion is run.criterion.criterion
     stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, run.scheduler, 0)

@@ -1,6 +1,4 @@
 """experiments/segmentation/test.py and demo.py, end to end on a tiny generated `shapes` split (CPU)."""
-import functools
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,53 +9,34 @@ import pytest
 import torch
 from PIL import Image
 
-import encoding.builders
-from encoding.datasets import get_segmentation_dataset
+from conftest import SCRIPTS, load_script, tiny_eval_set
 from encoding.datasets.shapes import SHAPES_CLASSES, SHAPES_PALETTE
 from encoding.engine.inference import read_image, segment
+from encoding.engine.state import read
 from encoding.models import get_segmentation_model
 from encoding.utils import load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(ROOT, "experiments", "segmentation")
-TINY = dict(num_train=8, num_val=5, progress=False)  # 5 validation images: two processes get 3 + 2
-TRAIN = ["--crop-size", "32", "--base-size", "40", "--batch-size", "4", "--workers", "0", "--epochs", "1"]
+# 5 validation images (conftest's tiny_run): two processes get 3 + 2
 
-# Runs a script with the tiny dataset (what the `tiny` fixture does in-process), e.g. under torchrun.
+# Runs test.py on the tiny validation set (what run_test does in-process), e.g. under torchrun.
 LAUNCHER = """
-import functools, runpy, sys
-import encoding.builders
-from encoding.datasets import get_segmentation_dataset
-encoding.builders.get_segmentation_dataset = functools.partial(get_segmentation_dataset, **{tiny!r})
-script = {script!r}
-sys.argv = [script] + sys.argv[1:]
-runpy.run_path(script, run_name="__main__")
+import sys
+sys.path[:0] = [{tests!r}, {scripts!r}]
+from conftest import tiny_eval_set
+import test
+sys.exit(test.cli(sys.argv[1:], data=tiny_eval_set()))
 """
 
 
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(f"{name}_script", os.path.join(SCRIPTS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tiny_run):
     """One epoch of train.py on the tiny split: (data root, checkpoint path, the run's last validation result)."""
-    base = tmp_path_factory.mktemp("eval_scripts")
-    patch = pytest.MonkeyPatch()
-    patch.setenv("ENCODING_DATA", str(base / "data"))
-    patch.setattr(encoding.builders, "get_segmentation_dataset", functools.partial(get_segmentation_dataset, **TINY))
-    torch.manual_seed(0)
-    result = load_script("train").main(TRAIN + ["--output-dir", str(base / "runs")])
-    checkpoint = base / "runs" / "shapes" / "unet" / "default" / "model_best.pth"
-    yield base, str(checkpoint), result
-    patch.undo()
+    return tiny_run
 
 
-def run_test(*argv):
-    return load_script("test").main(["--workers", "0", *argv])
+def run_test(*argv, root, mode="val"):
+    return load_script("test").main(["--workers", "0", *argv], data=tiny_eval_set(root, mode))
 
 
 def read_metrics(folder):
@@ -66,13 +45,12 @@ def read_metrics(folder):
 
 
 def val_images(base):
-    dataset = get_segmentation_dataset("shapes", split="val", mode="test", **TINY)
-    return dataset.images
+    return tiny_eval_set(base, "test").images
 
 
 def test_test_py_reproduces_the_last_validation(trained, tmp_path):
     base, checkpoint, result = trained
-    scores = run_test("--resume", checkpoint, "--out-dir", str(tmp_path))
+    scores = run_test("--resume", checkpoint, "--out-dir", str(tmp_path), root=base)
     saved = read_metrics(tmp_path)
     for key in ("pixAcc", "mIoU"):
         assert scores[key] == result[key]
@@ -84,15 +62,15 @@ def test_test_py_reproduces_the_last_validation(trained, tmp_path):
 
 
 def test_two_cpu_devices_score_like_one(trained, tmp_path):
-    _, checkpoint, _ = trained
-    one = run_test("--resume", checkpoint, "--out-dir", str(tmp_path / "one"))
+    base, checkpoint, _ = trained
+    one = run_test("--resume", checkpoint, "--out-dir", str(tmp_path / "one"), root=base)
     two = run_test("--resume", checkpoint, "--out-dir", str(tmp_path / "two"), "--device-ids", "cpu,cpu",
-                   "--test-batch-size", "3")
+                   "--test-batch-size", "3", root=base)
     torch.testing.assert_close(two["confusion"], one["confusion"], rtol=0, atol=0)
     ms_one = run_test("--resume", checkpoint, "--multi-scale", "--scales", "0.75,1.25", "--out-dir",
-                      str(tmp_path / "ms1"))
+                      str(tmp_path / "ms1"), root=base, mode="testval")
     ms_two = run_test("--resume", checkpoint, "--multi-scale", "--scales", "0.75,1.25", "--out-dir",
-                      str(tmp_path / "ms2"), "--device-ids", "cpu,cpu")
+                      str(tmp_path / "ms2"), "--device-ids", "cpu,cpu", root=base, mode="testval")
     torch.testing.assert_close(ms_two["confusion"], ms_one["confusion"], rtol=0, atol=0)
     saved = read_metrics(tmp_path / "ms2")
     assert saved["mode"] == "testval" and saved["scales"] == [0.75, 1.25] and saved["flip"] is True
@@ -103,14 +81,15 @@ def test_saved_predictions_map_back_to_the_predicted_classes(trained, tmp_path):
     """--mode test (what the mask-less test split uses) writes one PNG per input, named after it, whose colours
     are the dataset palette's colours of the classes the model predicts on the whole image."""
     base, checkpoint, _ = trained
-    assert run_test("--resume", checkpoint, "--mode", "test", "--save-pred", str(tmp_path)) == {}
+    assert run_test("--resume", checkpoint, "--mode", "test", "--save-pred", str(tmp_path), root=base,
+                    mode="test") == {}
     images = val_images(base)
     assert sorted(os.listdir(tmp_path)) == sorted(os.path.splitext(os.path.basename(p))[0] + ".png" for p in images)
     args = load_checkpoint(checkpoint)["args"]
     width = {"channels": args["head_channels"]} if args["head_channels"] else {}
     model = get_segmentation_model(args["model"], dataset="shapes", backbone=args["backbone"],
                                    output_stride=args["output_stride"], **width)
-    encoding.builders.resume(checkpoint, model)
+    read(checkpoint).restore_weights(model)
     colours = {colour: cls for cls, colour in enumerate(SHAPES_PALETTE)}
     for path in images:
         expected = segment(model.eval(), read_image(path)).numpy()
@@ -121,9 +100,9 @@ def test_saved_predictions_map_back_to_the_predicted_classes(trained, tmp_path):
 
 def test_torchrun_two_processes_score_like_one(trained, tmp_path):
     base, checkpoint, _ = trained
-    one = run_test("--resume", checkpoint, "--out-dir", str(tmp_path / "one"))
+    one = run_test("--resume", checkpoint, "--out-dir", str(tmp_path / "one"), root=base)
     launcher = tmp_path / "launch_test.py"
-    launcher.write_text(LAUNCHER.format(tiny=TINY, script=os.path.join(SCRIPTS, "test.py")))
+    launcher.write_text(LAUNCHER.format(tests=os.path.join(ROOT, "tests"), scripts=SCRIPTS))
     env = {**os.environ, "ENCODING_DATA": str(base / "data"), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(launcher), "--resume", checkpoint, "--workers", "0", "--out-dir",

@@ -1,10 +1,10 @@
 """Training runs that never lose work (issue 12): validated options, safe checkpoints, exact resume, clean interrupts.
 
-Tiny CPU runs of ``experiments/segmentation/train.py`` on an 8-train / 4-val generated ``shapes`` set; kills and
-signals use subprocesses (see ``_DRIVER``), everything else runs in-process.
+Tiny CPU runs of ``experiments/segmentation/train.py`` on an 8-train / 4-val generated ``shapes`` set handed to the
+run (conftest.py's ``tiny_shapes_pair``); kills and signals use subprocesses (see ``_DRIVER``), everything else runs
+in-process.
 """
 import errno
-import functools
 import glob
 import json
 import os
@@ -21,34 +21,28 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-import encoding.builders
+from conftest import ROOT, TINY, load_script, tiny_shapes_pair
 from encoding.datasets import DatasetError, get_segmentation_dataset
 from encoding.engine import GracefulInterrupt
+from encoding.engine.state import restore_best
 from encoding.utils import CheckpointError, EpochLogger, load_checkpoint, read_state_dict, save_checkpoint
-from encoding.utils.checkpoint import BEST_NAME, CHECKPOINT_NAME, NonFiniteError, restore_best
+from encoding.utils.checkpoint import BEST_NAME, CHECKPOINT_NAME, NonFiniteError
 from encoding.utils.determinism import EpochSampler, SeededSamples, rng_state, set_rng_state
 from encoding.utils.files import atomic_write, staged_dir
 from encoding.utils.rundir import RunDirLock, RunDirLocked, remove_stale_temp_files
-from test_engine import ROOT, TINY, load_train_script
 
 SMALL = dict(num_train=8, num_val=4, progress=False)
 #: Runs train.py's command line in a subprocess on the small shapes set (``sys.argv[1:]`` are its options).
-_DRIVER = ("import functools, sys; import encoding.builders as b; from encoding.datasets import "
-           "get_segmentation_dataset as g; b.get_segmentation_dataset = functools.partial(g, num_train=8, "
-           "num_val=4, progress=False); sys.path.insert(0, 'experiments/segmentation'); import train; "
-           "sys.exit(train.cli(sys.argv[1:]))")
+_DRIVER = ("import sys; sys.path[:0] = ['tests', 'experiments/segmentation']; from conftest import tiny_shapes_pair; "
+           "import train; sys.exit(train.cli(sys.argv[1:], datasets=tiny_shapes_pair()))")
 # FCN-ResNet18 (not the lighter default model): an epoch lasts long enough for kills to land inside training.
 RUN = ["--model", "fcn", "--backbone", "resnet18", "--crop-size", "32", "--base-size", "40", "--batch-size", "4",
        "--workers", "0", "--deterministic", "--val-limit", "2"]
 EPOCHS = 2
 
 
-@pytest.fixture
-def tiny_shapes(tmp_path, monkeypatch):
-    monkeypatch.setenv("ENCODING_DATA", str(tmp_path / "data"))
-    monkeypatch.setattr(encoding.builders, "get_segmentation_dataset",
-                        functools.partial(get_segmentation_dataset, **SMALL))
-    return tmp_path
+def load_train_script():
+    return load_script("train")
 
 
 def _run_dir(out, model="unet"):
@@ -102,11 +96,11 @@ def reference(tmp_path_factory):
 
 
 # -- 1. non-finite state is never saved --------------------------------------------------------------------------
-def test_diverged_state_is_not_saved_and_the_run_names_epoch_and_tensor(tiny_shapes, capsys):
+def test_diverged_state_is_not_saved_and_the_run_names_epoch_and_tensor(tiny_shapes, tmp_path, capsys):
     script = load_train_script()
-    out = str(tiny_shapes / "runs")
+    out = str(tmp_path / "runs")
     status = script.cli(TINY[:-2] + ["--epochs", "6", "--lr", "1e6", "--train-limit", "4", "--no-val",
-                                     "--output-dir", out])
+                                     "--output-dir", out], datasets=tiny_shapes)
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert status == 1 and "training diverged in epoch" in err and "(" in err, err
     path = os.path.join(_run_dir(out), CHECKPOINT_NAME)
@@ -171,12 +165,12 @@ def test_run_directory_lock_refuses_a_second_run_and_takes_over_stale_locks(tmp_
         assert taken.stale_owner == int(dead.stdout)
 
 
-def test_second_training_run_into_a_locked_directory_is_refused_in_one_line(tiny_shapes, capsys):
+def test_second_training_run_into_a_locked_directory_is_refused_in_one_line(tiny_shapes, tmp_path, capsys):
     script = load_train_script()
-    out = str(tiny_shapes / "runs")
+    out = str(tmp_path / "runs")
     with RunDirLock(_run_dir(out)):
         started = time.monotonic()
-        assert script.cli(TINY + ["--output-dir", out]) == 1
+        assert script.cli(TINY + ["--output-dir", out], datasets=tiny_shapes) == 1
         assert time.monotonic() - started < 5  # refused before building anything
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is in use by another run (pid" in err[0]
@@ -231,9 +225,10 @@ def test_epoch_order_and_sample_augmentation_depend_only_on_seed_epoch_and_sampl
 
 
 # -- 5. no error after the work is done ----------------------------------------------------------------------------
-def test_unwritable_run_directory_fails_before_training(tiny_shapes, monkeypatch, capsys):
+def test_unwritable_run_directory_fails_before_training(tiny_shapes, tmp_path, monkeypatch, capsys):
+    import encoding.engine.config as config
     script = load_train_script()
-    out = str(tiny_shapes / "runs")
+    out = str(tmp_path / "runs")
     real_open = os.open
 
     def read_only(path, flags, *args):
@@ -243,8 +238,8 @@ def test_unwritable_run_directory_fails_before_training(tiny_shapes, monkeypatch
 
     monkeypatch.setattr(os, "open", read_only)
     built = []
-    monkeypatch.setattr(script, "build_run", lambda args: built.append(args))
-    assert script.cli(TINY + ["--output-dir", out]) == 1
+    monkeypatch.setattr(config, "build_training", lambda *args, **kwargs: built.append(args))
+    assert script.cli(TINY + ["--output-dir", out], datasets=tiny_shapes) == 1
     err = capsys.readouterr().err.strip()
     assert "is not writable" in err and _run_dir(out) in err and not built
 
@@ -258,19 +253,21 @@ def _truncate_first_val_image(data):
     return path
 
 
-def test_failing_evaluation_keeps_the_trained_epoch_and_verify_data_finds_it_first(tiny_shapes, capsys):
-    get_segmentation_dataset("shapes", split="val", **SMALL)  # generate, then break one validation image
-    bad = _truncate_first_val_image(tiny_shapes / "data")
+def test_failing_evaluation_keeps_the_trained_epoch_and_verify_data_finds_it_first(tmp_path, capsys):
+    data = tmp_path / "data"  # a set of its own: one validation image is broken
+    tiny_shapes_pair(data)
+    bad = _truncate_first_val_image(data)
     script = load_train_script()
-    out = str(tiny_shapes / "runs")
-    assert script.cli(TINY + ["--output-dir", out, "--verify-data"]) == 1
+    out = str(tmp_path / "runs")
+    assert script.cli(TINY + ["--output-dir", out, "--verify-data"], datasets=tiny_shapes_pair(data)) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert bad in err and not os.path.exists(os.path.join(_run_dir(out), CHECKPOINT_NAME))
-    assert script.cli(TINY + ["--output-dir", out]) == 1
+    assert script.cli(TINY + ["--output-dir", out], datasets=tiny_shapes_pair(data)) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "evaluation after epoch 0 failed" in err and bad in err
     assert load_checkpoint(os.path.join(_run_dir(out), CHECKPOINT_NAME))["epoch"] == 0
-    assert script.cli(TINY + ["--output-dir", out, "--verify-data", "--skip-bad"]) == 0
+    assert script.cli(TINY + ["--output-dir", out, "--verify-data", "--skip-bad"],
+                      datasets=tiny_shapes_pair(data, skip_bad=True)) == 0
     captured = capsys.readouterr()
     assert "verify: dropped 1 bad sample(s) of 'val'" in captured.out
 

@@ -6,7 +6,7 @@ Directives:
   classes, head, stages, default output stride and parameter counts, computed at build time (the models are built
   on the ``meta`` device: no memory, no weights, nothing downloaded).
 * ``{encoding-recipe-table}``: the defaults ``train.py --dataset NAME`` runs with, from the script's own option
-  parser (``experiments/segmentation/option.py``).
+  parser (``experiments/segmentation/options.py``).
 * ``.. encoding-api:: encoding.nn`` (reST): the API reference of a package's public ``__all__`` (``automodule``,
   plus ``autodata`` for re-exported data, which ``automodule`` skips).
 
@@ -121,11 +121,11 @@ class ModelTable(SphinxDirective):
 
 
 def _segmentation_options() -> Any:
-    """``experiments/segmentation/option.py``, the option parser of the segmentation scripts (loaded by path)."""
+    """``experiments/segmentation/options.py``, the option parser of the segmentation scripts (loaded by path)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "experiments" / "segmentation" / "option.py"
+    path = Path(__file__).resolve().parents[2] / "experiments" / "segmentation" / "options.py"
     spec = importlib.util.spec_from_file_location("_encoding_docs_option", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -5,27 +5,40 @@
 * :func:`segment`: class ids of one image of any size (single scale, or through a
   :class:`~encoding.models.MultiEvalModule`);
 * :class:`PredictionWriter`: coloured PNG masks (dataset palette, class ids as pixel values) named after the inputs;
-* :func:`overlay_with_legend`: the image blended with its mask, with a legend of the classes present.
+* :func:`overlay_with_legend`: the image blended with its mask, with a legend of the classes present;
+* :class:`EvaluationConfig` → :func:`load_model` / :func:`build_evaluation`: the network of a checkpoint, a model-zoo
+  preset or torchvision's weights, and the :class:`EvaluationJob` of ``test.py``.
 """
 from __future__ import annotations
 
 import io
 import os
-from typing import Any, List, Optional, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor, nn
 
+from torch.utils.data import DataLoader, Dataset
+
+from .. import builders
+from ..datasets import datasets as DATASETS
 from ..datasets.base import BaseDataset
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD, image_transform
-from .loop import predicted_labels
+from ..models import MultiEvalModule, get_model, get_segmentation_model
+from ..parallel import DataParallelModel
+from ..utils.dist import get_rank, get_world_size, init_distributed_mode
 from ..utils.files import atomic_write
+from ..utils.metrics import SegmentationMetric
 from ..utils.palette import colorize, get_palette, overlay
+from . import state
+from .config import AMP_DTYPES, parse_device_ids
+from .loop import predicted_labels
 
 __all__ = ["read_image", "denormalize", "segment", "PredictionWriter", "prediction_filename", "save_png",
-           "overlay_with_legend"]
+           "overlay_with_legend", "EvaluationConfig", "EvaluationJob", "load_model", "multi_scale", "build_evaluation"]
 
 
 def read_image(path: str) -> Tensor:
@@ -135,3 +148,148 @@ def overlay_with_legend(image: Any, labels: Any, dataset: str, class_names: Sequ
     out.paste(blended, (0, 0))
     out.paste(legend, (0, blended.height))
     return out
+
+
+@dataclass
+class EvaluationConfig:
+    """The options of ``test.py`` / ``demo.py``: the network, exactly one source of weights, how to evaluate.
+
+    Attributes:
+        resume: a checkpoint of ``train.py``; model_zoo: a preset with published weights; torchvision_weights:
+            torchvision's published weights of the whole network (``fcn`` / ``deeplab``).
+        mode: ``val`` (batched centre crops), ``testval`` (whole images, scored) or ``test`` (predict only).
+    """
+
+    resume: Optional[str] = None
+    model_zoo: Optional[str] = None
+    torchvision_weights: bool = False
+    dataset: str = "shapes"
+    model: str = "unet"
+    backbone: str = "vgg_tiny"
+    head_channels: Optional[int] = None
+    output_stride: Optional[int] = None
+    aux: bool = False
+    se_loss: bool = False
+    base_size: Optional[int] = None
+    crop_size: Optional[int] = None
+    data_root: Optional[str] = None
+    workers: int = 2
+    amp: str = "none"
+    no_cuda: bool = False
+    device_ids: Optional[str] = None
+    multi_scale: bool = False
+    scales: Tuple[float, ...] = (1.0,)
+    split: str = "val"
+    mode: str = "val"
+    test_batch_size: int = 16
+    limit: Optional[int] = None
+    save_pred: Optional[str] = None
+    out_dir: Optional[str] = None
+
+    @classmethod
+    def from_options(cls, options: Any) -> "EvaluationConfig":
+        """The fields of ``options`` (e.g. an ``argparse.Namespace``) that this class has."""
+        return cls(**{f.name: getattr(options, f.name) for f in fields(cls) if hasattr(options, f.name)})
+
+    @property
+    def weights(self) -> str:
+        """``PATH`` / ``model-zoo:NAME`` / ``torchvision``: where the weights come from."""
+        return self.resume or (f"model-zoo:{self.model_zoo}" if self.model_zoo else "torchvision")
+
+
+def load_model(config: EvaluationConfig, device: torch.device) -> nn.Module:
+    """The network of ``resume`` / ``model_zoo`` / ``torchvision_weights``, on ``device``, in eval mode.
+
+    Raises:
+        CheckpointError, ValueError, RuntimeError: unreadable or mismatching weights, unknown names, offline.
+    """
+    c = config
+    if c.model_zoo:
+        model = get_model(c.model_zoo, pretrained=True)
+    elif c.torchvision_weights:
+        model = get_segmentation_model(c.model, dataset=c.dataset, backbone=c.backbone, aux=c.aux,
+                                       pretrained="torchvision")
+    else:
+        model = builders.build_model(c.model, c.dataset, backbone=c.backbone, aux=c.aux, se_loss=c.se_loss,
+                                     output_stride=c.output_stride,
+                                     head_options={"channels": c.head_channels} if c.head_channels else None)
+        state.read(c.resume).restore_weights(model)
+    return model.to(device).eval()
+
+
+def multi_scale(model: nn.Module, config: EvaluationConfig) -> nn.Module:
+    """``model`` inside a :class:`~encoding.models.MultiEvalModule` (``scales`` + flip) with ``multi_scale``, else
+    ``model`` itself."""
+    if not config.multi_scale:
+        return model
+    dataset = DATASETS[config.dataset]
+    return MultiEvalModule(model, dataset.NUM_CLASS, base_size=config.base_size or dataset.BASE_SIZE,
+                           crop_size=config.crop_size or dataset.CROP_SIZE, scales=config.scales)
+
+
+@dataclass
+class EvaluationJob:
+    """What ``test.py`` needs; built by :func:`build_evaluation`."""
+
+    config: EvaluationConfig
+    model: nn.Module
+    loader: DataLoader
+    metric: SegmentationMetric
+    class_names: List[str]
+    devices: List[torch.device]
+    input_device: Optional[torch.device]
+    out_dir: str
+    amp_dtype: Optional[torch.dtype] = None
+    writer: Optional[PredictionWriter] = None
+
+    def write_predictions(self, outputs: Any, batch: Any) -> None:
+        """``on_outputs`` hook of the evaluation loops: save the batch's predictions (with ``save_pred``)."""
+        if self.writer is not None:
+            self.writer(predicted_labels(outputs), list(batch[-1]))
+
+    def describe(self) -> str:
+        """A one-line summary of the job for the log."""
+        c = self.config
+        where = (f"rank {get_rank()}/{get_world_size()}" if get_world_size() > 1
+                 else f"devices {[str(d) for d in self.devices]}")
+        how = f"multi-scale {list(c.scales)} + flip" if c.multi_scale else "single scale"
+        return (f"{c.model}-{c.backbone} ({c.weights}) on {c.dataset} {c.split!r} ({len(self.loader.dataset)} "
+                f"samples, mode {c.mode}, {how}), {where}")
+
+
+def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -> EvaluationJob:
+    """Build the :class:`EvaluationJob` of ``config``.
+
+    ``val`` mode: batches of ``test_batch_size`` through :class:`~encoding.parallel.DataParallelModel` on the
+    devices; ``testval`` / ``test``: whole images, one per device (:func:`encoding.engine.evaluate_images`), through
+    :class:`~encoding.models.MultiEvalModule` with ``multi_scale``. Under ``torchrun`` each process evaluates its
+    shard of the samples on its own device.
+
+    Args:
+        data: the dataset to evaluate (built with ``return_name=True``) instead of ``config.dataset``'s split.
+    """
+    c = config
+    distributed = init_distributed_mode()
+    placement = builders.select_devices(parse_device_ids(c.device_ids), use_cuda=not c.no_cuda,
+                                        distributed=distributed)
+    device = placement.model_device
+    devices = list(placement.device_ids) or [device]
+    model = multi_scale(load_model(c, device), c)
+    dataset_class = DATASETS[c.dataset]
+    if c.mode == "val":
+        batch_size = c.test_batch_size
+        if not distributed:
+            model = DataParallelModel(model, placement.device_ids)
+    else:
+        batch_size = len(devices)
+    out_dir = c.out_dir or (os.path.dirname(os.path.abspath(c.resume)) if c.resume
+                            else os.path.join("runs", c.dataset, c.model, "eval"))
+    loader = builders.build_eval_loader(c.dataset, split=c.split, mode=c.mode, batch_size=batch_size,
+                                        root=c.data_root, base_size=c.base_size, crop_size=c.crop_size,
+                                        workers=c.workers, limit=c.limit, distributed=distributed, data=data)
+    return EvaluationJob(
+        config=c, model=model, loader=loader,
+        metric=SegmentationMetric(dataset_class.NUM_CLASS, ignore_index=-1, device=device),
+        class_names=list(dataset_class.CLASSES), devices=devices, input_device=placement.input_device,
+        out_dir=out_dir, amp_dtype=AMP_DTYPES[c.amp],
+        writer=PredictionWriter(c.save_pred, c.dataset) if c.save_pred else None)  # each rank: its shard

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from ..builders import param_groups  # the optimizer's groups are built there; the engine exports them too
 from ..parallel import DataParallelModel
 from ..utils.dist import is_main_process
 from ..utils.logger import MetricLogger, SmoothedValue
@@ -27,29 +28,6 @@ __all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch
            "predicted_labels", "Interrupted", "GracefulInterrupt"]
 
 _EVAL_POSTFIX_EVERY = 10
-
-
-def param_groups(model: nn.Module) -> List[Dict[str, Any]]:
-    """Optimizer parameter groups: the backbone first, then everything else (the heads).
-
-    :class:`~encoding.utils.LR_Scheduler` gives group 0 the base learning rate and later groups 10x (the
-    PyTorch-Encoding convention for pretrained backbones and new heads). A model without a ``backbone`` attribute
-    gives a single group.
-
-    Args:
-        model: the (possibly wrapped) segmentation model.
-
-    Returns:
-        A list of ``{"params": [...]}`` dicts for ``torch.optim``; parameters with ``requires_grad=False`` are left out.
-    """
-    module = getattr(model, "module", model)
-    backbone = getattr(module, "backbone", None)
-    trainable = [p for p in module.parameters() if p.requires_grad]
-    if not isinstance(backbone, nn.Module):
-        return [{"params": trainable}]
-    backbone_ids = {id(p) for p in backbone.parameters()}
-    return [{"params": [p for p in trainable if id(p) in backbone_ids]},
-            {"params": [p for p in trainable if id(p) not in backbone_ids]}]
 
 
 def autocast_context(device: torch.device, dtype: Optional[torch.dtype]) -> contextlib.AbstractContextManager:
@@ -148,7 +126,7 @@ def _inputs_on(batch: Sequence[Any], model: nn.Module, device: Optional[torch.de
 def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.optim.Optimizer,
                     loader: Iterable, scheduler: Any, epoch: int, device: Optional[torch.device] = None,
                     scaler: Optional[torch.amp.GradScaler] = None, amp_dtype: Optional[torch.dtype] = None,
-                    clip_grad_norm: Optional[float] = None, best_pred: float = 0.0, *, start_iteration: int = 0,
+                    clip_grad_norm: Optional[float] = None, *, start_iteration: int = 0,
                     stop: Optional[Callable[[], bool]] = None) -> Dict[str, float]:
     """Train for one epoch with a tqdm bar showing the smoothed loss and the learning rate.
 
@@ -157,17 +135,16 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
         criterion: called as ``criterion(model(image), target)``.
         optimizer: the optimizer.
         loader: yields ``(image, target, ...)`` batches.
-        scheduler: a PE-style :class:`~encoding.utils.LR_Scheduler`, called ``scheduler(optimizer, i, epoch,
-            best_pred)`` before each step (``None``: constant learning rate).
-        epoch: the epoch index (for the scheduler and the progress bar).
+        scheduler: a torch-style per-iteration scheduler of ``optimizer`` (e.g.
+            :class:`~encoding.utils.lr_scheduler.IterationLR`): ``scheduler.step()`` after each ``optimizer.step()``
+            (``None``: constant learning rate). It already holds the rates of the first iteration of this call.
+        epoch: the epoch index (for messages and the progress bar).
         device: where plain/DDP models expect their inputs (``None``: leave the batch where it is).
         scaler: GradScaler for float16 autocast.
         amp_dtype: autocast dtype (``torch.bfloat16`` / ``torch.float16``) or ``None`` for full precision.
         clip_grad_norm: optional gradient-norm clipping.
-        best_pred: passed to the scheduler (PE signature).
         start_iteration: the index of the first batch ``loader`` yields (resuming mid-epoch: the loader already
-            skips the batches done, see :class:`~encoding.utils.determinism.EpochSampler`); the scheduler counts
-            from it.
+            skips the batches done, see :class:`~encoding.utils.determinism.EpochSampler`).
         stop: polled after every iteration (e.g. :meth:`GracefulInterrupt.requested`); when it returns true,
             :class:`Interrupted` is raised with the number of iterations done.
 
@@ -184,8 +161,6 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
     autocast_device = device if device is not None else torch.device("cpu")
     bar = tqdm(loader, desc=f"train {epoch}", disable=not is_main_process(), dynamic_ncols=True, leave=False)
     for i, batch in enumerate(bar, start=start_iteration):
-        if scheduler is not None:
-            scheduler(optimizer, i, epoch, best_pred)
         image, target = _inputs_on(batch[:2], model, device)
         with autocast_context(autocast_device, amp_dtype):
             loss = criterion(model(image), target)
@@ -194,7 +169,9 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
             raise FloatingPointError(f"loss is {value} at epoch {epoch}, iteration {i}; lower the learning "
                                      "rate or check the data")
         backward_step(loss, optimizer, scaler, clip_grad_norm)
-        meters.update(loss=value, lr=optimizer.param_groups[0]["lr"])
+        meters.update(loss=value, lr=optimizer.param_groups[0]["lr"])  # the rate this step used
+        if scheduler is not None:
+            scheduler.step()
         bar.set_postfix(meters.postfix())
         if stop is not None and stop():
             bar.close()

@@ -35,7 +35,6 @@ __all__ = [
     "CheckpointError",
     "NonFiniteError",
     "first_nonfinite",
-    "restore_best",
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_VERSION",
     "CHECKPOINT_NAME",
@@ -179,7 +178,7 @@ def save_checkpoint(state: Mapping[str, Any], path_or_dir: PathLike, is_best: bo
             suffix such as ``runs/exp/epoch_10.pth``.
         is_best: also write ``model_best.pth`` next to it. It is written first, so an interruption between the two
             writes never leaves a checkpoint whose ``best_pred`` has no matching best file (see
-            :func:`restore_best` for the other direction).
+            :func:`encoding.engine.state.restore_best` for the other direction).
         filename: file name used when ``path_or_dir`` is a directory.
 
     Returns:
@@ -210,25 +209,6 @@ def save_checkpoint(state: Mapping[str, Any], path_or_dir: PathLike, is_best: bo
         atomic_write(os.path.join(os.path.dirname(target) or ".", BEST_NAME), data)
     atomic_write(target, data)
     return target
-
-
-def restore_best(directory: PathLike) -> Optional[str]:
-    """Rewrite ``model_best.pth`` from ``checkpoint.pth`` when the checkpoint records that it is the best one
-    (``best_epoch == epoch``) but the best file is missing or holds another epoch (a run stopped between the two
-    writes). Returns the path written, or ``None`` when nothing had to be done."""
-    directory = os.fspath(directory)
-    path, best = os.path.join(directory, CHECKPOINT_NAME), os.path.join(directory, BEST_NAME)
-    if not os.path.isfile(path):
-        return None
-    checkpoint = load_checkpoint(path, map_location="cpu")
-    epoch = checkpoint.get("epoch")
-    if epoch is None or checkpoint.get("best_epoch") != epoch or checkpoint.get("iteration", 0):
-        return None
-    if os.path.isfile(best) and load_checkpoint(best, map_location="cpu").get("epoch") == epoch:
-        return None
-    with open(path, "rb") as f:
-        atomic_write(best, f.read())
-    return best
 
 
 def _summarise(keys: Iterable[str], limit: int = 10) -> str:

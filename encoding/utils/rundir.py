@@ -5,18 +5,23 @@ into the same directory is refused with :class:`RunDirLocked` naming the directo
 left by a process that no longer exists on this host (``kill -9``, power loss) is stale: it is taken over. Taking
 the lock is also the writability check of the directory: a read-only directory fails here, before any training.
 
+:func:`run_directory` is where a run writes (``<output-dir>/<dataset>/<model>/<checkname>``); :func:`run_lock` is
+the lock a run takes there: on the main process only (rank 0 under ``torchrun``).
+
 While the lock is held, :func:`remove_stale_temp_files` deletes the temporary files of interrupted atomic writes
 (``.<name>.<hex>.tmp``, see :func:`encoding.utils.files.atomic_write`): nobody else can be writing them.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import socket
 from typing import List, Optional, Tuple
 
-__all__ = ["RunDirLocked", "RunDirLock", "pid_alive", "remove_stale_temp_files", "LOCK_NAME"]
+__all__ = ["RunDirLocked", "RunDirLock", "pid_alive", "remove_stale_temp_files", "run_directory", "run_lock",
+           "LOCK_NAME"]
 
 LOCK_NAME = ".lock"
 _TEMP_FILE = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
@@ -128,3 +133,16 @@ def remove_stale_temp_files(directory: str) -> List[str]:
             os.unlink(path)
             removed.append(path)
     return removed
+
+
+def run_directory(output_dir: str, dataset: str, model: str, checkname: str) -> str:
+    """``<output_dir>/<dataset>/<model>/<checkname>``: where a run writes its checkpoints and logs."""
+    return os.path.join(output_dir, dataset, model, checkname)
+
+
+def run_lock(directory: str, enabled: bool = True) -> contextlib.AbstractContextManager:
+    """The run directory's :class:`RunDirLock` on the main process (rank 0 under ``torchrun``); a no-op elsewhere
+    or when not ``enabled`` (a run that writes nothing, e.g. an evaluation)."""
+    if not enabled or int(os.environ.get("RANK", "0")) != 0:
+        return contextlib.nullcontext()
+    return RunDirLock(directory)

@@ -11,13 +11,14 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from option import parse_args, run_cli  # noqa: E402
+from options import parse_args  # noqa: E402
 
-from assemble import load_model, multi_scale  # noqa: E402
 from encoding.builders import select_devices  # noqa: E402
 from encoding.datasets import DatasetError, datasets  # noqa: E402
-from encoding.engine.inference import denormalize, overlay_with_legend, read_image, save_png, segment  # noqa: E402
+from encoding.engine.inference import (EvaluationConfig, denormalize, load_model, multi_scale,  # noqa: E402
+                                       overlay_with_legend, read_image, save_png, segment)
 from encoding.utils import CheckpointError, colorize  # noqa: E402
+from encoding.utils.cli import run_cli  # noqa: E402
 
 
 def _outputs(out_dir: str, path: str) -> tuple:
@@ -30,7 +31,8 @@ def main(argv=None) -> list:
     args = parse_args(argv, "demo")
     images = [(path, read_image(path)) for path in args.images]  # every input is checked before any work
     device = select_devices(None, use_cuda=not args.no_cuda).model_device  # the first GPU, else the CPU
-    model = multi_scale(load_model(args, device), args)
+    config = EvaluationConfig.from_options(args)
+    model = multi_scale(load_model(config, device), config)
     dataset = datasets[args.dataset]
     os.makedirs(args.out_dir, exist_ok=True)
     written = []

@@ -3,7 +3,7 @@
     python experiments/segmentation/test.py --resume runs/shapes/unet/default/model_best.pth
     python experiments/segmentation/test.py --resume model_best.pth --multi-scale --save-pred preds/
     python experiments/segmentation/test.py --model-zoo fcn_resnet50_voc --dataset pascal_voc
-    python experiments/segmentation/test.py --pretrained torchvision --model deeplab --backbone resnet50 \\
+    python experiments/segmentation/test.py --torchvision-weights --model deeplab --backbone resnet50 \\
         --dataset pascal_voc
     torchrun --nproc_per_node 2 experiments/segmentation/test.py --resume model_best.pth   # confusion matrices summed
 
@@ -18,20 +18,22 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from option import parse_args, run_cli  # noqa: E402
+from options import parse_args  # noqa: E402
 
-from assemble import build_evaluation  # noqa: E402
 from encoding.datasets import DatasetError  # noqa: E402
 from encoding.engine import evaluate, evaluate_images  # noqa: E402
+from encoding.engine.inference import EvaluationConfig, build_evaluation  # noqa: E402
 from encoding.utils import CheckpointError, format_table, is_main_process  # noqa: E402
+from encoding.utils.cli import run_cli  # noqa: E402
 from encoding.utils.files import atomic_write  # noqa: E402
 from encoding.utils.table import scores_to_json  # noqa: E402
 
 
-def main(argv=None) -> dict:
-    """Run ``test.py`` with ``argv``; returns the scores (``{}`` in ``test`` mode, which only predicts)."""
+def main(argv=None, data=None) -> dict:
+    """Run ``test.py`` with ``argv`` (on the dataset ``data`` when given); returns the scores (``{}`` in ``test``
+    mode, which only predicts)."""
     args = parse_args(argv, "test")
-    job = build_evaluation(args)
+    job = build_evaluation(EvaluationConfig.from_options(args), data)
     if is_main_process():
         print(job.describe())
     if args.mode == "val":
@@ -45,7 +47,7 @@ def main(argv=None) -> dict:
     if not result or not is_main_process():
         return result or {}
     print(format_table(result, job.class_names))
-    report = {"split": args.split, "mode": args.mode, "weights": job.weights,
+    report = {"split": args.split, "mode": args.mode, "weights": job.config.weights,
               "scales": list(args.scales) if args.multi_scale else [1.0], "flip": args.multi_scale,
               **scores_to_json(result, job.class_names)}
     os.makedirs(job.out_dir, exist_ok=True)
@@ -54,9 +56,10 @@ def main(argv=None) -> dict:
     return result
 
 
-def cli(argv=None) -> int:
+def cli(argv=None, data=None) -> int:
     """``main`` for the command line: known failures become one line on stderr; returns the exit status."""
-    return run_cli("test.py", main, argv, (CheckpointError, DatasetError, ValueError, RuntimeError, OSError))
+    return run_cli("test.py", main, argv, (CheckpointError, DatasetError, ValueError, RuntimeError, OSError),
+                   data=data)
 
 
 if __name__ == "__main__":

@@ -1,83 +1,18 @@
 """Command-line options of the segmentation scripts (PyTorch-Encoding names), with per-dataset defaults.
 
-The one option parser of ``experiments/segmentation``: ``train.py`` uses it, and so do the other scripts of this
-folder, so option names, defaults and validation are written once.
+The one option parser of ``experiments/segmentation``: ``train.py``, ``test.py`` and ``demo.py`` use it, so option
+names, defaults and validation are written once. The recipes, the option types and the configurations the options
+become live in the library (:mod:`encoding.engine.config`, :mod:`encoding.utils.cli`).
 """
 import argparse
 import os
 import sys
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
-
-import torch
+from typing import Any, Dict, List, Optional
 
 from encoding.builders import OPTIMIZERS
-
-#: ``--amp`` choice -> autocast dtype (``None``: full precision).
-AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-# Per-dataset recipe defaults (PyTorch-Encoding's train.py; lr is for batch 16 and scales linearly with the batch).
-# `shapes` is the embedded offline dataset: a small model learns it in a few CPU minutes.
-RECIPES = {
-    "shapes": dict(epochs=8, lr=0.002, batch_size=16, model="unet", backbone="vgg_tiny", output_stride=8,
-                   head_channels=None, base_size=72, crop_size=64, scale_range=(1.0, 1.0), optimizer="adamw"),
-    "coco": dict(epochs=30, lr=0.004),
-    "pascal_aug": dict(epochs=80, lr=0.001),
-    "pascal_voc": dict(epochs=50, lr=0.0001),
-    "pcontext": dict(epochs=80, lr=0.001),
-    "ade20k": dict(epochs=180, lr=0.004),
-    "citys": dict(epochs=240, lr=0.004),
-}
-GENERIC = dict(epochs=50, lr=0.004, batch_size=16, model="encnet", backbone="resnet50", output_stride=None,
-               head_channels=None, base_size=None, crop_size=None, scale_range=None, optimizer="sgd",
-               weight_decay=1e-4)
-
-
-#: Exit status after an interrupt (128 + SIGINT), as shells report it.
-EXIT_INTERRUPTED = 130
-
-
-def run_cli(prog: str, main: Callable[[Optional[List[str]]], Any], argv: Optional[List[str]],
-            known: tuple, interrupted: str = "interrupted") -> int:
-    """Run a script's ``main(argv)``: the ``known`` failures become one line on stderr (``prog: error: ...``, exit
-    status 1), Ctrl-C prints ``prog: interrupted`` (status 130); returns the exit status (0 on success)."""
-    try:
-        main(argv)
-    except KeyboardInterrupt:
-        sys.stderr.write(f"{prog}: {interrupted}\n")
-        return EXIT_INTERRUPTED
-    except known as err:
-        sys.stderr.write(f"{prog}: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}\n")
-        return 1
-    return 0
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line (``prog: error: ...``, exit status 2), without the usage."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _number(kind: Callable[[str], Any], minimum: Any, inclusive: bool) -> Callable[[str], Any]:
-    """An argparse ``type`` accepting ``kind`` values ``> minimum`` (``>=`` when ``inclusive``)."""
-    bound = f">= {minimum}" if inclusive else f"> {minimum}"
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
-        if not (value >= minimum if inclusive else value > minimum) or value != value:  # value != value: NaN
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-positive_int, positive_float = _number(int, 0, False), _number(float, 0.0, False)
-non_negative_int, non_negative_float = _number(int, 0, True), _number(float, 0.0, True)
-
+from encoding.engine.config import AMP_DTYPES, fill_from_recipe
+from encoding.utils.cli import (OneLineParser, non_negative_float, non_negative_int, positive_float, positive_int,
+                                scales, unit_float)
 
 SCRIPTS = ("train", "test", "demo")
 
@@ -126,15 +61,18 @@ def _add_weight_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", default=None, help="checkpoint to evaluate (train.py's model_best.pth / checkpoint.pth)")
     p.add_argument("--model-zoo", default=None, metavar="NAME",
                    help="a named preset with published weights, e.g. fcn_resnet50_voc (encoding.models.model_list)")
-    p.add_argument("--pretrained", default=None, choices=["torchvision"],
-                   help="torchvision's published weights of --model fcn/deeplab with --backbone resnet50/101")
+    p.add_argument("--torchvision-weights", action="store_true",
+                   help="torchvision's published weights of the whole network: --model fcn/deeplab with --backbone "
+                        "resnet50/101")
+    p.add_argument("--pretrained", choices=["torchvision"], default=None, help=argparse.SUPPRESS)  # the old spelling
 
 
 def _add_training_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pretrained", action="store_true", help="start the backbone from ImageNet weights")
+    p.add_argument("--pretrained-backbone", "--pretrained", dest="pretrained", action="store_true",
+                   help="start the backbone from ImageNet weights (the network's other layers start fresh)")
     p.add_argument("--aux-weight", type=non_negative_float, default=0.2, help="weight of the auxiliary loss (PE train.py: 0.2)")
     p.add_argument("--se-weight", type=non_negative_float, default=0.2)
-    p.add_argument("--scale-range", type=_scales, default=None, metavar="MIN,MAX",
+    p.add_argument("--scale-range", type=scales, default=None, metavar="MIN,MAX",
                    help="relative range of the training long side around --base-size (default: the recipe's, else "
                         "the dataset's, 0.5,2.0 for the real datasets)")
     p.add_argument("--train-split", default="train")
@@ -149,7 +87,7 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr-step", type=non_negative_int, default=0)
     p.add_argument("--warmup-epochs", type=non_negative_int, default=0)
     p.add_argument("--head-lr-mult", type=positive_float, default=None,
-                   help="learning-rate factor of the heads (default: 10 with --pretrained, as in PE; else 1)")
+                   help="learning-rate factor of the heads (default: 10 with --pretrained-backbone, as in PE; else 1)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                    help="sgd (PyTorch-Encoding's, momentum + weight decay) or adamw (default: the recipe's)")
     p.add_argument("--momentum", type=non_negative_float, default=0.9)
@@ -195,32 +133,15 @@ def _add_test_options(p: argparse.ArgumentParser) -> None:
 def _add_demo_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("images", nargs="+", metavar="IMAGE", help="JPEG/PNG images (any size; grey/RGBA converted)")
     p.add_argument("--out-dir", default="demo", help="where the mask and overlay PNGs go (default: demo)")
-    p.add_argument("--alpha", type=_unit_float, default=0.5, help="weight of the mask in the overlay (0..1)")
+    p.add_argument("--alpha", type=unit_float, default=0.5, help="weight of the mask in the overlay (0..1)")
     _add_multi_scale_options(p)
 
 
 def _add_multi_scale_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--multi-scale", action="store_true",
                    help="average over scales and flips with sliding windows (MultiEvalModule)")
-    p.add_argument("--scales", type=_scales, default=None,
+    p.add_argument("--scales", type=scales, default=None,
                    help="comma-separated scales for --multi-scale (default: PyTorch-Encoding's for the dataset)")
-
-
-def _scales(text: str) -> tuple:
-    try:
-        scales = tuple(float(item) for item in text.split(",") if item.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not scales or any(not s > 0 for s in scales):
-        raise argparse.ArgumentTypeError(f"scales must be positive numbers, got {text!r}")
-    return scales
-
-
-def _unit_float(text: str) -> float:
-    value = non_negative_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
-    return value
 
 
 def build_parser(script: str = "train") -> argparse.ArgumentParser:
@@ -261,24 +182,6 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                          "scaled around the base size, so most of each crop will be padding\n")
 
 
-def parse_device_ids(text: Optional[str]) -> Optional[List[Any]]:
-    """``"0,1"`` -> ``[0, 1]``; ``"cpu,cpu"`` -> ``["cpu", "cpu"]``; ``None``/``""`` -> ``None`` (the default)."""
-    if not text:
-        return None
-    return [int(item) if item.strip().isdigit() else item.strip() for item in text.split(",") if item.strip()]
-
-
-def _fill_from_recipe(args: argparse.Namespace, names: Sequence[str]) -> Dict[str, Any]:
-    """Fill the unset ``names`` from the dataset's recipe (the model's head width only for the recipe's model)."""
-    recipe = {**GENERIC, **RECIPES.get(args.dataset, {})}
-    for name in names:
-        if getattr(args, name) is None:
-            setattr(args, name, recipe[name])
-    if args.head_channels is None and args.model == recipe["model"]:  # the width belongs to the recipe's head
-        args.head_channels = recipe["head_channels"]
-    return recipe
-
-
 def parse_args(argv: Optional[List[str]] = None, script: str = "train") -> argparse.Namespace:
     """Parse ``argv`` for ``script``, fill unset options (checkpoint, then dataset recipe) and check the combination
     (exit status 2 with a one-line error)."""
@@ -286,7 +189,7 @@ def parse_args(argv: Optional[List[str]] = None, script: str = "train") -> argpa
     args = parser.parse_args(argv)
     if script != "train":
         return _parse_inference(parser, args, script)
-    recipe = _fill_from_recipe(args, ("epochs", "batch_size", "model", "backbone", "output_stride", "base_size",
+    recipe = fill_from_recipe(args, ("epochs", "batch_size", "model", "backbone", "output_stride", "base_size",
                                       "crop_size", "scale_range", "optimizer", "weight_decay"))
     if args.scale_range is not None and (len(args.scale_range) != 2 or args.scale_range[0] > args.scale_range[1]):
         parser.error(f"argument --scale-range: expected MIN,MAX with MIN <= MAX, got {args.scale_range}")
@@ -302,10 +205,11 @@ def parse_args(argv: Optional[List[str]] = None, script: str = "train") -> argpa
 
 def _parse_inference(parser: argparse.ArgumentParser, args: argparse.Namespace, script: str) -> argparse.Namespace:
     """``test.py`` / ``demo.py``: one source of weights; the network's options from it, then from the recipe."""
+    args.torchvision_weights = args.torchvision_weights or args.pretrained == "torchvision"
     sources = [flag for flag, value in (("--resume", args.resume), ("--model-zoo", args.model_zoo),
-                                        ("--pretrained", args.pretrained)) if value]
+                                        ("--torchvision-weights", args.torchvision_weights)) if value]
     if len(sources) != 1:
-        parser.error("pass exactly one of --resume <checkpoint.pth>, --model-zoo NAME or --pretrained torchvision"
+        parser.error("pass exactly one of --resume <checkpoint.pth>, --model-zoo NAME or --torchvision-weights"
                      + (f" (got {', '.join(sources)})" if sources else ""))
     if args.resume and not os.path.isfile(args.resume):
         parser.error(f"argument --resume: no such file: {args.resume}")
@@ -317,9 +221,9 @@ def _parse_inference(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         if getattr(args, name) is None and saved.get(name) is not None:
             setattr(args, name, saved[name])
     args.dataset = args.dataset or "shapes"
-    if args.pretrained and args.model is None:
+    if args.torchvision_weights and args.model is None:
         args.model, args.backbone = "fcn", args.backbone or "resnet50"
-    _fill_from_recipe(args, ("model", "backbone", "output_stride", "base_size", "crop_size"))
+    fill_from_recipe(args, ("model", "backbone", "output_stride", "base_size", "crop_size"))
     args.aux, args.se_loss = bool(args.aux), bool(args.se_loss)
     if args.scales is None:
         args.scales = MULTI_SCALES.get(args.dataset, DEFAULT_SCALES)
@@ -344,7 +248,6 @@ def _saved_model_options(args: argparse.Namespace) -> Dict[str, Any]:
         return {"dataset": preset["dataset"], "model": preset["name"], "backbone": preset["backbone"],
                 "aux": preset["aux"], "se_loss": preset["se_loss"]}
     if args.resume:
-        from encoding.utils import load_checkpoint
-        saved = load_checkpoint(args.resume, map_location="cpu").get("args") or {}
-        return {name: saved.get(name) for name in MODEL_OPTIONS}
+        from encoding.engine.state import saved_options
+        return saved_options(args.resume, MODEL_OPTIONS)
     return {}

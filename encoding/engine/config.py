@@ -1,0 +1,223 @@
+"""A training run from a configuration: per-dataset recipes, :class:`TrainingConfig`, and the whole command.
+
+:class:`TrainingConfig` holds a run's options as typed fields (the names of ``train.py``'s options; the
+checkpoint records them). :func:`build_training` builds a :class:`~.run.TrainingRun` from it with
+:mod:`encoding.builders`; :func:`run_training` is what ``train.py`` does after parsing: read the checkpoint once,
+lock the run directory, build, train (or evaluate) and report.
+
+Device policy:
+    * launched by ``torchrun``: one device per process, ``DistributedDataParallel`` (nccl on CUDA, gloo on CPU);
+    * otherwise: one process drives ``device_ids`` (default: every CUDA device, or the CPU) through
+      :class:`~encoding.parallel.DataParallelModel` + :class:`~encoding.parallel.DataParallelCriterion`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch.utils.data import Dataset
+
+from .. import builders
+from ..utils.determinism import enable_determinism
+from ..utils.dist import get_rank, init_distributed_mode, is_main_process
+from ..utils.metrics import SegmentationMetric
+from ..utils.rundir import run_directory, run_lock
+from ..utils.table import format_table
+from . import state
+from .run import TrainingRun, base_dataset, resume, train
+
+__all__ = ["AMP_DTYPES", "RECIPES", "GENERIC", "recipe", "fill_from_recipe", "parse_device_ids", "TrainingConfig",
+           "build_training", "run_training"]
+
+#: ``amp`` choice -> autocast dtype (``None``: full precision).
+AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+#: Per-dataset recipe defaults (PyTorch-Encoding's train.py; lr is for batch 16 and scales linearly with the batch).
+#: ``shapes`` is the embedded offline dataset: a small U-Net learns it in a few CPU minutes.
+RECIPES: Dict[str, Dict[str, Any]] = {
+    "shapes": dict(epochs=8, lr=0.002, batch_size=16, model="unet", backbone="vgg_tiny", output_stride=8,
+                   head_channels=None, base_size=72, crop_size=64, scale_range=(1.0, 1.0), optimizer="adamw"),
+    "coco": dict(epochs=30, lr=0.004),
+    "pascal_aug": dict(epochs=80, lr=0.001),
+    "pascal_voc": dict(epochs=50, lr=0.0001),
+    "pcontext": dict(epochs=80, lr=0.001),
+    "ade20k": dict(epochs=180, lr=0.004),
+    "citys": dict(epochs=240, lr=0.004),
+}
+#: What a dataset's recipe does not set.
+GENERIC: Dict[str, Any] = dict(epochs=50, lr=0.004, batch_size=16, model="encnet", backbone="resnet50",
+                               output_stride=None, head_channels=None, base_size=None, crop_size=None,
+                               scale_range=None, optimizer="sgd", weight_decay=1e-4)
+
+
+def recipe(dataset: str) -> Dict[str, Any]:
+    """The defaults of a run on ``dataset``: its recipe over :data:`GENERIC`."""
+    return {**GENERIC, **RECIPES.get(dataset, {})}
+
+
+def fill_from_recipe(options: Any, names: Sequence[str]) -> Dict[str, Any]:
+    """Set the attributes ``names`` of ``options`` that are ``None`` from its dataset's recipe (the head width only
+    for the recipe's own model); returns the recipe."""
+    defaults = recipe(options.dataset)
+    for name in names:
+        if getattr(options, name) is None:
+            setattr(options, name, defaults[name])
+    if options.head_channels is None and options.model == defaults["model"]:  # the width belongs to its head
+        options.head_channels = defaults["head_channels"]
+    return defaults
+
+
+def parse_device_ids(text: Optional[str]) -> Optional[List[Any]]:
+    """``"0,1"`` -> ``[0, 1]``; ``"cpu,cpu"`` -> ``["cpu", "cpu"]``; ``None``/``""`` -> ``None`` (the default)."""
+    if not text:
+        return None
+    return [int(item) if item.strip().isdigit() else item.strip() for item in text.split(",") if item.strip()]
+
+
+@dataclass
+class TrainingConfig:
+    """A training run's options (``train.py``'s, filled from the recipe; see ``docs/training.md``)."""
+
+    dataset: str = "shapes"
+    data_root: Optional[str] = None
+    model: str = "unet"
+    backbone: str = "vgg_tiny"
+    aux: bool = False
+    se_loss: bool = False
+    head_channels: Optional[int] = None
+    output_stride: Optional[int] = 8
+    base_size: Optional[int] = 72
+    crop_size: Optional[int] = 64
+    workers: int = 2
+    amp: str = "none"
+    no_cuda: bool = False
+    device_ids: Optional[str] = None
+    seed: int = 1
+    pretrained: bool = False
+    aux_weight: float = 0.2
+    se_weight: float = 0.2
+    scale_range: Optional[Tuple[float, float]] = (1.0, 1.0)
+    train_split: str = "train"
+    val_split: str = "val"
+    epochs: int = 8
+    start_epoch: int = 0
+    batch_size: int = 16
+    test_batch_size: Optional[int] = None
+    lr: float = 0.002
+    lr_scheduler: str = "poly"
+    lr_step: int = 0
+    warmup_epochs: int = 0
+    head_lr_mult: float = 1.0
+    optimizer: str = "adamw"
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    checkpoint: str = "none"
+    clip_grad: Optional[float] = None
+    balance: str = "none"
+    resume: Optional[str] = None
+    ft: bool = False
+    checkname: str = "default"
+    output_dir: str = "runs"
+    eval: bool = False
+    no_val: bool = False
+    train_limit: Optional[int] = None
+    val_limit: Optional[int] = None
+    deterministic: bool = False
+    verify_data: bool = False
+    skip_bad: bool = False
+
+    @property
+    def run_dir(self) -> str:
+        """Where the run writes (:func:`~encoding.utils.rundir.run_directory`)."""
+        return run_directory(self.output_dir, self.dataset, self.model, self.checkname)
+
+
+def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, Dataset]] = None,
+                   checkpoint: Optional[state.Checkpoint] = None) -> TrainingRun:
+    """Build the run of ``config`` with :mod:`encoding.builders`, restored from ``checkpoint`` when given.
+
+    Args:
+        datasets: ``(train, val)`` datasets to train on instead of building ``config.dataset``'s.
+        checkpoint: ``config.resume`` read (:func:`.state.read`): the training state (weights only with ``ft`` or
+            ``eval``) comes from it.
+
+    Raises:
+        ValueError: unknown dataset/model/backbone (listing the valid names) or bad device ids.
+        CheckpointError: the checkpoint does not match the model.
+    """
+    c = config
+    distributed = init_distributed_mode()
+    torch.manual_seed(c.seed + get_rank())
+    placement = builders.select_devices(parse_device_ids(c.device_ids), use_cuda=not c.no_cuda,
+                                        distributed=distributed)
+    device = placement.model_device
+    loaders = builders.build_loaders(
+        c.dataset, batch_size=c.batch_size, test_batch_size=c.test_batch_size, root=c.data_root,
+        train_split=c.train_split, val_split=c.val_split, base_size=c.base_size, crop_size=c.crop_size,
+        workers=c.workers, train_limit=c.train_limit, val_limit=c.val_limit, distributed=distributed, seed=c.seed,
+        pin_memory=device.type == "cuda", skip_bad=c.skip_bad, scale_range=c.scale_range, datasets=datasets)
+    class_names = list(type(base_dataset(loaders.train)).CLASSES)
+    model = builders.build_model(c.model, c.dataset, backbone=c.backbone, aux=c.aux, se_loss=c.se_loss,
+                                 pretrained_backbone=c.pretrained, output_stride=c.output_stride,
+                                 sync_bn=placement.synced, device=device,
+                                 checkpoint=False if c.checkpoint == "none" else c.checkpoint,
+                                 head_options={"channels": c.head_channels} if c.head_channels else None)
+    criterion = builders.build_criterion(len(class_names), aux=c.aux, aux_weight=c.aux_weight, se_loss=c.se_loss,
+                                         se_weight=c.se_weight, device=device)
+    optimizer = builders.build_optimizer(model, c.lr, kind=c.optimizer, momentum=c.momentum,
+                                         weight_decay=c.weight_decay)
+    scheduler = builders.build_scheduler(optimizer, c.lr_scheduler, c.lr, c.epochs, len(loaders.train),
+                                         lr_step=c.lr_step, warmup_epochs=c.warmup_epochs,
+                                         head_lr_mult=c.head_lr_mult)
+    amp_dtype = AMP_DTYPES[c.amp]
+    scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
+    start = resume(checkpoint, model, optimizer, scheduler, scaler, len(loaders.train),
+                   weights_only=c.ft or c.eval, start_epoch=c.start_epoch)
+    model, criterion = builders.wrap_model(model, criterion, placement,
+                                           balance=None if c.balance == "none" else c.balance)
+    return TrainingRun(model=model, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
+                       train_loader=loaders.train, val_loader=loaders.val,
+                       metric=SegmentationMetric(len(class_names), ignore_index=-1, device=device),
+                       class_names=class_names, output_dir=c.run_dir, options=asdict(c), epochs=c.epochs,
+                       input_device=placement.input_device, device_ids=placement.device_ids,
+                       distributed=distributed, amp_dtype=amp_dtype, scaler=scaler, clip_grad=c.clip_grad,
+                       validate=not c.no_val, count_skipped=c.skip_bad, start=start, samplers=loaders.samplers)
+
+
+def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Dataset]] = None) -> Dict[str, Any]:
+    """Train (or, with ``eval``, evaluate) the run of ``config``; returns the last evaluation result.
+
+    The checkpoint of ``resume`` is read once, before anything else: a run that already completed ``epochs`` says so
+    and stops; the training state, the best model file and the log are restored from that one read. The run
+    directory is locked before any work (a second run into it, or an unwritable directory, is refused at once).
+
+    Raises:
+        RunFailed, RunDirLocked, CheckpointError, DatasetError, OSError: reported in one line by the script.
+        RunInterrupted: Ctrl-C; a resumable checkpoint was written (a ``SystemExit`` with status 130).
+    """
+    started = time.perf_counter()
+    if config.deterministic:
+        enable_determinism()
+    checkpoint = state.read(config.resume) if config.resume else None  # the one read of the file
+    resumed = checkpoint is not None and not (config.ft or config.eval)
+    if resumed and checkpoint.finished(config.epochs):
+        print(f"nothing to do: {config.resume} already completed {checkpoint.done} of --epochs {config.epochs}; "
+              "raise --epochs to train further")
+        return {}
+    with run_lock(config.run_dir, enabled=not config.eval):  # before any work
+        run = build_training(config, datasets=datasets, checkpoint=checkpoint)
+        if is_main_process():
+            print(run.describe())
+        if config.eval:
+            result = run.evaluate()
+            if is_main_process():
+                print(format_table(result, run.class_names))
+            return result
+        result = train(run, checkpoint if resumed else None, verify_data=config.verify_data)
+    if result and is_main_process():
+        print(format_table(result, run.class_names))
+        print(f"done in {time.perf_counter() - started:.1f} s: pixAcc {result['pixAcc']:.4f}, "
+              f"mIoU {result['mIoU']:.4f}")
+    return result

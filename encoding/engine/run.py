@@ -1,0 +1,242 @@
+"""A training run: its parts, where it starts, its epochs and the rules that keep its work.
+
+:class:`TrainingRun` holds what the epochs need (model, criterion, optimizer, scheduler, loaders, metric, where to
+write); :func:`resume` restores a run from its checkpoint (:mod:`.state`, read once); :func:`train` runs the epochs
+under the rules of a run:
+
+* after every epoch the checkpoint is written atomically, and ``model_best.pth`` too when the epoch has the best
+  ``(pixAcc + mIoU) / 2`` so far (checkpoint first, then the log row);
+* a state holding NaN/inf is never saved: the last good checkpoint stays (:class:`RunFailed` names the tensor);
+* Ctrl-C saves a resumable mid-epoch checkpoint (:class:`RunInterrupted`, exit status 130);
+* an evaluation that fails saves the trained epoch before the failure is reported.
+
+The run takes its datasets, model, criterion and optimizer as arguments (:mod:`.config` builds them from options),
+so a test passes a tiny dataset directly.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Subset
+
+from ..utils.checkpoint import CHECKPOINT_NAME, NonFiniteError, save_checkpoint
+from ..utils.determinism import SeededSamples, set_rng_state
+from ..utils.dist import get_rank, get_world_size, is_main_process
+from ..utils.logger import EpochLogger
+from ..utils.rundir import remove_stale_temp_files
+from .loop import GracefulInterrupt, Interrupted, evaluate, train_one_epoch
+from .state import Checkpoint, ResumePoint, restore_best, training_state
+
+__all__ = ["EXIT_INTERRUPTED", "RunFailed", "RunInterrupted", "TrainingRun", "base_dataset", "resume", "train"]
+
+#: Exit status after an interrupt (128 + SIGINT), as shells report it.
+EXIT_INTERRUPTED = 130
+
+
+class RunFailed(RuntimeError):
+    """The run stopped with an error that the one-line report explains."""
+
+
+class RunInterrupted(SystemExit):
+    """Ctrl-C: a resumable checkpoint was written; exit status 130."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(EXIT_INTERRUPTED)
+        self.message = message
+
+
+def base_dataset(loader: DataLoader) -> Any:
+    """The dataset of ``loader`` itself, under its ``Subset`` / seeding wrappers."""
+    dataset = loader.dataset
+    while isinstance(dataset, (Subset, SeededSamples)):
+        dataset = dataset.dataset
+    return dataset
+
+
+@dataclass
+class TrainingRun:
+    """Everything the epochs need.
+
+    Attributes:
+        options: the run's options, saved with every checkpoint (``test.py`` / ``demo.py`` read the network's).
+        epochs: train up to this epoch count.
+        input_device: where the loops move each batch (``None``: a ``DataParallelModel`` scatters it).
+        validate: evaluate after every epoch.
+        count_skipped: log how many bad samples the datasets skipped.
+        start: where the run starts (:func:`resume`).
+        samplers: reordered each epoch (``set_epoch``).
+    """
+
+    model: nn.Module
+    criterion: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    train_loader: DataLoader
+    val_loader: DataLoader
+    metric: Any
+    class_names: List[str]
+    output_dir: str
+    options: Dict[str, Any]
+    epochs: int
+    input_device: Optional[torch.device] = None
+    device_ids: List[torch.device] = field(default_factory=list)
+    distributed: bool = False
+    amp_dtype: Optional[torch.dtype] = None
+    scaler: Optional[torch.amp.GradScaler] = None
+    clip_grad: Optional[float] = None
+    validate: bool = True
+    count_skipped: bool = False
+    start: ResumePoint = ResumePoint()
+    samplers: List[Any] = field(default_factory=list)
+
+    def set_epoch(self, epoch: int, start_iteration: int = 0) -> None:
+        """Order the training samples for ``epoch``, skipping its first ``start_iteration`` batches."""
+        for sampler in self.samplers:
+            sampler.set_epoch(epoch, start=start_iteration * self.train_loader.batch_size)
+
+    def datasets(self) -> List[Any]:
+        """The training and validation datasets themselves (under ``Subset`` / seeding wrappers)."""
+        return [base_dataset(self.train_loader), base_dataset(self.val_loader)]
+
+    def describe(self) -> str:
+        """A one-paragraph summary of the run for the log."""
+        where = (f"DDP rank {get_rank()}/{get_world_size()}" if self.distributed
+                 else f"DataParallelModel on {[str(d) for d in self.device_ids] or ['cpu (direct)']}")
+        o = self.options
+        return (f"{o.get('model')}-{o.get('backbone')} on {o.get('dataset')}: {len(self.train_loader.dataset)} train "
+                f"/ {len(self.val_loader.dataset)} val samples, batch {o.get('batch_size')}, {self.epochs} epochs, "
+                f"lr {o.get('lr')}, {where}; writing to {self.output_dir}")
+
+    def evaluate(self) -> Dict[str, Any]:
+        """Score the model on the validation loader (``--eval``)."""
+        return evaluate(self.model, self.val_loader, self.metric, self.input_device, self.amp_dtype)
+
+
+def resume(checkpoint: Optional[Checkpoint], model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+           scaler: Optional[torch.amp.GradScaler], iters_per_epoch: int, *, weights_only: bool = False,
+           start_epoch: int = 0) -> ResumePoint:
+    """Restore a run from ``checkpoint`` (before the model is wrapped) and say where it continues.
+
+    Args:
+        checkpoint: the run's checkpoint (:func:`.state.read`), or ``None`` for a fresh run.
+        weights_only: restore the weights only and start afresh (fine-tuning, evaluating).
+        start_epoch: where a run without a training state starts.
+
+    The model's RNG states continue where they stopped, and the learning-rate schedule is set to the resume point
+    (iteration ``epoch * iters_per_epoch + iteration``): the rates are those an uninterrupted run would set.
+    """
+    point = ResumePoint(epoch=start_epoch)
+    if checkpoint is not None and weights_only:
+        checkpoint.restore_weights(model)
+    elif checkpoint is not None:
+        point = checkpoint.restore_training(model, optimizer, scaler)
+        if point.rng is not None:  # the model's own randomness (dropout) continues where it stopped
+            set_rng_state(point.rng)
+    position = point.epoch * iters_per_epoch + point.iteration
+    if scheduler is not None and position > 0:
+        scheduler.last_epoch = position - 1  # torch's convention: the last iteration applied
+        scheduler.step()
+    return point
+
+
+def _kept(run: TrainingRun) -> str:
+    """What a diverged run leaves behind."""
+    path = os.path.join(run.output_dir, CHECKPOINT_NAME)
+    return f"the last good checkpoint {path} is kept" if os.path.isfile(path) else "no checkpoint was written"
+
+
+def _save(run: TrainingRun, epoch: int, best: tuple, metrics: Mapping[str, Any], is_best: bool = False,
+          iteration: int = 0, log_row: Optional[Mapping[str, Any]] = None) -> str:
+    """Write the checkpoint (main process only); a diverged state is refused, keeping the last good file."""
+    path = os.path.join(run.output_dir, CHECKPOINT_NAME)
+    if not is_main_process():
+        return path
+    state = training_state(run.model, run.optimizer, run.scheduler, run.scaler, epoch=epoch, iteration=iteration,
+                           best_pred=best[0], best_epoch=best[1], args=run.options, metrics=metrics,
+                           log_row=log_row)
+    try:
+        return save_checkpoint(state, run.output_dir, is_best)
+    except NonFiniteError as err:
+        raise RunFailed(f"training diverged in epoch {epoch + (1 if iteration else 0)}: {err.tensor} (try a lower "
+                        f"--lr or --clip-grad); {_kept(run)}") from None
+
+
+def _verify(run: TrainingRun) -> None:
+    """Read every sample once, before training (``--verify-data``)."""
+    for dataset in run.datasets():
+        bad = dataset.verify()
+        if bad and is_main_process():
+            print(f"verify: dropped {bad} bad sample(s) of {dataset.split!r} (--skip-bad)")
+
+
+def _epoch(run: TrainingRun, epoch: int, best: tuple, interrupt: GracefulInterrupt) -> tuple:
+    """Train and evaluate ``epoch``: ``(stats, evaluation result)``; an interrupt or a failure is saved first."""
+    start = run.start.iteration if epoch == run.start.epoch else 0
+    run.set_epoch(epoch, start)
+    try:
+        stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, run.scheduler, epoch,
+                                run.input_device, run.scaler, run.amp_dtype, run.clip_grad, start_iteration=start,
+                                stop=interrupt.requested)
+    except Interrupted as stop:
+        path = _save(run, epoch - 1, best, {}, iteration=stop.iteration)
+        raise RunInterrupted(f"interrupted in epoch {epoch} after iteration {stop.iteration}; saved {path} "
+                             f"(continue with --resume {path})") from None
+    except FloatingPointError as err:  # a NaN/inf loss: nothing of this epoch is saved
+        raise RunFailed(f"training diverged in epoch {epoch} ({err}); {_kept(run)}") from None
+    result: Dict[str, Any] = {}
+    try:
+        if run.validate:
+            result = evaluate(run.model, run.val_loader, run.metric, run.input_device, run.amp_dtype,
+                              stop=interrupt.requested, epoch=epoch)
+            stats.update(pixAcc=result["pixAcc"], mIoU=result["mIoU"])
+    except Interrupted:
+        path = _save(run, epoch, best, {})
+        raise RunInterrupted(f"interrupted while evaluating epoch {epoch}; its training is saved in {path} "
+                             f"(continue with --resume {path})") from None
+    except Exception as err:  # the trained epoch is saved before the failure is reported
+        path = _save(run, epoch, best, {})
+        raise RunFailed(f"evaluation after epoch {epoch} failed ({err}); the trained epoch is saved in "
+                        f"{path}") from err
+    return stats, result
+
+
+def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_data: bool = False) -> Dict[str, Any]:
+    """Run the epochs from ``run.start`` to ``run.epochs``; returns the last evaluation result.
+
+    Args:
+        run: the run (its ``start`` set by :func:`resume`).
+        checkpoint: the checkpoint the run resumed its training state from: the best model file and the log are
+            completed from it (not read again).
+        verify_data: read every sample once before training.
+
+    Raises:
+        RunFailed: the training diverged or an evaluation failed (the one-line report says what was kept).
+        RunInterrupted: Ctrl-C; a resumable checkpoint was written.
+    """
+    if verify_data:
+        _verify(run)
+    result: Dict[str, Any] = {}
+    best = (run.start.best_pred, run.start.best_epoch)
+    with GracefulInterrupt() as interrupt, EpochLogger(run.output_dir) as log:
+        if is_main_process():
+            remove_stale_temp_files(run.output_dir)
+            if checkpoint is not None:
+                restore_best(run.output_dir, checkpoint)
+                log.resume_after(*checkpoint.log_resume())
+        for epoch in range(run.start.epoch, run.epochs):
+            stats, result = _epoch(run, epoch, best, interrupt)
+            if run.count_skipped:
+                stats["skipped"] = sum(d.num_skipped for d in run.datasets())
+            score = (stats.get("pixAcc", 0.0) + stats.get("mIoU", 0.0)) / 2
+            is_best = score > best[0]
+            if is_best:
+                best = (score, epoch)
+            _save(run, epoch, best, result, is_best, log_row=stats)
+            log.write(epoch, **stats)
+            if is_main_process():
+                print(f"epoch {epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in stats.items()))
+    return result

@@ -1,0 +1,149 @@
+"""What a training run saves and how it resumes: the run's checkpoint schema, written and read only here.
+
+A run's checkpoint (written atomically by :func:`encoding.utils.save_checkpoint`, which also refuses NaN/inf) holds
+
+* ``model``, ``optimizer``, ``scheduler``, ``scaler``: state dicts;
+* ``epoch``: the last complete epoch; ``iteration``: training iterations of the *next* epoch already done (a
+  checkpoint saved on Ctrl-C), else 0;
+* ``best_pred`` / ``best_epoch``: the best score so far, ``(pixAcc + mIoU) / 2``, and the epoch that scored it;
+* ``args``: the run's options (a plain dict: ``test.py`` / ``demo.py`` rebuild the network from it);
+* ``rng``: the global RNG states (dropout continues where it stopped); ``log_row``: the epoch's log row (the log
+  is completed from it when the run stopped between the checkpoint and the log); ``metrics``: pixAcc and mIoU.
+
+Resuming reads the file once (:func:`read`); everything a resumed run needs comes from that one
+:class:`Checkpoint`: whether it is finished (:meth:`Checkpoint.finished`), the training state
+(:meth:`Checkpoint.restore_training`), the best model file (:func:`restore_best`) and the log
+(:meth:`Checkpoint.log_resume`).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, load_model_state
+from ..utils.determinism import rng_state
+from ..utils.files import atomic_write
+
+__all__ = ["Checkpoint", "ResumePoint", "read", "training_state", "restore_best", "saved_options"]
+
+PathLike = Union[str, os.PathLike]
+
+
+class ResumePoint(NamedTuple):
+    """Where a run continues.
+
+    Attributes:
+        epoch: the next epoch to run.
+        iteration: training iterations of ``epoch`` already done (a checkpoint saved on interrupt), else 0.
+        best_pred: the best score so far.
+        best_epoch: the epoch that scored it (-1: none yet).
+        rng: the global RNG states to restore (:func:`~encoding.utils.determinism.set_rng_state`), or ``None``.
+    """
+
+    epoch: int = 0
+    iteration: int = 0
+    best_pred: float = 0.0
+    best_epoch: int = -1
+    rng: Optional[dict] = None
+
+
+class Checkpoint(NamedTuple):
+    """A run's checkpoint file, read once (:func:`read`): its path and its content."""
+
+    path: str
+    data: Dict[str, Any]
+
+    @property
+    def done(self) -> int:
+        """Complete epochs recorded."""
+        return int(self.data.get("epoch", -1)) + 1
+
+    def finished(self, epochs: int) -> bool:
+        """Whether the checkpoint already completed ``epochs`` epochs (nothing left to train)."""
+        return self.done >= epochs and not self.data.get("iteration", 0)
+
+    def restore_weights(self, model: nn.Module) -> None:
+        """Load the model weights only (fine-tuning, evaluating).
+
+        Raises:
+            CheckpointError: the weights do not match ``model``.
+        """
+        load_model_state(model, self.data["model"], source=repr(self.path))
+
+    def restore_training(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                         scaler: Optional[torch.amp.GradScaler] = None) -> ResumePoint:
+        """Restore the model, the optimizer (and the scaler when the file has its state); say where to continue.
+
+        The learning-rate schedule is not read back: the run sets it from the resume point (epoch, iteration).
+
+        Raises:
+            CheckpointError: the weights do not match ``model``, or the file has no optimizer state.
+        """
+        self.restore_weights(model)
+        if self.data.get("optimizer") is None:
+            raise CheckpointError(f"{self.path!r} has no 'optimizer' state to restore")
+        optimizer.load_state_dict(self.data["optimizer"])
+        if scaler is not None and self.data.get("scaler"):  # a bf16/fp32 run saved no scaler state
+            scaler.load_state_dict(self.data["scaler"])
+        return ResumePoint(epoch=self.done, iteration=int(self.data.get("iteration", 0)),
+                           best_pred=float(self.data.get("best_pred", 0.0)),
+                           best_epoch=int(self.data.get("best_epoch", -1)), rng=self.data.get("rng"))
+
+    def log_resume(self) -> tuple:
+        """``(last epoch, its log row)``: arguments of :meth:`encoding.utils.EpochLogger.resume_after`."""
+        return self.data.get("epoch", -1), self.data.get("log_row")
+
+
+def read(path: PathLike) -> Checkpoint:
+    """Read a checkpoint file (on the CPU, ``weights_only``): the one read of a resumed run.
+
+    Raises:
+        FileNotFoundError, CheckpointError: see :func:`~encoding.utils.load_checkpoint`.
+    """
+    return Checkpoint(os.fspath(path), load_checkpoint(path, map_location="cpu"))
+
+
+def training_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                   scaler: Optional[torch.amp.GradScaler], *, epoch: int, iteration: int, best_pred: float,
+                   best_epoch: int, args: Mapping[str, Any], metrics: Mapping[str, Any],
+                   log_row: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """The checkpoint of a run after ``epoch`` (with ``iteration > 0``: that many iterations of the next epoch are
+    done too), RNG states included; written by :func:`encoding.utils.save_checkpoint`."""
+    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "epoch": epoch,
+            "iteration": iteration, "best_pred": best_pred, "best_epoch": best_epoch, "args": dict(args),
+            "rng": rng_state(), "log_row": dict(log_row or {}),
+            "metrics": {k: metrics[k] for k in ("pixAcc", "mIoU") if k in metrics}}
+
+
+def restore_best(directory: PathLike, checkpoint: Optional[Checkpoint] = None) -> Optional[str]:
+    """Rewrite ``model_best.pth`` from ``checkpoint.pth`` when the checkpoint records that it is the best one
+    (``best_epoch == epoch``) but the best file is missing or holds another epoch (a run stopped between the two
+    writes). Returns the path written, or ``None`` when nothing had to be done.
+
+    Args:
+        directory: the run directory.
+        checkpoint: the directory's ``checkpoint.pth`` when it was read already (it is not read again).
+    """
+    directory = os.fspath(directory)
+    path, best = os.path.join(directory, CHECKPOINT_NAME), os.path.join(directory, BEST_NAME)
+    if not os.path.isfile(path):
+        return None
+    if checkpoint is None or os.path.abspath(checkpoint.path) != os.path.abspath(path):
+        checkpoint = read(path)
+    epoch = checkpoint.data.get("epoch")
+    if epoch is None or checkpoint.data.get("best_epoch") != epoch or checkpoint.data.get("iteration", 0):
+        return None
+    if os.path.isfile(best) and load_checkpoint(best, map_location="cpu").get("epoch") == epoch:
+        return None
+    with open(path, "rb") as f:
+        atomic_write(best, f.read())
+    return best
+
+
+def saved_options(path: PathLike, names: Sequence[str]) -> Dict[str, Any]:
+    """The options ``names`` a run recorded in its checkpoint (``None`` for those it did not record)."""
+    saved = load_checkpoint(path, map_location="cpu").get("args") or {}
+    return {name: saved.get(name) for name in names}
