@@ -8,8 +8,9 @@ Subpackages:
         balances it (``balance="memory"``) and the memory tool (``python -m encoding.memory``).
     datasets: segmentation datasets (``get_segmentation_dataset``) including the embedded ``shapes`` dataset.
     utils: metrics, learning-rate schedules, palettes, checkpoints, distributed helpers and logging.
-    engine: ``train_one_epoch`` / ``evaluate`` loops; builders: small typed builders (model, criterion, loaders,
-        optimizer + schedule, dp/ddp wrapping, resume) for your own scripts.
+    builders: small typed builders (devices, model, criterion, loaders, optimizer + schedule, dp/ddp wrapping).
+    engine: the loops (``train_one_epoch`` / ``evaluate``), the run (``engine.run``: resume, best model, the save /
+        interrupt / non-finite rules; ``engine.state``: the checkpoint schema), ``run_training`` and inference.
     legacy: PyTorch-Encoding / vacancy / mmcv names and conventions on the core, bound where users import them
         (``legacy.ALIASES``; installed last, by this module).
 """

@@ -275,15 +275,9 @@ class ApiReference(SphinxDirective):
         return container.children
 
 
-def materialize_lazy_exports(app: Sphinx) -> None:
-    """Bind the lazily resolved names of each API package (``__getattr__``, e.g. PE's names from ``encoding.compat``)
-    in the package, so that autodoc, which lists a module's members with ``dir()``, finds every name of ``__all__``."""
-    app._encoding_documented = None  # see _documented_by_identity
-    for modname in app.config.encoding_api_modules:
-        module = importlib.import_module(modname)
-        for name in getattr(module, "__all__", ()):
-            if name not in vars(module):
-                setattr(module, name, getattr(module, name))
+def reset_documented_names(app: Sphinx) -> None:
+    """Forget the public-name cache of :func:`_documented_by_identity` at the start of each build."""
+    app._encoding_documented = None
 
 
 def keep_public_members(app: Sphinx, what: str, name: str, obj: Any, skip: bool, options: Any) -> Optional[bool]:
@@ -357,7 +351,7 @@ def setup(app: Sphinx) -> Dict[str, Any]:
     app.add_directive("encoding-model-table", ModelTable)
     app.add_directive("encoding-api", ApiReference)
     app.add_directive("encoding-recipe-table", RecipeTable)
-    app.connect("builder-inited", materialize_lazy_exports)
+    app.connect("builder-inited", reset_documented_names)
     app.connect("autodoc-skip-member", keep_public_members)
     app.connect("autodoc-process-docstring", document_reexported_data)
     app.connect("autodoc-process-bases", public_bases)

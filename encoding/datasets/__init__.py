@@ -38,7 +38,6 @@ from ..utils.palette import register_palettes
 __all__ = [
     "datasets",
     "get_segmentation_dataset",
-    "get_dataset",
     "BaseDataset",
     "DatasetError",
     "MODES",

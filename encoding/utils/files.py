@@ -44,8 +44,6 @@ __all__ = [
     "staged_dir",
     "atomic_write",
     "makedirs",
-    "mkdir",
-    "check_sha1",
 ]
 
 

@@ -24,7 +24,6 @@ __all__ = [
     "get_ignore_color",
     "voc_palette",
     "colorize",
-    "get_mask_pallete",
     "overlay",
 ]
 
