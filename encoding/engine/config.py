@@ -12,14 +12,20 @@ Device policy:
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import Dataset
 
 from .. import builders
+from ..datasets import datasets as DATASETS
+from ..models import get_segmentation_model
+from ..parallel import resolve_devices
+from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME
 from ..utils.determinism import enable_determinism
 from ..utils.dist import get_rank, init_distributed_mode, is_main_process
 from ..utils.metrics import SegmentationMetric
@@ -28,7 +34,8 @@ from ..utils.table import format_table
 from . import state
 from .run import TrainingRun, base_dataset, resume, train
 
-__all__ = ["AMP_DTYPES", "RECIPES", "GENERIC", "recipe", "fill_from_recipe", "parse_device_ids", "TrainingConfig",
+__all__ = ["AMP_DTYPES", "RECIPES", "GENERIC", "recipe", "fill_from_recipe", "parse_device_ids", "ConfigError",
+           "check_network", "check_devices", "check_split", "check_training", "check_resume", "TrainingConfig",
            "build_training", "run_training"]
 
 #: ``amp`` choice -> autocast dtype (``None``: full precision).
@@ -76,6 +83,126 @@ def parse_device_ids(text: Optional[str]) -> Optional[List[Any]]:
     return [int(item) if item.strip().isdigit() else item.strip() for item in text.split(",") if item.strip()]
 
 
+class ConfigError(ValueError):
+    """An option value the run cannot use, found before any work: one line naming the option and the value (exit
+    status 2 on the command line, as an argument error)."""
+
+    exit_status = 2
+
+
+def check_network(dataset: str, model: str, backbone: str, *, aux: bool = False, se_loss: bool = False,
+                  output_stride: Optional[int] = None, head_channels: Optional[int] = None,
+                  checkpoint: Any = False) -> None:
+    """Refuse a dataset or network the builders cannot make: the network is built on the ``meta`` device (no
+    memory, no weights, no download), so every late error of the model's constructors is found now.
+
+    Raises:
+        ConfigError: naming the option(s) and the valid values.
+    """
+    if dataset not in DATASETS:
+        raise ConfigError(f"--dataset {dataset}: unknown dataset; valid: {', '.join(sorted(DATASETS))}")
+    options = {"channels": head_channels} if head_channels else {}
+    try:
+        with torch.device("meta"):
+            get_segmentation_model(model, dataset=dataset, backbone=backbone, aux=aux, se_loss=se_loss,
+                                   output_stride=output_stride, checkpoint=checkpoint, **options)
+    except (ValueError, KeyError, TypeError, NotImplementedError) as err:
+        given = f"--model {model} --backbone {backbone}" + (f" --output-stride {output_stride}" if output_stride
+                                                            else "")
+        given += f" --head-channels {head_channels}" if head_channels else ""
+        raise ConfigError(f"{given}: {str(err).splitlines()[0]}") from None
+
+
+def check_devices(text: Optional[str]) -> None:
+    """Refuse ``--device-ids`` that do not name usable devices (a CUDA device listed twice included).
+
+    Raises:
+        ConfigError: naming the value.
+    """
+    if text is None:
+        return
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise ConfigError(f"--device-ids {text}: empty entry; e.g. '0,1' or 'cpu,cpu'")
+    try:
+        devices = resolve_devices(parse_device_ids(text))
+    except ValueError as err:
+        raise ConfigError(f"--device-ids {text}: {str(err).splitlines()[0]}") from None
+    cuda = [d for d in devices if d.type == "cuda"]
+    if len(set(cuda)) != len(cuda):
+        raise ConfigError(f"--device-ids {text}: a CUDA device is listed twice (only 'cpu' may repeat)")
+
+
+def check_split(dataset: str, split: str, option: str, *, masks: bool = True) -> None:
+    """Refuse a split the dataset does not have, or (``masks``) one without masks (``test``) where masks are needed.
+
+    Raises:
+        ConfigError: naming the option and the valid splits.
+    """
+    valid = getattr(DATASETS[dataset], "SPLITS", ())
+    scored = [s for s in valid if s != "test"] if masks else list(valid)
+    if split not in scored:
+        why = "has no masks to train or validate on" if split in valid else "is not a split of " + dataset
+        raise ConfigError(f"{option} {split}: {why}; valid: {', '.join(scored)}")
+
+
+def _check_schedule(c: "TrainingConfig") -> None:
+    if not c.warmup_epochs < c.epochs:
+        raise ConfigError(f"--warmup-epochs {c.warmup_epochs} must be below --epochs {c.epochs}")
+    if c.lr_scheduler == "step" and c.lr_step < 1:
+        raise ConfigError("--lr-scheduler step needs --lr-step N (epochs between two x0.1 decays)")
+
+
+def _started(run_dir: str) -> List[str]:
+    """The files of an earlier run in ``run_dir``."""
+    names = (CHECKPOINT_NAME, BEST_NAME, "log.csv", "log.jsonl")
+    return [name for name in names if os.path.exists(os.path.join(run_dir, name))]
+
+
+def check_training(config: "TrainingConfig") -> None:
+    """Refuse every option value of ``config`` that the run could only fail on later, before any directory is made
+    or any data generated: dataset, splits, network, devices, schedule, and a run directory that already holds
+    another run (unless ``resume`` continues one or ``overwrite`` replaces it).
+
+    Raises:
+        ConfigError: one line naming the option and the value.
+    """
+    c = config
+    check_network(c.dataset, c.model, c.backbone, aux=c.aux, se_loss=c.se_loss, output_stride=c.output_stride,
+                  head_channels=c.head_channels, checkpoint=False if c.checkpoint == "none" else c.checkpoint)
+    check_split(c.dataset, c.train_split, "--train-split")
+    if not c.no_val:
+        check_split(c.dataset, c.val_split, "--val-split")
+    check_devices(c.device_ids)
+    _check_schedule(c)
+    found = _started(c.run_dir) if not (c.eval or c.resume or c.overwrite) else []
+    if found:
+        raise ConfigError(f"{c.run_dir} already holds a run ({', '.join(found)}): continue it with --resume "
+                          f"{os.path.join(c.run_dir, CHECKPOINT_NAME)}, replace it with --overwrite, or pick "
+                          "another --checkname")
+
+
+def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint) -> None:
+    """Refuse the options a resume of ``checkpoint`` cannot honour (see ``docs/training.md``, "What a resume
+    honours"): another optimizer, or another batch size in the middle of an epoch.
+
+    Raises:
+        ConfigError: naming the option, the checkpoint's value and what to do.
+    """
+    saved, path = checkpoint.data.get("args") or {}, checkpoint.path
+    if saved.get("optimizer") not in (None, config.optimizer):
+        raise ConfigError(f"--optimizer {config.optimizer}: {path} was trained with --optimizer "
+                          f"{saved['optimizer']} and a resume continues its optimizer state; pass --optimizer "
+                          f"{saved['optimizer']}, or --ft to start a new optimizer from its weights")
+    iteration = int(checkpoint.data.get("iteration", 0))
+    for name in ("batch_size", "train_limit"):
+        if iteration and name in saved and saved[name] != getattr(config, name):
+            option = "--" + name.replace("_", "-")
+            raise ConfigError(f"{option} {getattr(config, name)}: {path} stopped after iteration {iteration} of "
+                              f"epoch {checkpoint.done} with {option} {saved[name]}; resume it with {option} "
+                              f"{saved[name]} (the epoch's remaining samples depend on it)")
+
+
 @dataclass
 class TrainingConfig:
     """A training run's options (``train.py``'s, filled from the recipe; see ``docs/training.md``)."""
@@ -120,6 +247,7 @@ class TrainingConfig:
     ft: bool = False
     checkname: str = "default"
     output_dir: str = "runs"
+    overwrite: bool = False
     eval: bool = False
     no_val: bool = False
     train_limit: Optional[int] = None
@@ -186,6 +314,23 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
                        validate=not c.no_val, count_skipped=c.skip_bad, start=start, samplers=loaders.samplers)
 
 
+@contextlib.contextmanager
+def _made_dirs(directory: str) -> Iterator[None]:
+    """Remove the folders up to ``directory`` that this run creates, if it fails before writing anything there."""
+    missing, path = [], os.path.abspath(directory)
+    while not os.path.exists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    try:
+        yield
+    except BaseException as err:
+        if not isinstance(err, SystemExit) or not hasattr(err, "message"):  # an interrupt that saved: kept
+            for folder in missing:  # deepest first; a folder with anything in it stays
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+        raise
+
+
 def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Dataset]] = None) -> Dict[str, Any]:
     """Train (or, with ``eval``, evaluate) the run of ``config``; returns the last evaluation result.
 
@@ -194,10 +339,13 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
     directory is locked before any work (a second run into it, or an unwritable directory, is refused at once).
 
     Raises:
+        ConfigError: an option value the run cannot use (:func:`check_training`, :func:`check_resume`), before any
+            directory is made.
         RunFailed, RunDirLocked, CheckpointError, DatasetError, OSError: reported in one line by the script.
         RunInterrupted: Ctrl-C; a resumable checkpoint was written (a ``SystemExit`` with status 130).
     """
     started = time.perf_counter()
+    check_training(config)
     if config.deterministic:
         enable_determinism()
     checkpoint = state.read(config.resume) if config.resume else None  # the one read of the file
@@ -206,7 +354,12 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
         print(f"nothing to do: {config.resume} already completed {checkpoint.done} of --epochs {config.epochs}; "
               "raise --epochs to train further")
         return {}
-    with run_lock(config.run_dir, enabled=not config.eval):  # before any work
+    if resumed:
+        check_resume(config, checkpoint)
+    with _made_dirs(config.run_dir), run_lock(config.run_dir, enabled=not config.eval):  # before any work
+        if config.overwrite and not config.resume and int(os.environ.get("RANK", "0")) == 0:
+            for name in _started(config.run_dir):  # --overwrite: the earlier run's files go, nothing is mixed
+                os.unlink(os.path.join(config.run_dir, name))
         run = build_training(config, datasets=datasets, checkpoint=checkpoint)
         if is_main_process():
             print(run.describe())

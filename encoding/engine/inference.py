@@ -269,6 +269,9 @@ def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -
         data: the dataset to evaluate (built with ``return_name=True``) instead of ``config.dataset``'s split.
     """
     c = config
+    if c.save_pred and c.mode == "val":  # a mask saved under an image's name has that image's size
+        raise ValueError("save_pred writes whole-image predictions: use mode 'testval' or 'test', not 'val' "
+                         "(resized centre crops)")
     distributed = init_distributed_mode()
     placement = builders.select_devices(parse_device_ids(c.device_ids), use_cuda=not c.no_cuda,
                                         distributed=distributed)

@@ -246,8 +246,8 @@ def evaluate_images(evaluator: nn.Module, loader: Iterable, metric: Optional[Any
     on one device. Under ``torch.distributed`` the confusion matrices of all processes are summed.
 
     Args:
-        evaluator: maps ``1 x 3 x H x W`` to logits ``1 x C x H x W`` (e.g. :class:`~encoding.models.MultiEvalModule`),
-            on ``devices[0]``.
+        evaluator: maps ``1 x 3 x H x W`` to logits ``1 x C x H x W`` (e.g. :class:`~encoding.models.MultiEvalModule`)
+            or to a model's output dict (its ``"out"`` is scored), on ``devices[0]``.
         loader: batches of at most ``len(devices)`` samples.
         metric: a :class:`~encoding.utils.SegmentationMetric`, or ``None`` to only predict.
         devices: where the replicas run.
@@ -258,6 +258,7 @@ def evaluate_images(evaluator: nn.Module, loader: Iterable, metric: Optional[Any
         ``metric.compute()``, or ``None`` without a metric.
     """
     from ..parallel import parallel_apply, replicate
+    from ..utils.metrics import main_output
 
     evaluator.eval()
     if metric is not None:
@@ -275,6 +276,7 @@ def evaluate_images(evaluator: nn.Module, loader: Iterable, metric: Optional[Any
                 logits = [replicas[0](*inputs[0])]
             else:
                 logits = parallel_apply(replicas[:len(inputs)], inputs, devices=devices[:len(inputs)])
+        logits = [main_output(out) for out in logits]  # a model's {"out": ...} dict, or logits
         has_masks = len(batch) > 1 and isinstance(batch[1][0], Tensor)
         if metric is not None and has_masks:
             metric.update(logits, [mask.unsqueeze(0).to(out.device) for mask, out in zip(batch[1], logits)])

@@ -161,8 +161,10 @@ def _save(run: TrainingRun, epoch: int, best: tuple, metrics: Mapping[str, Any],
     try:
         return save_checkpoint(state, run.output_dir, is_best)
     except NonFiniteError as err:
-        raise RunFailed(f"training diverged in epoch {epoch + (1 if iteration else 0)}: {err.tensor} (try a lower "
-                        f"--lr or --clip-grad); {_kept(run)}") from None
+        where = (f"epoch {epoch + 1} by iteration {iteration}" if iteration
+                 else f"epoch {epoch} by iteration {len(run.train_loader)}, its last")
+        raise RunFailed(f"training diverged in {where} (iterations counted from 1): {err.tensor} (try a lower --lr "
+                        f"or --clip-grad); {_kept(run)}") from None
 
 
 def _verify(run: TrainingRun) -> None:

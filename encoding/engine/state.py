@@ -77,7 +77,10 @@ class Checkpoint(NamedTuple):
                          scaler: Optional[torch.amp.GradScaler] = None) -> ResumePoint:
         """Restore the model, the optimizer (and the scaler when the file has its state); say where to continue.
 
-        The learning-rate schedule is not read back: the run sets it from the resume point (epoch, iteration).
+        The optimizer's state (moments, step counts) comes from the file; its hyperparameters (weight decay,
+        momentum, betas, ...) stay those ``optimizer`` was built with, i.e. this run's options, which its checkpoints
+        record. The learning-rate schedule is not read back: the run sets it from the resume point (epoch,
+        iteration).
 
         Raises:
             CheckpointError: the weights do not match ``model``, or the file has no optimizer state.
@@ -85,7 +88,10 @@ class Checkpoint(NamedTuple):
         self.restore_weights(model)
         if self.data.get("optimizer") is None:
             raise CheckpointError(f"{self.path!r} has no 'optimizer' state to restore")
+        chosen = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
         optimizer.load_state_dict(self.data["optimizer"])
+        for group, options in zip(optimizer.param_groups, chosen):  # this run's options (weight decay, momentum)
+            group.update(options)
         if scaler is not None and self.data.get("scaler"):  # a bf16/fp32 run saved no scaler state
             scaler.load_state_dict(self.data["scaler"])
         return ResumePoint(epoch=self.done, iteration=int(self.data.get("iteration", 0)),

@@ -28,7 +28,7 @@ def run_cli(prog: str, main: Callable[..., Any], argv: Optional[List[str]], know
         return EXIT_INTERRUPTED
     except known as err:
         sys.stderr.write(f"{prog}: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}\n")
-        return 1
+        return getattr(err, "exit_status", 1)  # 2: an option value the run cannot use
     except SystemExit as stop:
         if not hasattr(stop, "message"):
             raise

@@ -10,7 +10,8 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from encoding.builders import OPTIMIZERS
-from encoding.engine.config import AMP_DTYPES, fill_from_recipe
+from encoding.engine.config import (AMP_DTYPES, ConfigError, TrainingConfig, check_devices, check_network,
+                                    check_split, check_training, fill_from_recipe)
 from encoding.utils.cli import (OneLineParser, non_negative_float, non_negative_int, positive_float, positive_int,
                                 scales, unit_float)
 
@@ -103,6 +104,8 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ft", action="store_true", help="fine-tune: load weights only, restart epochs/optimizer")
     p.add_argument("--checkname", default="default", help="run name under runs/<dataset>/<model>/")
     p.add_argument("--output-dir", default="runs")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in runs/<dataset>/<model>/<checkname> (default: refuse it)")
     p.add_argument("--eval", action="store_true", help="only evaluate (with --resume)")
     p.add_argument("--no-val", action="store_true", help="skip validation after each epoch")
     p.add_argument("--train-limit", type=positive_int, default=None, help="use only the first N training samples")
@@ -125,7 +128,8 @@ def _add_test_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-batch-size", type=positive_int, default=None, help="default: 16 (val mode)")
     p.add_argument("--limit", type=positive_int, default=None, help="use only the first N samples")
     p.add_argument("--save-pred", default=None, metavar="DIR",
-                   help="write each prediction as a coloured PNG (dataset palette) named after its input file")
+                   help="write each whole-image prediction as a coloured PNG (dataset palette) named after its input "
+                        "file, at its size (default mode with it: testval)")
     p.add_argument("--out-dir", default=None,
                    help="where metrics.json goes (default: the checkpoint's folder, else runs/<dataset>/<model>/eval)")
 
@@ -173,6 +177,10 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error(f"argument --resume: no such file: {args.resume}")
     if args.start_epoch >= args.epochs:
         parser.error(f"--start-epoch {args.start_epoch} must be below --epochs {args.epochs}")
+    try:  # every value the run cannot use, before any directory or data is made
+        check_training(TrainingConfig(**vars(args)))
+    except ConfigError as err:
+        parser.error(str(err))
     from encoding.datasets import datasets
     dataset = datasets.get(args.dataset.lower())
     base = args.base_size or getattr(dataset, "BASE_SIZE", None)
@@ -229,10 +237,20 @@ def _parse_inference(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         args.scales = MULTI_SCALES.get(args.dataset, DEFAULT_SCALES)
     if script == "test":
         if args.mode is None:
-            args.mode = "test" if args.split == "test" else "testval" if args.multi_scale else "val"
-        if args.mode == "val" and args.multi_scale:
-            parser.error("--multi-scale evaluates whole images: use --mode testval (the default with --multi-scale)")
+            args.mode = "test" if args.split == "test" else "testval" if args.multi_scale or args.save_pred else "val"
+        if args.mode == "val" and (args.multi_scale or args.save_pred):
+            parser.error(f"{'--multi-scale' if args.multi_scale else '--save-pred'} works on whole images: use "
+                         "--mode testval (its default) or --mode test")
         args.test_batch_size = args.test_batch_size or 16
+    try:
+        if not args.model_zoo:
+            check_network(args.dataset, args.model, args.backbone, aux=args.aux, se_loss=args.se_loss,
+                          output_stride=args.output_stride, head_channels=args.head_channels)
+        if script == "test":
+            check_split(args.dataset, args.split, "--split", masks=args.mode != "test")
+        check_devices(args.device_ids)
+    except ConfigError as err:
+        parser.error(str(err))
     return args
 
 

@@ -21,6 +21,7 @@ from options import parse_args  # noqa: E402
 
 from encoding.datasets import DatasetError  # noqa: E402
 from encoding.engine import RunFailed, TrainingConfig, run_training  # noqa: E402
+from encoding.engine.config import ConfigError  # noqa: E402
 from encoding.utils import CheckpointError  # noqa: E402
 from encoding.utils.cli import run_cli  # noqa: E402
 from encoding.utils.rundir import RunDirLocked  # noqa: E402
@@ -30,7 +31,8 @@ def main(argv=None, datasets=None) -> dict:
     """Run ``train.py`` with ``argv`` (on ``(train, val)`` ``datasets`` when given); returns the last evaluation.
 
     Raises:
-        RunFailed, RunDirLocked, CheckpointError, DatasetError, OSError: reported in one line by :func:`cli`.
+        ConfigError (exit status 2), RunFailed, RunDirLocked, CheckpointError, DatasetError, OSError: reported in
+            one line by :func:`cli`.
         RunInterrupted: Ctrl-C; a resumable checkpoint was written (a ``SystemExit`` with status 130).
     """
     return run_training(TrainingConfig(**vars(parse_args(argv))), datasets)
@@ -38,7 +40,8 @@ def main(argv=None, datasets=None) -> dict:
 
 def cli(argv=None, datasets=None) -> int:
     """``main`` for the command line: known failures become one line on stderr; returns the exit status."""
-    return run_cli("train.py", main, argv, (RunFailed, RunDirLocked, CheckpointError, DatasetError, OSError),
+    return run_cli("train.py", main, argv, (ConfigError, RunFailed, RunDirLocked, CheckpointError, DatasetError,
+                                                  OSError),
                    interrupted="interrupted before training started; nothing was saved", datasets=datasets)
 
 
