@@ -266,7 +266,7 @@ def test_failing_evaluation_keeps_the_trained_epoch_and_verify_data_finds_it_fir
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "evaluation after epoch 0 failed" in err and bad in err
     assert load_checkpoint(os.path.join(_run_dir(out), CHECKPOINT_NAME))["epoch"] == 0
-    assert script.cli(TINY + ["--output-dir", out, "--verify-data", "--skip-bad"],
+    assert script.cli(TINY + ["--output-dir", out, "--verify-data", "--skip-bad", "--overwrite"],
                       datasets=tiny_shapes_pair(data, skip_bad=True)) == 0
     captured = capsys.readouterr()
     assert "verify: dropped 1 bad sample(s) of 'val'" in captured.out
