@@ -44,9 +44,10 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
     """Peaks per device for every requested strategy (and, with ``--max-batch``, the largest batch that fits).
 
     Returns:
-        ``{"config": {...}, "strategies": {name: {"peak_mib", "max_over_mean", "max_over_min", "step_s",
-        "split"[, "max_batch"][, "plain_peak_mib", "saving_mib"]}}}``; the last two (simulated, with
-        ``--checkpoint``) are each device's peak without activation checkpointing and what it saves.
+        A dict with ``"config"`` (the options) and ``"strategies"``, which maps each strategy name to a dict with
+        ``"peak_mib"``, ``"max_over_mean"``, ``"max_over_min"``, ``"step_s"``, ``"split"`` (``"max_batch"`` with
+        ``--max-batch``; ``"plain_peak_mib"`` and ``"saving_mib"`` when simulated with ``--checkpoint``: each
+        device's peak without activation checkpointing and what it saves).
     """
     amp = (torch.float16 if args.devices is not None else torch.bfloat16) if args.amp else None
     spec_args = dict(model=args.model, backbone=args.backbone, nclass=args.nclass, crop_size=args.crop_size,

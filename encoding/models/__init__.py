@@ -37,5 +37,6 @@ __all__ = ["ResNetBackbone", "MobileNetV3Backbone", "VGGTinyBackbone", "backbone
            "EncHead",
            "PAM", "CAM", "DANetHead", "FPNHead", "UNetHead", "JPU",
            "Architecture", "ARCHITECTURES", "register_architecture", "get_segmentation_model", "get_model",
-           "model_list", "pretrained_model_list", "get_fcn", "get_psp", "get_deeplab", "get_encnet", "get_danet", "get_upernet", "get_fcfpn",
+           "model_list", "pretrained_model_list",
+           "get_fcn", "get_psp", "get_deeplab", "get_encnet", "get_danet", "get_upernet", "get_fcfpn",
            "get_deeplabv3plus", "get_unet", "MultiEvalModule"]

@@ -2,7 +2,7 @@
 
 ``DataParallelModel`` returns one output per replica, each on its own device; ``DataParallelCriterion`` computes the
 loss where each output lives and reduces it exactly (the whole-batch value). Device lists accept CUDA indices,
-``torch.device``s and strings, including repeated ``"cpu"``, so the multi-replica path runs without GPUs.
+``torch.device`` objects and strings, including repeated ``"cpu"``, so the multi-replica path runs without GPUs.
 See ``docs/parallel.md``.
 """
 from .comm import AllReduce, allreduce, broadcast

@@ -66,7 +66,7 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
     ``nn.DataParallel`` gathers everything onto device 0, which runs out of memory first). Backward sums the
     replicas' gradients into the wrapped module's parameters.
 
-    ``device_ids`` may hold CUDA indices, ``torch.device``s or strings, and may repeat ``"cpu"`` (three CPU
+    ``device_ids`` may hold CUDA indices, ``torch.device`` objects or strings, and may repeat ``"cpu"`` (three CPU
     replicas run the same code path as three GPUs, which is how the tests run without GPUs). With ``[]`` (the default
     on a CPU-only machine) or a single device the module is called directly; the return value is still a one-element
     list.
@@ -86,7 +86,7 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
             (:func:`~encoding.parallel.scatter_gather.get_split_sizes`).
 
     It is a ``torch.nn.DataParallel`` (``model.module``, ``"module."`` state-dict keys, wrapper checks), with
-    ``device_ids`` kept as ``torch.device``s and torch's four steps as methods a subclass may override:
+    ``device_ids`` kept as ``torch.device`` objects and torch's four steps as methods a subclass may override:
     :meth:`scatter`, :meth:`replicate` (replication callbacks included), :meth:`parallel_apply` and :meth:`gather`
     (which ``forward`` does not call: the outputs stay where they were computed).
 

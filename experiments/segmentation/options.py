@@ -60,7 +60,7 @@ def _add_weight_options(p: argparse.ArgumentParser) -> None:
     """Where ``test.py`` / ``demo.py`` take the weights from (exactly one)."""
     p.add_argument("--resume", default=None, help="checkpoint to evaluate (train.py's model_best.pth / checkpoint.pth)")
     p.add_argument("--model-zoo", default=None, metavar="NAME",
-                   help="a named preset with published weights, e.g. fcn_resnet50_voc (encoding.models.model_list)")
+                   help="a preset with published weights: encoding.models.pretrained_model_list(), e.g. fcn_resnet50_voc")
     p.add_argument("--torchvision-weights", action="store_true",
                    help="torchvision's published weights of the whole network: --model fcn/deeplab with --backbone "
                         "resnet50/101")
