@@ -49,8 +49,7 @@ def plan_split(source_cost: Callable[[int], float], other_cost: Callable[[int], 
         raise ValueError(f"plan_split needs a batch >= 1 and num_devices >= 1, got {batch} and {num_devices}")
     if num_devices == 1:
         return [batch]
-    even = get_split_sizes(batch, num_devices)
-    even += [0] * (num_devices - len(even))
+    even = _even_split(batch, num_devices)
 
     def rest(b0: int) -> List[int]:
         return [b0] + get_split_sizes(batch - b0, num_devices - 1) if b0 < batch else [batch]
@@ -74,10 +73,15 @@ def plan_split(source_cost: Callable[[int], float], other_cost: Callable[[int], 
     return split + [0] * (num_devices - len(split))
 
 
+def _even_split(batch: int, num_devices: int) -> List[int]:
+    """The even split, one entry per device (zeros when the batch has fewer samples than devices)."""
+    split = get_split_sizes(batch, num_devices)
+    return split + [0] * (num_devices - len(split))
+
+
 def _strategy_split(simulator: Simulator, strategy: str, batch: int, num_devices: int) -> List[int]:
     if strategy != "balanced-auto":
-        split = get_split_sizes(batch, num_devices)
-        return split + [0] * (num_devices - len(split))
+        return _even_split(batch, num_devices)
     def cost(source: bool, b: int) -> float:
         replicas = (1 if b else 0) + min(batch - b, num_devices - 1) if source else 1
         return simulator.peak(DeviceProgram("balanced", b, batch, source=source, replicas=replicas))
@@ -144,9 +148,15 @@ def _narrow(tree: Any, share: int, dim: int) -> Any:
 class MemoryBalancer:
     """Plans :class:`~encoding.parallel.DataParallelModel`'s split from simulated per-device peak memory.
 
-    On the first batch of each size (and input shapes) it simulates the ``balanced`` device programs of the wrapped
-    module on fake tensors (nothing is allocated, no kernel runs) and returns the split from :func:`plan_split`.
-    ``DataParallelModel(module, device_ids, balance="memory")`` uses the defaults.
+    On the first training batch of each size (and input shapes) it simulates the ``balanced`` device programs of the
+    wrapped module on fake tensors (nothing is allocated, no kernel runs) and returns the split from
+    :func:`plan_split`. ``DataParallelModel(module, device_ids, balance="memory")`` uses the defaults.
+
+    Evaluation and inference batches (gradients disabled — ``torch.no_grad()``, ``torch.inference_mode()`` — or
+    the module in eval mode) run forward only: no gradients, no optimizer state, no loss on device 0, and every
+    device holds a copy of the parameters (device 0's replica aliases the module) and its own share's activations.
+    Device 0 carries nothing extra, so the memory-balanced split of a forward pass is the even split, which
+    :meth:`plan` returns for them (of any size, a last partial batch included) without simulating.
 
     Args:
         criterion: the loss computed on each device (default: cross-entropy of every ``B x C x ...`` output against
@@ -172,8 +182,11 @@ class MemoryBalancer:
 
     def plan(self, module: nn.Module, inputs: tuple, kwargs: dict, device_ids: Sequence[torch.device],
              dim: int = 0) -> List[int]:
-        """Samples per device for this call (cached per batch size, device count and input shapes)."""
+        """Samples per device for this call (cached per batch size, device count and input shapes); the even split
+        for a forward-only call (gradients disabled, or ``module`` in eval mode)."""
         batch = batch_size_of((inputs, kwargs), dim, name="args")
+        if not (torch.is_grad_enabled() and module.training):
+            return _even_split(batch, len(device_ids))
         shapes = tuple((path, tuple(v.shape)) for path, v in iter_leaves((inputs, kwargs)) if isinstance(v, Tensor))
         key = (batch, len(device_ids), shapes)
         if key not in self._plans:
