@@ -94,19 +94,36 @@ def strategy_peaks(simulator: Simulator, strategy: str, batch: int, num_devices:
     return split, simulator.peaks(strategy, split)
 
 
-def max_batch(simulator: Simulator, strategy: str, num_devices: int, limit_bytes: int, upper: int = 4096) -> int:
+#: Where :func:`max_batch` gives up doubling: no device holds this many samples, so a limit that fits them is an error.
+SEARCH_LIMIT = 2 ** 32
+
+
+def max_batch(simulator: Simulator, strategy: str, num_devices: int, limit_bytes: int,
+              upper: Optional[int] = None) -> int:
     """The largest total batch whose heaviest device stays within ``limit_bytes`` (0 when none fits).
 
-    Doubling then bisection over the batch; every probe simulates the programs it needs (cached).
+    Doubling then bisection over the batch, with no cap: the doubling goes on until a batch does not fit (every
+    sample adds activations, so the heaviest peak eventually grows past any limit); every probe simulates the
+    programs it needs (cached; fake tensors cost the same at any size).
+
+    Args:
+        upper: stop the search there (the answer is then at most ``upper``: a caller that sets it must say so
+            where it reports the answer); default none.
+
+    Raises:
+        ValueError: ``limit_bytes`` holds more than :data:`SEARCH_LIMIT` samples.
     """
     def fits(batch: int) -> bool:
         return max(strategy_peaks(simulator, strategy, batch, num_devices)[1]) <= limit_bytes
 
-    low = 0
-    high = max(1, num_devices)
-    while high <= upper and fits(high):
+    low, high = 0, max(1, num_devices)
+    while (upper is None or high <= upper) and fits(high):
+        if high >= SEARCH_LIMIT:
+            raise ValueError(f"max_batch: {high} samples fit in {limit_bytes} bytes per device; the limit is "
+                             "beyond any batch")
         low, high = high, high * 2
-    high = min(high, upper + 1)
+    if upper is not None:
+        high = min(high, upper + 1)
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (mid, high) if fits(mid) else (low, mid)
