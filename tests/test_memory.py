@@ -269,13 +269,24 @@ def test_tool_without_matplotlib_still_writes_json(tmp_path, monkeypatch, capsys
     assert "pip install matplotlib" in capsys.readouterr().err
 
 
+def _one_line_error(argv, capsys):
+    """The one stderr line of ``parse_args(argv)``, which must exit with status 2."""
+    with pytest.raises(SystemExit) as exc:
+        cli.parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m encoding.memory: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+@pytest.mark.parametrize("option", ["--simulate", "--crop-size", "--nclass", "--batch-size", "--steps"])
+def test_zero_and_negative_counts_are_errors_naming_the_option(option, value, capsys):
+    """``--crop-size 0`` / ``--nclass 0`` no longer run with the dataset's defaults (issue 23, item 4)."""
+    assert f"argument {option}: must be > 0, got {value}" in _one_line_error([f"{option}={value}"], capsys)
+
+
 @pytest.mark.parametrize("argv,message", [
-    (["--simulate", "0"], "argument --simulate: must be > 0, got 0"),
-    (["--crop-size", "0"], "argument --crop-size: must be > 0, got 0"),
-    (["--nclass", "0"], "argument --nclass: must be > 0, got 0"),
-    (["--nclass", "-3"], "argument --nclass: must be > 0, got -3"),
-    (["--batch-size", "0"], "argument --batch-size: must be > 0, got 0"),
-    (["--steps", "0"], "argument --steps: must be > 0, got 0"),
     (["--memory-limit", "11"], "--memory-limit: memory size '11' has no unit; write e.g. 11GiB"),
     (["--memory-limit=-1GiB"], "--memory-limit: cannot read memory size '-1GiB'"),
     (["--strategies", "gather,fastest"], "unknown 'fastest'"),
@@ -290,11 +301,7 @@ def test_bad_values_give_one_line_errors(argv, message, capsys):
     the usage block, exit status 2 (issue 24, item 14)."""
     if "--devices" in argv and torch.cuda.is_available():
         pytest.skip("this machine has CUDA devices")
-    with pytest.raises(SystemExit) as exc:
-        cli.parse_args(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("python -m encoding.memory: error: ") and message in err[0], err
+    assert message in _one_line_error(argv, capsys)
 
 
 def test_parse_memory_units():
