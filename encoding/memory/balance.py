@@ -111,7 +111,7 @@ def max_batch(simulator: Simulator, strategy: str, num_devices: int, limit_bytes
             where it reports the answer); default none.
 
     Raises:
-        ValueError: ``limit_bytes`` holds more than :data:`SEARCH_LIMIT` samples.
+        ValueError: ``limit_bytes`` holds more than ``SEARCH_LIMIT`` (2**32) samples.
     """
     def fits(batch: int) -> bool:
         return max(strategy_peaks(simulator, strategy, batch, num_devices)[1]) <= limit_bytes

@@ -130,7 +130,7 @@ def _title(config: Dict[str, Any]) -> str:
 
 
 def format_report(report: Dict[str, Any]) -> str:
-    """The report as a table at most :data:`TABLE_WIDTH` characters wide: one row per device (peak MiB per strategy,
+    """The report as a table at most 119 characters wide (``TABLE_WIDTH``): one row per device (peak MiB per strategy,
     its samples in parentheses), then max/mean, max/min, the measured step time (real devices only) and, when
     computed, the largest batch that fits; with checkpointing, a block per device of the peak without it and the
     saving."""
@@ -172,7 +172,8 @@ def _cell(value: Any) -> str:
 
 def chart_figure(report: Dict[str, Any]) -> Any:
     """The chart as a matplotlib figure: grouped bars (device x strategy, MiB), the ``--memory-limit`` as a dashed
-    line when one was given (or used by ``--max-batch``), the options (:func:`_options`) in the title."""
+    line when one was given (or used by ``--max-batch``), the options (mode, ``--checkpoint``, ``--amp``,
+    ``--calibrate``) in the title."""
     import matplotlib.pyplot as plt
 
     strategies = list(report["strategies"])
