@@ -203,7 +203,8 @@ TORCH_LOSSES = {  # id: (criterion, activation on the logits, target maker)
     "l1-sum": (nn.L1Loss(reduction="sum"), None, _regression_target),
     "smooth-l1": (nn.SmoothL1Loss(beta=0.5), None, _regression_target),
     "huber": (nn.HuberLoss(delta=0.5), None, _regression_target),
-    "kl-div": (nn.KLDivLoss(reduction="batchmean"), nn.LogSoftmax(1), lambda n, y: _probability_target(n, y).softmax(1)),
+    "kl-div": (nn.KLDivLoss(reduction="batchmean"), nn.LogSoftmax(1),
+               lambda n, y: _probability_target(n, y).softmax(1)),
 }
 
 

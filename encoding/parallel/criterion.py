@@ -35,13 +35,15 @@ class InexactReductionWarning(UserWarning):
 
 
 class DataParallelCriterion(_DataParallelBase):
-    """Compute a loss on every device from :class:`DataParallelModel`'s ungathered outputs and reduce it exactly.
+    """Compute a loss on every device from :class:`~encoding.parallel.DataParallelModel`'s ungathered outputs and
+    reduce it exactly.
 
     ``forward(outputs, *targets, **kwargs)`` splits the targets with **exactly the split sizes the model used**
-    (from :class:`ReplicaOutputs`, or from each output's size along ``dim``), moves each part to its output's
-    device, evaluates the criterion there (in parallel), and combines the results with the exact-reduction protocol
-    (:mod:`encoding.parallel.reduction`): the result equals the criterion on the whole batch, also for uneven splits
-    and uneven ``ignore_index`` masks. PyTorch-Encoding's unweighted mean of per-device losses is biased; this is not.
+    (from :class:`~encoding.parallel.ReplicaOutputs`, or from each output's size along ``dim``), moves each part to
+    its output's device, evaluates the criterion there (in parallel), and combines the results with the
+    exact-reduction protocol (:mod:`encoding.parallel.reduction`): the result equals the criterion on the whole
+    batch, also for uneven splits and uneven ``ignore_index`` masks. PyTorch-Encoding's unweighted mean of
+    per-device losses is biased; this is not.
 
     Exact without any knowledge of the protocol: torch's ``CrossEntropyLoss`` / ``NLLLoss`` (``ignore_index``,
     ``weight``, ``label_smoothing``), the per-sample means of
@@ -62,7 +64,8 @@ class DataParallelCriterion(_DataParallelBase):
 
     Args:
         criterion: an ``nn.Module`` (replicated per device, so buffers such as class weights follow) or a callable.
-        device_ids: as for :class:`DataParallelModel` (only consulted when an output holds no tensor).
+        device_ids: as for :class:`~encoding.parallel.DataParallelModel` (only consulted when an output holds no
+            tensor).
         output_device: where the reduced loss lives (default: ``device_ids[0]``, else the first output's device).
         dim: the batch dimension.
         output_key: the key (or index) of the model output the criterion receives, e.g. ``"out"``; ``None``: the
