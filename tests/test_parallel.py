@@ -841,6 +841,27 @@ def test_cuda_mixed_with_cpu_devices():
 
 
 @pytest.mark.gpu
+def test_cuda_output_key_aux_weight_and_whole_batch_fallback():
+    """Torch loss with output_key/aux_weight, and a lambda whose last replica is all ignored (gathered onto the
+    output device), on replicas split between a GPU and the CPU."""
+    devices = ["cuda:0", "cpu", "cuda:0"]
+    net = SmallNet(dict_output=True).double().cuda()
+    x, y = make_batch()
+    y[5:] = -1
+    ce = nn.CrossEntropyLoss(ignore_index=-1, weight=WEIGHT.cuda())
+    whole = net(x.cuda())
+    ref = ce(whole["out"], y.cuda()) + 0.5 * ce(whole["aux"], y.cuda())
+    loss = DataParallelCriterion(ce, devices, output_key="out", aux_weight=0.5)(DataParallelModel(net, devices)(x), y)
+    assert loss.device.type == "cuda"
+    torch.testing.assert_close(loss, ref, **TOL)
+    assert_all_close(grads(loss, net), grads(ref, net))
+    function = lambda out, t: F.cross_entropy(out["out"], t, ignore_index=-1)  # noqa: E731
+    with pytest.warns(InexactReductionWarning):
+        loss = DataParallelCriterion(function, devices)(DataParallelModel(net, devices)(x), y)
+    torch.testing.assert_close(loss, function(whole, y.cuda()), **TOL)
+
+
+@pytest.mark.gpu
 def test_cuda_autocast_dtype_in_replicas():
     net = nn.Linear(8, 4).cuda()
     devices = ["cuda:0"] * 2 if torch.cuda.device_count() == 1 else [0, 1]
