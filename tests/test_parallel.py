@@ -716,8 +716,10 @@ def test_replication_callbacks_master_first_with_shared_context():
     assert list(replicas[1].parameters()) == []
 
 
-def test_patch_replication_callback_wraps_replicate():
+def test_patch_replication_callback_wraps_replicate(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # torch's DataParallel([]) needs a CPU-only machine
     dp = nn.DataParallel(Recorder(), device_ids=[])
+    monkeypatch.undo()
     dp.replicate = lambda module, device_ids: replicate(module, device_ids, callbacks=False)
     patch_replication_callback(dp)
     replicas = dp.replicate(dp.module, ["cpu", "cpu"])
