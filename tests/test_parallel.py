@@ -283,6 +283,9 @@ def test_dict_output_without_output_key_says_what_to_pass():
     with pytest.raises(ValueError, match=r"output_key='main' is not in the model's output, which is a dict with "
                                          r"keys \['out', 'aux'\]"):
         DataParallelCriterion(nn.CrossEntropyLoss(), CPU3, output_key="main")(DataParallelModel(net, CPU3)(x), y)
+    with pytest.raises(ValueError, match=r"output_key=0 needs a dict or tuple output, the model returns a tensor"):
+        DataParallelCriterion(nn.CrossEntropyLoss(), CPU3, output_key=0)(
+            DataParallelModel(SmallNet().double(), CPU3)(x), y)
     with pytest.raises(ValueError, match=r"aux_key='aux2' is not in the model's output"):
         DataParallelCriterion(nn.CrossEntropyLoss(), CPU3, output_key="out", aux_key="aux2",
                               aux_weight=0.1)(DataParallelModel(net, CPU3)(x), y)

@@ -169,6 +169,9 @@ class DataParallelCriterion(_DataParallelBase):
                 raise ValueError(f"DataParallelCriterion: {type(self.criterion).__name__} takes one tensor but the "
                                  f"model returns {what}: pass {hint}")
             return
+        if isinstance(output, Tensor):  # output[0] would silently be the first sample
+            raise ValueError(f"DataParallelCriterion: output_key={self.output_key!r} needs a dict or tuple output, the "
+                             f"model returns a tensor: leave output_key unset")
         for name, key in (("output_key", self.output_key), ("aux_key", self.aux_key if self.aux_weight else None)):
             if key is None:
                 continue
