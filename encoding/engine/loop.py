@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import os
 import signal
 import sys
@@ -45,8 +46,20 @@ def backward_step(loss: Tensor, optimizer: torch.optim.Optimizer, scaler: Option
         loss: the scalar loss.
         optimizer: the optimizer.
         scaler: a ``torch.amp.GradScaler`` for float16 training (``None`` otherwise).
-        clip_grad_norm: clip the global gradient norm to this value (``None``: no clipping).
+        clip_grad_norm: clip the global gradient norm to this value, a positive finite number (``None``: no
+            clipping).
+
+    Raises:
+        ValueError: ``clip_grad_norm`` is not a positive finite number (a negative one would flip the gradients,
+            zero would erase them), or ``loss`` is not a scalar tensor; nothing is changed then.
     """
+    if clip_grad_norm is not None and (isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, numbers.Real)
+                                       or not math.isfinite(clip_grad_norm) or clip_grad_norm <= 0):
+        raise ValueError(f"backward_step: clip_grad_norm must be a positive finite number (None: no clipping), "
+                         f"got {clip_grad_norm!r}")
+    if not isinstance(loss, Tensor) or loss.dim() != 0:
+        raise ValueError(f"backward_step: loss must be a scalar tensor, got "
+                         f"{tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__}")
     optimizer.zero_grad(set_to_none=True)
     if scaler is not None:
         scaler.scale(loss).backward()

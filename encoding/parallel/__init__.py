@@ -6,8 +6,8 @@ loss where each output lives and reduces it exactly (the whole-batch value). Dev
 See ``docs/parallel.md``.
 """
 from .comm import AllReduce, allreduce, broadcast
-from .data_parallel import (DataParallelCriterion, DataParallelModel, DataParallelWithCallback, ReplicaOutputs,
-                            data_parallel)
+from .criterion import DataParallelCriterion
+from .data_parallel import DataParallelModel, DataParallelWithCallback, ReplicaOutputs, data_parallel
 from .devices import resolve_devices
 from .parallel_apply import ReplicaAbortedError, ReplicaContext, get_replica_context, parallel_apply
 from .reduction import LossTerm, reduce_loss_terms
