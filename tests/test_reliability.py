@@ -420,3 +420,30 @@ def test_second_ctrl_c_exits_at_once(monkeypatch, capsys):
         assert exits == [130]
     assert "second interrupt: exiting now" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# -- 11. round 2 (issue 24): kernel-held locks, signals, dying parents -----------------------------------------------
+def _dead_pid():
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+
+
+_HOLD_RUN_DIR = ("import sys; from encoding.utils.rundir import RunDirLock; lock = RunDirLock(sys.argv[1]).acquire(); "
+                 "open(lock.path, 'w').write(sys.argv[2]); print('held', flush=True); sys.stdin.read()")
+
+
+def test_run_directory_lock_of_a_live_run_in_another_pid_namespace_is_not_taken(tmp_path):
+    # a live run whose lock file names a pid that does not exist here (as seen from another PID namespace)
+    run_dir = str(tmp_path / "run")
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_RUN_DIR, run_dir, f"{_dead_pid()} {os.uname().nodename}"],
+                              cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirLocked, match="in use by another run"):
+            RunDirLock(run_dir).acquire()
+    finally:
+        holder.kill()  # kill -9: the kernel releases its lock
+        holder.communicate()
+    with RunDirLock(run_dir) as lock:
+        assert open(lock.path).read().split()[0] == str(os.getpid())
+    assert not os.path.exists(lock.path)
