@@ -10,6 +10,8 @@ file left by a process that is gone (``kill -9``, power loss) holds no lock and 
 also the writability check of the directory: a read-only directory fails here, before any training. On a network
 file system the lock is as good as the client's ``flock`` (docs/training.md, "Reliability").
 
+:func:`die_with_parent` makes a forked worker end with the process that forked it.
+
 :func:`run_directory` is where a run writes (``<output-dir>/<dataset>/<model>/<checkname>``); :func:`run_lock` is
 the lock a run takes there: on the main process only (rank 0 under ``torchrun``).
 
@@ -19,10 +21,15 @@ While the lock is held, :func:`remove_stale_temp_files` deletes the temporary fi
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import re
+import signal
 import socket
+import sys
+import threading
+import time
 from typing import List, Optional, Tuple
 
 try:
@@ -31,7 +38,7 @@ except ImportError:  # Windows: no flock; the lock file is then advisory only
     fcntl = None
 
 __all__ = ["FileLock", "RunDirLocked", "RunDirLock", "pid_alive", "remove_stale_temp_files", "run_directory",
-           "run_lock", "LOCK_NAME"]
+           "run_lock", "die_with_parent", "LOCK_NAME"]
 
 LOCK_NAME = ".lock"
 _TEMP_FILE = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
@@ -175,6 +182,25 @@ class RunDirLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def die_with_parent(parent: int) -> None:
+    """End this (forked worker) process when ``parent`` dies, ``kill -9`` included, so that no worker stays blocked
+    on a queue holding the caller's pipes open: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` on Linux, and a thread that
+    checks the parent pid (elsewhere, and as a fallback). Use it as a pool's ``initializer`` with ``os.getpid()``.
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="watch-parent", daemon=True).start()
 
 
 def remove_stale_temp_files(directory: str) -> List[str]:
