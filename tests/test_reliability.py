@@ -413,12 +413,13 @@ def test_ctrl_c_saves_a_mid_epoch_checkpoint_and_resume_continues_exactly(refere
 def test_second_ctrl_c_exits_at_once(monkeypatch, capsys):
     exits = []
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    monkeypatch.setattr(GracefulInterrupt, "DUPLICATE_S", 0.0)  # a repeat within it is the same request
     with GracefulInterrupt() as interrupt:
         signal.raise_signal(signal.SIGINT)
         assert interrupt.requested() and not exits
         signal.raise_signal(signal.SIGINT)
         assert exits == [130]
-    assert "second interrupt: exiting now" in capsys.readouterr().err
+    assert "second SIGINT: exiting now" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
@@ -447,3 +448,47 @@ def test_run_directory_lock_of_a_live_run_in_another_pid_namespace_is_not_taken(
     with RunDirLock(run_dir) as lock:
         assert open(lock.path).read().split()[0] == str(os.getpid())
     assert not os.path.exists(lock.path)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_save_a_mid_epoch_checkpoint_like_ctrl_c(signum, reference, tmp_path):
+    data, expected, duration = reference
+    out = tmp_path / "runs"
+    checkpoint = os.path.join(_run_dir(out, "fcn"), CHECKPOINT_NAME)
+    proc = _spawn(data, out, ["--epochs", str(EPOCHS)])
+    _wait_until_training(proc)
+    time.sleep(0.2 * duration)
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=120)
+    last = stderr.strip().splitlines()[-1]
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum, stdout + stderr
+    assert last.startswith(f"train.py: interrupted by {name}") and f"--resume {checkpoint}" in last, stderr
+    assert "Traceback" not in stderr and not os.path.exists(os.path.join(_run_dir(out, "fcn"), ".lock"))
+    assert load_checkpoint(checkpoint)["iteration"] > 0 or "while evaluating" in last
+    if signum == signal.SIGTERM:  # resumes exactly, as after Ctrl-C
+        proc = _spawn(data, out, ["--epochs", str(EPOCHS), "--resume", checkpoint])
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stdout + stderr
+        _assert_bitwise_equal(_weights(checkpoint), expected)
+
+
+def test_sigterm_to_torchrun_saves_on_the_main_process_and_no_rank_hangs(reference, tmp_path):
+    data, _, duration = reference
+    out = tmp_path / "runs"
+    run_dir = _run_dir(out, "fcn")
+    env = {**os.environ, "ENCODING_DATA": str(data), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "--no-python", sys.executable, "-c", _DRIVER, *RUN, "--output-dir", str(out),
+                             "--epochs", "3", "--no-cuda", "--dist-timeout", "60"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_until_training(proc)
+    time.sleep(0.3 * duration)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)  # what a batch scheduler sends; torchrun forwards it to every rank
+    stdout, stderr = proc.communicate(timeout=60)
+    assert time.monotonic() - started < 30 and proc.returncode != 0, stdout + stderr  # before torchrun's SIGKILL
+    assert "interrupted by SIGTERM" in stderr and "Traceback" not in stderr.split("torch.distributed")[0], stderr
+    saved = load_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME))
+    assert saved["iteration"] > 0 or saved["epoch"] >= 0
+    assert not os.path.exists(os.path.join(run_dir, ".lock"))
