@@ -143,7 +143,8 @@ def test_dataset_reads_generated_files_in_every_mode(tmp_path):
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: ensure_shapes in a subprocess; "slow" renders slowly (so that the other one starts meanwhile); with "foreign",
 #: every other process's pid looks dead to it, as it does from another PID namespace (a container sharing the folder).
-_ENSURE = ("import sys, time; import encoding.utils.files as files; from encoding.datasets.prepare import shapes_render\n"
+_ENSURE = ("import sys, time; import encoding.utils.files as files\n"
+           "from encoding.datasets.prepare import shapes_render\n"
            "if sys.argv[2] == 'foreign': files.pid_alive = lambda pid: False\n"
            "if sys.argv[2] == 'slow':\n"
            "    real = shapes_render._scene_for\n"

@@ -20,8 +20,8 @@ dataset that looks complete; the marker is written only after every file is chec
 missing file is generated again. Generations of one folder take turns under a lock the kernel releases when its holder
 dies (``<root>/.<folder>.lock``, :class:`~encoding.utils.rundir.FileLock`): processes sharing the data folder -- ranks,
 or containers with their own PID namespaces -- never delete each other's work; the waiting ones find the dataset
-done. Worker processes die with the process that forked them. :func:`ensure_shapes` is the prepare step (``python -m encoding.datasets.prepare
-shapes``); :class:`~encoding.datasets.ShapesSegmentation` runs it on first use.
+done. Worker processes die with the process that forked them. :func:`ensure_shapes` is the prepare step
+(``python -m encoding.datasets.prepare shapes``); :class:`~encoding.datasets.ShapesSegmentation` runs it on first use.
 """
 from __future__ import annotations
 
