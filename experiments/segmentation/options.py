@@ -10,7 +10,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from encoding.builders import OPTIMIZERS
-from encoding.engine.config import AMP_DTYPES, fill_from_recipe
+from encoding.engine.config import AMP_DTYPES, DIST_TIMEOUT_S, fill_from_recipe
 from encoding.utils.cli import (OneLineParser, non_negative_float, non_negative_int, positive_float, positive_int,
                                 scales, unit_float)
 
@@ -97,6 +97,8 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                         "and heads; about half the peak memory of FCN-ResNet50 for one extra forward per step "
                         "(docs/checkpointing.md)")
     p.add_argument("--clip-grad", type=positive_float, default=None, help="clip the global gradient norm")
+    p.add_argument("--dist-timeout", type=positive_float, default=DIST_TIMEOUT_S, metavar="SECONDS",
+                   help="under torchrun: end the job when a collective waits this long (a frozen or lost rank)")
     p.add_argument("--balance", choices=["none", "memory"], default="none",
                    help="memory: per-device split sizes chosen by the memory simulator to unload device 0")
     p.add_argument("--resume", default=None, help="checkpoint to resume from")
