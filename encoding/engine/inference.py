@@ -61,10 +61,6 @@ def denormalize(image: Tensor) -> Tensor:
     return (image.cpu() * std + mean).clamp(0, 1)
 
 
-#: Images narrower or shorter than this are padded for :func:`segment` (the largest output stride of the zoo).
-MIN_SIDE = 32
-
-
 @torch.inference_mode()
 def segment(model: nn.Module, image: Tensor, device: Optional[torch.device] = None) -> Tensor:
     """Class ids (``H x W`` ``int64``, on the CPU) of one normalised ``3 x H x W`` image.
@@ -77,10 +73,7 @@ def segment(model: nn.Module, image: Tensor, device: Optional[torch.device] = No
     """
     if device is None:
         device = next(model.parameters()).device
-    height, width = image.shape[-2:]
-    if min(height, width) < MIN_SIDE:  # a few pixels wide: below the networks' output stride, padded (mean colour)
-        image = nn.functional.pad(image, (0, max(0, MIN_SIDE - width), 0, max(0, MIN_SIDE - height)))
-    return predicted_labels(model(image.unsqueeze(0).to(device)))[0][:height, :width]
+    return predicted_labels(model(image.unsqueeze(0).to(device)))[0]
 
 
 def prediction_filename(name: str) -> str:
