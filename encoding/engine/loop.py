@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
+from ..utils.progress import progress_bar as tqdm
 
 from ..builders import param_groups  # the optimizer's groups are built there; the engine exports them too
 from ..parallel import DataParallelModel

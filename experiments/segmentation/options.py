@@ -29,7 +29,8 @@ def _add_model_options(p: argparse.ArgumentParser, script: str) -> None:
     """Dataset and network options (``test.py`` / ``demo.py``: ``None`` = from the checkpoint, else the recipe)."""
     p.add_argument("--dataset", default="shapes" if script == "train" else None,
                    help="dataset name (default: the embedded 'shapes'; test/demo: the checkpoint's)")
-    p.add_argument("--data-root", default=None, help="data root (default: $ENCODING_DATA or ~/.encoding/data)")
+    if script != "demo":  # demo reads no dataset
+        p.add_argument("--data-root", default=None, help="data root (default: $ENCODING_DATA or ~/.encoding/data)")
     p.add_argument("--model", default=None,
                    help="fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn, unet")
     p.add_argument("--backbone", default=None,
@@ -135,7 +136,9 @@ def _add_test_options(p: argparse.ArgumentParser) -> None:
 def _add_demo_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("images", nargs="+", metavar="IMAGE", help="JPEG/PNG images (any size; grey/RGBA converted)")
     p.add_argument("--out-dir", default="demo", help="where the mask and overlay PNGs go (default: demo)")
-    p.add_argument("--alpha", type=unit_float, default=0.5, help="weight of the mask in the overlay (0..1)")
+    p.add_argument("--overwrite", action="store_true", help="replace outputs that exist (default: refuse)")
+    p.add_argument("--alpha", type=unit_float, default=0.5, help="weight of the mask in the overlay, 0..1 (default: 0.5)")
+    p.add_argument("--blend-background", action="store_true", help="blend the background class too (default: not)")
     _add_multi_scale_options(p)
 
 
@@ -157,7 +160,10 @@ def build_parser(script: str = "train") -> argparse.ArgumentParser:
     if script == "demo":
         _add_demo_options(p)
     _add_model_options(p, script)
-    _add_device_options(p)
+    if script == "demo":  # one device, no loader: only --no-cuda of the device options
+        p.add_argument("--no-cuda", action="store_true", help="run on the CPU even when CUDA is available")
+    else:
+        _add_device_options(p)
     if script == "train":
         _add_training_options(p)
     else:

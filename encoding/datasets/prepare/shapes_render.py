@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
-from tqdm.auto import tqdm
+from ...utils.progress import progress_bar as tqdm
 
 from ..layout import (SHAPES_CLASSES, SHAPES_DEFAULT_NUM_TRAIN, SHAPES_DEFAULT_NUM_VAL, SHAPES_DEFAULT_SEED,
                       default_root, shapes_folder)
