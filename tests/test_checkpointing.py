@@ -1,5 +1,6 @@
 """Activation checkpointing (issue 17): exact against training without it — BatchNorm state, SyncBatchNorm over
 replicas and processes, dropout, AMP — plus per-replica random streams, failures, and the memory it saves."""
+import contextlib
 import copy
 import json
 import os
@@ -255,14 +256,35 @@ def tiny_spec(policy, crop=32):
                     criterion=SegmentationLosses(aux=True, nclass=NCLASS))
 
 
-def test_checkpointing_saves_memory_and_the_simulator_sees_it():
+@contextlib.contextmanager
+def intra_op_threads(count):
+    """``count`` intra-op threads inside the block (restored after)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("machine_threads", [1, 8], ids=["1-core-machine", "8-core-machine"])
+def test_checkpointing_saves_memory_and_the_simulator_sees_it(machine_threads):
     """Real allocations (profiler) and the simulation on fake tensors (FakeTensorMode runs the checkpointed
     model): every block checkpointed lowers the peak, and the simulation tracks the real peak as closely as
-    without checkpointing."""
+    without checkpointing — on any machine (``machine_threads``: the process's default thread count).
+
+    The real step runs on one intra-op thread. With checkpointing the peak moves from the end of the forward (no
+    kernel running) into a convolution's backward, and CPU ``convolution_backward`` holds workspaces that grow with
+    the thread count (per-thread weight-gradient buffers: +33792 bytes at 8 threads on a 2-core AVX2 machine, none
+    at 1 to 6; +17600 bytes at 2 to 16 threads on a 16-core AVX-512 Xeon). Fake tensors see no kernel workspace
+    (``--calibrate`` learns them), so at the default thread count of a machine with more cores this test measured
+    699904 real bytes against the simulation's 653136 and failed (issue 24, item 17). On one thread both machines
+    measure the same 682304 bytes."""
     program = DeviceProgram("balanced", 2, 2, source=True, replicas=1)
-    (real_plain, sim_plain), (real_cp, sim_cp) = [
-        (measure_program_cpu(spec, program).peak, simulate_program(spec, program).peak)
-        for spec in (tiny_spec(False), tiny_spec("backbone"))]
+    with intra_op_threads(machine_threads), intra_op_threads(1):
+        (real_plain, sim_plain), (real_cp, sim_cp) = [
+            (measure_program_cpu(spec, program).peak, simulate_program(spec, program).peak)
+            for spec in (tiny_spec(False), tiny_spec("backbone"))]
     assert real_cp < 0.8 * real_plain and sim_cp < 0.8 * sim_plain
     error_plain = abs(sim_plain - real_plain) / real_plain
     assert abs(sim_cp - real_cp) / real_cp <= error_plain + 0.03, (sim_cp, real_cp, sim_plain, real_plain)

@@ -291,3 +291,120 @@ def test_transforms_map_onto_torchvision():
 def test_top_level_package_exposes_functions_and_transforms():
     assert encoding.functions is functions
     assert hasattr(encoding, "transforms")
+
+
+# ------------------------------------------------------- PE's later names (issue 23 item 9), PE's documented maths
+
+
+def test_batchnormtrain_is_normalisation_with_given_statistics():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, 5, dtype=torch.float64, generator=g)
+    mean, gamma, beta = (torch.randn(4, dtype=torch.float64, generator=g) for _ in range(3))
+    std = torch.rand(4, dtype=torch.float64, generator=g) + 0.5
+    want = torch.stack([(x[:, c] - mean[c]) / std[c] * gamma[c] + beta[c] for c in range(4)], 1)
+    close(encoding.functions.batchnormtrain(x, mean, std, gamma, beta), want)
+    x2 = x[:, :, 0]  # N x C
+    close(encoding.functions.batchnormtrain(x2, mean, std, gamma, beta), (x2 - mean) / std * gamma + beta)
+    inputs = tuple(t.clone().requires_grad_() for t in (x, mean, std, gamma, beta))
+    assert torch.autograd.gradcheck(encoding.functions.batchnormtrain, inputs)
+    with pytest.raises(ValueError, match="N x C"):
+        encoding.functions.batchnormtrain(x[0, 0], mean, std, gamma, beta)
+
+
+def _greedy_nms(boxes, scores, threshold):
+    """The plain greedy NMS of PE's kernel on (x, y, w, h) boxes: the kept positions in score order."""
+    order = sorted(range(len(scores)), key=lambda i: -float(scores[i]))
+    kept = []
+    for pos, i in enumerate(order):
+        x, y, w, h = boxes[i].tolist()
+        def iou(j):
+            x2, y2, w2, h2 = boxes[j].tolist()
+            inter = max(0.0, min(x + w, x2 + w2) - max(x, x2)) * max(0.0, min(y + h, y2 + h2) - max(y, y2))
+            return inter / (w * h + w2 * h2 - inter)
+        if all(iou(order[k]) <= threshold for k in kept):
+            kept.append(pos)
+    return order, kept
+
+
+def test_non_max_suppression_has_pe_signature_and_greedy_semantics():
+    g = torch.Generator().manual_seed(3)
+    boxes = torch.cat([torch.rand(2, 30, 2, generator=g) * 10, torch.rand(2, 30, 2, generator=g) * 6 + 1], -1)
+    scores = torch.rand(2, 30, generator=g)
+    mask, indices = encoding.functions.NonMaxSuppression(boxes.double(), scores.double(), 0.3)
+    assert mask.shape == indices.shape == (2, 30) and mask.dtype == torch.bool
+    for b in range(2):
+        order, kept = _greedy_nms(boxes[b].double(), scores[b].double(), 0.3)
+        assert indices[b].tolist() == order
+        assert mask[b].nonzero().flatten().tolist() == kept
+        assert 0 < len(kept) < 30
+    # PE's docstring example: the third box overlaps the first (IoU > 0.7) and is dropped if it scores lower
+    example = torch.tensor([[[10., 20., 20., 15.], [24., 22., 50., 54.], [10., 21., 20., 14.5]]])
+    mask, indices = encoding.functions.NonMaxSuppression(example, torch.tensor([[0.9, 0.5, 0.8]]), 0.7)
+    assert indices[mask].tolist() == [0, 1]
+    with pytest.raises(ValueError, match="N x n x 4"):
+        encoding.functions.NonMaxSuppression(example[0], torch.ones(3), 0.5)
+
+
+def test_set_sbn_eps_mode_accepts_our_mode_and_refuses_clip():
+    encoding.nn.set_sbn_eps_mode("plus")
+    with pytest.raises(ValueError, match="'clip' is not provided"):
+        encoding.nn.set_sbn_eps_mode("clip")
+
+
+def test_upsample_conv2d_is_a_convolution_then_pixel_shuffle():
+    layer = encoding.nn.UpsampleConv2d(4, 3, 3, padding=1, scale_factor=2).double()
+    assert layer.weight.shape == (12, 4, 3, 3) and layer.bias.shape == (12,)
+    bound = 1 / (4 * 9) ** 0.5
+    assert layer.weight.abs().max() <= bound
+    x = torch.randn(2, 4, 5, 6, dtype=torch.float64)
+    conv = F.conv2d(x, layer.weight, layer.bias, padding=1)  # 2 x 12 x 5 x 6
+    want = torch.empty(2, 3, 10, 12, dtype=torch.float64)
+    for c in range(3):
+        for i in range(2):
+            for j in range(2):  # pixel shuffle: channel c*s² + i*s + j fills (i, j) of each 2 x 2 cell
+                want[:, c, i::2, j::2] = conv[:, c * 4 + i * 2 + j]
+    close(layer(x), want)
+    with pytest.raises(ValueError, match="divisible by groups"):
+        encoding.nn.UpsampleConv2d(4, 3, 3, groups=2)
+
+
+def test_inspiration_matches_the_target_gram_matrix():
+    layer = encoding.nn.Inspiration(3).double()
+    assert layer.weight.shape == (1, 3, 3) and 0 <= layer.weight.min() and layer.weight.max() <= 0.02
+    style = torch.randn(1, 3, 4, 4, dtype=torch.float64)
+    layer.setTarget(encoding.nn.GramMatrix()(style))
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+    P = layer.weight[0] @ layer.G[0]
+    want = torch.einsum("dc,ndl->ncl", P, x.flatten(2)).view_as(x)  # Y = (W G)ᵀ X per image
+    close(layer(x), want)
+    assert "G" not in layer.state_dict()
+
+
+def test_encoding_cosine_uses_dot_product_assignments():
+    layer = encoding.nn.EncodingCosine(D=4, K=3).double()
+    x = torch.randn(2, 4, 3, 2, dtype=torch.float64)
+    X = x.flatten(2).transpose(1, 2)  # B x N x D
+    A = torch.softmax(X @ layer.codewords.t(), dim=2)
+    want = (A.unsqueeze(-1) * (X.unsqueeze(2) - layer.codewords)).sum(1)
+    close(layer(x), want)
+    close(layer(x.flatten(2)), want)
+
+
+def test_conv_bn_act_has_pe_submodules_and_refuses_what_is_missing():
+    block = encoding.nn.ConvBnAct(3, 5, 3, padding=1)
+    assert list(dict(block.named_children())) == ["conv", "bn", "relu"]
+    assert isinstance(block.bn, nn.BatchNorm2d) and block(torch.randn(2, 3, 4, 4)).min() >= 0
+    assert list(dict(encoding.nn.ConvBnAct(3, 5, 1, act=False).named_children())) == ["conv", "bn"]
+    with pytest.raises(ValueError, match="SplAtConv2d / RFConv2d"):
+        encoding.nn.ConvBnAct(3, 5, 3, radix=2)
+
+
+def test_nll_multilabel_smooth_on_soft_targets():
+    loss = encoding.nn.NLLMultiLabelSmooth(0.2)
+    x = torch.randn(4, 5, dtype=torch.float64)
+    t = torch.softmax(torch.randn(4, 5, dtype=torch.float64), 1)
+    logp = torch.log_softmax(x, -1)
+    want = (0.8 * -(logp * t).sum(-1) + 0.2 * -logp.mean(-1)).mean()
+    close(loss(x, t), want)
+    hard = torch.tensor([0, 2, 1, 4])
+    close(loss.eval()(x, hard), F.cross_entropy(x, hard))

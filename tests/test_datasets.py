@@ -592,3 +592,38 @@ def test_missing_mask_and_empty_split(tmp_path):
     with pytest.raises(DatasetError, match="split file is empty") as info:
         _voc(tmp_path)
     assert info.value.path == split
+
+
+# ----------------------------------------------------------------- the one image reader (issue 24.9): odd images
+def test_datasets_read_exif_rotated_and_16_bit_images_as_displayed(tmp_path):
+    base, ids = make_voc(str(tmp_path))
+    first = os.path.join(base, "JPEGImages", ids[0] + ".jpg")
+    displayed = Image.open(first).convert("RGB")
+    stored = displayed.transpose(Image.Transpose.ROTATE_90)  # what a phone stores with orientation 6
+    exif = stored.getexif()
+    exif[0x0112] = 6
+    stored.save(first, quality=95, exif=exif.tobytes())
+    second = os.path.join(base, "JPEGImages", ids[1] + ".jpg")
+    grey = np.asarray(Image.open(second).convert("L"))
+    Image.fromarray(grey.astype(np.uint16) * 257).save(second, format="PNG")  # a 16-bit grey scan
+    ds = get_segmentation_dataset("pascal_voc", root=str(tmp_path), split="train", mode="testval")
+    image, mask = ds[0]  # before: "mask size 72x48 differs from its image"
+    assert tuple(image.shape[-2:]) == tuple(mask.shape) == (displayed.height, displayed.width)
+    assert colour_agreement(image, mask) > 0.95
+    scan, _ = ds[1]
+    pixels = (scan * STD + MEAN) * 255.0
+    assert float((pixels[0] - torch.from_numpy(grey).float()).abs().max()) < 1.0  # not clipped to white
+    assert torch.allclose(pixels[0], pixels[1], atol=1e-3) and torch.allclose(pixels[0], pixels[2], atol=1e-3)
+
+
+def test_the_reader_scales_16_bit_and_names_a_bad_file(tmp_path):
+    from encoding.datasets.base import check_image, read_rgb
+    ramp = np.linspace(0, 65535, 4 * 3).reshape(3, 4).astype(np.uint16)
+    Image.fromarray(ramp).save(tmp_path / "ramp.png")
+    rgb = read_rgb(str(tmp_path / "ramp.png"))
+    assert rgb.shape == (3, 4, 3) and rgb.dtype == np.uint8
+    np.testing.assert_array_equal(rgb[..., 0], np.rint(ramp / 257.0).astype(np.uint8))
+    (tmp_path / "bad.png").write_bytes(b"not a png")
+    for reader in (read_rgb, check_image):
+        with pytest.raises(DatasetError, match="bad.png.*cannot decode image"):
+            reader(str(tmp_path / "bad.png"))

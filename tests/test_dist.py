@@ -2,6 +2,9 @@
 import json
 import os
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -105,3 +108,44 @@ def test_shard_sampler_scores_every_sample_once():
     assert shards == [[0, 2, 4], [1, 3]]
     assert [len(ShardSampler(range(5), rank=rank, world_size=2)) for rank in (0, 1)] == [3, 2]
     assert list(ShardSampler(range(3))) == [0, 1, 2]  # one process: everything, in order
+
+
+# -- issue 24: a frozen rank ends the job within --dist-timeout -----------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: One rank of train.py (RANK etc. in the environment) on the tiny shapes set; rank 1 freezes itself (SIGSTOP) at
+#: its second optimizer step, after writing the time into sys.argv[1].
+_FROZEN_PEER = (
+    "import os, signal, sys, time; sys.path[:0] = ['tests', 'experiments/segmentation']\n"
+    "from conftest import tiny_shapes_pair; import train; import encoding.engine.loop as loop\n"
+    "stamp = sys.argv.pop(1); real = loop.backward_step; steps = []\n"
+    "def step(*args, **kwargs):\n"
+    "    steps.append(1)\n"
+    "    if os.environ['RANK'] == '1' and len(steps) == 2:\n"
+    "        open(stamp, 'w').write(repr(time.time())); os.kill(os.getpid(), signal.SIGSTOP)\n"
+    "    return real(*args, **kwargs)\n"
+    "loop.backward_step = step\n"
+    "sys.exit(train.cli(sys.argv[1:], datasets=tiny_shapes_pair()))")
+
+
+def test_a_frozen_rank_ends_the_job_within_dist_timeout(tmp_path):
+    timeout = 10
+    port, stamp = _free_port(), str(tmp_path / "stopped")
+    argv = ["--model", "fcn", "--backbone", "resnet18", "--crop-size", "32", "--base-size", "40", "--batch-size",
+            "2", "--workers", "0", "--epochs", "1", "--no-val", "--no-cuda", "--output-dir", str(tmp_path / "runs"),
+            "--dist-timeout", str(timeout)]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "ENCODING_DATA": str(tmp_path / "data")}
+        procs.append(subprocess.Popen([sys.executable, "-c", _FROZEN_PEER, stamp, *argv], cwd=ROOT, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        out, err = procs[0].communicate(timeout=180)
+        ended = time.time()
+        assert os.path.exists(stamp), out + err  # rank 1 froze; rank 0 ended on its own
+        assert procs[0].returncode != 0 and ended - float(open(stamp).read()) < timeout + 15, out + err
+        assert "Timed out" in err, err
+    finally:
+        for proc in procs:
+            proc.kill()  # SIGKILL ends a stopped process too
+            proc.communicate()

@@ -547,3 +547,108 @@ def test_broken_cross_reference_fails_the_build(tmp_path):
     assert result.returncode != 0
     assert "encoding.parallel.no_such_function" in result.stderr
     assert "DataParallelModel" not in result.stderr
+
+
+def test_model_table_says_which_presets_have_published_weights(built_site):
+    from encoding.models import pretrained_model_list
+
+    rows = {row["name"]: row for row in _extension().model_rows()}
+    assert rows["fcn"]["weights"] == [p for p in pretrained_model_list() if p.startswith("fcn_")]
+    assert "fcn_resnet50_voc" in rows["fcn"]["weights"] and rows["encnet"]["weights"] == []
+    html = (built_site / "models.html").read_text(encoding="utf-8")
+    table = html[html.index("encoding-model-table"):]
+    table = table[:table.index("</table>")]
+    assert "published weights" in table and "deeplab_resnet101_coco" in table
+
+
+# ------------------------------------------------------------------- unrendered reST markup (issue 23, item 11)
+
+#: What a reader must never see as typed: a double backquote, a role (``:meth:`x```), a reST link (```x`_``).
+UNRENDERED = re.compile(r"``|:[a-z]+(?::[a-z]+)?:`[^`]*`|`[^`\s][^`]*`_\b")
+
+
+def _visible_text(html: str) -> str:
+    """The text a reader sees on a built page, without scripts, styles and code blocks (``<pre>``)."""
+    from html.parser import HTMLParser
+
+    class Text(HTMLParser):
+        skip, parts = 0, []
+
+        def handle_starttag(self, tag, attrs):
+            self.skip += tag in ("script", "style", "pre")
+
+        def handle_endtag(self, tag):
+            self.skip -= tag in ("script", "style", "pre")
+
+        def handle_data(self, data):
+            if not self.skip:
+                self.parts.append(data)
+
+    parser = Text()
+    parser.parts = []
+    parser.feed(html)
+    return "".join(parser.parts)
+
+
+def unrendered_markup(text: str) -> List[str]:
+    """The unrendered role / literal markup in ``text``, each with some context."""
+    return [text[max(0, m.start() - 40):m.end() + 40].replace("\n", " ") for m in UNRENDERED.finditer(text)]
+
+
+def test_unrendered_markup_is_detected():
+    html = ('<p>Device lists hold <code class="docutils literal"><span class="pre">torch.device``s</span></code> and '
+            'override :meth:`scatter`.</p><pre>``code`` is fine here</pre>')
+    found = unrendered_markup(_visible_text(html))
+    assert len(found) == 2 and "torch.device``s" in found[0] and ":meth:`scatter`" in found[1]
+    assert unrendered_markup(_visible_text("<p><code>torch.device</code> objects</p>")) == []
+
+
+def test_built_pages_show_no_unrendered_markup(built_site):
+    """-W does not catch ``x``s (an inline literal whose end is followed by a letter runs on to the next ``) or a
+    role swallowed by such a literal: the reader sees the markup as typed. No built page may show any."""
+    found = {}
+    for page in sorted(built_site.rglob("*.html")):
+        if {"_modules", "_static", "_sources"} & set(page.relative_to(built_site).parts):
+            continue
+        hits = unrendered_markup(_visible_text(page.read_text(encoding="utf-8")))
+        if hits:
+            found[str(page.relative_to(built_site))] = hits
+    assert found == {}, f"unrendered markup on the built pages: {found}"
+
+
+def test_docstrings_have_no_unrendered_markup():
+    """Every docstring of encoding/ (documented or not) parsed as Sphinx would (napoleon, then docutils): no text
+    outside code blocks shows a double backquote or a role as typed."""
+    from docutils import nodes
+    from docutils.core import publish_doctree
+    from docutils.parsers.rst import roles
+    from sphinx.ext.napoleon import Config, GoogleDocstring
+
+    def role(name, rawtext, text, lineno, inliner, options=None, content=None):
+        return [nodes.literal(rawtext, text)], []
+
+    for name in ("class", "meth", "func", "mod", "data", "attr", "obj", "exc", "ref", "doc", "math", "py:class",
+                 "py:func", "py:meth", "py:mod", "py:data", "py:attr", "py:obj", "py:exc"):
+        roles.register_local_role(name, role)
+    skipped = (nodes.literal_block, nodes.doctest_block, nodes.math, nodes.math_block, nodes.system_message)
+
+    def texts(node) -> Iterator[str]:
+        if isinstance(node, nodes.Text):
+            yield str(node)
+        elif not isinstance(node, skipped):
+            for child in node.children:
+                yield from texts(child)
+
+    config = Config(napoleon_use_param=True)
+    found = []
+    for path in sorted((ROOT / "encoding").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            doc = ast.get_docstring(node)
+            if doc:
+                rst = str(GoogleDocstring(doc, config))
+                tree = publish_doctree(rst, settings_overrides={"report_level": 5, "halt_level": 5})
+                found += [f"{rel(path)}:{getattr(node, 'lineno', 1)}: {hit}"
+                          for hit in unrendered_markup(" ".join(texts(tree)))]
+    assert found == [], "\n".join(found)

@@ -44,6 +44,20 @@ def test_backward_step_clips_and_steps():
     torch.testing.assert_close(layer.weight.detach(), before - layer.weight.grad)
 
 
+@pytest.mark.parametrize("clip", [-1.0, 0, 0.0, float("nan"), float("inf"), "1.0", True])
+def test_backward_step_refuses_a_clip_it_cannot_use(clip):
+    """A negative max norm made torch's clipping flip the gradients (training climbed); every bad value is refused
+    before any gradient is touched, naming the argument."""
+    layer = nn.Linear(3, 1, bias=False)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=1.0)
+    before = layer.weight.detach().clone()
+    with pytest.raises(ValueError, match=r"backward_step: clip_grad_norm must be a positive finite number"):
+        backward_step(layer(torch.ones(2, 3)).sum(), optimizer, None, clip_grad_norm=clip)
+    assert torch.equal(layer.weight, before) and layer.weight.grad is None
+    with pytest.raises(ValueError, match=r"backward_step: loss must be a scalar tensor"):
+        backward_step(layer(torch.ones(2, 3)), optimizer)
+
+
 def test_train_one_epoch_rejects_nan_loss():
     model = nn.Conv2d(3, 2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

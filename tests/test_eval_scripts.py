@@ -151,3 +151,118 @@ def test_demo_names_a_file_that_is_not_an_image(trained, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "notes.jpg" in err[0] and "cannot decode image" in err[0]
     assert not (tmp_path / "o").exists()  # inputs are checked before any work
+
+
+# ------------------------------------------------------------------ round 2: demo outputs, odd images, memory, help
+def _photo(base, path, size=None):
+    image = Image.open(val_images(base)[0]).convert("RGB")
+    image = image.resize(size) if size else image
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
+    return image
+
+
+def _demo_modules(script):
+    """The demo script and the library module that does its work (where the names to patch are bound)."""
+    import importlib
+    try:
+        return [script, importlib.import_module("encoding.engine.demo")]
+    except ImportError:
+        return [script]
+
+
+def test_demo_keeps_inputs_of_the_same_name_apart_and_refuses_to_replace_outputs(trained, tmp_path, capsys):
+    base, checkpoint, _ = trained
+    first, second = _photo(base, tmp_path / "a" / "x.png"), _photo(base, tmp_path / "b" / "x.png", (40, 30))
+    out = tmp_path / "out"
+    demo = load_script("demo")
+    written = demo.main([str(tmp_path / "a" / "x.png"), str(tmp_path / "b" / "x.png"), "--resume", checkpoint,
+                         "--out-dir", str(out)])
+    assert written == [(str(out / d / "x_mask.png"), str(out / d / "x_overlay.png")) for d in ("a", "b")]
+    assert Image.open(written[0][0]).size == first.size and Image.open(written[1][0]).size == second.size
+    # same stem in one folder: the extension keeps them apart
+    _photo(base, tmp_path / "c" / "y.png"), _photo(base, tmp_path / "c" / "y.jpg")
+    pair = demo.main([str(tmp_path / "c" / "y.png"), str(tmp_path / "c" / "y.jpg"), "--resume", checkpoint,
+                      "--out-dir", str(tmp_path / "out2")])
+    assert len({m for m, _ in pair}) == 2 and all(os.path.isfile(m) for m, _ in pair)
+    # a second run into the same folder is refused, in one line naming the file, and changes nothing
+    before = os.path.getmtime(written[0][0])
+    argv = [str(tmp_path / "a" / "x.png"), str(tmp_path / "b" / "x.png"), "--resume", checkpoint, "--out-dir", str(out)]
+    capsys.readouterr()
+    assert demo.cli(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "x_mask.png exists" in err[0] and "--overwrite" in err[0]
+    assert os.path.getmtime(written[0][0]) == before
+    assert demo.cli(argv + ["--overwrite"]) == 0
+
+
+def test_demo_reads_16_bit_exif_rotated_and_tiny_images(trained, tmp_path):
+    base, checkpoint, _ = trained
+    rgb = np.asarray(_photo(base, tmp_path / "eight.png"))
+    grey8 = rgb.mean(axis=2).round().astype(np.uint8)
+    Image.fromarray(grey8).save(tmp_path / "eight.png")
+    Image.fromarray(grey8.astype(np.uint16) * 257).save(tmp_path / "sixteen.png")  # 16-bit PNG, same picture
+    assert Image.open(tmp_path / "sixteen.png").mode.startswith("I")
+    stored = Image.fromarray(rgb[:, : rgb.shape[1] // 2])  # not square: a rotation changes its size
+    exif = stored.getexif()
+    exif[0x0112] = 6  # "rotate 90 CW to display"
+    stored.save(tmp_path / "phone.jpg", exif=exif.tobytes())
+    Image.fromarray(rgb[:20, :3]).save(tmp_path / "narrow.png")
+    names = ["eight.png", "sixteen.png", "phone.jpg", "narrow.png"]
+    written = load_script("demo").main([str(tmp_path / n) for n in names] + ["--resume", checkpoint,
+                                                                             "--out-dir", str(tmp_path / "out")])
+    masks = [np.asarray(Image.open(m)) for m, _ in written]
+    np.testing.assert_array_equal(masks[1], masks[0])  # the 16-bit image is the 8-bit one, not white
+    np.testing.assert_array_equal(read_image(str(tmp_path / "sixteen.png")), read_image(str(tmp_path / "eight.png")))
+    assert masks[2].shape == (stored.width, stored.height)  # the displayed (upright) orientation
+    assert masks[3].shape == (20, 3)
+
+
+def test_demo_leaves_no_partial_output_when_an_image_fails(trained, tmp_path, monkeypatch):
+    base, checkpoint, _ = trained
+    _photo(base, tmp_path / "x.png")
+    demo = load_script("demo")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("overlay failed")
+    for module in _demo_modules(demo):
+        if hasattr(module, "overlay_with_legend"):
+            monkeypatch.setattr(module, "overlay_with_legend", broken)
+    assert demo.cli([str(tmp_path / "x.png"), "--resume", checkpoint,
+                                    "--out-dir", str(tmp_path / "out")]) == 1
+    assert not (tmp_path / "out").exists() or not [f for f in os.listdir(tmp_path / "out")]
+
+
+def test_demo_holds_one_image_at_a_time(trained, tmp_path, monkeypatch):
+    """Peak memory independent of the number of images: at most one decoded image is alive while segmenting."""
+    import weakref
+    base, checkpoint, _ = trained
+    paths = [str(_photo(base, tmp_path / f"{i}.png") and tmp_path / f"{i}.png") for i in range(4)]
+    import encoding.engine.inference as inference
+    alive, most = [], []
+    original = inference.read_image
+
+    def tracked(path):
+        image = original(path)
+        alive.append(weakref.ref(image))
+        return image
+
+    def counting_segment(model, image, device=None):
+        most.append(sum(ref() is not None for ref in alive))
+        return inference.segment(model, image, device)
+    demo = load_script("demo")
+    for module in _demo_modules(demo):
+        for name, patched in (("read_image", tracked), ("segment", counting_segment)):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, patched)
+    demo.main(paths + ["--resume", checkpoint, "--out-dir", str(tmp_path / "out")])
+    assert len(most) == 4 and max(most) == 1, most
+
+
+def test_demo_help_lists_only_what_demo_uses_and_shows_defaults(capsys):
+    with pytest.raises(SystemExit):
+        load_script("demo").main(["--help"])
+    text = capsys.readouterr().out
+    for unused in ("--workers", "--amp", "--device-ids", "--seed", "--data-root"):
+        assert unused not in text
+    assert "(default: 0.5)" in text and "--blend-background" in text and "--overwrite" in text

@@ -1,5 +1,6 @@
 """Memory balance: the simulator against real CPU allocations (torch.profiler), the split search, the tool."""
 import json
+import os
 import random
 
 import pytest
@@ -218,14 +219,15 @@ def test_tool_report_table_json_and_chart(tmp_path, capsys):
     assert set(saved["strategies"]) == {"gather", "balanced", "balanced-auto", "ddp"}
     for entry in saved["strategies"].values():
         assert len(entry["peak_mib"]) == 3 and sum(entry["split"]) == 6
-        assert entry["max_over_mean"] >= 1 and entry["max_over_min"] >= 1 and entry["step_s"] >= 0
+        assert entry["max_over_mean"] >= 1 and entry["max_over_min"] >= 1
+        assert "step_s" not in entry  # simulated: the simulator's own time is no step time (issue 23, item 8)
         assert entry["max_batch"] >= 3
     s = saved["strategies"]
     assert s["gather"]["peak_mib"][0] > s["balanced"]["peak_mib"][0]
     assert max(s["balanced-auto"]["peak_mib"]) <= max(s["balanced"]["peak_mib"])
     assert s["balanced-auto"]["max_batch"] >= s["balanced"]["max_batch"] > s["gather"]["max_batch"]
     assert saved["config"]["batch_size"] == 6 and saved["config"]["mode"] == "simulated"
-    assert "max/mean" in out and "balanced-auto" in out
+    assert "max/mean" in out and "balanced-auto" in out and "step s" not in out
     assert (tmp_path / "memory_balance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -267,8 +269,26 @@ def test_tool_without_matplotlib_still_writes_json(tmp_path, monkeypatch, capsys
     assert "pip install matplotlib" in capsys.readouterr().err
 
 
+def _one_line_error(argv, capsys):
+    """The one stderr line of ``parse_args(argv)``, which must exit with status 2."""
+    with pytest.raises(SystemExit) as exc:
+        cli.parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m encoding.memory: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+@pytest.mark.parametrize("option", ["--simulate", "--crop-size", "--nclass", "--batch-size", "--steps"])
+def test_zero_and_negative_counts_are_errors_naming_the_option(option, value, capsys):
+    """``--crop-size 0`` / ``--nclass 0`` no longer run with the dataset's defaults (issue 23, item 4)."""
+    assert f"argument {option}: must be > 0, got {value}" in _one_line_error([f"{option}={value}"], capsys)
+
+
 @pytest.mark.parametrize("argv,message", [
-    (["--simulate", "0"], "--simulate must be at least 1"),
+    (["--memory-limit", "11"], "--memory-limit: memory size '11' has no unit; write e.g. 11GiB"),
+    (["--memory-limit=-1GiB"], "--memory-limit: cannot read memory size '-1GiB'"),
     (["--strategies", "gather,fastest"], "unknown 'fastest'"),
     (["--simulate", "4", "--batch-size", "3"], "smaller than the 4 devices"),
     (["--memory-limit", "eleven"], "cannot read memory size 'eleven'"),
@@ -277,20 +297,69 @@ def test_tool_without_matplotlib_still_writes_json(tmp_path, monkeypatch, capsys
     (["--dataset", "mars"], "unknown 'mars'"),
 ])
 def test_bad_values_give_one_line_errors(argv, message, capsys):
+    """Zero, negative and unit-less values are errors naming the option (issue 23, item 4), in one line without
+    the usage block, exit status 2 (issue 24, item 14)."""
     if "--devices" in argv and torch.cuda.is_available():
         pytest.skip("this machine has CUDA devices")
-    with pytest.raises(SystemExit) as exc:
-        cli.parse_args(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert message in err[-1]
+    assert message in _one_line_error(argv, capsys)
 
 
 def test_parse_memory_units():
     assert parse_memory("11GiB") == 11 * 2 ** 30
     assert parse_memory("12GB") == 12 * 10 ** 9
     assert parse_memory("1536 MiB") == 1536 * 2 ** 20
-    assert parse_memory("2048") == 2048
+    assert parse_memory("2048B") == 2048
+    for bare in ("2048", "11", "0.5"):
+        with pytest.raises(ValueError, match="has no unit"):
+            parse_memory(bare)
+
+
+@pytest.mark.parametrize("where", ["out-dir-is-a-file", "json-is-a-directory", "chart-under-a-file",
+                                   "read-only-out-dir"])
+def test_unwritable_outputs_fail_before_any_work(where, tmp_path, monkeypatch, capsys):
+    """An unwritable --out-dir, a directory given as --json, ... stop in one line before the simulation starts
+    (issue 24, item 14)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    argv, option = {"out-dir-is-a-file": (["--out-dir", str(blocker / "sub")], "--out-dir"),
+                    "json-is-a-directory": (["--json", str(tmp_path)], "--json"),
+                    "chart-under-a-file": (["--chart", str(blocker / "c.png")], "--chart"),
+                    "read-only-out-dir": (["--out-dir", str(tmp_path / "ro" / "new")], "--out-dir")}[where]
+    if where == "read-only-out-dir":
+        (tmp_path / "ro").mkdir(mode=0o555)
+        if os.access(tmp_path / "ro", os.W_OK):
+            pytest.skip("running as root: a read-only folder is writable")
+    monkeypatch.setattr(cli, "memory_report", lambda *a, **k: pytest.fail("the simulation started"))
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--simulate", "2"] + argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and f"error: {option}: " in err[0], err
+
+
+class LinearCosts:
+    """A stand-in simulator: each device's peak is 1000 bytes plus 10 per sample."""
+
+    def peaks(self, strategy, split):
+        return [1000 + 10 * n for n in split]
+
+
+def test_max_batch_has_no_silent_cap():
+    """1000 devices of which each fits 45 samples: 45,000 (the old search answered its cap, 4096; issue 24,
+    item 10)."""
+    assert max_batch(LinearCosts(), "balanced", 1000, 1000 + 10 * 45) == 45000
+    assert max_batch(LinearCosts(), "balanced", 1000, 1000 + 10 * 45 + 9) == 45000
+    assert max_batch(LinearCosts(), "balanced", 3, 999) == 0
+    assert max_batch(LinearCosts(), "balanced", 2, 1000 + 10 * 4000, upper=100) == 100
+
+
+def test_tool_max_batch_beyond_4096_fits_and_one_more_does_not(tmp_path):
+    report = cli.main(["--model", "fcn", "--backbone", "resnet18", "--crop-size", "32", "--simulate", "2",
+                       "--strategies", "balanced", "--max-batch", "--memory-limit", "4GiB", "--out-dir", str(tmp_path)])
+    best = report["strategies"]["balanced"]["max_batch"]
+    simulator = Simulator(segmentation_spec("fcn", "resnet18", 21, 32), 512)
+    assert best > 4096
+    assert max(strategy_peaks(simulator, "balanced", best, 2)[1]) <= 4 * 2 ** 30
+    assert max(strategy_peaks(simulator, "balanced", best + 1, 2)[1]) > 4 * 2 ** 30
 
 
 @pytest.mark.gpu
@@ -310,3 +379,70 @@ def test_a_device_with_one_sample_behind_global_pooling_is_simulated():
     peaks = Simulator(spec).peaks("balanced", [1, 1, 1])
     assert peaks[0] > peaks[1] > 0
     assert measure_program_cpu(spec, DeviceProgram("balanced", 1, 3, source=False, replicas=3)).peak > 0
+
+
+def _synthetic_report(devices=16, mode="simulated", checkpoint="backbone"):
+    """A report as memory_report writes it: 4 strategies, 5-digit MiB peaks, max batch, checkpointing."""
+    entry = {"peak_mib": [12159.73] * devices, "max_over_mean": 1.509, "max_over_min": 1.628,
+             "split": [2] * devices, "max_batch": 866000, "plain_peak_mib": [23456.78] * devices,
+             "saving_mib": [11297.05] * devices}
+    if mode == "measured":
+        entry["step_s"] = 0.2345
+    config = {"model": "encnet", "backbone": "resnet101", "dataset": "ade20k", "nclass": 150, "batch_size": 2 * devices,
+              "crop_size": 480, "aux": True, "se_loss": True, "amp": True, "calibrate": True,
+              "memory_limit": "11GiB", "memory_limit_mib": 11264.0, "checkpoint": checkpoint, "mode": mode,
+              "devices": devices, "strategies": ["gather", "balanced", "balanced-auto", "ddp"]}
+    if mode == "measured":
+        config["steps"] = 3
+    return {"config": config, "strategies": {s: dict(entry) for s in config["strategies"]}}
+
+
+@pytest.mark.parametrize("mode", ["simulated", "measured"])
+def test_table_stays_under_120_characters_and_labels_step_time(mode):
+    """16 devices, every row (split, max batch, checkpointing) under 120 characters (issue 23, item 15); a step
+    time only where it was measured, labelled so (issue 23, item 8)."""
+    from encoding.memory.report import format_report
+
+    table = format_report(_synthetic_report(16, mode))
+    assert max(len(line) for line in table.splitlines()) < 120, table
+    assert ("step s (measured)" in table) == (mode == "measured") and "step s " not in table.replace(
+        "step s (measured)", "")
+    assert "12159.7 (2)" in table and "866000" in table and "11297.0" in table
+
+
+def test_chart_draws_the_memory_limit_and_names_the_options():
+    """The chart draws --memory-limit as a line and its title names --checkpoint, --amp and --calibrate
+    (issue 23, item 15)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from encoding.memory.report import chart_figure
+
+    report = _synthetic_report(3)
+    fig = chart_figure(report)
+    try:
+        ax = fig.axes[0]
+        limits = [line for line in ax.get_lines() if line.get_label() == "--memory-limit 11GiB"]
+        assert len(limits) == 1 and list(limits[0].get_ydata()) == [11264.0, 11264.0]
+        title = ax.get_title()
+        for words in ("encnet-resnet101", "simulated", "--checkpoint backbone", "--amp bf16", "--calibrate on"):
+            assert words in title, title
+    finally:
+        plt.close(fig)
+    report["config"].update(memory_limit=None, memory_limit_mib=None)
+    fig = chart_figure(report)
+    assert not fig.axes[0].get_lines()
+    plt.close(fig)
+
+
+def test_docs_give_the_tools_sizes_in_its_units():
+    """README and docs/memory.md state sizes in MiB / GiB, the units the tool prints (issue 23, item 14)."""
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for name in ("README.md", os.path.join("docs", "memory.md")):
+        with open(os.path.join(root, name), encoding="utf-8") as f:
+            text = f.read()
+        decimal = [m.group(0) for m in re.finditer(r"\b\d+(\.\d+)?\s?(GB|MB|KB|TB)\b", text)
+                   if m.group(0) != "12GB"]  # "12GB" is the documented decimal spelling --memory-limit accepts
+        assert not decimal, f"{name}: {decimal}"

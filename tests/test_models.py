@@ -478,3 +478,65 @@ def test_model_on_cuda_matches_cpu(name, monkeypatch):
     assert all(p.grad is not None and p.grad.is_cuda for p in model.parameters())
     evaluator = MultiEvalModule(model.eval(), NCLASS, base_size=64, crop_size=48, scales=(0.75, 1.25))
     assert evaluator(x.cuda()).device.type == "cuda"
+
+
+# ------------------------------------------------------------------ PyTorch-Encoding's model API (issue 23, 9, 10)
+
+
+def test_pe_keywords_are_accepted_with_one_future_warning():
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = get_segmentation_model("encnet", dataset="pascal_voc", backbone="resnet18", base_size=96,
+                                       crop_size=64, mean=[.5, .5, .5], std=[.2, .2, .2], root="~/.encoding/models")
+    future = [w for w in caught if issubclass(w.category, FutureWarning)]
+    assert len(future) == 1 and "base_size, crop_size, mean, root, std" in str(future[0].message)
+    assert future[0].filename == __file__  # points at the caller's line
+    assert model.eval()(torch.randn(1, 3, 64, 64))["out"].shape == (1, 21, 64, 64)
+    # dilated=False is PE's plain backbone (output stride 32); jpu="JPU" is FastFCN's neck
+    assert build("fcn", dilated=False).backbone.output_stride == 32
+    assert build("fcn", dilated=True).backbone.output_stride == 8
+    assert isinstance(build("fcn", jpu="JPU").neck, encoding.models.JPU)
+    with pytest.raises(ValueError, match="no head option bogus"), pytest.warns(FutureWarning, match="base_size"):
+        build("encnet", base_size=96, bogus=1)
+
+
+def test_pe_attribute_names_are_the_same_modules():
+    model = build("encnet", aux=True, se_loss=True)
+    assert model.pretrained is model.backbone and model.head is model.classifier
+    assert model.auxlayer is model.aux_classifier and build("fcn").auxlayer is None
+    assert not any(k.startswith(("pretrained.", "head.", "auxlayer.")) for k in model.state_dict())
+
+
+def test_pe_tuple_outputs_adapter():
+    from encoding.legacy import pe_tuple, tuple_outputs
+    torch.manual_seed(0)
+    model = build("encnet", aux=True, se_loss=True).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        d = model(x)
+        assert tuple_outputs(model) is tuple_outputs(model) is model  # in place, idempotent
+        pred, se, aux = model(x)
+    assert torch.equal(pred, d["out"]) and torch.equal(se, d["se"]) and torch.equal(aux, d["aux"])
+    assert pe_tuple({"out": d["out"], "aux": d["aux"]})[1] is d["aux"]
+    with pytest.raises(TypeError, match="dict with 'out'"):
+        pe_tuple({"logits": d["out"]})
+    # PE's training step: a tuple through DataParallelModel into PE's SegmentationLosses
+    model.train()
+    criterion = DataParallelCriterion(SegmentationLosses(se_loss=True, aux=True, nclass=NCLASS), ["cpu", "cpu"])
+    outputs = DataParallelModel(model, ["cpu", "cpu"])(x)
+    assert all(isinstance(o, tuple) and len(o) == 3 for o in outputs)
+    loss = criterion(outputs, torch.randint(0, NCLASS, (2, 32, 32)))
+    assert torch.isfinite(loss)
+
+
+def test_pretrained_model_list_names_the_presets_with_weights():
+    from encoding.models import pretrained_model_list
+    with_weights = pretrained_model_list()
+    assert set(with_weights) <= set(model_list) and "fcn_resnet50_voc" in with_weights
+    assert {p.split("_")[0] for p in with_weights} == {"fcn", "deeplab"}
+    assert {p.rsplit("_", 1)[1] for p in with_weights} == {"voc", "aug", "coco"}
+    assert len(with_weights) == 12 and "encnet_resnet50_pcontext" not in with_weights
+    with pytest.raises(ValueError, match="no published weights for the preset 'encnet_resnet50_pcontext'; presets "
+                                         "with published weights: deeplab_resnet101_aug, "):
+        get_model("encnet_resnet50_pcontext", pretrained=True)

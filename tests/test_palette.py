@@ -105,3 +105,21 @@ def test_overlay():
         overlay(image, mask[:3], "shapes")
     with pytest.raises(ValueError, match="alpha"):
         overlay(image, mask, "shapes", alpha=1.5)
+
+
+def test_overlay_leaves_the_background_unblended_and_reads_3_pixel_wide_tensors():
+    from encoding.engine.inference import overlay_with_legend
+    from encoding.datasets.shapes import SHAPES_CLASSES
+    rng = np.random.default_rng(2)
+    image = rng.integers(0, 256, size=(6, 5, 3), dtype=np.uint8)
+    mask = rng.integers(0, 3, size=(6, 5))
+    mask[0, :] = 0
+    kept = np.asarray(overlay(image, mask, "shapes", 0.5, unblended=(0,)))
+    np.testing.assert_array_equal(kept[mask == 0], image[mask == 0])
+    assert (kept[mask != 0] != image[mask != 0]).any()
+    shown = np.asarray(overlay_with_legend(image, mask, "shapes", SHAPES_CLASSES))[:6]
+    np.testing.assert_array_equal(shown[mask == 0], image[mask == 0])  # the photo is not darkened
+    blended = np.asarray(overlay_with_legend(image, mask, "shapes", SHAPES_CLASSES, blend_background=True))[:6]
+    np.testing.assert_array_equal(blended, np.asarray(overlay(image, mask, "shapes", 0.5)))
+    narrow = torch.from_numpy(image[:, :3]).permute(2, 0, 1).float() / 255.0  # 3 x 6 x 3: channels first
+    np.testing.assert_array_equal(np.asarray(overlay(narrow, mask[:, :3], "shapes", 0.0)), image[:, :3])

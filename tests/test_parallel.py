@@ -4,6 +4,7 @@ import copy
 import dataclasses
 import gc
 import threading
+import warnings
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from encoding.parallel import (CallbackContext, DataParallelCriterion, DataParal
                                LossTerm, PerSample, ReplicaAbortedError, allreduce, broadcast, data_parallel, gather,
                                get_replica_context, parallel_apply, patch_replication_callback,
                                reduce_loss_terms, replicate, scatter)
+from encoding.parallel.criterion import InexactReductionWarning
 from encoding.parallel.scatter_gather import get_split_sizes
 
 CPU3 = ["cpu"] * 3
@@ -160,6 +162,206 @@ def test_dict_output_with_aux_head_and_protocol_criterion():
     loss = DataParallelCriterion(criterion, CPU3)(outputs, y)
     torch.testing.assert_close(loss, ref, **TOL)
     assert_all_close(grads(loss, net), grads(ref, net))
+
+
+# ------------------------------------------------- torch's losses, dict outputs, plain functions (issues 23, 24)
+
+WEIGHT = torch.tensor([0.5, 1.0, 2.0, 1.5, 0.25], dtype=torch.float64)
+
+
+def _class_target(n, y):
+    return y
+
+
+def _probability_target(n, y):
+    return torch.rand(n, 5, 8, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+
+
+def _regression_target(n, y):
+    return torch.randn(n, 5, 8, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+
+
+TORCH_LOSSES = {  # id: (criterion, activation on the logits, target maker)
+    "ce": (nn.CrossEntropyLoss(), None, lambda n, y: y.clamp(min=0)),
+    "ce-ignore": (nn.CrossEntropyLoss(ignore_index=-1), None, _class_target),
+    "ce-weight": (nn.CrossEntropyLoss(weight=WEIGHT), None, lambda n, y: y.clamp(min=0)),
+    "ce-weight-ignore": (nn.CrossEntropyLoss(weight=WEIGHT, ignore_index=-1), None, _class_target),
+    "ce-weight-ignore-smoothing": (nn.CrossEntropyLoss(weight=WEIGHT, ignore_index=-1, label_smoothing=0.2), None,
+                                   _class_target),
+    "ce-probabilities": (nn.CrossEntropyLoss(), None, lambda n, y: _probability_target(n, y).softmax(1)),
+    "ce-sum": (nn.CrossEntropyLoss(weight=WEIGHT, ignore_index=-1, reduction="sum"), None, _class_target),
+    "nll-weight-ignore": (nn.NLLLoss(weight=WEIGHT, ignore_index=-1), nn.LogSoftmax(1), _class_target),
+    "nll-sum": (nn.NLLLoss(ignore_index=-1, reduction="sum"), nn.LogSoftmax(1), _class_target),
+    "bce-logits": (nn.BCEWithLogitsLoss(), None, _probability_target),
+    "bce-logits-weight": (nn.BCEWithLogitsLoss(weight=WEIGHT.view(5, 1, 1), pos_weight=WEIGHT.view(5, 1, 1) * 2),
+                          None, _probability_target),
+    "bce-logits-sum": (nn.BCEWithLogitsLoss(reduction="sum"), None, _probability_target),
+    "bce": (nn.BCELoss(), nn.Sigmoid(), _probability_target),
+    "mse": (nn.MSELoss(), None, _regression_target),
+    "mse-sum": (nn.MSELoss(reduction="sum"), None, _regression_target),
+    "l1": (nn.L1Loss(), None, _regression_target),
+    "l1-sum": (nn.L1Loss(reduction="sum"), None, _regression_target),
+    "smooth-l1": (nn.SmoothL1Loss(beta=0.5), None, _regression_target),
+    "huber": (nn.HuberLoss(delta=0.5), None, _regression_target),
+    "kl-div": (nn.KLDivLoss(reduction="batchmean"), nn.LogSoftmax(1),
+               lambda n, y: _probability_target(n, y).softmax(1)),
+}
+
+
+@pytest.mark.parametrize("name", list(TORCH_LOSSES))
+def test_torch_losses_reduce_exactly_and_silently(name):
+    """torch's own loss modules, with their reduction, ignore_index and weights, give the whole-batch loss and
+    gradients on 3 replicas splitting 7 samples 3/2/2 (replica 0 holds an almost fully ignored image)."""
+    criterion, activation, make_target = TORCH_LOSSES[name]
+    torch.manual_seed(0)
+    net = SmallNet().double()
+    net = nn.Sequential(net, activation) if activation is not None else net
+    x, y = make_batch()
+    target = make_target(7, y)
+    ref = criterion(net(x), target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InexactReductionWarning)
+        outputs = DataParallelModel(net, CPU3)(x)
+        assert outputs.split_sizes == [3, 2, 2]
+        loss = DataParallelCriterion(criterion, CPU3)(outputs, target)
+    torch.testing.assert_close(loss, ref, **TOL)
+    assert_all_close(grads(loss, net), grads(ref, net))
+
+
+@pytest.mark.parametrize("criterion", [nn.CrossEntropyLoss(ignore_index=-1),
+                                       nn.CrossEntropyLoss(weight=WEIGHT, ignore_index=-1, label_smoothing=0.1)],
+                         ids=["ce-ignore", "ce-weight-ignore-smoothing"])
+@pytest.mark.parametrize("aux_weight", [None, 0.5])
+@pytest.mark.parametrize("devices", [CPU3, ["cpu"]], ids=["3-replicas", "1-device"])
+def test_dict_outputs_with_output_key_and_aux_weight_are_exact(criterion, aux_weight, devices):
+    """A model returning {"out", "aux"} (torchvision's layout) with a plain torch loss: output_key picks the main
+    output, aux_weight adds the aux loss as torchvision's reference training does; whole-batch value and grads."""
+    torch.manual_seed(2)
+    net = SmallNet(dict_output=True).double()
+    x, y = make_batch()
+    out = net(x)
+    ref = criterion(out["out"], y) + (aux_weight * criterion(out["aux"], y) if aux_weight else 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InexactReductionWarning)
+        wrapped = DataParallelCriterion(criterion, devices, output_key="out", aux_weight=aux_weight)
+        loss = wrapped(DataParallelModel(net, devices)(x), y)
+    torch.testing.assert_close(loss, ref, **TOL)
+    used = [net.body, net.head] + ([net.aux] if aux_weight else [])
+    params = [p for module in used for p in module.parameters()]
+    assert_all_close(torch.autograd.grad(loss, params), torch.autograd.grad(ref, params))
+
+
+def test_tuple_outputs_take_an_index_as_output_key():
+    net = nn.Sequential(nn.Linear(4, 3), nn.Tanh()).double()
+    model = DataParallelModel(_Pair(net), CPU3)
+    x, y = torch.randn(7, 4, dtype=torch.float64), torch.tensor([0, -1, 2, 1, -1, -1, 2])
+    criterion = nn.CrossEntropyLoss(ignore_index=-1)
+    loss = DataParallelCriterion(criterion, CPU3, output_key=0, aux_key=1, aux_weight=0.25)(model(x), y)
+    ref = criterion(net(x), y) + 0.25 * criterion(2 * net(x), y)
+    torch.testing.assert_close(loss, ref, **TOL)
+
+
+class _Pair(nn.Module):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        out = self.net(x)
+        return out, 2 * out
+
+
+def test_dict_output_without_output_key_says_what_to_pass():
+    """Was a deep TypeError from a replica thread."""
+    net = SmallNet(dict_output=True).double()
+    x, y = make_batch()
+    for devices in (CPU3, ["cpu"]):
+        outputs = DataParallelModel(net, devices)(x)
+        with pytest.raises(ValueError, match=r"CrossEntropyLoss takes one tensor but the model returns a dict with "
+                                             r"keys \['out', 'aux'\]: pass output_key='out' \(and aux_weight=0.5"):
+            DataParallelCriterion(nn.CrossEntropyLoss(ignore_index=-1), devices)(outputs, y)
+    with pytest.raises(ValueError, match=r"output_key='main' is not in the model's output, which is a dict with "
+                                         r"keys \['out', 'aux'\]"):
+        DataParallelCriterion(nn.CrossEntropyLoss(), CPU3, output_key="main")(DataParallelModel(net, CPU3)(x), y)
+    with pytest.raises(ValueError, match=r"output_key=0 needs a dict or tuple output, the model returns a tensor"):
+        DataParallelCriterion(nn.CrossEntropyLoss(), CPU3, output_key=0)(
+            DataParallelModel(SmallNet().double(), CPU3)(x), y)
+    with pytest.raises(ValueError, match=r"aux_key='aux2' is not in the model's output"):
+        DataParallelCriterion(nn.CrossEntropyLoss(), CPU3, output_key="out", aux_key="aux2",
+                              aux_weight=0.1)(DataParallelModel(net, CPU3)(x), y)
+
+
+def test_plain_function_warns_once_per_wrapper_and_says_what_to_do():
+    """A lambda over the dict output ran silently inexact (per-replica means weighted by batch share)."""
+    net = SmallNet(dict_output=True).double()
+    x, y = make_batch()
+    model = DataParallelModel(net, CPU3)
+    function = lambda out, t: F.cross_entropy(out["out"], t, ignore_index=-1)  # noqa: E731
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            wrapper = DataParallelCriterion(function, CPU3)
+            first = wrapper(model(x), y)
+            wrapper(model(x), y)
+        messages = [str(w.message) for w in caught if issubclass(w.category, InexactReductionWarning)]
+        assert len(messages) == 1 and caught[0].filename == __file__, [(w.filename, w.message) for w in caught]
+        assert "cannot reduce <lambda> exactly" in messages[0]
+        assert "nn.CrossEntropyLoss(ignore_index=255), output_key='out', aux_weight=0.5" in messages[0]
+        assert "loss_terms" in messages[0]
+    # the value it warns about: the batch-share weighting of per-replica means, not the whole batch's loss
+    assert abs(first - function(net(x), y)) > 1e-4
+    with pytest.warns(InexactReductionWarning, match="cannot reduce Unknown exactly"):
+        DataParallelCriterion(Unknown(), CPU3)(DataParallelModel(SmallNet().double(), CPU3)(x), y)
+    with warnings.catch_warnings():  # one device: the criterion is called on the whole batch, nothing to warn about
+        warnings.simplefilter("error", InexactReductionWarning)
+        DataParallelCriterion(function, ["cpu"])(DataParallelModel(net, ["cpu"])(x), y)
+
+
+class Unknown(nn.Module):
+    def forward(self, out, target):
+        return F.cross_entropy(out, target, ignore_index=-1)
+
+
+@pytest.mark.parametrize("criterion", [lambda out, t: F.cross_entropy(out, t, ignore_index=-1), Unknown(),
+                                       nn.CrossEntropyLoss(ignore_index=-1)], ids=["lambda", "module", "torch"])
+def test_a_replica_whose_targets_are_all_ignored_gives_the_whole_batch_loss_not_nan(criterion):
+    """Issue 24 item 11: the last replica's targets are all ignored; the whole batch's loss is defined, so the
+    parallel loss is that value (and its gradients), never NaN."""
+    torch.manual_seed(3)
+    net = SmallNet().double()
+    x, y = make_batch()
+    y[5:] = -1
+    ref = criterion(net(x), y)
+    assert torch.isfinite(ref)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InexactReductionWarning)
+        loss = DataParallelCriterion(criterion, CPU3)(DataParallelModel(net, CPU3)(x), y)
+    torch.testing.assert_close(loss, ref, **TOL)
+    assert_all_close(grads(loss, net), grads(ref, net))
+    y[:] = -1  # no valid target anywhere: undefined on the whole batch too, as torch says
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InexactReductionWarning)
+        assert torch.isnan(DataParallelCriterion(criterion, CPU3)(DataParallelModel(net, CPU3)(x), y))
+
+
+def test_wrappers_validate_their_arguments():
+    with pytest.raises(TypeError, match="DataParallelCriterion: criterion must be a module or a callable, got str"):
+        DataParallelCriterion("cross_entropy")
+    for bad in (-0.5, float("nan"), float("inf"), "0.5", True):
+        with pytest.raises(ValueError, match=r"DataParallelCriterion: aux_weight must be a finite number >= 0"):
+            DataParallelCriterion(nn.CrossEntropyLoss(), output_key="out", aux_weight=bad)
+    with pytest.raises(ValueError, match="DataParallelCriterion: aux_weight needs output_key"):
+        DataParallelCriterion(nn.CrossEntropyLoss(), aux_weight=0.5)
+    with pytest.raises(ValueError, match="aux_weight needs a scalar loss"):
+        DataParallelCriterion(nn.CrossEntropyLoss(reduction="none"), output_key="out", aux_weight=0.5)
+    with pytest.raises(TypeError, match="DataParallelCriterion: dim must be an int"):
+        DataParallelCriterion(nn.CrossEntropyLoss(), dim="0")
+    with pytest.raises(TypeError, match="DataParallelModel: module must be an nn.Module, got function"):
+        DataParallelModel(lambda x: x, CPU3)
+    with pytest.raises(TypeError, match="DataParallelModel: dim must be an int"):
+        DataParallelModel(nn.Identity(), CPU3, dim=0.0)
+    assert "output_key='out', aux_key='aux', aux_weight=0.5" in repr(
+        DataParallelCriterion(nn.CrossEntropyLoss(), output_key="out", aux_weight=0.5))
 
 
 def test_data_parallel_functional_gathers():
@@ -517,8 +719,10 @@ def test_replication_callbacks_master_first_with_shared_context():
     assert list(replicas[1].parameters()) == []
 
 
-def test_patch_replication_callback_wraps_replicate():
+def test_patch_replication_callback_wraps_replicate(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # torch's DataParallel([]) needs a CPU-only machine
     dp = nn.DataParallel(Recorder(), device_ids=[])
+    monkeypatch.undo()
     dp.replicate = lambda module, device_ids: replicate(module, device_ids, callbacks=False)
     patch_replication_callback(dp)
     replicas = dp.replicate(dp.module, ["cpu", "cpu"])
@@ -639,6 +843,27 @@ def test_cuda_mixed_with_cpu_devices():
     loss = DataParallelCriterion(criterion, ["cuda:0", "cpu", "cuda:0"])(outputs, y)
     torch.testing.assert_close(loss, ref, **TOL)
     assert_all_close(grads(loss, net), grads(ref, net))
+
+
+@pytest.mark.gpu
+def test_cuda_output_key_aux_weight_and_whole_batch_fallback():
+    """Torch loss with output_key/aux_weight, and a lambda whose last replica is all ignored (gathered onto the
+    output device), on replicas split between a GPU and the CPU."""
+    devices = ["cuda:0", "cpu", "cuda:0"]
+    net = SmallNet(dict_output=True).double().cuda()
+    x, y = make_batch()
+    y[5:] = -1
+    ce = nn.CrossEntropyLoss(ignore_index=-1, weight=WEIGHT.cuda())
+    whole = net(x.cuda())
+    ref = ce(whole["out"], y.cuda()) + 0.5 * ce(whole["aux"], y.cuda())
+    loss = DataParallelCriterion(ce, devices, output_key="out", aux_weight=0.5)(DataParallelModel(net, devices)(x), y)
+    assert loss.device.type == "cuda"
+    torch.testing.assert_close(loss, ref, **TOL)
+    assert_all_close(grads(loss, net), grads(ref, net))
+    function = lambda out, t: F.cross_entropy(out["out"], t, ignore_index=-1)  # noqa: E731
+    with pytest.warns(InexactReductionWarning):
+        loss = DataParallelCriterion(function, devices)(DataParallelModel(net, devices)(x), y)
+    torch.testing.assert_close(loss, function(whole, y.cuda()), **TOL)
 
 
 @pytest.mark.gpu

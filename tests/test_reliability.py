@@ -390,20 +390,26 @@ def test_skip_bad_counts_samples_skipped_in_worker_processes(tmp_path):
 
 
 # -- 10. Ctrl-C ------------------------------------------------------------------------------------------------------------
-def test_ctrl_c_saves_a_mid_epoch_checkpoint_and_resume_continues_exactly(reference, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_ctrl_c_sigterm_and_sighup_save_a_mid_epoch_checkpoint_and_resume_continues_exactly(signum, reference,
+                                                                                              tmp_path):
     data, expected, duration = reference
     out = tmp_path / "runs"
     checkpoint = os.path.join(_run_dir(out, "fcn"), CHECKPOINT_NAME)
     proc = _spawn(data, out, ["--epochs", str(EPOCHS)])
     _wait_until_training(proc)
     time.sleep(0.2 * duration)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=120)
     last = stderr.strip().splitlines()[-1]
-    assert proc.returncode == 130 and last.startswith("train.py: interrupted"), stdout + stderr
+    by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"  # 130, 143, 129
+    assert proc.returncode == 128 + signum and last.startswith(f"train.py: interrupted{by} "), stdout + stderr
     assert "Traceback" not in stderr and f"--resume {checkpoint}" in last
+    assert not os.path.exists(os.path.join(_run_dir(out, "fcn"), ".lock"))  # released
     saved = load_checkpoint(checkpoint)
     assert saved["iteration"] > 0 or "while evaluating" in last
+    if signum == signal.SIGHUP:
+        return  # the same path as SIGTERM from here on
     proc = _spawn(data, out, ["--epochs", str(EPOCHS), "--resume", checkpoint])
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stdout + stderr
@@ -413,10 +419,61 @@ def test_ctrl_c_saves_a_mid_epoch_checkpoint_and_resume_continues_exactly(refere
 def test_second_ctrl_c_exits_at_once(monkeypatch, capsys):
     exits = []
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    monkeypatch.setattr(GracefulInterrupt, "DUPLICATE_S", 0.0)  # a repeat within it is the same request
     with GracefulInterrupt() as interrupt:
         signal.raise_signal(signal.SIGINT)
         assert interrupt.requested() and not exits
         signal.raise_signal(signal.SIGINT)
         assert exits == [130]
-    assert "second interrupt: exiting now" in capsys.readouterr().err
+    assert "second SIGINT: exiting now" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# -- 11. round 2 (issue 24): kernel-held locks, signals, dying parents -----------------------------------------------
+def _dead_pid():
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+
+
+_HOLD_RUN_DIR = ("import sys; from encoding.utils.rundir import RunDirLock; lock = RunDirLock(sys.argv[1]).acquire(); "
+                 "open(lock.path, 'w').write(sys.argv[2]); print('held', flush=True); sys.stdin.read()")
+
+
+def test_run_directory_lock_of_a_live_run_in_another_pid_namespace_is_not_taken(tmp_path):
+    # a live run whose lock file names a pid that does not exist here (as seen from another PID namespace)
+    run_dir = str(tmp_path / "run")
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_RUN_DIR, run_dir, f"{_dead_pid()} {os.uname().nodename}"],
+                              cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirLocked, match="in use by another run"):
+            RunDirLock(run_dir).acquire()
+    finally:
+        holder.kill()  # kill -9: the kernel releases its lock
+        holder.communicate()
+    with RunDirLock(run_dir) as lock:
+        assert open(lock.path).read().split()[0] == str(os.getpid())
+    assert not os.path.exists(lock.path)
+
+
+def test_sigterm_to_torchrun_saves_on_the_main_process_and_no_rank_hangs(reference, tmp_path):
+    data = reference[0]
+    out = tmp_path / "runs"
+    run_dir = _run_dir(out, "fcn")
+    env = {**os.environ, "ENCODING_DATA": str(data), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "--no-python", sys.executable, "-c", _DRIVER, *RUN, "--output-dir", str(out),
+                             "--epochs", "20", "--batch-size", "1", "--no-cuda", "--dist-timeout", "60"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_until_training(proc)
+    line = proc.stdout.readline()
+    assert line.startswith("epoch 0:"), line
+    time.sleep(1.0)  # into epoch 1
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)  # what a batch scheduler sends; torchrun forwards it to every rank
+    stdout, stderr = proc.communicate(timeout=60)
+    assert time.monotonic() - started < 30 and proc.returncode != 0, stdout + stderr  # before torchrun's SIGKILL
+    assert stderr.count("train.py: interrupted by SIGTERM") == 2 and "[rank" not in stderr, stderr  # no traceback
+    saved = load_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME))
+    assert saved["epoch"] >= 0 and "epoch 19:" not in stdout
+    assert not os.path.exists(os.path.join(run_dir, ".lock"))

@@ -1,6 +1,10 @@
 """The embedded ``shapes`` dataset: scene generator, atomic/idempotent generation, and loading through the dataset."""
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -83,7 +87,7 @@ def test_generation_layout_marker_and_idempotence(tmp_path):
     shapes.ensure_shapes(str(tmp_path), seed=5, num_train=6, num_val=3, progress=False)
     with open(os.path.join(folder, shapes.MARKER)) as f:
         assert json.load(f)["generator_version"] == shapes.GENERATOR_VERSION
-    assert sorted(os.listdir(tmp_path)) == ["shapes-seed5-6-3"]  # no staging or old folders left
+    assert sorted(os.listdir(tmp_path)) == [".shapes-seed5-6-3.lock", "shapes-seed5-6-3"]  # no staging / old folder
 
 
 def test_generation_in_several_processes_writes_the_same_files(tmp_path):
@@ -110,7 +114,7 @@ def test_interrupted_generation_leaves_no_dataset(tmp_path, monkeypatch):
     monkeypatch.setattr(shapes, "_scene_for", dying)
     with pytest.raises(KeyboardInterrupt):
         ShapesSegmentation(str(tmp_path), split="train", num_train=6, num_val=2, progress=False)
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == [".shapes-seed0-6-2.lock"]  # the (released) lock file only
     monkeypatch.setattr(shapes, "_scene_for", real)
     ds = ShapesSegmentation(str(tmp_path), split="train", num_train=6, num_val=2, progress=False)
     assert len(ds) == 6
@@ -133,3 +137,87 @@ def test_dataset_reads_generated_files_in_every_mode(tmp_path):
     assert images.shape[0] == 4 and list(names) == [f"val_{i:05d}.jpg" for i in range(4)]
     with pytest.raises(DatasetError, match="shapes dataset not found"):
         ShapesSegmentation(str(tmp_path / "empty"), generate=False)
+
+
+# -- issue 24: shared data folders, dying parents ------------------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: ensure_shapes in a subprocess; "slow" renders slowly (so that the other one starts meanwhile); with "foreign",
+#: every other process's pid looks dead to it, as it does from another PID namespace (a container sharing the folder).
+_ENSURE = ("import sys, time; import encoding.utils.files as files\n"
+           "from encoding.datasets.prepare import shapes_render\n"
+           "if sys.argv[2] == 'foreign': files.pid_alive = lambda pid: False\n"
+           "if sys.argv[2] == 'slow':\n"
+           "    real = shapes_render._scene_for\n"
+           "    shapes_render._scene_for = lambda *a: (time.sleep(0.04), real(*a))[1]\n"
+           "shapes_render.ensure_shapes(sys.argv[1], num_train=150, num_val=10, progress=False)")
+
+
+def _complete_dataset(folder, num_train, num_val):
+    names = [f"train_{i:05d}" for i in range(num_train)] + [f"val_{i:05d}" for i in range(num_val)]
+    assert sorted(os.listdir(os.path.join(folder, "JPEGImages"))) == sorted(n + ".jpg" for n in names)
+    assert sorted(os.listdir(os.path.join(folder, "SegmentationClass"))) == sorted(n + ".png" for n in names)
+    for name in names[::7]:
+        Image.open(os.path.join(folder, "SegmentationClass", name + ".png")).load()
+    with open(os.path.join(folder, shapes.MARKER)) as f:
+        assert json.load(f)["num_train"] == num_train
+
+
+def _staging_files(root):
+    return [f for d in os.listdir(root) if ".tmp-" in d for f in os.listdir(os.path.join(root, d, "JPEGImages"))]
+
+
+def test_two_first_generations_into_one_shared_root_make_one_complete_dataset(tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    first = subprocess.Popen([sys.executable, "-c", _ENSURE, str(tmp_path), "slow"], env=env, cwd=ROOT,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (os.path.isdir(tmp_path) and _staging_files(tmp_path)):  # the first is writing scenes
+        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+        time.sleep(0.05)
+    second = subprocess.run([sys.executable, "-c", _ENSURE, str(tmp_path), "foreign"], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    _complete_dataset(str(tmp_path / "shapes-seed0-150-10"), 150, 10)
+    assert sorted(os.listdir(tmp_path)) == [".shapes-seed0-150-10.lock", "shapes-seed0-150-10"]
+
+
+def test_a_dataset_with_a_missing_file_is_generated_again(tmp_path):
+    folder = shapes.ensure_shapes(str(tmp_path), seed=4, num_train=5, num_val=2, progress=False)
+    mask = os.path.join(folder, "SegmentationClass", "train_00003.png")
+    expected = open(mask, "rb").read()
+    os.remove(mask)
+    assert shapes.ensure_shapes(str(tmp_path), seed=4, num_train=5, num_val=2, progress=False) == folder
+    assert open(mask, "rb").read() == expected
+    assert len(ShapesSegmentation(str(tmp_path), split="train", seed=4, num_train=5, num_val=2, progress=False)) == 5
+
+
+_GENERATE = ("import sys; from encoding.datasets.prepare import shapes_render; "
+             "shapes_render.generate_shapes(sys.argv[1], num_train=4000, num_val=0, progress=False, workers=2)")
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_generation_workers_die_with_a_killed_parent(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", _GENERATE, str(tmp_path / "shapes")], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while len(_children(proc.pid)) < 2 or not _staging_files(tmp_path):  # the workers are rendering
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    workers = _children(proc.pid)
+    proc.kill()  # kill -9 of the main process only
+    try:
+        proc.communicate(timeout=20)  # returns once every holder of its pipes (the workers) is gone
+    except subprocess.TimeoutExpired:
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the workers outlived their parent, holding its pipes open")

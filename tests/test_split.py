@@ -125,3 +125,47 @@ def test_balance_names_come_from_the_planner_registry(monkeypatch):
     planners.register_balancer("device0", AllOnDeviceZero)
     assert planners.registered_balancers() == ["device0"]
     assert DataParallelModel(nn.Linear(4, 2), CPU3, balance="device0")(torch.randn(5, 4)).split_sizes == [5]
+
+
+# ------------------------------------------------------------------------------------------------ balance="memory"
+@pytest.mark.parametrize("mode", ["eval-no-grad", "train-no-grad", "eval-inference-mode", "eval-with-grad"])
+def test_memory_balance_evaluates_any_batch_forward_only_with_the_even_split(mode):
+    """Evaluation and inference batches (issue 23, item 2) are forward only: the memory planner gives them the
+    even split without simulating a training step, for any batch size (a last partial batch, fewer samples than
+    devices), and the outputs are the plain module's (float64)."""
+    torch.manual_seed(0)
+    net = _net().train(mode.startswith("train"))
+    model = DataParallelModel(net, ["cpu", "cpu"], balance="memory")
+    context = {"eval-no-grad": torch.no_grad, "train-no-grad": torch.no_grad,
+               "eval-inference-mode": torch.inference_mode, "eval-with-grad": torch.enable_grad}[mode]
+    for n in (4, 3, 1):
+        x, _ = _batch(n, n)
+        with context():
+            outputs = model(x)
+            want = net.eval()(x) if not net.training else None
+        assert outputs.split_sizes == {4: [2, 2], 3: [2, 1], 1: [1]}[n]
+        if want is not None:
+            close(torch.cat(list(outputs)), want)
+    assert model.balance._plans == {}  # nothing was simulated for these batches
+
+
+def test_memory_balance_still_plans_training_batches_after_evaluation():
+    net = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(), nn.Conv2d(6, 5, 1)).double()
+    model = DataParallelModel(net, ["cpu", "cpu"], balance="memory")
+    with torch.no_grad():
+        assert model(_batch(5, 0)[0]).split_sizes == [3, 2]
+    outputs = model(_batch(5, 0)[0])  # training: simulated, cached under this batch's size
+    assert sum(outputs.split_sizes) == 5 and len(model.balance._plans) == 1
+
+
+def test_train_script_with_memory_balance_runs_through_evaluation(tmp_path, shapes_root):
+    """``train.py --device-ids cpu,cpu --balance memory`` (docs/memory.md recommends it) trains and evaluates every
+    validation image, the last partial batch (5 images, batch 4) included."""
+    from conftest import TINY, load_script, tiny_shapes_pair
+
+    train_set, val_set = tiny_shapes_pair(shapes_root, num_val=5)
+    torch.manual_seed(0)
+    result = load_script("train").main(TINY + ["--output-dir", str(tmp_path), "--device-ids", "cpu,cpu",
+                                               "--balance", "memory"], datasets=(train_set, val_set))
+    valid = sum(int((val_set[i][1] >= 0).sum()) for i in range(len(val_set)))
+    assert int(result["confusion"].sum()) == valid > 0

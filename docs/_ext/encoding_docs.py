@@ -3,7 +3,8 @@
 Directives:
 
 * ``{encoding-model-table}``: every registered segmentation model (:data:`encoding.models.ARCHITECTURES`) with its
-  classes, head, stages, default output stride and parameter counts, computed at build time (the models are built
+  classes, head, stages, default output stride, parameter counts and presets with published weights, computed at
+  build time (the models are built
   on the ``meta`` device: no memory, no weights, nothing downloaded).
 * ``{encoding-recipe-table}``: the defaults ``train.py --dataset NAME`` runs with, from the script's own option
   parser (``experiments/segmentation/options.py``).
@@ -52,10 +53,17 @@ def model_rows() -> List[Dict[str, Any]]:
     Returns:
         dicts with ``name``, ``model`` (class name), ``head`` (head class name; ``head_class`` the class), ``stages`` (the backbone stages
         the head consumes, e.g. ``"c4"``), ``output_stride`` (default), ``se_loss`` (has an SE-loss branch),
-        ``params`` (with :data:`TABLE_BACKBONE`, no auxiliary head) and ``params_aux`` (with the auxiliary head,
-        and the SE branch where there is one).
+        ``params`` (with :data:`TABLE_BACKBONE`, no auxiliary head), ``params_aux`` (with the auxiliary head,
+        and the SE branch where there is one) and ``weights`` (its presets with published weights, from
+        :func:`encoding.models.pretrained_model_list`).
     """
     import torch
+    from encoding.models import pretrained_model_list
+    from encoding.models.registry import PRESETS
+
+    weights = {}
+    for preset in pretrained_model_list():
+        weights.setdefault(PRESETS[preset]["name"], []).append(preset)
     from encoding.models import ARCHITECTURES, get_segmentation_model
 
     rows = []
@@ -72,6 +80,7 @@ def model_rows() -> List[Dict[str, Any]]:
             se_loss=arch.se_loss,
             params=sum(p.numel() for p in model.parameters()),
             params_aux=_count(name, aux=True, se_loss=arch.se_loss),
+            weights=weights.get(name, []),
         ))
     return rows
 
@@ -95,15 +104,16 @@ def _summary(cls: type) -> str:
 def model_table_markdown() -> str:
     """The model table as Markdown (a GitHub-style table with MyST cross-reference roles)."""
     lines = [
-        "| name | model | head | stages | output stride | SE loss | params (M) | with aux (M) |",
-        "|---|---|---|---|---:|---|---:|---:|",
+        "| name | model | head | stages | output stride | SE loss | params (M) | with aux (M) "
+        "| published weights |",
+        "|---|---|---|---|---:|---|---:|---:|---|",
     ]
     for row in model_rows():
         head = f"{_public_name(row['head'])}: {_summary(row['head_class'])}"
         lines.append(
             f"| `{row['name']}` | {_public_name(row['model'])} | {head} | {row['stages']} "
             f"| {row['output_stride']} | {'yes' if row['se_loss'] else 'no'} | {row['params'] / 1e6:.2f} "
-            f"| {row['params_aux'] / 1e6:.2f} |")
+            f"| {row['params_aux'] / 1e6:.2f} | {', '.join(f'`{p}`' for p in row['weights']) or 'none'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -15,13 +15,14 @@ Modes:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torch import Tensor
 from torch.utils.data import Dataset, get_worker_info
 from torchvision import tv_tensors
@@ -40,6 +41,8 @@ __all__ = [
     "ShiftedLabels",
     "mapped_table",
     "MODES",
+    "read_rgb",
+    "check_image",
 ]
 
 MODES = ("train", "val", "testval", "test")
@@ -47,6 +50,46 @@ MODES = ("train", "val", "testval", "test")
 INVALID_LABEL = 254
 _LABEL_MODES = ("L", "P", "I", "I;16", "1")
 _SKIP_SLOTS = 257
+
+
+@contextlib.contextmanager
+def _decoding(path: str) -> Iterator[None]:
+    """Turn the failures of opening / decoding the image ``path`` into one-line :class:`DatasetError` s."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise DatasetError(path, "image file is missing") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        raise DatasetError(path, f"cannot decode image ({e})") from e
+
+
+def check_image(path: str) -> None:
+    """Check that ``path`` is a readable image without decoding its pixels (cheap: the header and a verify pass).
+
+    Raises:
+        DatasetError: as :func:`read_rgb`.
+    """
+    with _decoding(path), Image.open(path) as im:
+        im.verify()
+
+
+def read_rgb(path: str) -> np.ndarray:
+    """The one image reader (datasets, ``demo.py``, ``test.py``): ``H x W x 3`` ``uint8`` RGB as it is displayed.
+
+    The EXIF orientation is applied (a phone's portrait JPEG comes out upright), 16-bit and 32-bit grey images are
+    scaled to 8 bits (``65535 -> 255``, not clipped to white), grey-scale, palette, CMYK and alpha images become RGB.
+
+    Raises:
+        DatasetError: the file is missing or is not a readable image (the message names it).
+    """
+    with _decoding(path), Image.open(path) as im:
+        im = ImageOps.exif_transpose(im)
+        if im.mode.startswith("I") or im.mode == "F":  # 16-bit PNG / TIFF grey ("I;16", "I"), float ("F")
+            wide = np.asarray(im, dtype=np.float64)
+            top = 65535.0 if im.mode != "F" else 1.0 if wide.size == 0 or wide.max() <= 1.0 else 255.0
+            grey = np.clip(np.rint(wide * (255.0 / top)), 0, 255).astype(np.uint8)
+            return np.repeat(grey[..., None], 3, axis=2)
+        return np.array(im if im.mode == "RGB" else im.convert("RGB"))
 
 
 def identity_table(nclass: int, ignore: Sequence[int] = (255,)) -> np.ndarray:
@@ -257,16 +300,7 @@ class BaseDataset(Dataset):
 
     @staticmethod
     def _read_image(path: str) -> tv_tensors.Image:
-        try:
-            with Image.open(path) as im:
-                im.load()
-                rgb = im if im.mode == "RGB" else im.convert("RGB")
-                array = np.array(rgb)
-        except FileNotFoundError:
-            raise DatasetError(path, "image file is missing") from None
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-            raise DatasetError(path, f"cannot decode image ({e})") from e
-        return tv_tensors.Image(torch.from_numpy(array).permute(2, 0, 1))
+        return tv_tensors.Image(torch.from_numpy(read_rgb(path)).permute(2, 0, 1))
 
     def _load_mask(self, index: int, image_size: Tuple[int, int]) -> tv_tensors.Mask:
         path = self.masks[index]

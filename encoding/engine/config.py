@@ -40,6 +40,11 @@ __all__ = ["AMP_DTYPES", "RECIPES", "GENERIC", "recipe", "fill_from_recipe", "pa
 
 #: ``amp`` choice -> autocast dtype (``None``: full precision).
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: ``--dist-timeout``: a collective waiting this long ends a torchrun job (torch's gloo default: 30 minutes). The
+#: longest legitimate wait between two collectives is rank 0 writing the checkpoint and the best model (about 1 GB
+#: for the largest recipes: tens of seconds on a slow shared disk), so 10 minutes leaves ten times that and is
+#: torch's own NCCL default.
+DIST_TIMEOUT_S = 600.0
 
 #: Per-dataset recipe defaults (PyTorch-Encoding's train.py; lr is for batch 16 and scales linearly with the batch).
 #: ``shapes`` is the embedded offline dataset: a small U-Net learns it in a few CPU minutes.
@@ -220,6 +225,7 @@ class TrainingConfig:
     workers: int = 2
     amp: str = "none"
     no_cuda: bool = False
+    dist_timeout: float = DIST_TIMEOUT_S
     device_ids: Optional[str] = None
     seed: int = 1
     pretrained: bool = False
@@ -276,7 +282,7 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
         CheckpointError: the checkpoint does not match the model.
     """
     c = config
-    distributed = init_distributed_mode()
+    distributed = init_distributed_mode(timeout_s=c.dist_timeout)
     torch.manual_seed(c.seed + get_rank())
     placement = builders.select_devices(parse_device_ids(c.device_ids), use_cuda=not c.no_cuda,
                                         distributed=distributed)

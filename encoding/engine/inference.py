@@ -5,7 +5,8 @@
 * :func:`segment`: class ids of one image of any size (single scale, or through a
   :class:`~encoding.models.MultiEvalModule`);
 * :class:`PredictionWriter`: coloured PNG masks (dataset palette, class ids as pixel values) named after the inputs;
-* :func:`overlay_with_legend`: the image blended with its mask, with a legend of the classes present;
+* :func:`overlay_with_legend`: the image blended with its mask (the background class left unblended), with a legend
+  of the classes present (``demo.py``'s outputs: :mod:`encoding.engine.demo`);
 * :class:`EvaluationConfig` → :func:`load_model` / :func:`build_evaluation`: the network of a checkpoint, a model-zoo
   preset or torchvision's weights, and the :class:`EvaluationJob` of ``test.py``.
 """
@@ -38,11 +39,14 @@ from .config import AMP_DTYPES, parse_device_ids
 from .loop import predicted_labels
 
 __all__ = ["read_image", "denormalize", "segment", "PredictionWriter", "prediction_filename", "save_png",
-           "overlay_with_legend", "EvaluationConfig", "EvaluationJob", "load_model", "multi_scale", "build_evaluation"]
+           "overlay_with_legend", "background_ids", "EvaluationConfig", "EvaluationJob", "load_model", "multi_scale", "build_evaluation"]
 
 
 def read_image(path: str) -> Tensor:
     """The image at ``path`` as a normalised ``float32 3 x H x W`` tensor (ImageNet mean/std, as the datasets).
+
+    Read by :func:`encoding.datasets.base.read_rgb`, the reader of the datasets: upright by its EXIF orientation,
+    16-bit grey scaled to 8 bits, any mode converted to RGB.
 
     Raises:
         DatasetError: the file is missing or is not a readable image (the message names it).
@@ -120,8 +124,13 @@ def _font(size: int) -> ImageFont.ImageFont:
         return ImageFont.load_default()
 
 
+def background_ids(class_names: Sequence[str]) -> List[int]:
+    """The ids of the classes named ``background`` (none in e.g. ADE20K or Cityscapes)."""
+    return [i for i, name in enumerate(class_names) if name.lower().strip("_") == "background"]
+
+
 def overlay_with_legend(image: Any, labels: Any, dataset: str, class_names: Sequence[str],
-                        alpha: float = 0.5) -> Image.Image:
+                        alpha: float = 0.5, blend_background: bool = False) -> Image.Image:
     """The image blended with its coloured mask, above a legend of the classes present (colour swatch + name).
 
     Args:
@@ -130,11 +139,13 @@ def overlay_with_legend(image: Any, labels: Any, dataset: str, class_names: Sequ
         dataset: dataset name (its palette).
         class_names: name of every class id.
         alpha: weight of the mask colours.
+        blend_background: blend the ``background`` class too (its colour is black in the VOC colours: the whole
+            photo darkens); by default its pixels show the image unblended.
 
     Returns:
         An RGB image as wide as the input and taller by the legend (one row of 16 px per class present).
     """
-    blended = overlay(image, labels, dataset, alpha)
+    blended = overlay(image, labels, dataset, alpha, unblended=() if blend_background else background_ids(class_names))
     ids = np.asarray(labels).reshape(-1)
     present = [int(c) for c in np.unique(ids) if 0 <= c < len(class_names)]
     palette, row = get_palette(dataset), 16
@@ -148,6 +159,7 @@ def overlay_with_legend(image: Any, labels: Any, dataset: str, class_names: Sequ
     out.paste(blended, (0, 0))
     out.paste(legend, (0, blended.height))
     return out
+
 
 
 @dataclass

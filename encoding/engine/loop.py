@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
+from ..utils.progress import progress_bar as tqdm
 
 from ..builders import param_groups  # the optimizer's groups are built there; the engine exports them too
 from ..parallel import DataParallelModel
-from ..utils.dist import is_main_process
+from ..utils.dist import is_dist_avail_and_initialized, is_main_process, reduce_across_processes
 from ..utils.logger import MetricLogger, SmoothedValue
 
 __all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch", "evaluate", "evaluate_images",
@@ -45,8 +47,20 @@ def backward_step(loss: Tensor, optimizer: torch.optim.Optimizer, scaler: Option
         loss: the scalar loss.
         optimizer: the optimizer.
         scaler: a ``torch.amp.GradScaler`` for float16 training (``None`` otherwise).
-        clip_grad_norm: clip the global gradient norm to this value (``None``: no clipping).
+        clip_grad_norm: clip the global gradient norm to this value, a positive finite number (``None``: no
+            clipping).
+
+    Raises:
+        ValueError: ``clip_grad_norm`` is not a positive finite number (a negative one would flip the gradients,
+            zero would erase them), or ``loss`` is not a scalar tensor; nothing is changed then.
     """
+    if clip_grad_norm is not None and (isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, numbers.Real)
+                                       or not math.isfinite(clip_grad_norm) or clip_grad_norm <= 0):
+        raise ValueError(f"backward_step: clip_grad_norm must be a positive finite number (None: no clipping), "
+                         f"got {clip_grad_norm!r}")
+    if not isinstance(loss, Tensor) or loss.dim() != 0:
+        raise ValueError(f"backward_step: loss must be a scalar tensor, got "
+                         f"{tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__}")
     optimizer.zero_grad(set_to_none=True)
     if scaler is not None:
         scaler.scale(loss).backward()
@@ -79,41 +93,62 @@ class Interrupted(Exception):
 
 
 class GracefulInterrupt:
-    """Context manager turning the first Ctrl-C (SIGINT) into a request polled by the loops; the second one exits
-    the process at once with status 130.
+    """Context manager turning the first SIGINT (Ctrl-C), SIGTERM or SIGHUP into a request polled by the loops; a
+    second one, more than ``DUPLICATE_S`` seconds later, exits the process at once with status 128 + signal.
 
-    Use ``stop=handler.requested`` in :func:`train_one_epoch` / :func:`evaluate`: they raise :class:`Interrupted`
-    after the current iteration, so the caller can save a resumable checkpoint. Outside the main thread (where
-    signal handlers cannot be installed) it does nothing.
+    Use ``stop=handler.poll`` in :func:`train_one_epoch` (``requested`` in :func:`evaluate`): they raise
+    :class:`Interrupted` after the current iteration, so the caller can save a resumable checkpoint. Under
+    ``torch.distributed``, :meth:`poll` agrees across the processes (one tiny all-reduce), so every rank stops at the
+    same iteration even when only one got the signal. A repeat within ``DUPLICATE_S`` counts as the same request:
+    a terminal's Ctrl-C reaches each ``torchrun`` worker directly and again through ``torchrun``. Outside the main
+    thread (where signal handlers cannot be installed) it does nothing.
     """
 
+    SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+    DUPLICATE_S = 2.0
+
     def __init__(self) -> None:
-        self._requested = False
-        self._previous: Any = None
+        self.signum: Optional[int] = None
+        self._when = 0.0
+        self._previous: Dict[int, Any] = {}
 
     def requested(self) -> bool:
-        """Whether Ctrl-C was pressed."""
-        return self._requested
+        """Whether a stop signal arrived (in this process)."""
+        return self.signum is not None
+
+    def poll(self) -> bool:
+        """Whether a stop signal arrived in any process (call it at the same points on every rank)."""
+        if is_dist_avail_and_initialized():
+            agreed = int(reduce_across_processes(self.signum or 0, "max"))
+            self.signum = agreed or None
+        return self.requested()
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal number, as shells report a process ended by that signal."""
+        return 128 + int(self.signum or signal.SIGINT)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self._requested:
-            sys.stderr.write("second interrupt: exiting now, without saving\n")
+        if self.signum is not None:
+            if time.monotonic() - self._when < self.DUPLICATE_S:
+                return
+            sys.stderr.write(f"second {signal.Signals(signum).name}: exiting now, without saving\n")
             sys.stderr.flush()
-            os._exit(130)
-        self._requested = True
-        sys.stderr.write("\ninterrupt: finishing the current iteration and saving a checkpoint "
+            os._exit(128 + signum)
+        self.signum, self._when = signum, time.monotonic()
+        sys.stderr.write(f"\n{signal.Signals(signum).name}: finishing the current iteration and saving a checkpoint "
                          "(Ctrl-C again to exit now)\n")
         sys.stderr.flush()
 
     def __enter__(self) -> "GracefulInterrupt":
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+        self._previous = {}
 
 
 def _inputs_on(batch: Sequence[Any], model: nn.Module, device: Optional[torch.device]) -> List[Any]:

@@ -7,7 +7,8 @@ under the rules of a run:
 * after every epoch the checkpoint is written atomically, and ``model_best.pth`` too when the epoch has the best
   ``(pixAcc + mIoU) / 2`` so far (checkpoint first, then the log row);
 * a state holding NaN/inf is never saved: the last good checkpoint stays (:class:`RunFailed` names the tensor);
-* Ctrl-C saves a resumable mid-epoch checkpoint (:class:`RunInterrupted`, exit status 130);
+* Ctrl-C, SIGTERM or SIGHUP saves a resumable mid-epoch checkpoint (:class:`RunInterrupted`, exit status 128 +
+  signal; under ``torchrun`` every rank stops at the same iteration and the main process saves);
 * an evaluation that fails saves the trained epoch before the failure is reported.
 
 The run takes its datasets, model, criterion and optimizer as arguments (:mod:`.config` builds them from options),
@@ -16,6 +17,7 @@ so a test passes a tiny dataset directly.
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -42,10 +44,10 @@ class RunFailed(RuntimeError):
 
 
 class RunInterrupted(SystemExit):
-    """Ctrl-C: a resumable checkpoint was written; exit status 130."""
+    """Ctrl-C, SIGTERM or SIGHUP: a resumable checkpoint was written; exit status 128 + signal (130 for Ctrl-C)."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(EXIT_INTERRUPTED)
+    def __init__(self, message: str, status: int = EXIT_INTERRUPTED) -> None:
+        super().__init__(status)
         self.message = message
 
 
@@ -175,6 +177,10 @@ def _verify(run: TrainingRun) -> None:
             print(f"verify: dropped {bad} bad sample(s) of {dataset.split!r} (--skip-bad)")
 
 
+def _by(interrupt: GracefulInterrupt) -> str:
+    return "" if interrupt.signum in (None, signal.SIGINT) else f" by {signal.Signals(interrupt.signum).name}"
+
+
 def _epoch(run: TrainingRun, epoch: int, best: tuple, interrupt: GracefulInterrupt) -> tuple:
     """Train and evaluate ``epoch``: ``(stats, evaluation result)``; an interrupt or a failure is saved first."""
     start = run.start.iteration if epoch == run.start.epoch else 0
@@ -182,23 +188,23 @@ def _epoch(run: TrainingRun, epoch: int, best: tuple, interrupt: GracefulInterru
     try:
         stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, run.scheduler, epoch,
                                 run.input_device, run.scaler, run.amp_dtype, run.clip_grad, start_iteration=start,
-                                stop=interrupt.requested)
+                                stop=interrupt.poll)
     except Interrupted as stop:
         path = _save(run, epoch - 1, best, {}, iteration=stop.iteration)
-        raise RunInterrupted(f"interrupted in epoch {epoch} after iteration {stop.iteration}; saved {path} "
-                             f"(continue with --resume {path})") from None
+        raise RunInterrupted(f"interrupted{_by(interrupt)} in epoch {epoch} after iteration {stop.iteration}; saved "
+                             f"{path} (continue with --resume {path})", interrupt.exit_status) from None
     except FloatingPointError as err:  # a NaN/inf loss: nothing of this epoch is saved
         raise RunFailed(f"training diverged in epoch {epoch} ({err}); {_kept(run)}") from None
     result: Dict[str, Any] = {}
     try:
         if run.validate:
             result = evaluate(run.model, run.val_loader, run.metric, run.input_device, run.amp_dtype,
-                              stop=interrupt.requested, epoch=epoch)
+                              stop=None if run.distributed else interrupt.requested, epoch=epoch)
             stats.update(pixAcc=result["pixAcc"], mIoU=result["mIoU"])
     except Interrupted:
         path = _save(run, epoch, best, {})
-        raise RunInterrupted(f"interrupted while evaluating epoch {epoch}; its training is saved in {path} "
-                             f"(continue with --resume {path})") from None
+        raise RunInterrupted(f"interrupted{_by(interrupt)} while evaluating epoch {epoch}; its training is saved in "
+                             f"{path} (continue with --resume {path})", interrupt.exit_status) from None
     except Exception as err:  # the trained epoch is saved before the failure is reported
         path = _save(run, epoch, best, {})
         raise RunFailed(f"evaluation after epoch {epoch} failed ({err}); the trained epoch is saved in "
@@ -217,7 +223,7 @@ def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_d
 
     Raises:
         RunFailed: the training diverged or an evaluation failed (the one-line report says what was kept).
-        RunInterrupted: Ctrl-C; a resumable checkpoint was written.
+        RunInterrupted: Ctrl-C, SIGTERM or SIGHUP; a resumable checkpoint was written.
     """
     if verify_data:
         _verify(run)
@@ -241,4 +247,8 @@ def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_d
             log.write(epoch, **stats)
             if is_main_process():
                 print(f"epoch {epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in stats.items()))
+            if epoch + 1 < run.epochs and interrupt.poll():  # under DDP, evaluation is not interrupted: stop here
+                path = os.path.join(run.output_dir, CHECKPOINT_NAME)
+                raise RunInterrupted(f"interrupted{_by(interrupt)} after epoch {epoch}; saved {path} (continue with "
+                                     f"--resume {path})", interrupt.exit_status)
     return result

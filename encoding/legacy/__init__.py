@@ -20,6 +20,9 @@ Modules (each name on the core it is built on):
 * :mod:`.layers`: ``GlobalAvgPool2d``, ``View``, ``Sum``, ``Mean``, ``Normalize``, ``ConcurrentModule``,
   ``GramMatrix``, ``DropBlock2D``, ``LabelSmoothing``, ``EncodingDrop`` (torch, ``nn.Encoding``).
 * :mod:`.wrappers`: mmcv's ``is_module_wrapper`` and ``MODULE_WRAPPERS``, on ``parallel``.
+* :mod:`.functional`: ``batchnormtrain`` and ``NonMaxSuppression`` (``encoding.functions``, the latter on
+  ``torchvision.ops.nms``) and vacancy's ``set_sbn_eps_mode`` (``encoding.nn``).
+* :mod:`.outputs`: ``tuple_outputs(model)`` / ``pe_tuple(outputs)``: PE's ``(out[, se][, aux])`` output tuples.
 
 Plain aliases of core objects (``get_dataset``, ``DistSyncBatchNorm``, ``download``, the heads PE exported from
 ``encoding.nn``, the preparation names the dataset modules had) are only entries of :data:`ALIASES`.
@@ -33,14 +36,17 @@ from typing import Any, Dict
 
 from .. import datasets, models, nn, utils
 from ..datasets import prepare
-from . import batchnorm, helpers, layers, loss, metrics, scheduler, wrappers
+from . import batchnorm, functional, helpers, layers, loss, metrics, outputs, scheduler, wrappers
 from .batchnorm import (BatchNorm1d, BatchNorm2d, BatchNorm3d, SynchronizedBatchNorm1d, SynchronizedBatchNorm2d,
                         SynchronizedBatchNorm3d, convert_model, patch_sync_batchnorm, revert_sync_batchnorm)
+from .functional import NonMaxSuppression, batchnormtrain, set_sbn_eps_mode
 from .helpers import check_sha1, get_mask_pallete, mkdir
-from .layers import (ConcurrentModule, DropBlock2D, EncodingDrop, GlobalAvgPool2d, GramMatrix, LabelSmoothing, Mean,
-                     Normalize, Sum, View)
+from .layers import (ConcurrentModule, ConvBnAct, DropBlock2D, EncodingCosine, EncodingDrop, GlobalAvgPool2d,
+                     GramMatrix, Inspiration, LabelSmoothing, Mean, NLLMultiLabelSmooth, Normalize, Sum,
+                     UpsampleConv2d, View)
 from .loss import OhemCrossEntropy, SegmentationLosses, loss_inputs
 from .metrics import batch_intersection_union, batch_pix_accuracy, intersection_and_union, pixel_accuracy
+from .outputs import pe_tuple, tuple_outputs
 from .scheduler import LR_Scheduler, LR_Scheduler_Head
 from .wrappers import MODULE_WRAPPERS, is_module_wrapper
 from ..datasets.prepare.download import download
@@ -54,8 +60,10 @@ __all__ = [
     "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SynchronizedBatchNorm1d", "SynchronizedBatchNorm2d",
     "SynchronizedBatchNorm3d", "convert_model", "patch_sync_batchnorm", "revert_sync_batchnorm",
     "GlobalAvgPool2d", "View", "Sum", "Mean", "Normalize", "ConcurrentModule", "GramMatrix", "DropBlock2D",
-    "LabelSmoothing", "EncodingDrop", "MODULE_WRAPPERS", "is_module_wrapper",
-    "batchnorm", "helpers", "layers", "loss", "metrics", "scheduler", "wrappers",
+    "LabelSmoothing", "EncodingDrop", "UpsampleConv2d", "Inspiration", "EncodingCosine", "ConvBnAct",
+    "NLLMultiLabelSmooth", "MODULE_WRAPPERS", "is_module_wrapper",
+    "batchnormtrain", "NonMaxSuppression", "set_sbn_eps_mode", "pe_tuple", "tuple_outputs",
+    "batchnorm", "functional", "helpers", "layers", "loss", "metrics", "outputs", "scheduler", "wrappers",
 ]
 
 
@@ -89,7 +97,9 @@ ALIASES: Dict[str, Dict[str, Any]] = {
         **_names(batchnorm, " ".join(batchnorm.__all__)),
         **_names(layers, " ".join(layers.__all__)),
         **_HEADS,
+        "set_sbn_eps_mode": set_sbn_eps_mode,  # vacancy's switch (sync_batchnorm.set_sbn_eps_mode)
     },
+    "encoding.functions": {"batchnormtrain": batchnormtrain, "NonMaxSuppression": NonMaxSuppression},
     "encoding.parallel": {"is_module_wrapper": is_module_wrapper},
     # what moved from the dataset modules to encoding.datasets.prepare (the dataset modules only load data)
     "encoding.datasets.ade20k": {"prepare_ade20k": prepare.prepare_ade20k, "RESOURCES": prepare.ADE20K_RESOURCES},

@@ -49,8 +49,7 @@ def plan_split(source_cost: Callable[[int], float], other_cost: Callable[[int], 
         raise ValueError(f"plan_split needs a batch >= 1 and num_devices >= 1, got {batch} and {num_devices}")
     if num_devices == 1:
         return [batch]
-    even = get_split_sizes(batch, num_devices)
-    even += [0] * (num_devices - len(even))
+    even = _even_split(batch, num_devices)
 
     def rest(b0: int) -> List[int]:
         return [b0] + get_split_sizes(batch - b0, num_devices - 1) if b0 < batch else [batch]
@@ -74,10 +73,15 @@ def plan_split(source_cost: Callable[[int], float], other_cost: Callable[[int], 
     return split + [0] * (num_devices - len(split))
 
 
+def _even_split(batch: int, num_devices: int) -> List[int]:
+    """The even split, one entry per device (zeros when the batch has fewer samples than devices)."""
+    split = get_split_sizes(batch, num_devices)
+    return split + [0] * (num_devices - len(split))
+
+
 def _strategy_split(simulator: Simulator, strategy: str, batch: int, num_devices: int) -> List[int]:
     if strategy != "balanced-auto":
-        split = get_split_sizes(batch, num_devices)
-        return split + [0] * (num_devices - len(split))
+        return _even_split(batch, num_devices)
     def cost(source: bool, b: int) -> float:
         replicas = (1 if b else 0) + min(batch - b, num_devices - 1) if source else 1
         return simulator.peak(DeviceProgram("balanced", b, batch, source=source, replicas=replicas))
@@ -90,19 +94,36 @@ def strategy_peaks(simulator: Simulator, strategy: str, batch: int, num_devices:
     return split, simulator.peaks(strategy, split)
 
 
-def max_batch(simulator: Simulator, strategy: str, num_devices: int, limit_bytes: int, upper: int = 4096) -> int:
+#: Where :func:`max_batch` gives up doubling: no device holds this many samples, so a limit that fits them is an error.
+SEARCH_LIMIT = 2 ** 32
+
+
+def max_batch(simulator: Simulator, strategy: str, num_devices: int, limit_bytes: int,
+              upper: Optional[int] = None) -> int:
     """The largest total batch whose heaviest device stays within ``limit_bytes`` (0 when none fits).
 
-    Doubling then bisection over the batch; every probe simulates the programs it needs (cached).
+    Doubling then bisection over the batch, with no cap: the doubling goes on until a batch does not fit (every
+    sample adds activations, so the heaviest peak eventually grows past any limit); every probe simulates the
+    programs it needs (cached; fake tensors cost the same at any size).
+
+    Args:
+        upper: stop the search there (the answer is then at most ``upper``: a caller that sets it must say so
+            where it reports the answer); default none.
+
+    Raises:
+        ValueError: ``limit_bytes`` holds more than ``SEARCH_LIMIT`` (2**32) samples.
     """
     def fits(batch: int) -> bool:
         return max(strategy_peaks(simulator, strategy, batch, num_devices)[1]) <= limit_bytes
 
-    low = 0
-    high = max(1, num_devices)
-    while high <= upper and fits(high):
+    low, high = 0, max(1, num_devices)
+    while (upper is None or high <= upper) and fits(high):
+        if high >= SEARCH_LIMIT:
+            raise ValueError(f"max_batch: {high} samples fit in {limit_bytes} bytes per device; the limit is "
+                             "beyond any batch")
         low, high = high, high * 2
-    high = min(high, upper + 1)
+    if upper is not None:
+        high = min(high, upper + 1)
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (mid, high) if fits(mid) else (low, mid)
@@ -144,9 +165,15 @@ def _narrow(tree: Any, share: int, dim: int) -> Any:
 class MemoryBalancer:
     """Plans :class:`~encoding.parallel.DataParallelModel`'s split from simulated per-device peak memory.
 
-    On the first batch of each size (and input shapes) it simulates the ``balanced`` device programs of the wrapped
-    module on fake tensors (nothing is allocated, no kernel runs) and returns the split from :func:`plan_split`.
-    ``DataParallelModel(module, device_ids, balance="memory")`` uses the defaults.
+    On the first training batch of each size (and input shapes) it simulates the ``balanced`` device programs of the
+    wrapped module on fake tensors (nothing is allocated, no kernel runs) and returns the split from
+    :func:`plan_split`. ``DataParallelModel(module, device_ids, balance="memory")`` uses the defaults.
+
+    Evaluation and inference batches (gradients disabled — ``torch.no_grad()``, ``torch.inference_mode()`` — or
+    the module in eval mode) run forward only: no gradients, no optimizer state, no loss on device 0, and every
+    device holds a copy of the parameters (device 0's replica aliases the module) and its own share's activations.
+    Device 0 carries nothing extra, so the memory-balanced split of a forward pass is the even split, which
+    :meth:`plan` returns for them (of any size, a last partial batch included) without simulating.
 
     Args:
         criterion: the loss computed on each device (default: cross-entropy of every ``B x C x ...`` output against
@@ -172,8 +199,11 @@ class MemoryBalancer:
 
     def plan(self, module: nn.Module, inputs: tuple, kwargs: dict, device_ids: Sequence[torch.device],
              dim: int = 0) -> List[int]:
-        """Samples per device for this call (cached per batch size, device count and input shapes)."""
+        """Samples per device for this call (cached per batch size, device count and input shapes); the even split
+        for a forward-only call (gradients disabled, or ``module`` in eval mode)."""
         batch = batch_size_of((inputs, kwargs), dim, name="args")
+        if not (torch.is_grad_enabled() and module.training):
+            return _even_split(batch, len(device_ids))
         shapes = tuple((path, tuple(v.shape)) for path, v in iter_leaves((inputs, kwargs)) if isinstance(v, Tensor))
         key = (batch, len(device_ids), shapes)
         if key not in self._plans:

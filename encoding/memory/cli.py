@@ -16,23 +16,31 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from ..utils.cli import OneLineParser, positive_int
 from .program import STRATEGIES
 from .report import format_report, memory_report, write_chart, write_json
 
 __all__ = ["parse_memory", "build_parser", "parse_args", "main"]
 
-_UNITS = {"": 1, "b": 1, "k": 2 ** 10, "kb": 10 ** 3, "kib": 2 ** 10, "m": 2 ** 20, "mb": 10 ** 6, "mib": 2 ** 20,
+_UNITS = {"b": 1, "k": 2 ** 10, "kb": 10 ** 3, "kib": 2 ** 10, "m": 2 ** 20, "mb": 10 ** 6, "mib": 2 ** 20,
           "g": 2 ** 30, "gb": 10 ** 9, "gib": 2 ** 30, "t": 2 ** 40, "tb": 10 ** 12, "tib": 2 ** 40}
 
 
+#: The memory size of ``--memory-limit`` when it is not given and ``--max-batch`` needs one.
+DEFAULT_MEMORY_LIMIT = "11GiB"
+
+
 def parse_memory(text: str) -> int:
-    """``"11GiB"`` -> bytes; accepts B, KB/KiB, MB/MiB, GB/GiB, TB/TiB (K/M/G/T = binary) and plain numbers.
+    """``"11GiB"`` -> bytes; the unit is required: B, KB/KiB, MB/MiB, GB/GiB, TB/TiB (K/M/G/T = binary).
 
     Raises:
-        ValueError: for anything else, or a size that is not positive.
+        ValueError: a number without a unit (``"11"`` is not 11 bytes nor 11 GiB), anything else, or a size that is
+            not positive.
     """
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     unit = match.group(2).lower() if match else None
+    if match and not unit:
+        raise ValueError(f"memory size {text!r} has no unit; write e.g. {match.group(1)}GiB or {match.group(1)}MiB")
     if not match or unit not in _UNITS:
         raise ValueError(f"cannot read memory size {text!r}; write e.g. 11GiB, 11000MiB or 12GB")
     value = int(float(match.group(1)) * _UNITS[unit])
@@ -44,7 +52,7 @@ def parse_memory(text: str) -> int:
 # ------------------------------------------------------------------------------------------------ options
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``python -m encoding.memory`` (``scripts/memory_balance.py``)."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m encoding.memory",
         description="Peak memory per device of a training step under gather (nn.DataParallel), balanced "
                     "(DataParallelModel + DataParallelCriterion), balanced-auto and ddp; simulated with --simulate N "
@@ -52,16 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="fcn", help="segmentation model (default: fcn)")
     p.add_argument("--backbone", default="resnet50", help="backbone (default: resnet50)")
     p.add_argument("--dataset", default="pascal_voc", help="gives the class count and the default crop")
-    p.add_argument("--nclass", type=int, default=None, help="class count (default: the dataset's)")
-    p.add_argument("--batch-size", type=int, default=None, help="total batch (default: 2 per device)")
-    p.add_argument("--crop-size", type=int, default=None, help="default: the dataset's")
+    p.add_argument("--nclass", type=positive_int, default=None, help="class count (default: the dataset's)")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="total batch (default: 2 per device)")
+    p.add_argument("--crop-size", type=positive_int, default=None, help="square crop in pixels (default: the "
+                   "dataset's)")
     p.add_argument("--aux", action="store_true", help="auxiliary FCN head")
     p.add_argument("--se-loss", action="store_true", help="semantic-encoding loss (EncNet)")
     p.add_argument("--devices", default=None, help="CUDA devices to measure, e.g. 0,1,2,3")
-    p.add_argument("--simulate", type=int, default=None, metavar="N",
+    p.add_argument("--simulate", type=positive_int, default=None, metavar="N",
                    help="simulate N virtual devices on fake tensors (default: 4 when there is no GPU)")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated, from {', '.join(STRATEGIES)}")
-    p.add_argument("--steps", type=int, default=1, help="measured steps after one warm-up step (real devices)")
+    p.add_argument("--steps", type=positive_int, default=1, help="measured steps after one warm-up step (real devices)")
     p.add_argument("--amp", action="store_true", help="mixed precision (bf16 when simulating, fp16 on GPUs)")
     p.add_argument("--checkpoint", choices=["none", "backbone", "all"], default="none",
                    help="activation checkpointing of the model (every residual block, or blocks and heads); when "
@@ -71,10 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "real device (a GPU where there is one, else the CPU)")
     p.add_argument("--max-batch", action="store_true",
                    help="also find, per strategy, the largest total batch that fits --memory-limit (simulated)")
-    p.add_argument("--memory-limit", default="11GiB", help="memory per device for --max-batch (default: 11GiB)")
+    p.add_argument("--memory-limit", default=None, metavar="SIZE",
+                   help="memory per device with its unit (11GiB, 11000MiB, 12GB; a bare number is an error): "
+                        f"--max-batch searches under it (default there: {DEFAULT_MEMORY_LIMIT}), the chart draws it "
+                        "as a line")
     p.add_argument("--json", default=None, metavar="PATH", help="JSON report (default: OUT_DIR/memory_balance.json)")
     p.add_argument("--chart", default=None, metavar="PATH", help="PNG chart (default: OUT_DIR/memory_balance.png)")
-    p.add_argument("--out-dir", default="runs/memory", help="where the report files go (default: runs/memory)")
+    p.add_argument("--out-dir", default="runs/memory", help="where the report files go (default: runs/memory); "
+                   "checked before any work")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -101,8 +114,6 @@ def _complete(args: argparse.Namespace) -> None:
     args.strategies = strategies
     if args.devices is not None and args.simulate is not None:
         raise ValueError("--devices measures real GPUs and --simulate N simulates; give one of them")
-    if args.simulate is not None and args.simulate < 1:
-        raise ValueError(f"--simulate must be at least 1 device, got {args.simulate}")
     if args.devices is not None:
         args.device_list = _cuda_devices(args.devices)
     elif args.simulate is None:
@@ -110,19 +121,39 @@ def _complete(args: argparse.Namespace) -> None:
     count = args.simulate if args.devices is None else len(args.device_list)
     if args.dataset not in datasets:
         raise ValueError(f"--dataset: unknown {args.dataset!r}; valid: {', '.join(datasets)}")
-    args.nclass = args.nclass or datasets[args.dataset].NUM_CLASS
-    args.crop_size = args.crop_size or datasets[args.dataset].CROP_SIZE
-    if args.crop_size <= 0 or args.nclass <= 0:
-        raise ValueError("--crop-size and --nclass must be positive")
+    args.nclass = datasets[args.dataset].NUM_CLASS if args.nclass is None else args.nclass
+    args.crop_size = datasets[args.dataset].CROP_SIZE if args.crop_size is None else args.crop_size
     if args.batch_size is None:
         args.batch_size = 2 * count
     if args.batch_size < count:
         raise ValueError(f"--batch-size {args.batch_size} is smaller than the {count} devices: every device needs "
                          "a sample to compare strategies")
-    if args.steps < 1:
-        raise ValueError(f"--steps must be at least 1, got {args.steps}")
-    args.memory_limit_bytes = parse_memory(args.memory_limit)
+    if args.memory_limit is None and args.max_batch:
+        args.memory_limit = DEFAULT_MEMORY_LIMIT
+    try:
+        args.memory_limit_bytes = None if args.memory_limit is None else parse_memory(args.memory_limit)
+    except ValueError as exc:
+        raise ValueError(f"--memory-limit: {exc}") from None
     args.num_devices = count
+    args.json_path = args.json or os.path.join(args.out_dir, "memory_balance.json")
+    args.chart_path = args.chart or os.path.join(args.out_dir, "memory_balance.png")
+    _check_writable("--json" if args.json else "--out-dir", args.json_path)
+    _check_writable("--chart" if args.chart else "--out-dir", args.chart_path)
+
+
+def _check_writable(option: str, path: str) -> None:
+    """Fail before any work when ``path`` cannot be written: it is a directory, a file stands where its folder
+    would be, or the nearest existing folder is not writable."""
+    if os.path.isdir(path):
+        raise ValueError(f"{option}: {path!r} is a directory; give a file path")
+    folder = os.path.dirname(os.path.abspath(path))
+    existing = folder
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"{option}: cannot write {path!r}: {existing!r} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{option}: cannot write {path!r}: the folder {existing!r} is not writable")
 
 
 def _cuda_devices(text: str) -> List[int]:
@@ -144,10 +175,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     args = parse_args(argv)
     report = memory_report(args)
     print(format_report(report))
-    json_path = args.json or os.path.join(args.out_dir, "memory_balance.json")
-    write_json(report, json_path)
-    print(f"wrote {json_path}")
-    chart_path = args.chart or os.path.join(args.out_dir, "memory_balance.png")
-    if write_chart(report, chart_path):
-        print(f"wrote {chart_path}")
+    write_json(report, args.json_path)
+    print(f"wrote {args.json_path}")
+    if write_chart(report, args.chart_path):
+        print(f"wrote {args.chart_path}")
     return report

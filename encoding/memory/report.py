@@ -8,8 +8,9 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import time
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -20,23 +21,30 @@ from .simulate import Simulator
 from .spec import segmentation_spec
 from .tracker import CUDA_BLOCK, MIB
 
-__all__ = ["memory_report", "format_report", "write_json", "write_chart"]
+__all__ = ["memory_report", "format_report", "write_json", "write_chart", "chart_figure"]
 
 
-def _summary(peaks: Sequence[int], split: Sequence[int], seconds: float) -> Dict[str, Any]:
+def _summary(peaks: Sequence[int], split: Sequence[int], seconds: Optional[float]) -> Dict[str, Any]:
+    """One strategy's entry; ``step_s`` only for a measured step (a simulation's own time is no step time)."""
     mib = [round(p / MIB, 2) for p in peaks]
     held = [p for p in peaks if p > 0]
     mean = sum(peaks) / len(peaks)
-    return {"peak_mib": mib, "max_over_mean": round(max(peaks) / mean, 4) if mean else None,
-            "max_over_min": round(max(held) / min(held), 4) if held and len(held) == len(peaks) else None,
-            "step_s": round(seconds, 4), "split": list(split)}
+    entry = {"peak_mib": mib, "max_over_mean": round(max(peaks) / mean, 4) if mean else None,
+             "max_over_min": round(max(held) / min(held), 4) if held and len(held) == len(peaks) else None}
+    if seconds is not None:
+        entry["step_s"] = round(seconds, 4)
+    entry["split"] = list(split)
+    return entry
 
 
 def _config(args: argparse.Namespace, mode: str) -> Dict[str, Any]:
     keys = ("model", "backbone", "dataset", "nclass", "batch_size", "crop_size", "aux", "se_loss", "amp",
             "calibrate", "memory_limit", "checkpoint")
     config = {k: getattr(args, k) for k in keys}
-    config.update(mode=mode, devices=args.num_devices, strategies=list(args.strategies))
+    config.update(mode=mode, devices=args.num_devices, strategies=list(args.strategies),
+                  memory_limit_mib=None if args.memory_limit_bytes is None else round(args.memory_limit_bytes / MIB, 2))
+    if mode == "measured":
+        config["steps"] = args.steps
     return config
 
 
@@ -44,9 +52,11 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
     """Peaks per device for every requested strategy (and, with ``--max-batch``, the largest batch that fits).
 
     Returns:
-        ``{"config": {...}, "strategies": {name: {"peak_mib", "max_over_mean", "max_over_min", "step_s",
-        "split"[, "max_batch"][, "plain_peak_mib", "saving_mib"]}}}``; the last two (simulated, with
-        ``--checkpoint``) are each device's peak without activation checkpointing and what it saves.
+        A dict with ``"config"`` (the options) and ``"strategies"``, which maps each strategy name to a dict with
+        ``"peak_mib"``, ``"max_over_mean"``, ``"max_over_min"``, ``"split"``, ``"step_s"`` (the measured step's
+        seconds, only on real devices), ``"max_batch"`` with ``--max-batch``, and ``"plain_peak_mib"`` and
+        ``"saving_mib"`` when simulated with ``--checkpoint`` (each device's peak without activation checkpointing
+        and what it saves).
     """
     amp = (torch.float16 if args.devices is not None else torch.bfloat16) if args.amp else None
     spec_args = dict(model=args.model, backbone=args.backbone, nclass=args.nclass, crop_size=args.crop_size,
@@ -70,14 +80,15 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
                                                      args.steps)
         else:
             split, peaks = strategy_peaks(simulator, strategy, args.batch_size, args.num_devices)
-            seconds = time.perf_counter() - start
+            seconds = None  # the simulator's own time is not a step time
         entry = _summary(peaks, split, seconds)
         if args.max_batch:
             entry["max_batch"] = max_batch(simulator, strategy, args.num_devices, args.memory_limit_bytes)
         if spec_args["checkpoint"] and args.devices is None:
             entry.update(_checkpoint_saving(dict(spec_args, checkpoint=False), strategy, args, peaks, workspaces))
         report["strategies"][strategy] = entry
-        _say(progress, f"{strategy}: peaks {entry['peak_mib']} MiB ({time.perf_counter() - start:.1f} s)")
+        what = "simulated" if args.devices is None else "measured"
+        _say(progress, f"{strategy}: {what} in {time.perf_counter() - start:.1f} s")
     return report
 
 
@@ -102,41 +113,92 @@ def _say(enabled: bool, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
+#: The table's width limit (characters).
+TABLE_WIDTH = 119
+
+
+def _options(config: Dict[str, Any]) -> str:
+    """The strategy options of a report in words: mode, checkpointing, mixed precision, calibration, steps."""
+    mode = config["mode"] + (f", {config['steps']} measured step(s)" if config.get("steps") else "")
+    amp = ("fp16" if config["mode"] == "measured" else "bf16") if config["amp"] else "off"
+    return (f"{mode}; --checkpoint {config['checkpoint']}, --amp {amp}, "
+            f"--calibrate {'on' if config['calibrate'] else 'off'}")
+
+
+def _title(config: Dict[str, Any]) -> str:
+    return (f"{config['model']}-{config['backbone']}, {config['nclass']} classes, batch {config['batch_size']}, "
+            f"crop {config['crop_size']}, {config['devices']} device(s)")
+
+
 def format_report(report: Dict[str, Any]) -> str:
-    """The report as a table: one row per device (peak MiB per strategy), then max/mean, max/min, step time,
-    split and, when computed, the largest batch that fits."""
-    strategies = list(report["strategies"])
-    rows = [["device"] + strategies]
-    count = len(next(iter(report["strategies"].values()))["peak_mib"])
-    for d in range(count):
-        rows.append([str(d)] + [f"{report['strategies'][s]['peak_mib'][d]:.1f}" for s in strategies])
-    fields = [("max/mean", "max_over_mean"), ("max/min", "max_over_min"), ("step s", "step_s"), ("split", "split")]
-    if all("max_batch" in v for v in report["strategies"].values()):
+    """The report as a table at most 119 characters wide (``TABLE_WIDTH``): one row per device (peak MiB per strategy,
+    its samples in parentheses), then max/mean, max/min, the measured step time (real devices only) and, when
+    computed, the largest batch that fits; with checkpointing, a block per device of the peak without it and the
+    saving."""
+    entries = report["strategies"]
+    strategies = list(entries)
+    count = len(next(iter(entries.values()))["peak_mib"])
+
+    def device_rows(key: str, samples: bool = False) -> List[List[str]]:
+        return [[str(d)] + [f"{entries[s][key][d]:.1f}" + (f" ({entries[s]['split'][d]})" if samples else "")
+                            for s in strategies] for d in range(count)]
+
+    blocks = [[["device"] + strategies], device_rows("peak_mib", samples=True)]
+    fields = [("max/mean", "max_over_mean"), ("max/min", "max_over_min")]
+    if all("step_s" in v for v in entries.values()):
+        fields.append(("step s (measured)", "step_s"))
+    if all("max_batch" in v for v in entries.values()):
         fields.append((f"max batch @ {report['config']['memory_limit']}", "max_batch"))
-    if all("saving_mib" in v for v in report["strategies"].values()):
-        fields += [("without checkpointing", "plain_peak_mib"), ("checkpointing saves", "saving_mib")]
-    for label, key in fields:
-        rows.append([label] + [_cell(report["strategies"][s][key]) for s in strategies])
+    blocks.append([[label] + [_cell(entries[s][key]) for s in strategies] for label, key in fields])
+    if all("saving_mib" in v for v in entries.values()):
+        blocks += [[["without checkpointing"] + [""] * len(strategies)] + device_rows("plain_peak_mib"),
+                   [["checkpointing saves"] + [""] * len(strategies)] + device_rows("saving_mib")]
+    rows = [row for block in blocks for row in block]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.insert(count + 2, "  ".join("-" * w for w in widths))
+    rule = "  ".join("-" * w for w in widths)
+    lines = []
+    for block in blocks:
+        lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)).rstrip() for row in block] + [rule]
     c = report["config"]
-    title = (f"peak memory per device (MiB), {c['mode']}: {c['model']}-{c['backbone']}, {c['nclass']} classes, "
-             f"batch {c['batch_size']}, crop {c['crop_size']}, {c['devices']} device(s)")
-    return title + "\n" + "\n".join(lines)
+    head = [f"peak memory per device, MiB (samples per device): {_title(c)}", _options(c)]
+    return "\n".join(textwrap.fill(h, TABLE_WIDTH, subsequent_indent="  ") for h in head) + "\n" + \
+        "\n".join(lines[:-1])
 
 
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
-    if isinstance(value, list):
-        return "/".join(str(v) for v in value)
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+def chart_figure(report: Dict[str, Any]) -> Any:
+    """The chart as a matplotlib figure: grouped bars (device x strategy, MiB), the ``--memory-limit`` as a dashed
+    line when one was given (or used by ``--max-batch``), the options (mode, ``--checkpoint``, ``--amp``,
+    ``--calibrate``) in the title."""
+    import matplotlib.pyplot as plt
+
+    strategies = list(report["strategies"])
+    count = len(report["strategies"][strategies[0]]["peak_mib"])
+    width = 0.8 / len(strategies)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * count + 3), 4.4))
+    for k, name in enumerate(strategies):
+        xs = [d + (k - (len(strategies) - 1) / 2) * width for d in range(count)]
+        ax.bar(xs, report["strategies"][name]["peak_mib"], width, label=name)
+    c = report["config"]
+    if c.get("memory_limit_mib"):
+        ax.axhline(c["memory_limit_mib"], color="black", linestyle="--", linewidth=1,
+                   label=f"--memory-limit {c['memory_limit']}")
+    ax.set_xticks(range(count))
+    ax.set_xticklabels([f"device {d}" for d in range(count)])
+    ax.set_ylabel("peak memory (MiB)")
+    ax.set_title(f"{_title(c)}\n{_options(c)}", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
 def write_chart(report: Dict[str, Any], path: str) -> bool:
-    """A grouped bar chart (device x strategy, MiB) as PNG; ``False`` (and a hint) when matplotlib is missing."""
+    """:func:`chart_figure` as PNG; ``False`` (and a hint) when matplotlib is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -145,21 +207,7 @@ def write_chart(report: Dict[str, Any], path: str) -> bool:
         print("matplotlib is not installed, so no chart was written; install it with: pip install matplotlib "
               "(or pip install -e '.[chart]')", file=sys.stderr)
         return False
-    strategies = list(report["strategies"])
-    count = len(report["strategies"][strategies[0]]["peak_mib"])
-    width = 0.8 / len(strategies)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * count + 3), 4))
-    for k, name in enumerate(strategies):
-        xs = [d + (k - (len(strategies) - 1) / 2) * width for d in range(count)]
-        ax.bar(xs, report["strategies"][name]["peak_mib"], width, label=name)
-    c = report["config"]
-    ax.set_xticks(range(count))
-    ax.set_xticklabels([f"device {d}" for d in range(count)])
-    ax.set_ylabel("peak memory (MiB)")
-    ax.set_title(f"{c['model']}-{c['backbone']}, {c['nclass']} classes, batch {c['batch_size']}, "
-                 f"crop {c['crop_size']} ({c['mode']})")
-    ax.legend()
-    fig.tight_layout()
+    fig = chart_figure(report)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, format="png", dpi=100)
     plt.close(fig)

@@ -2,7 +2,8 @@
 
 Build a model with :func:`get_segmentation_model` (``"fcn"``, ``"psp"``, ``"deeplab"``, ``"encnet"``, ``"danet"``,
 ``"upernet"``, ``"fcfpn"``, ``"deeplabv3plus"``, ``"unet"``), its shortcut ``get_<name>`` (``get_fcn``, ...) or a
-named preset with :func:`get_model` (see :data:`model_list`). Every model returns
+named preset with :func:`get_model` (see :data:`model_list`; those with published weights:
+:func:`pretrained_model_list`). Every model returns
 ``{"out": B x nclass x H x W}`` (+ ``"aux"``, + ``"se"``) at the input resolution. Each architecture lives in one
 file, ``encoding/models/<arch>.py``: its head, its model class and the head factory it registers
 (:mod:`~encoding.models.registry`); registering defines its ``get_<arch>`` builder here. The heads shared between
@@ -11,7 +12,7 @@ weights in :mod:`~encoding.models.weights`.
 """
 from .backbone import MobileNetV3Backbone, ResNetBackbone, VGGTinyBackbone, backbone_list, get_backbone
 from .base import FeatureInfo, SegmentationModel
-from .factory import builder, get_model, get_segmentation_model
+from .factory import builder, get_model, get_segmentation_model, pretrained_model_list
 from .heads import FCNHead, PyramidPooling
 from .registry import ARCHITECTURES, Architecture, model_list, register_architecture
 # One module per architecture; importing them registers them (in this order: the order of ARCHITECTURES).
@@ -36,5 +37,6 @@ __all__ = ["ResNetBackbone", "MobileNetV3Backbone", "VGGTinyBackbone", "backbone
            "EncHead",
            "PAM", "CAM", "DANetHead", "FPNHead", "UNetHead", "JPU",
            "Architecture", "ARCHITECTURES", "register_architecture", "get_segmentation_model", "get_model",
-           "model_list", "get_fcn", "get_psp", "get_deeplab", "get_encnet", "get_danet", "get_upernet", "get_fcfpn",
+           "model_list", "pretrained_model_list",
+           "get_fcn", "get_psp", "get_deeplab", "get_encnet", "get_danet", "get_upernet", "get_fcfpn",
            "get_deeplabv3plus", "get_unet", "MultiEvalModule"]

@@ -27,7 +27,8 @@ class SegmentationModel(nn.Module):
 
     Subclasses only say which backbone stages the head consumes (``head_inputs``, indices into ``[c1, c2, c3, c4]``).
     The attribute names ``backbone`` / ``classifier`` / ``aux_classifier`` are torchvision's, so torchvision's
-    segmentation state dicts load without renaming.
+    segmentation state dicts load without renaming; PyTorch-Encoding's names ``pretrained`` / ``head`` /
+    ``auxlayer`` are read-only properties returning the same modules.
 
     Args:
         backbone: module mapping ``B x 3 x H x W`` to the list of stage features ``[c1, c2, c3, c4]``
@@ -69,6 +70,22 @@ class SegmentationModel(nn.Module):
         if se is not None:
             outputs["se"] = se
         return outputs
+
+    # PyTorch-Encoding's attribute names (read-only views of the same modules; not in the state dict).
+    @property
+    def pretrained(self) -> nn.Module:
+        """The backbone, under PyTorch-Encoding's name (``BaseNet.pretrained``)."""
+        return self.backbone
+
+    @property
+    def head(self) -> nn.Module:
+        """The head, under PyTorch-Encoding's name (``BaseNet.head``); the same module as ``classifier``."""
+        return self.classifier
+
+    @property
+    def auxlayer(self) -> Optional[nn.Module]:
+        """The auxiliary head, under PyTorch-Encoding's name (``BaseNet.auxlayer``); ``aux_classifier``."""
+        return self.aux_classifier
 
     def head_parameters(self) -> Iterator[nn.Parameter]:
         """Parameters outside the backbone (neck and heads), e.g. for a 10x learning rate."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Callable, Optional, Union
+import warnings
+from typing import Any, Callable, List, Optional, Union
 
 from torch import nn
 
@@ -22,9 +23,14 @@ from .base import FeatureInfo, SegmentationModel
 from .heads import FCNHead
 from .jpu import JPU
 from .registry import ARCHITECTURES, PRESET_BACKBONES, PRESET_DATASETS, PRESETS, Architecture, get_architecture
-from .weights import Pretrained, load_pretrained
+from .weights import TORCHVISION_WEIGHTS, Pretrained, load_pretrained
 
-__all__ = ["get_segmentation_model", "get_model", "builder"]
+__all__ = ["get_segmentation_model", "get_model", "builder", "pretrained_model_list", "PE_UNUSED_OPTIONS"]
+
+#: PyTorch-Encoding's model keywords that have no effect here (accepted with one ``FutureWarning``): evaluation
+#: sizes and normalisation (pass them to ``MultiEvalModule`` / the dataset), the weights directory, the backbone's
+#: multi-grid options.
+PE_UNUSED_OPTIONS = ("base_size", "crop_size", "mean", "std", "root", "multi_grid", "multi_dilation")
 
 
 def _nclass_of(dataset: str) -> int:
@@ -85,6 +91,9 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
             those of the forward).
         **head_options: options of the head factory (e.g. ``lateral=True`` / ``ncodes`` for ``encnet``,
             ``atrous_rates`` for ``deeplab``/``deeplabv3plus``, ``fpn_dim`` for ``upernet``/``fcfpn``).
+            PyTorch-Encoding's keywords are accepted too: ``dilated=False`` (= ``output_stride=32``),
+            ``jpu="JPU"`` (= ``jpu=True``), and :data:`PE_UNUSED_OPTIONS` (``base_size``, ``crop_size``, ...),
+            which have no effect and raise one ``FutureWarning``.
 
     Returns:
         The model; ``model(x)`` returns ``{"out", ["aux"], ["se"]}`` at the input resolution.
@@ -98,6 +107,7 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
         ...                                se_loss=True)
     """
     arch = get_architecture(name)
+    output_stride, jpu = _pe_options(name, head_options, output_stride, jpu)
     if nclass is None:
         nclass = _nclass_of(dataset)
     if se_loss and not arch.se_loss:
@@ -112,6 +122,25 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
     if pretrained is not False and pretrained is not None:
         load_pretrained(model, name, backbone, nclass, pretrained)
     return checkpoint_segmentation_model(model, checkpoint)
+
+
+def _pe_options(name: str, options: dict, output_stride: Optional[int], jpu: Any) -> tuple:
+    """Take PyTorch-Encoding's keywords out of ``options``: ``dilated=False`` -> ``output_stride=32``, ``jpu="JPU"``
+    -> ``jpu=True``; those without effect (:data:`PE_UNUSED_OPTIONS`) are dropped with one ``FutureWarning``.
+
+    Returns:
+        ``(output_stride, jpu)``.
+    """
+    unused = sorted(key for key in PE_UNUSED_OPTIONS if key in options)
+    for key in unused:
+        del options[key]
+    if unused:
+        warnings.warn(f"get_segmentation_model({name!r}): PyTorch-Encoding option(s) {', '.join(unused)} have no "
+                      "effect and will be refused in a future version (evaluation sizes go to MultiEvalModule; "
+                      "see docs/migration.md)", FutureWarning, stacklevel=3)
+    if "dilated" in options and not options.pop("dilated") and output_stride is None and not jpu:
+        output_stride = 32
+    return output_stride, bool(jpu)
 
 
 def _check_head_options(name: str, arch: Architecture, head_options: dict) -> None:
@@ -149,11 +178,13 @@ def get_model(name: str, **kwargs) -> SegmentationModel:
 
     Presets use the PyTorch-Encoding recipe: ``aux=True`` and, for EncNet, ``se_loss=True``. Dataset short names:
     ``ade`` (ade20k), ``pcontext``, ``voc`` (pascal_voc), ``aug`` (pascal_aug), ``citys``, ``coco``. Keyword
-    arguments override the preset (see :func:`get_segmentation_model`); ``pretrained=True`` is available for
-    ``fcn``/``deeplab`` with ``resnet50``/``resnet101`` on ``coco``/``voc``/``aug`` (torchvision's weights).
+    arguments override the preset (see :func:`get_segmentation_model`); ``pretrained=True`` is available for the
+    presets of :func:`pretrained_model_list` (torchvision's weights of ``fcn``/``deeplab`` with
+    ``resnet50``/``resnet101`` on ``coco``/``voc``/``aug``).
 
     Raises:
-        ValueError: unknown name; the message lists the valid ones (also in :data:`model_list`).
+        ValueError: unknown name (the message lists the valid ones, also in :data:`model_list`), or
+            ``pretrained=True`` for a preset without published weights (the message lists those with weights).
     """
     key = name.lower()
     if key not in PRESETS:
@@ -161,6 +192,23 @@ def get_model(name: str, **kwargs) -> SegmentationModel:
             f"unknown model {name!r}; valid names are <model>_<backbone>_<dataset> with model in "
             f"{{{', '.join(ARCHITECTURES)}}}, backbone in {{{', '.join(PRESET_BACKBONES)}}}, dataset in "
             f"{{{', '.join(PRESET_DATASETS)}}} (see encoding.models.model_list)")
+    pretrained = kwargs.get("pretrained", False)
+    if (pretrained is True or pretrained == "torchvision") and key not in pretrained_model_list():
+        raise ValueError(f"no published weights for the preset {name!r}; presets with published weights: "
+                         f"{', '.join(pretrained_model_list())} (or pass pretrained='path/to/model.pth')")
     options = dict(PRESETS[key])
     options.update(kwargs)
     return get_segmentation_model(**options)
+
+
+#: Preset dataset short names whose classes are those of the published weights (the 21 Pascal VOC classes).
+_WEIGHTS_DATASETS = ("aug", "coco", "voc")
+
+
+def pretrained_model_list() -> List[str]:
+    """The presets of :data:`~encoding.models.model_list` with published weights, i.e. those that
+    ``get_model(name, pretrained=True)`` (and ``--model-zoo NAME``) can load: torchvision's COCO-with-VOC-classes
+    weights of ``fcn`` / ``deeplab`` with ``resnet50`` / ``resnet101``, on the 21-class datasets (sorted)."""
+    return sorted(name for name, preset in PRESETS.items()
+                  if (preset["name"], preset["backbone"]) in TORCHVISION_WEIGHTS
+                  and name.rsplit("_", 1)[1] in _WEIGHTS_DATASETS)

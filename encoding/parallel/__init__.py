@@ -2,12 +2,12 @@
 
 ``DataParallelModel`` returns one output per replica, each on its own device; ``DataParallelCriterion`` computes the
 loss where each output lives and reduces it exactly (the whole-batch value). Device lists accept CUDA indices,
-``torch.device``s and strings, including repeated ``"cpu"``, so the multi-replica path runs without GPUs.
+``torch.device`` objects and strings, including repeated ``"cpu"``, so the multi-replica path runs without GPUs.
 See ``docs/parallel.md``.
 """
 from .comm import AllReduce, allreduce, broadcast
-from .data_parallel import (DataParallelCriterion, DataParallelModel, DataParallelWithCallback, ReplicaOutputs,
-                            data_parallel)
+from .criterion import DataParallelCriterion
+from .data_parallel import DataParallelModel, DataParallelWithCallback, ReplicaOutputs, data_parallel
 from .devices import resolve_devices
 from .parallel_apply import ReplicaAbortedError, ReplicaContext, get_replica_context, parallel_apply
 from .reduction import LossTerm, reduce_loss_terms

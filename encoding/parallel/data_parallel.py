@@ -1,7 +1,6 @@
-"""``DataParallelModel`` (ungathered outputs) and ``DataParallelCriterion`` (exact per-device loss reduction)."""
+"""``DataParallelModel`` (ungathered outputs), ``DataParallelWithCallback`` (gathered) and ``data_parallel``; the
+criterion wrapper is :mod:`encoding.parallel.criterion`."""
 from __future__ import annotations
-
-import itertools
 
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -11,12 +10,11 @@ from torch import nn
 from .devices import DeviceLike, check_module_device, resolve_device, resolve_devices
 from .parallel_apply import parallel_apply
 from .planners import check_chunk_sizes, make_balancer
-from .reduction import criterion_loss_terms, reduce_loss_terms
 from .replicate import execute_replication_callbacks, replicate
 from .scatter_gather import batch_size_of, gather, get_split_sizes, scatter_kwargs, to_device
 from .structures import device_of
 
-__all__ = ["ReplicaOutputs", "DataParallelModel", "DataParallelWithCallback", "DataParallelCriterion", "data_parallel"]
+__all__ = ["ReplicaOutputs", "DataParallelModel", "DataParallelWithCallback", "data_parallel"]
 
 
 class ReplicaOutputs(list):
@@ -44,6 +42,8 @@ class _DataParallelBase(nn.Module):
     """
 
     def __init__(self, device_ids: Optional[Sequence[DeviceLike]], output_device: Optional[DeviceLike], dim: int):
+        if isinstance(dim, bool) or not isinstance(dim, int):
+            raise TypeError(f"{type(self).__name__}: dim must be an int (the batch dimension), got {dim!r}")
         nn.Module.__init__(self)
         self.device_ids: List[torch.device] = resolve_devices(device_ids)
         if output_device is not None:
@@ -66,7 +66,7 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
     ``nn.DataParallel`` gathers everything onto device 0, which runs out of memory first). Backward sums the
     replicas' gradients into the wrapped module's parameters.
 
-    ``device_ids`` may hold CUDA indices, ``torch.device``s or strings, and may repeat ``"cpu"`` (three CPU
+    ``device_ids`` may hold CUDA indices, ``torch.device`` objects or strings, and may repeat ``"cpu"`` (three CPU
     replicas run the same code path as three GPUs, which is how the tests run without GPUs). With ``[]`` (the default
     on a CPU-only machine) or a single device the module is called directly; the return value is still a one-element
     list.
@@ -86,7 +86,7 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
             (:func:`~encoding.parallel.scatter_gather.get_split_sizes`).
 
     It is a ``torch.nn.DataParallel`` (``model.module``, ``"module."`` state-dict keys, wrapper checks), with
-    ``device_ids`` kept as ``torch.device``s and torch's four steps as methods a subclass may override:
+    ``device_ids`` kept as ``torch.device`` objects and torch's four steps as methods a subclass may override:
     :meth:`scatter`, :meth:`replicate` (replication callbacks included), :meth:`parallel_apply` and :meth:`gather`
     (which ``forward`` does not call: the outputs stay where they were computed).
 
@@ -112,6 +112,8 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
     def __init__(self, module: nn.Module, device_ids: Optional[Sequence[DeviceLike]] = None,
                  output_device: Optional[DeviceLike] = None, dim: int = 0,
                  chunk_sizes: Optional[Sequence[int]] = None, balance: Any = None):
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"{type(self).__name__}: module must be an nn.Module, got {type(module).__name__}")
         super().__init__(device_ids, output_device, dim)
         self.module = module
         self.chunk_sizes = chunk_sizes
@@ -255,97 +257,6 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
             size = None
         device = self.device_ids[0] if self.device_ids else device_of(output, torch.device("cpu"))
         return ReplicaOutputs([output], [size], [device], self.dim)
-
-
-class DataParallelCriterion(_DataParallelBase):
-    """Compute a loss on every device from :class:`DataParallelModel`'s ungathered outputs and reduce it exactly.
-
-    ``forward(outputs, *targets, **kwargs)`` splits the targets with **exactly the split sizes the model used**
-    (from :class:`ReplicaOutputs`, or from each output's size along ``dim``), moves each part to its output's
-    device, evaluates the criterion there (in parallel), and combines the results with the exact-reduction protocol
-    (:mod:`encoding.parallel.reduction`): the result equals the criterion on the whole batch, also for uneven splits
-    and uneven ``ignore_index`` masks. PyTorch-Encoding's unweighted mean of per-device losses is biased; this is not.
-
-    The criterion receives ``(output_i, *targets_i, **kwargs_i)``, where ``output_i`` is whatever the model returned
-    (tensor, tuple, dict). A criterion that returns a non-scalar (``reduction='none'``) is gathered along ``dim``.
-
-    Args:
-        criterion: an ``nn.Module`` (replicated per device, so buffers such as class weights follow) or a callable.
-        device_ids: as for :class:`DataParallelModel` (only consulted when an output holds no tensor).
-        output_device: where the reduced loss lives (default: ``device_ids[0]``, else the first output's device).
-        dim: the batch dimension.
-
-    Example:
-        >>> model = DataParallelModel(nn.Linear(4, 3), device_ids=["cpu"] * 3)
-        >>> criterion = DataParallelCriterion(nn.CrossEntropyLoss(), device_ids=["cpu"] * 3)
-        >>> loss = criterion(model(torch.randn(7, 4)), torch.randint(0, 3, (7,)))
-        >>> loss.dim()
-        0
-    """
-
-    def __init__(self, criterion: Callable[..., Any], device_ids: Optional[Sequence[DeviceLike]] = None,
-                 output_device: Optional[DeviceLike] = None, dim: int = 0):
-        super().__init__(device_ids, output_device, dim)
-        self.criterion = criterion
-
-    @property
-    def module(self) -> Callable[..., Any]:
-        """The wrapped criterion (PyTorch-Encoding name)."""
-        return self.criterion
-
-    def forward(self, outputs: Any, *targets: Any, **kwargs: Any) -> Any:
-        outputs = outputs if isinstance(outputs, list) else [outputs]
-        if not outputs:
-            raise ValueError("DataParallelCriterion got an empty list of outputs")
-        if len(outputs) == 1:
-            targets, kwargs = to_device((targets, kwargs), self._replica_device(outputs[0], 0))
-            return self.criterion(outputs[0], *targets, **kwargs)
-        sizes = self._split_sizes(outputs)
-        devices = [self._replica_device(o, i) for i, o in enumerate(outputs)]
-        target_parts, kw_parts, _ = scatter_kwargs(targets, kwargs, devices, self.dim, split_sizes=sizes)
-        criteria = self._replicate_criterion(devices)
-        calls = [_TermsCall(c, s) for c, s in zip(criteria, sizes)]
-        results = parallel_apply(calls, [(o,) + tuple(t) for o, t in zip(outputs, target_parts)], kw_parts, devices)
-        output_device = self.output_device if self.output_device is not None else devices[0]
-        if all(isinstance(r, list) for r in results):
-            return reduce_loss_terms(results, output_device)
-        return gather(results, output_device, self.dim)
-
-    def _replica_device(self, output: Any, index: int) -> torch.device:
-        device = device_of(output)
-        if device is not None:
-            return device
-        if index < len(self.device_ids):
-            return self.device_ids[index]
-        raise ValueError(f"output {index} holds no tensor and device_ids has no entry {index}")
-
-    def _split_sizes(self, outputs: Sequence[Any]) -> List[int]:
-        sizes = getattr(outputs, "split_sizes", None)
-        if sizes is not None and None not in sizes:
-            return list(sizes)
-        inferred = [batch_size_of(o, self.dim, name=f"outputs[{i}]") for i, o in enumerate(outputs)]
-        if None in inferred:
-            raise ValueError("DataParallelCriterion cannot tell how many samples each output holds: pass the "
-                             "ReplicaOutputs that DataParallelModel returned, or outputs with a batch dimension")
-        return inferred
-
-    def _replicate_criterion(self, devices: List[torch.device]) -> List[Callable[..., Any]]:
-        criterion = self.criterion
-        if isinstance(criterion, nn.Module) and next(itertools.chain(criterion.parameters(), criterion.buffers()),
-                                                     None) is not None:
-            return replicate(criterion, devices)
-        return [criterion] * len(devices)
-
-
-class _TermsCall:
-    """Evaluate one replica's criterion as loss terms (see :func:`criterion_loss_terms`)."""
-
-    def __init__(self, criterion: Callable[..., Any], batch_size: int):
-        self.criterion = criterion
-        self.batch_size = batch_size
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return criterion_loss_terms(self.criterion, args, kwargs, self.batch_size)
 
 
 def data_parallel(module: nn.Module, inputs: Any, device_ids: Optional[Sequence[DeviceLike]] = None,

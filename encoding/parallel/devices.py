@@ -1,4 +1,5 @@
-"""Device lists: CUDA indices, ``torch.device``s and strings (``"cpu"`` may repeat) resolved to ``torch.device``."""
+"""Device lists: CUDA indices, ``torch.device`` objects and strings (``"cpu"`` may repeat) resolved to
+``torch.device``."""
 from __future__ import annotations
 
 from typing import Iterable, List, Optional, Sequence, Union

@@ -13,19 +13,27 @@ A criterion opts in by implementing ``loss_terms(*outputs_and_targets, **kwargs)
 (and, to stay usable on its own, ``forward`` returning ``reduce_loss_terms([self.loss_terms(...)])``).
 Without it, :func:`criterion_loss_terms` recognises ``nn.CrossEntropyLoss``/``nn.NLLLoss`` (normalised by the
 (weighted) number of non-ignored targets), criteria with ``reduction='sum'`` (summed), and falls back to weighting
-each replica's scalar loss by its share of the batch.
+each replica's scalar loss by its share of the batch: exact for torch's per-sample means
+(:data:`PER_SAMPLE_MEAN_LOSSES`), not for an unknown criterion (:func:`exact_loss_terms` says which).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["LossTerm", "reduce_loss_terms", "criterion_loss_terms", "cross_entropy_terms", "valid_count"]
+__all__ = ["LossTerm", "reduce_loss_terms", "criterion_loss_terms", "exact_loss_terms", "cross_entropy_terms",
+           "valid_count", "PER_SAMPLE_MEAN_LOSSES"]
 
 Number = Union[int, float]
+
+#: torch losses whose ``reduction='mean'`` averages over the samples (or over a fixed number of elements per sample):
+#: each replica's mean weighted by its share of the batch is the whole-batch mean, exactly.
+PER_SAMPLE_MEAN_LOSSES = (nn.L1Loss, nn.MSELoss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCELoss, nn.BCEWithLogitsLoss,
+                          nn.SoftMarginLoss, nn.MultiLabelSoftMarginLoss, nn.KLDivLoss, nn.PoissonNLLLoss,
+                          nn.GaussianNLLLoss)
 
 
 class LossTerm(NamedTuple):
@@ -141,6 +149,11 @@ def cross_entropy_terms(criterion: Union[nn.CrossEntropyLoss, nn.NLLLoss], input
     return [LossTerm(total, valid_count(target, target != criterion.ignore_index, weight))]
 
 
+def _is_torch_loss(criterion: Any, classes: tuple) -> bool:
+    """``criterion`` is one of torch's ``classes`` (a subclass counts only if it keeps torch's ``forward``)."""
+    return any(isinstance(criterion, cls) and type(criterion).forward is cls.forward for cls in classes)
+
+
 def criterion_loss_terms(criterion: Callable[..., Any], args: Sequence[Any], kwargs: dict,
                          batch_size: int) -> Union[list, Tensor]:
     """Evaluate ``criterion`` on one replica's arguments and describe the result as loss terms.
@@ -156,14 +169,29 @@ def criterion_loss_terms(criterion: Callable[..., Any], args: Sequence[Any], kwa
         A list of :class:`LossTerm`, or — when the criterion returns a non-scalar (``reduction='none'``) — that
         tensor unchanged, to be gathered by the caller.
     """
+    return exact_loss_terms(criterion, args, kwargs, batch_size)[0]
+
+
+def exact_loss_terms(criterion: Callable[..., Any], args: Sequence[Any], kwargs: dict,
+                     batch_size: int) -> Tuple[Union[list, Tensor], bool]:
+    """:func:`criterion_loss_terms` and whether its terms reduce to the whole-batch value exactly.
+
+    Exact: the protocol (``loss_terms``), ``nn.CrossEntropyLoss`` / ``nn.NLLLoss`` (sums over the weighted number of
+    non-ignored targets), ``reduction='sum'``, a non-scalar result (gathered), and the batch-share weighting of
+    :data:`PER_SAMPLE_MEAN_LOSSES`. Not exact: the batch-share weighting of any other scalar loss (a plain function,
+    an unknown module), which equals the whole-batch loss only when that loss is a mean over samples.
+
+    Returns:
+        ``(terms_or_tensor, exact)``.
+    """
     if hasattr(criterion, "loss_terms"):
-        return list(criterion.loss_terms(*args, **kwargs))
-    if isinstance(criterion, (nn.CrossEntropyLoss, nn.NLLLoss)) and criterion.reduction in ("mean", "sum") \
+        return list(criterion.loss_terms(*args, **kwargs)), True
+    if _is_torch_loss(criterion, (nn.CrossEntropyLoss, nn.NLLLoss)) and criterion.reduction in ("mean", "sum") \
             and len(args) == 2 and not kwargs and isinstance(args[0], Tensor):
-        return cross_entropy_terms(criterion, args[0], args[1])
+        return cross_entropy_terms(criterion, args[0], args[1]), True
     loss = criterion(*args, **kwargs)
     if not isinstance(loss, Tensor) or loss.dim() != 0:
-        return loss
+        return loss, True
     if getattr(criterion, "reduction", None) == "sum":
-        return [LossTerm(loss, None)]
-    return [LossTerm(loss * batch_size, batch_size)]
+        return [LossTerm(loss, None)], True
+    return [LossTerm(loss * batch_size, batch_size)], _is_torch_loss(criterion, PER_SAMPLE_MEAN_LOSSES)

@@ -31,7 +31,7 @@ import tempfile
 import uuid
 from typing import Iterator, Optional, Tuple, Union
 
-from tqdm.auto import tqdm
+from .progress import progress_bar as tqdm
 
 from .rundir import pid_alive
 

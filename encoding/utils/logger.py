@@ -7,6 +7,8 @@
 * :class:`AverageMeter`: PyTorch-Encoding's simple running average.
 
 Nothing here replaces ``print`` or touches global logging configuration.
+Progress bars are made by :func:`encoding.utils.progress.progress_bar` (a bar on a terminal, plain lines when
+piped), a leaf module so that :mod:`encoding.utils.files` can use it too.
 """
 from __future__ import annotations
 

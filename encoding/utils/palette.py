@@ -175,14 +175,19 @@ def colorize(mask: Any, dataset: PaletteLike = "pascal_voc") -> Image.Image:
     return image
 
 
-def _as_rgb_array(image: Any) -> np.ndarray:
-    """``HxWx3`` uint8 from a PIL image, an ``HxWx3`` array or a ``3xHxW`` tensor/array (floats in ``[0, 1]``)."""
+def _as_rgb_array(image: Any, size: Any = None) -> np.ndarray:
+    """``HxWx3`` uint8 from a PIL image, an ``HxWx3`` array or a ``3xHxW`` tensor/array (floats in ``[0, 1]``).
+
+    A tensor with 3 leading channels is ``3xHxW`` (torch's layout) even when it is 3 pixels wide; an array of shape
+    ``3xHx3`` is read as the layout that gives ``size`` (the mask's ``(H, W)``) when given."""
     if isinstance(image, Image.Image):
         return np.asarray(image.convert("RGB"))
+    channels_first = hasattr(image, "detach") and image.ndim == 3 and image.shape[0] == 3
     if hasattr(image, "detach"):
         image = image.detach().cpu().numpy()
     array = np.asarray(image)
-    if array.ndim == 3 and array.shape[0] == 3 and array.shape[-1] != 3:
+    if array.ndim == 3 and array.shape[0] == 3 and (channels_first or array.shape[-1] != 3
+                                                    or (size is not None and tuple(array.shape[1:]) == tuple(size))):
         array = array.transpose(1, 2, 0)
     if array.ndim != 3 or array.shape[-1] != 3:
         raise ValueError(f"image must be a PIL image, HxWx3 or 3xHxW, got shape {array.shape}")
@@ -191,7 +196,8 @@ def _as_rgb_array(image: Any) -> np.ndarray:
     return array.astype(np.uint8)
 
 
-def overlay(image: Any, mask: Any, dataset: PaletteLike = "pascal_voc", alpha: float = 0.5) -> Image.Image:
+def overlay(image: Any, mask: Any, dataset: PaletteLike = "pascal_voc", alpha: float = 0.5,
+            unblended: Sequence[int] = ()) -> Image.Image:
     """Blend the colourised mask over an image.
 
     Args:
@@ -199,18 +205,20 @@ def overlay(image: Any, mask: Any, dataset: PaletteLike = "pascal_voc", alpha: f
         mask: ``HxW`` class ids (``-1``/``255`` ignored) of the same height and width.
         dataset: dataset name or explicit palette, as in :func:`colorize`.
         alpha: weight of the mask colours (0 = image only, 1 = mask only).
+        unblended: class ids whose pixels show the image unblended (e.g. ``(0,)``: the background class, black in
+            the VOC colours, would otherwise darken the whole photo).
 
     Returns:
-        An RGB PIL image. Ignored pixels show the image unblended.
+        An RGB PIL image. Ignored pixels and the ``unblended`` classes show the image unblended.
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    rgb = _as_rgb_array(image).astype(np.float64)
     labels = _as_label_array(mask)
+    rgb = _as_rgb_array(image, labels.shape).astype(np.float64)
     if labels.shape != rgb.shape[:2]:
         raise ValueError(f"mask of shape {labels.shape} does not match image of size {rgb.shape[:2]}")
     colors = np.asarray(colorize(labels, dataset).convert("RGB"), dtype=np.float64)
     blended = (1.0 - alpha) * rgb + alpha * colors
-    ignored = (labels == -1) | (labels == _IGNORE_SLOT)
+    ignored = (labels == -1) | (labels == _IGNORE_SLOT) | np.isin(labels, list(unblended))
     blended[ignored] = rgb[ignored]
     return Image.fromarray(np.clip(blended + 0.5, 0, 255).astype(np.uint8), mode="RGB")

@@ -1,9 +1,16 @@
-"""One run per output directory: a lock file with the owner's pid, stale-lock detection and leftover cleanup.
+"""One run per output directory: a lock the kernel holds for its process, and leftover cleanup.
 
-:class:`RunDirLock` creates ``<dir>/.lock`` exclusively (``O_EXCL``) and writes ``pid host`` into it. A second run
-into the same directory is refused with :class:`RunDirLocked` naming the directory and the pid holding it. A lock
-left by a process that no longer exists on this host (``kill -9``, power loss) is stale: it is taken over. Taking
-the lock is also the writability check of the directory: a read-only directory fails here, before any training.
+:class:`FileLock` is an exclusive ``flock`` on a lock file: the kernel releases it when its holder exits in any way
+(``kill -9`` included), so no pid has to be judged alive or dead -- pids mean nothing across PID namespaces
+(containers sharing a folder). The generated ``shapes`` dataset and the run directory are guarded by it.
+
+:class:`RunDirLock` holds ``<dir>/.lock`` so and writes ``pid host`` into it (for the message only). A second run
+into the same directory is refused with :class:`RunDirLocked` naming the directory and the pid holding it; a lock
+file left by a process that is gone (``kill -9``, power loss) holds no lock and is taken over. Taking the lock is
+also the writability check of the directory: a read-only directory fails here, before any training. On a network
+file system the lock is as good as the client's ``flock`` (docs/training.md, "Reliability").
+
+:func:`die_with_parent` makes a forked worker end with the process that forked it.
 
 :func:`run_directory` is where a run writes (``<output-dir>/<dataset>/<model>/<checkname>``); :func:`run_lock` is
 the lock a run takes there: on the main process only (rank 0 under ``torchrun``).
@@ -14,14 +21,24 @@ While the lock is held, :func:`remove_stale_temp_files` deletes the temporary fi
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import re
+import signal
 import socket
+import sys
+import threading
+import time
 from typing import List, Optional, Tuple
 
-__all__ = ["RunDirLocked", "RunDirLock", "pid_alive", "remove_stale_temp_files", "run_directory", "run_lock",
-           "LOCK_NAME"]
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; the lock file is then advisory only
+    fcntl = None
+
+__all__ = ["FileLock", "RunDirLocked", "RunDirLock", "pid_alive", "remove_stale_temp_files", "run_directory",
+           "run_lock", "die_with_parent", "LOCK_NAME"]
 
 LOCK_NAME = ".lock"
 _TEMP_FILE = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
@@ -44,14 +61,80 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def _read_owner(path: str) -> Tuple[Optional[int], str]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            fields = f.read().split()
-    except FileNotFoundError:
-        return None, ""
+def _owner(text: str) -> Tuple[Optional[int], str]:
+    fields = text.split()
     pid = int(fields[0]) if fields and fields[0].isdigit() else None
     return pid, fields[1] if len(fields) > 1 else ""
+
+
+class FileLock:
+    """An exclusive ``flock`` on ``path`` (created if missing), released by the kernel when this process dies.
+
+    Args:
+        path: the lock file; it is left in place (removing it could let two processes lock two different files),
+            unless ``remove`` is given.
+        blocking: wait for the lock (``acquire`` then always returns ``True``) or fail at once.
+        remove: delete the lock file on release (safe: a waiter that locked the removed file retries on the new one).
+
+    ``acquire()`` returns whether the lock was taken; the context manager raises ``BlockingIOError`` when a
+    non-blocking lock is held elsewhere. ``previous`` holds what the file said when this process took it.
+    """
+
+    def __init__(self, path: str, *, blocking: bool = True, remove: bool = False) -> None:
+        self.path, self.blocking, self.remove = os.fspath(path), blocking, remove
+        self.fd: Optional[int] = None
+        self.previous = ""
+
+    def acquire(self) -> bool:
+        while self.fd is None:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if fcntl is not None:
+                    fcntl.flock(fd, fcntl.LOCK_EX | (0 if self.blocking else fcntl.LOCK_NB))
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except (BlockingIOError, FileNotFoundError) as err:  # held elsewhere / removed by its last holder
+                os.close(fd)
+                if isinstance(err, BlockingIOError):
+                    return False
+                continue
+            except BaseException:
+                os.close(fd)
+                raise
+            if not same:  # the file we locked was removed and replaced meanwhile: lock the new one
+                os.close(fd)
+                continue
+            self.fd = fd
+            self.previous = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+        return True
+
+    def write(self, text: str) -> None:
+        """Replace the lock file's content (who holds it, for the messages of others)."""
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, text.encode("utf-8"), 0)
+
+    def read(self) -> str:
+        """The lock file's content (empty if it does not exist)."""
+        try:
+            with open(self.path, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def release(self) -> None:
+        if self.fd is not None:
+            if self.remove:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)  # while still locked: a waiter on this file sees it gone and retries
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
+
+    def __enter__(self) -> "FileLock":
+        if not self.acquire():
+            raise BlockingIOError(errno.EWOULDBLOCK, f"{self.path} is locked by another process", self.path)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class RunDirLock:
@@ -68,55 +151,56 @@ class RunDirLock:
         self.directory = os.fspath(directory)
         self.path = os.path.join(self.directory, LOCK_NAME)
         self.stale_owner: Optional[int] = None
-        self._held = False
-
-    def _create(self) -> bool:
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(f"{os.getpid()} {socket.gethostname()}\n")
-        return True
+        self._lock = FileLock(self.path, blocking=False, remove=True)
 
     def acquire(self) -> "RunDirLock":
-        """Take the lock (taking over a stale one); see the class for the errors."""
+        """Take the lock (taking over the file of a dead run); see the class for the errors."""
         try:
             os.makedirs(self.directory, exist_ok=True)
-            for _ in range(3):
-                if self._create():
-                    self._held = True
-                    return self
-                pid, host = _read_owner(self.path)
-                if pid is not None and (host not in ("", socket.gethostname()) or pid_alive(pid)):
-                    raise RunDirLocked(f"run directory {self.directory} is in use by another run (pid {pid}"
-                                       f"{' on ' + host if host else ''}; lock file {self.path}); wait for it to "
-                                       "finish or choose another --checkname / --output-dir")
-                self.stale_owner = pid
-                try:
-                    os.unlink(self.path)  # stale: its owner is gone
-                except FileNotFoundError:
-                    pass
+            if not self._lock.acquire():
+                pid, host = _owner(self._lock.read())
+                raise RunDirLocked(f"run directory {self.directory} is in use by another run (pid "
+                                   f"{pid if pid is not None else 'unknown'}{' on ' + host if host else ''}; lock "
+                                   f"file {self.path}); wait for it to finish or choose another --checkname / "
+                                   "--output-dir")
+            self.stale_owner = _owner(self._lock.previous)[0]  # the file of a run that died holding it
+            self._lock.write(f"{os.getpid()} {socket.gethostname()}\n")
         except OSError as err:
+            self._lock.release()
             if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise RunDirLocked(f"run directory {self.directory} is not writable ({err.strerror}); choose "
                                    "another --output-dir") from None
             raise
-        raise RunDirLocked(f"could not take the lock {self.path} (another run keeps creating it)")
+        return self
 
     def release(self) -> None:
-        """Remove the lock file if this process holds it."""
-        if self._held:
-            pid, _ = _read_owner(self.path)
-            if pid == os.getpid():
-                os.unlink(self.path)
-            self._held = False
+        """Remove the lock file and release the lock if this process holds it."""
+        self._lock.release()
 
     def __enter__(self) -> "RunDirLock":
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def die_with_parent(parent: int) -> None:
+    """End this (forked worker) process when ``parent`` dies, ``kill -9`` included, so that no worker stays blocked
+    on a queue holding the caller's pipes open: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` on Linux, and a thread that
+    checks the parent pid (elsewhere, and as a fallback). Use it as a pool's ``initializer`` with ``os.getpid()``.
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="watch-parent", daemon=True).start()
 
 
 def remove_stale_temp_files(directory: str) -> List[str]:

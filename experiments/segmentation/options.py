@@ -10,8 +10,8 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from encoding.builders import OPTIMIZERS
-from encoding.engine.config import (AMP_DTYPES, ConfigError, TrainingConfig, check_devices, check_network,
-                                    check_split, check_training, fill_from_recipe)
+from encoding.engine.config import (AMP_DTYPES, DIST_TIMEOUT_S, ConfigError, TrainingConfig, check_devices,
+                                    check_network, check_split, check_training, fill_from_recipe)
 from encoding.utils.cli import (OneLineParser, non_negative_float, non_negative_int, positive_float, positive_int,
                                 scales, unit_float)
 
@@ -30,7 +30,8 @@ def _add_model_options(p: argparse.ArgumentParser, script: str) -> None:
     """Dataset and network options (``test.py`` / ``demo.py``: ``None`` = from the checkpoint, else the recipe)."""
     p.add_argument("--dataset", default="shapes" if script == "train" else None,
                    help="dataset name (default: the embedded 'shapes'; test/demo: the checkpoint's)")
-    p.add_argument("--data-root", default=None, help="data root (default: $ENCODING_DATA or ~/.encoding/data)")
+    if script != "demo":  # demo reads no dataset
+        p.add_argument("--data-root", default=None, help="data root (default: $ENCODING_DATA or ~/.encoding/data)")
     p.add_argument("--model", default=None,
                    help="fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn, unet")
     p.add_argument("--backbone", default=None,
@@ -61,7 +62,7 @@ def _add_weight_options(p: argparse.ArgumentParser) -> None:
     """Where ``test.py`` / ``demo.py`` take the weights from (exactly one)."""
     p.add_argument("--resume", default=None, help="checkpoint to evaluate (train.py's model_best.pth / checkpoint.pth)")
     p.add_argument("--model-zoo", default=None, metavar="NAME",
-                   help="a named preset with published weights, e.g. fcn_resnet50_voc (encoding.models.model_list)")
+                   help="a preset with published weights: encoding.models.pretrained_model_list(), e.g. fcn_resnet50_voc")
     p.add_argument("--torchvision-weights", action="store_true",
                    help="torchvision's published weights of the whole network: --model fcn/deeplab with --backbone "
                         "resnet50/101")
@@ -98,6 +99,8 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                         "and heads; about half the peak memory of FCN-ResNet50 for one extra forward per step "
                         "(docs/checkpointing.md)")
     p.add_argument("--clip-grad", type=positive_float, default=None, help="clip the global gradient norm")
+    p.add_argument("--dist-timeout", type=positive_float, default=DIST_TIMEOUT_S, metavar="SECONDS",
+                   help="under torchrun: end the job when a collective waits this long (a frozen or lost rank)")
     p.add_argument("--balance", choices=["none", "memory"], default="none",
                    help="memory: per-device split sizes chosen by the memory simulator to unload device 0")
     p.add_argument("--resume", default=None, help="checkpoint to resume from")
@@ -137,7 +140,9 @@ def _add_test_options(p: argparse.ArgumentParser) -> None:
 def _add_demo_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("images", nargs="+", metavar="IMAGE", help="JPEG/PNG images (any size; grey/RGBA converted)")
     p.add_argument("--out-dir", default="demo", help="where the mask and overlay PNGs go (default: demo)")
-    p.add_argument("--alpha", type=unit_float, default=0.5, help="weight of the mask in the overlay (0..1)")
+    p.add_argument("--overwrite", action="store_true", help="replace outputs that exist (default: refuse)")
+    p.add_argument("--alpha", type=unit_float, default=0.5, help="weight of the mask in the overlay, 0..1 (default: 0.5)")
+    p.add_argument("--blend-background", action="store_true", help="blend the background class too (default: not)")
     _add_multi_scale_options(p)
 
 
@@ -159,7 +164,10 @@ def build_parser(script: str = "train") -> argparse.ArgumentParser:
     if script == "demo":
         _add_demo_options(p)
     _add_model_options(p, script)
-    _add_device_options(p)
+    if script == "demo":  # one device, no loader: only --no-cuda of the device options
+        p.add_argument("--no-cuda", action="store_true", help="run on the CPU even when CUDA is available")
+    else:
+        _add_device_options(p)
     if script == "train":
         _add_training_options(p)
     else:

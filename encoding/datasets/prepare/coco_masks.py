@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 from PIL import Image
-from tqdm.auto import tqdm
+from ...utils.progress import progress_bar as tqdm
 
 from ..layout import COCO_MASK_DIR, COCO_VOC_CATEGORY_IDS, DatasetError
 from ...utils.files import atomic_write, staged_dir

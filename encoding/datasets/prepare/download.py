@@ -34,7 +34,7 @@ import zipfile
 import zlib
 from typing import List, Mapping, NamedTuple, Optional, Sequence
 
-from tqdm.auto import tqdm
+from ...utils.progress import progress_bar as tqdm
 
 from ...utils.files import (CHUNK, ChecksumError, atomic_write, check_checksum, makedirs, parse_checksum, staged_dir,
                             verify_checksum)

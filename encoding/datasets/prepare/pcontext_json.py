@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping
 
 import numpy as np
 from PIL import Image
-from tqdm.auto import tqdm
+from ...utils.progress import progress_bar as tqdm
 
 from ..layout import CONTEXT_CATEGORY_IDS, CONTEXT_LIST_DIR, CONTEXT_MASK_DIR, DatasetError
 from ...utils.files import atomic_write, staged_dir

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 from PIL import Image
-from tqdm.auto import tqdm
+from ...utils.progress import progress_bar as tqdm
 
 from ..layout import SBD_MAT_DIR, SBD_PNG_DIR, DatasetError, read_split_file
 from ...utils.files import atomic_write, staged_dir

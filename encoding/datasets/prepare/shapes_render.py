@@ -16,8 +16,12 @@ datasets use::
     <root>/shapes/shapes.json                         # marker: generator version + settings, written last
 
 Generation goes into a staging folder that is renamed into place at the end, so an interrupted run never leaves a
-dataset that looks complete. :func:`ensure_shapes` is the prepare step (``python -m encoding.datasets.prepare
-shapes``); :class:`~encoding.datasets.ShapesSegmentation` runs it on first use.
+dataset that looks complete; the marker is written only after every file is checked to be there, and a dataset with a
+missing file is generated again. Generations of one folder take turns under a lock the kernel releases when its holder
+dies (``<root>/.<folder>.lock``, :class:`~encoding.utils.rundir.FileLock`): processes sharing the data folder -- ranks,
+or containers with their own PID namespaces -- never delete each other's work; the waiting ones find the dataset
+done. Worker processes die with the process that forked them. :func:`ensure_shapes` is the prepare step
+(``python -m encoding.datasets.prepare shapes``); :class:`~encoding.datasets.ShapesSegmentation` runs it on first use.
 """
 from __future__ import annotations
 
@@ -28,15 +32,17 @@ import json
 import math
 import multiprocessing
 import os
+import shutil
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
-from tqdm.auto import tqdm
+from ...utils.progress import progress_bar as tqdm
 
 from ..layout import (SHAPES_CLASSES, SHAPES_DEFAULT_NUM_TRAIN, SHAPES_DEFAULT_NUM_VAL, SHAPES_DEFAULT_SEED,
                       default_root, shapes_folder)
 from ...utils.files import staged_dir
+from ...utils.rundir import FileLock, die_with_parent
 
 __all__ = ["GENERATOR_VERSION", "MARKER", "DEFAULT_SEED", "DEFAULT_NUM_TRAIN", "DEFAULT_NUM_VAL", "render_scene",
            "generate_shapes", "ensure_shapes"]
@@ -263,12 +269,31 @@ def _scene_for(seed: int, split: str, index: int) -> Tuple[np.ndarray, np.ndarra
     return render_scene(rng, height, width)
 
 
+def _missing_files(folder: str, names: List[str]) -> List[str]:
+    """The image and mask files of ``names`` that are not in ``folder`` (two directory listings)."""
+    missing = []
+    for sub, ext in (("JPEGImages", ".jpg"), ("SegmentationClass", ".png")):
+        try:
+            present = set(os.listdir(os.path.join(folder, sub)))
+        except OSError:
+            present = set()
+        missing += [os.path.join(folder, sub, n + ext) for n in names if n + ext not in present]
+    return missing
+
+
+def _expected_names(config: Dict[str, object]) -> List[str]:
+    return [f"{split}_{i:05d}" for split in ("train", "val") for i in range(int(config[f"num_{split}"]))]
+
+
 def _is_complete(folder: str, config: Dict[str, object]) -> bool:
+    """The marker matches ``config`` and every image and mask is there (a missing file: generate again)."""
     try:
         with open(os.path.join(folder, MARKER), encoding="utf-8") as f:
-            return json.load(f) == config
+            if json.load(f) != config:
+                return False
     except (OSError, ValueError):
         return False
+    return not _missing_files(folder, _expected_names(config))
 
 
 def _write_scene(staging: str, seed: int, job: Tuple[str, int]) -> str:
@@ -289,24 +314,27 @@ def _write_scenes(staging: str, seed: int, jobs: List[Tuple[str, int]], workers:
         if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
             # every scene has its own random stream: the files do not depend on the order or the process
             context = multiprocessing.get_context("fork")
-            pool = stack.enter_context(concurrent.futures.ProcessPoolExecutor(workers, mp_context=context))
+            pool = stack.enter_context(concurrent.futures.ProcessPoolExecutor(
+                workers, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),)))
             names = pool.map(write, jobs, chunksize=16)
         else:
             names = map(write, jobs)
         return list(tqdm(names, total=len(jobs), desc="generating shapes", unit="img", disable=not progress))
 
 
-def generate_shapes(folder: str, *, seed: int = DEFAULT_SEED, num_train: int = DEFAULT_NUM_TRAIN,
-                    num_val: int = DEFAULT_NUM_VAL, progress: bool = True, workers: Optional[int] = None) -> str:
-    """Generate the dataset into ``folder`` (replacing what is there), atomically.
+def _lock(folder: str) -> FileLock:
+    """The lock of generating ``folder``: ``<parent>/.<name>.lock``, held until this process releases it or dies."""
+    parent, name = os.path.split(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)
+    return FileLock(os.path.join(parent, f".{name}.lock"))
 
-    Args:
-        workers: processes that render scenes (default: one per CPU core, up to 8, for more than 256 scenes);
-            the result is the same for any number.
 
-    Returns:
-        ``folder``.
-    """
+def _generate(folder: str, seed: int, num_train: int, num_val: int, progress: bool, workers: Optional[int]) -> None:
+    """Generate ``folder``; the caller holds its :func:`_lock`, so every staging folder of it is a dead one's."""
+    parent, name = os.path.split(os.path.abspath(folder))
+    for leftover in os.listdir(parent):
+        if leftover.startswith(f".{name}.tmp-"):
+            shutil.rmtree(os.path.join(parent, leftover), ignore_errors=True)
     config = _config(seed, num_train, num_val)
     jobs = [(split, i) for split, n in (("train", num_train), ("val", num_val)) for i in range(n)]
     if workers is None:
@@ -319,8 +347,26 @@ def generate_shapes(folder: str, *, seed: int = DEFAULT_SEED, num_train: int = D
         for split, names in lists.items():
             with open(os.path.join(staging, "ImageSets", split + ".txt"), "w", encoding="utf-8") as f:
                 f.write("".join(n + "\n" for n in names))
+        missing = _missing_files(staging, _expected_names(config))
+        if missing:  # never mark an incomplete dataset complete
+            raise RuntimeError(f"shapes generation lost {len(missing)} file(s), e.g. {missing[0]}; run it again")
         with open(os.path.join(staging, MARKER), "w", encoding="utf-8") as f:
             json.dump(config, f, indent=1, sort_keys=True)
+
+
+def generate_shapes(folder: str, *, seed: int = DEFAULT_SEED, num_train: int = DEFAULT_NUM_TRAIN,
+                    num_val: int = DEFAULT_NUM_VAL, progress: bool = True, workers: Optional[int] = None) -> str:
+    """Generate the dataset into ``folder`` (replacing what is there), atomically, under the folder's lock.
+
+    Args:
+        workers: processes that render scenes (default: one per CPU core, up to 8, for more than 256 scenes);
+            the result is the same for any number.
+
+    Returns:
+        ``folder``.
+    """
+    with _lock(folder):
+        _generate(folder, seed, num_train, num_val, progress, workers)
     return folder
 
 
@@ -329,10 +375,14 @@ def ensure_shapes(root: Optional[str] = None, *, seed: int = DEFAULT_SEED, num_t
     """Return the ``shapes`` folder under ``root``, generating it first if it is absent, incomplete or stale.
 
     The folder is ``<root>/shapes`` for the default settings and ``<root>/shapes-seed<seed>-<train>-<val>``
-    otherwise, so different settings never overwrite each other.
+    otherwise, so different settings never overwrite each other. Processes that find it missing at the same time
+    take turns: one generates, the others wait for its lock and find the dataset complete.
     """
     root = os.path.expanduser(root or default_root())
     folder = os.path.join(root, shapes_folder(seed, num_train, num_val))
-    if overwrite or not _is_complete(folder, _config(seed, num_train, num_val)):
-        generate_shapes(folder, seed=seed, num_train=num_train, num_val=num_val, progress=progress)
+    config = _config(seed, num_train, num_val)
+    if overwrite or not _is_complete(folder, config):
+        with _lock(folder):
+            if overwrite or not _is_complete(folder, config):  # not done by another process meanwhile
+                _generate(folder, seed, num_train, num_val, progress, None)
     return folder

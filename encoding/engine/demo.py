@@ -1,0 +1,82 @@
+"""What ``demo.py`` does with its images: where each one's outputs go, and one image at a time through the network.
+
+* :func:`demo_outputs`: the ``(mask, overlay)`` PNGs of each input, never colliding, never silently replacing a file;
+* :func:`segment_files`: read, segment and write one image at a time (the memory does not grow with their number);
+* :func:`write_pngs`: several PNGs all or nothing (atomic files; a failure leaves none of them).
+"""
+from __future__ import annotations
+
+import io
+import os
+from typing import Iterator, List, Sequence, Tuple
+
+import torch
+from PIL import Image
+from torch import nn
+
+from ..datasets import datasets as DATASETS
+from ..utils.files import atomic_write
+from ..utils.palette import colorize
+from .inference import denormalize, overlay_with_legend, read_image, segment
+
+__all__ = ["demo_outputs", "segment_files", "write_pngs"]
+
+
+def demo_outputs(paths: Sequence[str], out_dir: str, overwrite: bool = False) -> List[Tuple[str, str]]:
+    """The ``(mask, overlay)`` PNGs of each input of ``demo.py``: ``<stem>_mask.png`` / ``<stem>_overlay.png`` in
+    ``out_dir``; inputs whose names collide (``a/x.png b/x.png``, ``x.png x.jpg``) keep their folders relative to the
+    inputs' common folder, and their extension if they still collide, so that no output overwrites another.
+
+    Raises:
+        ValueError: an input given twice, or an output that exists (unless ``overwrite``); the message names it.
+    """
+    absolute = [os.path.abspath(p) for p in paths]
+    for i, path in enumerate(absolute):
+        if path in absolute[:i]:
+            raise ValueError(f"image given twice: {paths[i]}")
+    stems = [os.path.splitext(os.path.basename(p))[0] for p in absolute]
+    common = os.path.commonpath([os.path.dirname(p) for p in absolute]) if absolute else ""
+    names = [os.path.join(os.path.relpath(os.path.dirname(p), common), stem) if stems.count(stem) > 1 else stem
+             for p, stem in zip(absolute, stems)]
+    names = [name + "_" + os.path.splitext(p)[1].lstrip(".") if names.count(name) > 1 else name
+             for p, name in zip(absolute, names)]
+    outputs = [tuple(os.path.normpath(os.path.join(out_dir, f"{name}_{kind}.png")) for kind in ("mask", "overlay"))
+               for name in names]
+    existing = [path for pair in outputs for path in pair if os.path.exists(path)]
+    if existing and not overwrite:
+        raise ValueError(f"{existing[0]} exists ({len(existing)} of the outputs do): pass --overwrite to replace "
+                         "them, or another --out-dir")
+    return outputs
+
+
+def write_pngs(files: Sequence[Tuple[str, Image.Image]]) -> None:
+    """Write several PNGs all or nothing: every image is encoded before any is written, each file atomically, and
+    the files already written are removed when a later one fails."""
+    encoded = []
+    for path, image in files:
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        encoded.append((path, buffer.getvalue()))
+    done: List[str] = []
+    try:
+        for path, data in encoded:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            done.append(atomic_write(path, data))
+    except BaseException:
+        for path in done:
+            os.remove(path)
+        raise
+
+
+def segment_files(model: nn.Module, paths: Sequence[str], outputs: Sequence[Tuple[str, str]], dataset: str,
+                  device: torch.device, alpha: float = 0.5, blend_background: bool = False) -> Iterator[List[str]]:
+    """Segment the images one at a time (memory independent of their number) and write each one's mask and
+    overlay (:func:`write_pngs`); yields the names of the classes present in each image after writing it."""
+    class_names = list(DATASETS[dataset].CLASSES)
+    for path, (mask_path, overlay_path) in zip(paths, outputs):
+        image = read_image(path)
+        labels = segment(model, image, device)
+        picture = overlay_with_legend(denormalize(image), labels, dataset, class_names, alpha, blend_background)
+        del image
+        write_pngs([(mask_path, colorize(labels, dataset)), (overlay_path, picture)])
+        yield [class_names[c] for c in labels.unique().tolist()]
