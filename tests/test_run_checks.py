@@ -66,8 +66,8 @@ def test_train_py_refuses_every_unusable_value_in_one_line_leaving_nothing(argv,
 ])
 def test_test_and_demo_refuse_unusable_values_in_one_line(script, argv, message, tiny_run, tmp_path, capsys):
     _, checkpoint, _ = tiny_run
-    extra = [str(tmp_path / "x.png"), "--out-dir", str(tmp_path / "demo")] if script == "demo" else []
-    status = _cli(script, extra + ["--resume", checkpoint, "--workers", "0", *argv])
+    extra = [str(tmp_path / "x.png"), "--out-dir", str(tmp_path / "demo")] if script == "demo" else ["--workers", "0"]
+    status = _cli(script, extra + ["--resume", checkpoint, *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and message in err[0], err
     assert os.listdir(tmp_path) == []
