@@ -256,7 +256,7 @@ def _parse_inference(parser: argparse.ArgumentParser, args: argparse.Namespace, 
                           output_stride=args.output_stride, head_channels=args.head_channels)
         if script == "test":
             check_split(args.dataset, args.split, "--split", masks=args.mode != "test")
-        check_devices(args.device_ids)
+        check_devices(getattr(args, "device_ids", None))
     except ConfigError as err:
         parser.error(str(err))
     return args
