@@ -34,8 +34,9 @@ from encoding.utils.rundir import RunDirLock, RunDirLocked, remove_stale_temp_fi
 SMALL = dict(num_train=8, num_val=4, progress=False)
 #: Runs train.py's command line in a subprocess on the small shapes set (``sys.argv[1:]`` are its options).
 _DRIVER = ("import sys; sys.path[:0] = ['tests', 'experiments/segmentation']; from conftest import tiny_shapes_pair; "
-           "import train; sys.exit(train.cli(sys.argv[1:], datasets=tiny_shapes_pair()))")
-# FCN-ResNet18 (not the lighter default model): an epoch lasts long enough for kills to land inside training.
+           "import train; sys.exit(train.cli(sys.argv[1:], datasets=tiny_shapes_pair(num_train=32)))")
+# FCN-ResNet18 (not the lighter default model) on 32 training scenes (8 iterations an epoch): an epoch lasts long
+# enough for kills and signals to land inside training.
 RUN = ["--model", "fcn", "--backbone", "resnet18", "--crop-size", "32", "--base-size", "40", "--batch-size", "4",
        "--workers", "0", "--deterministic", "--val-limit", "2"]
 EPOCHS = 2
