@@ -34,7 +34,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from .datasets import get_segmentation_dataset, list_collate
 from .models import SegmentationModel, get_segmentation_model
-from .nn import SegmentationLosses, SyncBatchNorm
+from .nn.loss import SegmentationLosses  # the core class (PE layouts: encoding.legacy)
+from .nn.syncbn import SyncBatchNorm
 from .parallel import DataParallelCriterion, DataParallelModel, resolve_devices
 from .utils.determinism import EpochSampler, SeededSamples, seed_worker
 from .utils.dist import ShardSampler, get_local_rank
