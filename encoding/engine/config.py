@@ -208,20 +208,25 @@ def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint) -> None
                               f"{saved[name]} (the epoch's remaining samples depend on it)")
 
 
+#: The default run's recipe: :class:`TrainingConfig`'s defaults are the ``shapes`` recipe's values.
+_SHAPES = recipe("shapes")
+
+
 @dataclass
 class TrainingConfig:
-    """A training run's options (``train.py``'s, filled from the recipe; see ``docs/training.md``)."""
+    """A training run's options (``train.py``'s, filled from the recipe; see ``docs/training.md``); the defaults are
+    the ``shapes`` recipe of :data:`RECIPES`."""
 
     dataset: str = "shapes"
     data_root: Optional[str] = None
-    model: str = "unet"
-    backbone: str = "vgg_tiny"
+    model: str = _SHAPES["model"]
+    backbone: str = _SHAPES["backbone"]
     aux: bool = False
     se_loss: bool = False
-    head_channels: Optional[int] = None
-    output_stride: Optional[int] = 8
-    base_size: Optional[int] = 72
-    crop_size: Optional[int] = 64
+    head_channels: Optional[int] = _SHAPES["head_channels"]
+    output_stride: Optional[int] = _SHAPES["output_stride"]
+    base_size: Optional[int] = _SHAPES["base_size"]
+    crop_size: Optional[int] = _SHAPES["crop_size"]
     workers: int = 2
     amp: str = "none"
     no_cuda: bool = False
@@ -231,21 +236,21 @@ class TrainingConfig:
     pretrained: bool = False
     aux_weight: float = 0.2
     se_weight: float = 0.2
-    scale_range: Optional[Tuple[float, float]] = (1.0, 1.0)
+    scale_range: Optional[Tuple[float, float]] = _SHAPES["scale_range"]
     train_split: str = "train"
     val_split: str = "val"
-    epochs: int = 8
+    epochs: int = _SHAPES["epochs"]
     start_epoch: int = 0
-    batch_size: int = 16
+    batch_size: int = _SHAPES["batch_size"]
     test_batch_size: Optional[int] = None
-    lr: float = 0.002
+    lr: float = _SHAPES["lr"]
     lr_scheduler: str = "poly"
     lr_step: int = 0
     warmup_epochs: int = 0
     head_lr_mult: float = 1.0
-    optimizer: str = "adamw"
+    optimizer: str = _SHAPES["optimizer"]
     momentum: float = 0.9
-    weight_decay: float = 1e-4
+    weight_decay: float = _SHAPES["weight_decay"]
     checkpoint: str = "none"
     clip_grad: Optional[float] = None
     balance: str = "none"
