@@ -32,10 +32,18 @@ setup(
     ],
     extras_require={
         # the suite also builds the documentation (tests/test_docs.py), hence the docs packages
-        "test": ["pytest", "matplotlib", "scipy", "pycocotools", "sphinx", "myst-parser", "furo"],
+        # and runs every optional integration against the real library (timm backbones, SegFormer against
+        # transformers, ONNX export under onnxruntime, YAML configs, TensorBoard / W&B logs, losses against smp)
+        "test": ["pytest", "matplotlib", "scipy", "pycocotools", "sphinx", "myst-parser", "furo",
+                 "timm", "transformers", "onnx", "onnxruntime", "onnxscript", "pyyaml", "tensorboard", "wandb",
+                 "segmentation-models-pytorch"],
         # `python -m sphinx -W -b html docs docs/_build/html`
         "docs": ["sphinx", "myst-parser", "furo"],
-        "chart": ["matplotlib"],  # scripts/memory_balance.py --chart
+        "chart": ["matplotlib"],  # scripts/memory_balance.py --chart, training curves
+        "timm": ["timm"],  # backbone="timm:<name>", the ResNeSt backbones
+        "config": ["pyyaml"],  # train.py --config FILE.yaml
+        "monitor": ["tensorboard", "matplotlib"],  # train.py --tensorboard, the curve plot (--wandb: pip install wandb)
+        "export": ["onnx", "onnxruntime", "onnxscript"],  # python -m encoding.export --format onnx
         # only for `python -m encoding.datasets.prepare`: SBD's .mat labels, PASCAL-Context RLE, COCO masks
         "prepare": ["scipy", "pycocotools"],
     },

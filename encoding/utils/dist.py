@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Optional, Union
+from typing import List, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,7 @@ __all__ = [
     "reduce_across_processes",
     "default_backend",
     "ShardSampler",
+    "fsdp_units",
 ]
 
 _REDUCE_OPS = ("sum", "mean", "max", "min")
@@ -170,3 +171,32 @@ class ShardSampler(torch.utils.data.Sampler):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+def _has_parameters(module: torch.nn.Module) -> bool:
+    return next(module.parameters(), None) is not None
+
+
+def fsdp_units(model: torch.nn.Module) -> List[torch.nn.Module]:
+    """The modules FSDP2's ``fully_shard`` wraps, in wrapping order (innermost first, the root last).
+
+    The rule of ``--strategy fsdp`` (and of the memory planner's ``fsdp``): every child of ``model.backbone`` that
+    has parameters (the backbone's stages), then every other top-level child of ``model`` that has parameters
+    (``classifier``, ``aux_classifier``, necks, ...), then ``model`` itself. A model without a ``backbone``
+    attribute contributes its top-level children only.
+
+    Args:
+        model: a segmentation model (or any module).
+
+    Returns:
+        the modules to pass to ``fully_shard`` one after the other.
+    """
+    units: List[torch.nn.Module] = []
+    backbone = getattr(model, "backbone", None)
+    if isinstance(backbone, torch.nn.Module):
+        units.extend(child for child in backbone.children() if _has_parameters(child))
+    for name, child in model.named_children():
+        if child is not backbone and _has_parameters(child):
+            units.append(child)
+    units.append(model)
+    return units
