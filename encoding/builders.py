@@ -5,7 +5,7 @@ Each builder does one job and takes plain, typed arguments (no ``argparse`` name
 * :func:`select_devices` → a :class:`Placement`: ``DataParallelModel`` devices, or one device per ``torchrun``
   process (DDP);
 * :func:`build_model` / :func:`build_criterion`: a segmentation model (``SyncBatchNorm`` when ``sync_bn``) and its
-  :class:`~encoding.nn.SegmentationLosses`;
+  loss (:data:`~encoding.nn.LOSSES`: cross-entropy, OHEM, Dice, Focal, Lovász-Softmax; optional class weights);
 * :func:`build_loaders`: training and validation ``DataLoader``\\ s (distributed samplers under DDP);
 * :func:`param_groups` / :func:`build_optimizer` / :func:`build_scheduler`: the backbone/head parameter groups,
   SGD or AdamW over them, and the per-iteration :class:`~encoding.utils.lr_scheduler.IterationLR` (torch style:
@@ -33,8 +33,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from .datasets import get_segmentation_dataset, list_collate
+from .datasets.class_weights import resolve_class_weights
 from .models import SegmentationModel, get_segmentation_model
 from .nn.loss import SegmentationLosses  # the core class (PE layouts: encoding.legacy)
+from .nn.losses import LOSSES
 from .nn.syncbn import SyncBatchNorm
 from .parallel import DataParallelCriterion, DataParallelModel, resolve_devices
 from .utils.determinism import EpochSampler, SeededSamples, seed_worker
@@ -117,10 +119,24 @@ def build_model(name: str, dataset: str, *, backbone: str = "resnet50", aux: boo
 
 
 def build_criterion(nclass: int, *, aux: bool = False, aux_weight: float = 0.4, se_loss: bool = False,
-                    se_weight: float = 0.2, device: Optional[torch.device] = None) -> SegmentationLosses:
-    """:class:`~encoding.nn.SegmentationLosses` for ``nclass`` classes (ignore label -1) on ``device``."""
-    criterion = SegmentationLosses(se_loss=se_loss, se_weight=se_weight, nclass=nclass, aux=aux,
-                                   aux_weight=aux_weight, ignore_index=-1)
+                    se_weight: float = 0.2, device: Optional[torch.device] = None, loss: str = "ce",
+                    class_weights: Union[None, str, os.PathLike, Sequence[float]] = None,
+                    train_dataset: Optional[Dataset] = None) -> SegmentationLosses:
+    """The criterion ``loss`` of :data:`~encoding.nn.LOSSES` (``ce``: :class:`~encoding.nn.SegmentationLosses`) for
+    ``nclass`` classes (ignore label -1) on ``device``.
+
+    Args:
+        loss: ``ce``, ``ohem``, ``dice``, ``focal`` or ``lovasz``.
+        class_weights: ``None``, ``auto`` / ``enet`` / ``median`` (from ``train_dataset``'s label frequencies,
+            cached; :mod:`encoding.datasets.class_weights`), a file of ``nclass`` numbers, or the numbers.
+        train_dataset: the training set that ``auto`` / ``median`` count.
+    """
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    weight = (torch.as_tensor(class_weights, dtype=torch.float32) if isinstance(class_weights, (list, tuple))
+              else resolve_class_weights(class_weights, train_dataset, nclass))
+    criterion = LOSSES[loss](se_loss=se_loss, se_weight=se_weight, nclass=nclass, aux=aux, aux_weight=aux_weight,
+                             ignore_index=-1, weight=None if weight is None else weight.float())
     return criterion if device is None else criterion.to(device)
 
 

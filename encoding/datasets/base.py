@@ -302,14 +302,12 @@ class BaseDataset(Dataset):
     def _read_image(path: str) -> tv_tensors.Image:
         return tv_tensors.Image(torch.from_numpy(read_rgb(path)).permute(2, 0, 1))
 
-    def _load_mask(self, index: int, image_size: Tuple[int, int]) -> tv_tensors.Mask:
+    def label_map(self, index: int) -> np.ndarray:
+        """Sample ``index``'s mask as checked class indices at full size (``uint8`` ``H x W``, 255 = ignore)."""
         path = self.masks[index]
         raw = self._read_label(path)
         if raw.ndim != 2:
             raise DatasetError(path, f"mask has shape {raw.shape}; expected a 2-D label image")
-        if tuple(raw.shape) != tuple(image_size):
-            raise DatasetError(path, f"mask size {raw.shape[1]}x{raw.shape[0]} (WxH) differs from its image "
-                                     f"{self.images[index]} ({image_size[1]}x{image_size[0]})")
         if raw.dtype != np.uint8:
             out_of_byte = (raw < 0) | (raw > 255)
             if out_of_byte.any():
@@ -321,6 +319,13 @@ class BaseDataset(Dataset):
         if invalid.any():
             raise DatasetError(path, f"label values {np.unique(raw[invalid])[:10].tolist()} are outside the "
                                      f"{self.NUM_CLASS} classes (and not ignore)")
+        return mapped
+
+    def _load_mask(self, index: int, image_size: Tuple[int, int]) -> tv_tensors.Mask:
+        mapped = self.label_map(index)
+        if tuple(mapped.shape) != tuple(image_size):
+            raise DatasetError(self.masks[index], f"mask size {mapped.shape[1]}x{mapped.shape[0]} (WxH) differs "
+                               f"from its image {self.images[index]} ({image_size[1]}x{image_size[0]})")
         return tv_tensors.Mask(torch.from_numpy(mapped))
 
     def _load(self, index: int) -> tuple:

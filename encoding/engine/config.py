@@ -236,6 +236,8 @@ class TrainingConfig:
     pretrained: bool = False
     aux_weight: float = 0.2
     se_weight: float = 0.2
+    loss: str = "ce"
+    class_weights: Optional[str] = None
     scale_range: Optional[Tuple[float, float]] = _SHAPES["scale_range"]
     train_split: str = "train"
     val_split: str = "val"
@@ -304,7 +306,8 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
                                  checkpoint=False if c.checkpoint == "none" else c.checkpoint,
                                  head_options={"channels": c.head_channels} if c.head_channels else None)
     criterion = builders.build_criterion(len(class_names), aux=c.aux, aux_weight=c.aux_weight, se_loss=c.se_loss,
-                                         se_weight=c.se_weight, device=device)
+                                         se_weight=c.se_weight, device=device, loss=c.loss,
+                                         class_weights=c.class_weights, train_dataset=loaders.train.dataset)
     optimizer = builders.build_optimizer(model, c.lr, kind=c.optimizer, momentum=c.momentum,
                                          weight_decay=c.weight_decay)
     scheduler = builders.build_scheduler(optimizer, c.lr_scheduler, c.lr, c.epochs, len(loaders.train),

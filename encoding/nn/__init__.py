@@ -5,12 +5,14 @@ PyTorch-Encoding's, vacancy's and mmcv's names (``BatchNorm2d``, ``SynchronizedB
 here by :mod:`encoding.legacy` (``legacy.ALIASES``) when ``encoding`` is imported; they are not part of ``__all__``.
 So are ``SegmentationLosses`` / ``OhemCrossEntropy``: ``encoding.nn`` names ``encoding.legacy``'s subclasses, which
 also accept PyTorch-Encoding's argument layouts; the core classes, which take ``(output_dict_or_tensor, target)``,
-are :mod:`encoding.nn.loss`'s.
+are :mod:`encoding.nn.loss`'s. Dice, Focal and Lovász-Softmax (and ``LOSSES``, the names of ``train.py --loss``)
+are :mod:`encoding.nn.losses`'.
 """
-from . import blocks, encoding, loss, recompute, syncbn
+from . import blocks, encoding, loss, losses, recompute, syncbn
 from .blocks import NormLayer, SeparableConv2d, conv_norm_act, resize
 from .encoding import Encoding
 from .loss import OhemCrossEntropy, SegmentationLosses
+from .losses import LOSSES, DiceLoss, FocalLoss, LovaszSoftmaxLoss
 from .recompute import (CHECKPOINT_POLICIES, checkpoint_module, checkpoint_segmentation_model, disable_checkpointing,
                         enable_checkpointing, is_checkpointed, is_recomputing, replay_in_recomputation)
 from .syncbn import SyncBatchNorm, convert_sync_batchnorm
@@ -19,7 +21,7 @@ __all__ = [
     # synchronized BatchNorm
     "SyncBatchNorm", "convert_sync_batchnorm",
     # losses
-    "SegmentationLosses", "OhemCrossEntropy",
+    "SegmentationLosses", "OhemCrossEntropy", "DiceLoss", "FocalLoss", "LovaszSoftmaxLoss", "LOSSES",
     # the Encoding layer and small blocks
     "Encoding", "NormLayer", "resize", "conv_norm_act", "SeparableConv2d",
     # activation checkpointing

@@ -9,6 +9,15 @@ of :class:`LossTerm` ``(total, count, weight)``; the whole-batch loss is
 
 where ``i`` runs over replicas and ``t`` over terms. On a single device this is exactly the criterion's own value.
 
+A loss that is not a ratio of two sums (Dice: a ratio per class of summed intersections and cardinalities; batch
+Lovász-Softmax: a function of the sorted errors of *all* pixels) is described by a :class:`StatisticsTerm`
+``(statistics, finish, weight, combine)``: each replica returns its statistics (a tuple of tensors), which are
+*combined* on the output device -- summed elementwise (``combine="sum"``) or concatenated along dimension 0
+(``combine="cat"``) -- and then *finished* by ``finish(*combined)``, the same function the criterion applies to
+the statistics of the whole batch on one device. Summing and concatenating are exact and differentiable, so the
+result and its gradients equal the whole-batch loss. (A :class:`LossTerm` is the special case
+``statistics=(total, count)``, ``combine="sum"``, ``finish=total / count``.)
+
 A criterion opts in by implementing ``loss_terms(*outputs_and_targets, **kwargs) -> Sequence[LossTerm]``
 (and, to stay usable on its own, ``forward`` returning ``reduce_loss_terms([self.loss_terms(...)])``).
 Without it, :func:`criterion_loss_terms` recognises ``nn.CrossEntropyLoss``/``nn.NLLLoss`` (normalised by the
@@ -24,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["LossTerm", "reduce_loss_terms", "criterion_loss_terms", "exact_loss_terms", "cross_entropy_terms",
-           "valid_count", "PER_SAMPLE_MEAN_LOSSES"]
+__all__ = ["LossTerm", "StatisticsTerm", "reduce_loss_terms", "criterion_loss_terms", "exact_loss_terms",
+           "cross_entropy_terms", "valid_count", "PER_SAMPLE_MEAN_LOSSES"]
 
 Number = Union[int, float]
 
@@ -51,6 +60,48 @@ class LossTerm(NamedTuple):
     weight: float = 1.0
 
 
+class StatisticsTerm(NamedTuple):
+    """One additive term of a loss that is a function of statistics summed or concatenated over the whole batch.
+
+    Attributes:
+        statistics: this replica's statistics, a tuple of tensors (the same number, dtypes and trailing shapes on
+            every replica).
+        finish: ``finish(*combined_statistics) -> scalar tensor``, the term's value from the whole batch's
+            statistics (the function is taken from the first replica; every replica must pass the same one).
+        weight: coefficient of the finished term in the final loss (e.g. ``aux_weight``).
+        combine: ``"sum"``: the replicas' statistics are summed elementwise; ``"cat"``: concatenated along
+            dimension 0 in replica order (replica order is batch order, so this is the whole batch's tensor).
+
+    Example:
+        >>> ratio = lambda hits, total: hits.sum() / total.sum()
+        >>> a = [StatisticsTerm((torch.tensor([1.0, 2.0]), torch.tensor([4.0, 4.0])), ratio, combine="cat")]
+        >>> b = [StatisticsTerm((torch.tensor([3.0]), torch.tensor([2.0])), ratio, combine="cat")]
+        >>> reduce_loss_terms([a, b])   # (1 + 2 + 3) / (4 + 4 + 2)
+        tensor(0.6000)
+    """
+
+    statistics: Tuple[Tensor, ...]
+    finish: Callable[..., Tensor]
+    weight: float = 1.0
+    combine: str = "sum"
+
+
+def _combine_statistics(group: Sequence[StatisticsTerm], t: int, device: torch.device) -> Tensor:
+    """The finished value of statistics term ``t`` from every replica's statistics."""
+    modes = {term.combine for term in group}
+    if len(modes) != 1 or not modes <= {"sum", "cat"}:
+        raise ValueError(f"loss term {t}: combine must be 'sum' or 'cat' and the same on every replica, got "
+                         f"{sorted(modes)}")
+    sizes = {len(term.statistics) for term in group}
+    if len(sizes) != 1:
+        raise ValueError(f"loss term {t} has different numbers of statistics on different replicas: {sorted(sizes)}")
+    combined = []
+    for parts in zip(*(term.statistics for term in group)):
+        parts = [part.to(device) for part in parts]
+        combined.append(torch.cat(parts) if modes == {"cat"} else sum(parts[1:], parts[0]))
+    return group[0].finish(*combined)
+
+
 def _to(value: Union[Tensor, Number], device: torch.device, dtype: torch.dtype) -> Tensor:
     if isinstance(value, Tensor):
         return value.to(device=device, dtype=dtype)
@@ -67,8 +118,9 @@ def reduce_loss_terms(per_replica_terms: Sequence[Sequence[LossTerm]],
         device: where the result lives (default: the device of the first replica's first term).
 
     Returns:
-        A scalar tensor ``sum_t weight_t * sum_i total_it / sum_i count_it`` (``count=None`` terms are summed).
-        Autograd flows back into every replica's ``total`` (and ``count`` where it is differentiable).
+        A scalar tensor ``sum_t weight_t * sum_i total_it / sum_i count_it`` (``count=None`` terms are summed);
+        a :class:`StatisticsTerm` contributes ``weight_t * finish(*combined statistics)``. Autograd flows back into
+        every replica's ``total`` and statistics (and ``count`` where it is differentiable).
 
     Example:
         >>> a = [LossTerm(torch.tensor(3.0), 2)]
@@ -81,9 +133,11 @@ def reduce_loss_terms(per_replica_terms: Sequence[Sequence[LossTerm]],
     num_terms = {len(terms) for terms in per_replica_terms}
     if len(num_terms) != 1:
         raise ValueError(f"every replica must return the same number of loss terms, got {sorted(num_terms)}")
-    first = per_replica_terms[0][0].total if per_replica_terms[0] else None
-    if first is None:
+    if not per_replica_terms[0]:
         raise ValueError("a criterion returned no loss terms")
+    first = next((term.total for term in per_replica_terms[0] if isinstance(term, LossTerm)), None)
+    if first is None:  # statistics terms only: their finished value decides the dtype
+        first = per_replica_terms[0][0].statistics[0]
     device = torch.device(device) if device is not None else first.device
     dtype = first.dtype
     loss = None
@@ -91,6 +145,13 @@ def reduce_loss_terms(per_replica_terms: Sequence[Sequence[LossTerm]],
         weights = {term.weight for term in group}
         if len(weights) != 1:
             raise ValueError(f"loss term {t} has different weights on different replicas: {sorted(weights)}")
+        kinds = {type(term) for term in group}
+        if len(kinds) != 1:
+            raise ValueError(f"loss term {t} is a LossTerm on some replicas and a StatisticsTerm on others")
+        if kinds == {StatisticsTerm}:
+            value = group[0].weight * _combine_statistics(group, t, device)
+            loss = value if loss is None else loss + value
+            continue
         total = sum(_to(term.total, device, dtype) for term in group)
         counts = [term.count for term in group]
         if all(c is None for c in counts):

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
-from encoding.builders import OPTIMIZERS
+from encoding.builders import LOSSES, OPTIMIZERS
 from encoding.engine.config import (AMP_DTYPES, DIST_TIMEOUT_S, ConfigError, TrainingConfig, check_devices,
                                     check_network, check_split, check_training, fill_from_recipe)
 from encoding.utils.cli import (OneLineParser, non_negative_float, non_negative_int, positive_float, positive_int,
@@ -74,6 +74,9 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                    help="start the backbone from ImageNet weights (the network's other layers start fresh)")
     p.add_argument("--aux-weight", type=non_negative_float, default=0.2, help="weight of the auxiliary loss (PE train.py: 0.2)")
     p.add_argument("--se-weight", type=non_negative_float, default=0.2)
+    p.add_argument("--loss", choices=list(LOSSES), default="ce", help="the pixel loss (docs/nn.md); aux/SE terms as for ce")
+    p.add_argument("--class-weights", default=None, metavar="auto|median|FILE",
+                   help="auto: ENet's 1/ln(1.02+p_c) from the training labels (cached); median: median frequency; FILE: numbers")
     p.add_argument("--scale-range", type=scales, default=None, metavar="MIN,MAX",
                    help="relative range of the training long side around --base-size (default: the recipe's, else "
                         "the dataset's, 0.5,2.0 for the real datasets)")

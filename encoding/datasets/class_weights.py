@@ -1,0 +1,157 @@
+"""Class weights from a training set's label frequencies (``train.py --class-weights auto|median|FILE``).
+
+One pass over the full-size training masks (:meth:`BaseDataset.label_map`, one ``bincount`` each) counts, per class,
+its pixels ``n_c`` and the valid pixels ``m_c`` of the images where it occurs. The counts are cached in
+``<dataset_dir>/label_counts.json``, one entry per ``dataset/split/samples``, stamped with the data root and a
+fingerprint of the mask files (names, sizes, modification times): changed masks are counted again. From the counts:
+
+* ``enet`` (``auto``), ENet's (Paszke et al. 2016): ``w_c = 1 / ln(1.02 + p_c)`` with ``p_c = n_c / sum_k n_k``
+  (bounded in ``(0.98, 50.5]``; an absent class gets the largest weight, which no pixel uses);
+* ``median``, median-frequency balancing (Eigen & Fergus 2015): ``w_c = median(f) / f_c`` with ``f_c = n_c / m_c``,
+  the median over the classes that occur; an absent class gets weight 0.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from typing import Any, Dict, List, Optional, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset, Subset
+
+from ..utils.files import atomic_write
+from ..utils.progress import progress_bar
+from .base import BaseDataset
+
+__all__ = ["CLASS_WEIGHT_METHODS", "label_counts", "class_weights", "resolve_class_weights"]
+
+#: ``--class-weights`` values computed from the data (``auto`` is ``enet``).
+CLASS_WEIGHT_METHODS = ("auto", "enet", "median")
+CACHE_FILE = "label_counts.json"
+
+
+def _samples(dataset: Dataset) -> tuple:
+    """``(BaseDataset, indices)`` behind ``dataset`` (``Subset``\\ s unwrapped)."""
+    indices: Optional[List[int]] = None
+    while isinstance(dataset, Subset):
+        indices = [dataset.indices[i] for i in (indices if indices is not None else range(len(dataset)))]
+        dataset = dataset.dataset
+    if not isinstance(dataset, BaseDataset) or dataset.masks is None:
+        raise ValueError(f"class weights from label frequencies need a segmentation dataset with masks "
+                         f"(an encoding.datasets BaseDataset), got {type(dataset).__name__}")
+    return dataset, list(indices if indices is not None else range(len(dataset)))
+
+
+def _fingerprint(paths: List[str]) -> str:
+    digest = hashlib.sha1()
+    for path in paths:
+        st = os.stat(path)
+        digest.update(f"{path}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def _count(dataset: BaseDataset, indices: List[int], progress: bool) -> Dict[str, List[int]]:
+    nclass = dataset.NUM_CLASS
+    pixels = np.zeros(nclass, dtype=np.int64)
+    image_pixels = np.zeros(nclass, dtype=np.int64)
+    for i in progress_bar(indices, desc="class frequencies", disable=not progress):
+        counts = np.bincount(dataset.label_map(i).ravel(), minlength=256)[:nclass]
+        pixels += counts
+        image_pixels += (counts > 0) * counts.sum()
+    return {"pixels": pixels.tolist(), "image_pixels": image_pixels.tolist()}
+
+
+def label_counts(dataset: Dataset, *, cache: bool = True, progress: bool = True) -> Dict[str, Any]:
+    """Per-class pixel counts of ``dataset``'s masks, from the cache when the masks are unchanged.
+
+    Args:
+        dataset: an :class:`~encoding.datasets.base.BaseDataset` (or a ``Subset`` of one); its full-size masks are
+            read, whatever its mode's crops.
+        cache: read / write ``<dataset_dir>/label_counts.json`` (a read-only folder only warns).
+        progress: show a progress bar while counting.
+
+    Returns:
+        The cache entry: ``dataset``, ``split``, ``root``, ``samples``, ``fingerprint``, ``pixels`` (``n_c``),
+        ``image_pixels`` (``m_c``) and ``cached`` (whether it came from the cache).
+    """
+    base, indices = _samples(dataset)
+    masks = [base.masks[i] for i in indices]
+    entry = {"dataset": base.NAME or type(base).__name__, "split": base.split, "root": base.root,
+             "samples": len(indices), "fingerprint": _fingerprint(masks)}
+    key = f"{entry['dataset']}/{entry['split']}/{entry['samples']}"
+    path = os.path.join(base.dataset_dir, CACHE_FILE)
+    entries = _read_cache(path) if cache else {}
+    found = entries.get(key)
+    if isinstance(found, dict) and all(found.get(k) == v for k, v in entry.items()):
+        return dict(found, cached=True)
+    entry.update(_count(base, indices, progress))
+    if cache:
+        try:
+            atomic_write(path, json.dumps(dict(entries, **{key: entry}), indent=1))
+        except OSError as e:
+            warnings.warn(f"cannot cache the label counts in {path}: {e}")
+    return dict(entry, cached=False)
+
+
+def _read_cache(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            entries = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        warnings.warn(f"ignoring the unreadable label-count cache {path}: {e}")
+        return {}
+    return entries if isinstance(entries, dict) else {}
+
+
+def class_weights(counts: Dict[str, Any], method: str = "enet") -> Tensor:
+    """Class weights (float64) from :func:`label_counts`' ``pixels`` / ``image_pixels`` by ``method``.
+
+    Raises:
+        ValueError: an unknown method, or no labelled pixel at all.
+    """
+    pixels = torch.tensor(counts["pixels"], dtype=torch.float64)
+    if pixels.sum() <= 0:
+        raise ValueError("class weights: the training masks hold no labelled pixel")
+    method = "enet" if method == "auto" else method
+    if method == "enet":
+        return 1.0 / torch.log(1.02 + pixels / pixels.sum())
+    if method == "median":
+        present = pixels > 0
+        freq = pixels / torch.tensor(counts["image_pixels"], dtype=torch.float64).clamp_min(1)
+        return torch.where(present, freq[present].median() / freq.clamp_min(1e-300), 0.0)
+    raise ValueError(f"unknown class-weight method {method!r}; choose one of {', '.join(CLASS_WEIGHT_METHODS)}")
+
+
+def resolve_class_weights(spec: Union[None, str, os.PathLike], dataset: Optional[Dataset], nclass: int, *,
+                          progress: bool = True) -> Optional[Tensor]:
+    """``--class-weights``: ``None``; ``auto`` / ``enet`` / ``median`` from ``dataset``'s labels; or a file holding
+    ``nclass`` numbers (a JSON list, or numbers separated by white space or commas).
+
+    Raises:
+        ValueError: a file that cannot be read or parsed, a wrong number of values, negative or non-finite ones, or
+            ``auto`` without a dataset (each message names the file / value).
+    """
+    if spec is None:
+        return None
+    if str(spec) in CLASS_WEIGHT_METHODS:
+        if dataset is None:
+            raise ValueError(f"--class-weights {spec} needs the training dataset")
+        return class_weights(label_counts(dataset, progress=progress), str(spec))
+    try:
+        with open(spec, encoding="utf-8") as f:
+            text = f.read()
+        values = json.loads(text) if text.lstrip().startswith("[") else text.replace(",", " ").split()
+        weight = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"--class-weights {spec}: not {'/'.join(CLASS_WEIGHT_METHODS)} nor a readable list of "
+                         f"numbers ({e})") from None
+    if weight.numel() != nclass or not torch.isfinite(weight).all() or (weight < 0).any():
+        raise ValueError(f"--class-weights {spec}: expected {nclass} finite non-negative numbers, got "
+                         f"{weight.tolist()}")
+    return weight
