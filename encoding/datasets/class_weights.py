@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, Subset
 
+from ..utils.determinism import SeededSamples
 from ..utils.files import atomic_write
 from ..utils.progress import progress_bar
 from .base import BaseDataset
@@ -35,10 +36,11 @@ CACHE_FILE = "label_counts.json"
 
 
 def _samples(dataset: Dataset) -> tuple:
-    """``(BaseDataset, indices)`` behind ``dataset`` (``Subset``\\ s unwrapped)."""
+    """``(BaseDataset, indices)`` behind ``dataset`` (``Subset`` / ``SeededSamples`` wrappers unwrapped)."""
     indices: Optional[List[int]] = None
-    while isinstance(dataset, Subset):
-        indices = [dataset.indices[i] for i in (indices if indices is not None else range(len(dataset)))]
+    while isinstance(dataset, (Subset, SeededSamples)):
+        if isinstance(dataset, Subset):
+            indices = [dataset.indices[i] for i in (indices if indices is not None else range(len(dataset)))]
         dataset = dataset.dataset
     if not isinstance(dataset, BaseDataset) or dataset.masks is None:
         raise ValueError(f"class weights from label frequencies need a segmentation dataset with masks "
