@@ -17,6 +17,7 @@ from torch.utils.data import Subset
 from conftest import TINY, load_script, tiny_shapes_pair
 from encoding.builders import build_criterion
 from encoding.datasets import class_weights as cw
+from encoding.datasets.layout import DatasetError
 from encoding.engine.config import TrainingConfig, build_training
 from encoding.nn import LOSSES, DiceLoss, FocalLoss, LovaszSoftmaxLoss
 from encoding.nn import loss as core_loss
@@ -273,12 +274,24 @@ def test_class_weight_files_and_their_errors(tmp_path):
     for name in ("w.json", "w.txt"):
         got = cw.resolve_class_weights(str(tmp_path / name), None, 5)
         assert got.tolist() == [1, 2.5, 3, 0, 1]
-    with pytest.raises(ValueError, match=r"w.json: expected 4 finite non-negative numbers"):
+    with pytest.raises(DatasetError, match=r"w.json: holds 5 class weights; the dataset has 4 classes"):
         cw.resolve_class_weights(str(tmp_path / "w.json"), None, 4)
-    with pytest.raises(ValueError, match="missing.json: not auto/enet/median nor a readable list"):
+    with pytest.raises(DatasetError, match="missing.json: not auto/enet/median nor a readable list"):
         cw.resolve_class_weights(str(tmp_path / "missing.json"), None, 5)
+    (tmp_path / "bad.txt").write_text("1 -2 nan")
+    with pytest.raises(DatasetError, match=r"bad.txt: class weights must be finite and >= 0"):
+        cw.resolve_class_weights(str(tmp_path / "bad.txt"), None, 3)
     with pytest.raises(ValueError, match="needs the training dataset"):
         cw.resolve_class_weights("auto", None, 5)
+
+
+def test_a_bad_class_weight_file_is_one_line_from_train_py(tmp_path, capsys):
+    datasets = tiny_shapes_pair(tmp_path / "data", num_train=6, num_val=2)
+    (tmp_path / "w.txt").write_text("1 2 3")
+    status = load_script("train").cli(TINY + ["--output-dir", str(tmp_path / "runs"), "--class-weights",
+                                              str(tmp_path / "w.txt")], datasets=datasets)
+    err = capsys.readouterr().err.strip()
+    assert status != 0 and "w.txt: holds 3 class weights; the dataset has 7 classes" in err and "\n" not in err
 
 
 @pytest.mark.parametrize("loss", ["dice", "focal", "lovasz"])

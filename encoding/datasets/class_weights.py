@@ -8,7 +8,8 @@ fingerprint of the mask files (names, sizes, modification times): changed masks 
 * ``enet`` (``auto``), ENet's (Paszke et al. 2016): ``w_c = 1 / ln(1.02 + p_c)`` with ``p_c = n_c / sum_k n_k``
   (bounded in ``(0.98, 50.5]``; an absent class gets the largest weight, which no pixel uses);
 * ``median``, median-frequency balancing (Eigen & Fergus 2015): ``w_c = median(f) / f_c`` with ``f_c = n_c / m_c``,
-  the median over the classes that occur; an absent class gets weight 0.
+  the median over the classes that occur (the lower middle value for an even count, as ``torch.median``); an absent
+  class gets weight 0.
 """
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ from ..utils.determinism import SeededSamples
 from ..utils.files import atomic_write
 from ..utils.progress import progress_bar
 from .base import BaseDataset
+from .layout import DatasetError
 
-__all__ = ["CLASS_WEIGHT_METHODS", "label_counts", "class_weights", "resolve_class_weights"]
+__all__ = ["CLASS_WEIGHT_METHODS", "label_counts", "class_weights", "read_class_weights", "resolve_class_weights"]
 
 #: ``--class-weights`` values computed from the data (``auto`` is ``enet``).
 CLASS_WEIGHT_METHODS = ("auto", "enet", "median")
@@ -130,14 +132,33 @@ def class_weights(counts: Dict[str, Any], method: str = "enet") -> Tensor:
     raise ValueError(f"unknown class-weight method {method!r}; choose one of {', '.join(CLASS_WEIGHT_METHODS)}")
 
 
+def read_class_weights(path: Union[str, os.PathLike]) -> Tensor:
+    """Finite non-negative numbers from a file: a JSON list, or numbers separated by white space or commas.
+
+    Raises:
+        DatasetError: the file cannot be read, or holds something else (the message names the file).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        values = json.loads(text) if text.lstrip().startswith("[") else text.replace(",", " ").split()
+        weight = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    except (OSError, ValueError, TypeError) as e:
+        raise DatasetError(str(path), f"not {'/'.join(CLASS_WEIGHT_METHODS)} nor a readable list of class "
+                                      f"weights ({e})") from None
+    if not torch.isfinite(weight).all() or (weight < 0).any():
+        raise DatasetError(str(path), f"class weights must be finite and >= 0, got {weight.tolist()}")
+    return weight
+
+
 def resolve_class_weights(spec: Union[None, str, os.PathLike], dataset: Optional[Dataset], nclass: int, *,
                           progress: bool = True) -> Optional[Tensor]:
     """``--class-weights``: ``None``; ``auto`` / ``enet`` / ``median`` from ``dataset``'s labels; or a file holding
-    ``nclass`` numbers (a JSON list, or numbers separated by white space or commas).
+    ``nclass`` numbers (:func:`read_class_weights`).
 
     Raises:
-        ValueError: a file that cannot be read or parsed, a wrong number of values, negative or non-finite ones, or
-            ``auto`` without a dataset (each message names the file / value).
+        DatasetError: a file that cannot be read or parsed, or holds a wrong number of values (one line naming it).
+        ValueError: ``auto`` / ``median`` without a dataset.
     """
     if spec is None:
         return None
@@ -145,15 +166,7 @@ def resolve_class_weights(spec: Union[None, str, os.PathLike], dataset: Optional
         if dataset is None:
             raise ValueError(f"--class-weights {spec} needs the training dataset")
         return class_weights(label_counts(dataset, progress=progress), str(spec))
-    try:
-        with open(spec, encoding="utf-8") as f:
-            text = f.read()
-        values = json.loads(text) if text.lstrip().startswith("[") else text.replace(",", " ").split()
-        weight = torch.tensor([float(v) for v in values], dtype=torch.float64)
-    except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"--class-weights {spec}: not {'/'.join(CLASS_WEIGHT_METHODS)} nor a readable list of "
-                         f"numbers ({e})") from None
-    if weight.numel() != nclass or not torch.isfinite(weight).all() or (weight < 0).any():
-        raise ValueError(f"--class-weights {spec}: expected {nclass} finite non-negative numbers, got "
-                         f"{weight.tolist()}")
+    weight = read_class_weights(spec)
+    if weight.numel() != nclass:
+        raise DatasetError(str(spec), f"holds {weight.numel()} class weights; the dataset has {nclass} classes")
     return weight
