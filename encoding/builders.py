@@ -133,7 +133,7 @@ def build_criterion(nclass: int, *, aux: bool = False, aux_weight: float = 0.4, 
     """
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
-    weight = (torch.as_tensor(class_weights, dtype=torch.float32) if isinstance(class_weights, (list, tuple))
+    weight = (torch.as_tensor(class_weights, dtype=torch.float64) if isinstance(class_weights, (list, tuple))
               else resolve_class_weights(class_weights, train_dataset, nclass))
     criterion = LOSSES[loss](se_loss=se_loss, se_weight=se_weight, nclass=nclass, aux=aux, aux_weight=aux_weight,
                              ignore_index=-1, weight=None if weight is None else weight.float())
