@@ -23,7 +23,7 @@ from ..utils.progress import progress_bar as tqdm
 
 from ..builders import param_groups  # the optimizer's groups are built there; the engine exports them too
 from ..parallel import DataParallelModel
-from ..utils.dist import is_dist_avail_and_initialized, is_main_process, reduce_across_processes
+from ..utils.dist import is_dist_avail_and_initialized, is_fully_sharded, is_main_process, reduce_across_processes
 from ..utils.logger import MetricLogger, SmoothedValue
 
 __all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch", "evaluate", "evaluate_images",
@@ -250,8 +250,23 @@ def evaluate(model: nn.Module, loader: Iterable, metric: Any, device: Optional[t
         if stop is not None and stop():
             bar.close()
             raise Interrupted(epoch, None)
+    _match_sharded_forwards(model, loader, device, amp_dtype)
     metric.reduce_from_all_processes()
     return metric.compute()
+
+
+def _match_sharded_forwards(model: nn.Module, loader: Iterable, device: Optional[torch.device],
+                            amp_dtype: Optional[torch.dtype]) -> None:
+    """FSDP2 gathers each module's weights from every rank in each forward: a rank whose evaluation shard has
+    fewer batches runs unscored forwards (of its dataset's first image) until every rank has run as many."""
+    if not is_fully_sharded(model):
+        return
+    missing = int(reduce_across_processes(len(loader), "max")) - len(loader)
+    if missing:
+        image = _inputs_on([loader.dataset[0][0].unsqueeze(0)], model, device)[0]
+        for _ in range(missing):
+            with autocast_context(device or torch.device("cpu"), amp_dtype):
+                model(image)
 
 
 def predicted_labels(outputs: Any) -> List[Tensor]:
