@@ -211,8 +211,8 @@ def test_torchrun_strategy_writes_a_checkpoint_test_py_evaluates(strategy, shape
     out = tmp_path / "runs"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(launcher), *TINY, "--batch-size", "2", "--no-cuda", "--strategy", strategy,
-                           "--amp", "bf16", "--output-dir", str(out)],
-                          env=env, capture_output=True, text=True, timeout=300)
+                           "--amp", "bf16", "--dist-timeout", "60", "--output-dir", str(out)],
+                          env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"{strategy.upper()} rank 0/2" in done.stdout
     checkpoint = out / "shapes" / "unet" / "default" / "checkpoint.pth"

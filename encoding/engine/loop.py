@@ -236,6 +236,7 @@ def evaluate(model: nn.Module, loader: Iterable, metric: Any, device: Optional[t
     model.eval()
     metric.reset()
     autocast_device = device if device is not None else torch.device("cpu")
+    unscored = _unscored_forwards(model, loader)
     bar = tqdm(loader, desc="eval", disable=not is_main_process(), dynamic_ncols=True, leave=False)
     for i, batch in enumerate(bar):
         image, target = _inputs_on(batch[:2], model, device)
@@ -250,23 +251,17 @@ def evaluate(model: nn.Module, loader: Iterable, metric: Any, device: Optional[t
         if stop is not None and stop():
             bar.close()
             raise Interrupted(epoch, None)
-    _match_sharded_forwards(model, loader, device, amp_dtype)
+    for _ in range(unscored):  # FSDP2 gathers the weights from every rank in each forward: as many on each rank
+        with autocast_context(autocast_device, amp_dtype):
+            model(_inputs_on([loader.dataset[0][0].unsqueeze(0)], model, device)[0])
     metric.reduce_from_all_processes()
     return metric.compute()
 
 
-def _match_sharded_forwards(model: nn.Module, loader: Iterable, device: Optional[torch.device],
-                            amp_dtype: Optional[torch.dtype]) -> None:
-    """FSDP2 gathers each module's weights from every rank in each forward: a rank whose evaluation shard has
-    fewer batches runs unscored forwards (of its dataset's first image) until every rank has run as many."""
-    if not is_fully_sharded(model):
-        return
-    missing = int(reduce_across_processes(len(loader), "max")) - len(loader)
-    if missing:
-        image = _inputs_on([loader.dataset[0][0].unsqueeze(0)], model, device)[0]
-        for _ in range(missing):
-            with autocast_context(device or torch.device("cpu"), amp_dtype):
-                model(image)
+def _unscored_forwards(model: nn.Module, loader: Iterable) -> int:
+    """How many forwards past its evaluation shard this rank runs (a collective, before the first forward): under
+    FSDP2 every rank runs as many as the rank with the most batches; otherwise none."""
+    return int(reduce_across_processes(len(loader), "max")) - len(loader) if is_fully_sharded(model) else 0
 
 
 def predicted_labels(outputs: Any) -> List[Tensor]:
