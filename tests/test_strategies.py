@@ -22,6 +22,7 @@ from encoding.utils import load_checkpoint, reduce_across_processes, unwrap_mode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, BATCH, CROP, NCLASS, TOL = 3, 4, 32, 7, 1e-6
+CLIP = 0.5  # below the gradient norms of these steps: every step is clipped by the global norm
 CPU = torch.device("cpu")
 
 
@@ -66,7 +67,7 @@ def _step(model, optimizer, scheduler, batch, share, amp=None):
     image, target = (t[share] for t in batch)
     with autocast_context(CPU, amp):
         loss = builders.build_criterion(NCLASS)(model(image), target)
-    backward_step(loss, optimizer)
+    backward_step(loss, optimizer, clip_grad_norm=CLIP)
     scheduler.step()
     return float(reduce_across_processes(loss.detach().double(), "mean"))
 
@@ -168,6 +169,7 @@ def test_each_strategy_equals_single_process_training(tmp_path):
     mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
     for rank in range(2):
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        print(f"rank {rank}:", json.dumps(results))
         for strategy in builders.STRATEGIES:
             result = results[strategy]
             assert result["loss"] <= TOL and result["resumed_at"] == STEPS, (strategy, result)
@@ -178,15 +180,16 @@ def test_each_strategy_equals_single_process_training(tmp_path):
             assert bf16[strategy] == pytest.approx(bf16["None"], rel=2e-2), bf16
 
 
-def test_a_strategy_needs_torchrun(monkeypatch):
+def test_a_strategy_needs_torchrun(monkeypatch, capsys):
     for name in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     assert builders.strategy_problem("ddp") is None
     assert "start it with torchrun" in builders.strategy_problem("fsdp")
     assert "use --amp bf16" in builders.strategy_problem("fsdp", "fp16", distributed=True)
     assert builders.strategy_problem("zero1", "fp16", distributed=True) is None
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as stop:
         load_script("train").main(["--strategy", "zero1", "--no-cuda"])
+    assert stop.value.code == 2 and "--strategy zero1 shards the run over torchrun processes" in capsys.readouterr().err
     placement = builders.select_devices(["cpu"])
     model = builders.build_model("fcn", "shapes", backbone="vgg_tiny")
     with pytest.raises(ValueError, match="--strategy fsdp shards the run"):

@@ -180,8 +180,8 @@ def check_training(config: "TrainingConfig") -> None:
     if not c.no_val:
         check_split(c.dataset, c.val_split, "--val-split")
     check_devices(c.device_ids)
-    if builders.strategy_problem(c.strategy, c.amp):
-        raise ConfigError(builders.strategy_problem(c.strategy, c.amp))
+    if problem := builders.strategy_problem(c.strategy, c.amp):
+        raise ConfigError(problem)
     _check_schedule(c)
     found = _started(c.run_dir) if not (c.eval or c.resume or c.overwrite) else []
     if found:
