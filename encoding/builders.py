@@ -11,7 +11,8 @@ Each builder does one job and takes plain, typed arguments (no ``argparse`` name
   SGD or AdamW over them, and the per-iteration :class:`~encoding.utils.lr_scheduler.IterationLR` (torch style:
   ``scheduler.step()`` after each ``optimizer.step()``);
 * :func:`wrap_model`: :class:`~encoding.parallel.DataParallelModel` + :class:`~encoding.parallel.DataParallelCriterion`
-  (optionally ``balance="memory"``), or ``DistributedDataParallel``;
+  (optionally ``balance="memory"``), or under ``torchrun`` one of :data:`STRATEGIES`: ``DistributedDataParallel``
+  (``ddp``, ``zero1``: with ``build_optimizer(zero_redundancy=True)``) or FSDP2 ``fully_shard`` (``fsdp``);
 
 What a run saves and how it resumes is :mod:`encoding.engine.state`'s; :mod:`encoding.engine.config` turns a whole
 configuration into a run with these builders.
@@ -40,11 +41,12 @@ from .nn.losses import LOSSES
 from .nn.syncbn import SyncBatchNorm
 from .parallel import DataParallelCriterion, DataParallelModel, resolve_devices
 from .utils.determinism import EpochSampler, SeededSamples, seed_worker
-from .utils.dist import ShardSampler, get_local_rank
+from .utils.dist import ShardSampler, fsdp_units, get_local_rank, get_world_size
 from .utils.lr_scheduler import IterationLR
 
 __all__ = ["Placement", "Loaders", "select_devices", "build_model", "build_criterion", "build_loaders",
-           "build_eval_loader", "OPTIMIZERS", "param_groups", "build_optimizer", "build_scheduler", "wrap_model"]
+           "build_eval_loader", "OPTIMIZERS", "param_groups", "build_optimizer", "build_scheduler", "STRATEGIES",
+           "strategy_problem", "wrap_model"]
 
 
 @dataclass(frozen=True)
@@ -241,22 +243,30 @@ OPTIMIZERS = ("sgd", "adamw")
 
 
 def build_optimizer(model: nn.Module, lr: float, *, kind: str = "sgd", momentum: float = 0.9,
-                    weight_decay: float = 1e-4) -> torch.optim.Optimizer:
+                    weight_decay: float = 1e-4, zero_redundancy: bool = False) -> torch.optim.Optimizer:
     """The optimizer over :func:`param_groups` (backbone first, then the heads).
+
+    Build it over the wrapped model (:func:`wrap_model`): FSDP2 replaces the parameters by their shards.
 
     Args:
         kind: ``"sgd"`` (PyTorch-Encoding's: SGD with ``momentum``) or ``"adamw"`` (fast from scratch, e.g. the
             ``shapes`` recipe; ``momentum`` is unused).
         weight_decay: L2 (SGD) or decoupled (AdamW) weight decay.
+        zero_redundancy: ZeRO-1 (``--strategy zero1``): the same optimizer and groups in a
+            ``torch.distributed.optim.ZeroRedundancyOptimizer``, each process keeping the state of its share of the
+            parameters (its ``param_groups`` are the whole groups: the schedule sets their rates as usual).
 
     Raises:
         ValueError: unknown ``kind``.
     """
-    if kind == "sgd":
-        return torch.optim.SGD(param_groups(model), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    if kind == "adamw":
-        return torch.optim.AdamW(param_groups(model), lr=lr, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {kind!r}; valid: {', '.join(OPTIMIZERS)}")
+    if kind not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {kind!r}; valid: {', '.join(OPTIMIZERS)}")
+    cls = torch.optim.SGD if kind == "sgd" else torch.optim.AdamW
+    options = dict(lr=lr, weight_decay=weight_decay, **({"momentum": momentum} if kind == "sgd" else {}))
+    if zero_redundancy:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return ZeroRedundancyOptimizer(param_groups(model), optimizer_class=cls, **options)
+    return cls(param_groups(model), **options)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, mode: str, lr: float, epochs: int, iters_per_epoch: int, *,
@@ -267,9 +277,48 @@ def build_scheduler(optimizer: torch.optim.Optimizer, mode: str, lr: float, epoc
                        head_multiplier=head_lr_mult)
 
 
+#: ``wrap_model(strategy=...)`` choices under ``torchrun`` (``train.py --strategy``).
+STRATEGIES = ("ddp", "fsdp", "zero1")
+
+
+def strategy_problem(strategy: str, amp: str = "none", distributed: Optional[bool] = None) -> Optional[str]:
+    """Why ``--strategy`` cannot run with these options (a one-line message), or ``None`` when it can.
+
+    Args:
+        strategy: one of :data:`STRATEGIES`.
+        amp: the ``--amp`` choice (``fsdp`` takes ``bf16``, not ``fp16``: its gradient scaler would see a shard).
+        distributed: launched by ``torchrun`` (default: ``RANK`` / ``WORLD_SIZE`` in the environment).
+    """
+    if strategy not in STRATEGIES:
+        return f"--strategy {strategy}: unknown strategy; valid: {', '.join(STRATEGIES)}"
+    distributed = ("RANK" in os.environ and "WORLD_SIZE" in os.environ) if distributed is None else distributed
+    if strategy != "ddp" and not distributed:
+        return (f"--strategy {strategy} shards the run over torchrun processes: start it with torchrun "
+                "--nproc_per_node N train.py ... (without torchrun one process uses DataParallelModel)")
+    if strategy == "fsdp" and amp == "fp16":
+        return "--amp fp16 with --strategy fsdp: use --amp bf16 (no gradient scaler over sharded gradients)"
+    return None
+
+
+def _fully_shard(model: nn.Module, device: torch.device) -> nn.Module:
+    """FSDP2 over :func:`~encoding.utils.dist.fsdp_units` (reshard after forward), from rank 0's weights."""
+    from torch.distributed import broadcast
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    with torch.no_grad():  # every rank shards the same weights (DDP broadcasts them; fully_shard does not)
+        for tensor in [*model.parameters(), *model.buffers()]:
+            broadcast(tensor, src=0)
+    mesh = init_device_mesh(device.type, (get_world_size(),))
+    for unit in fsdp_units(model):
+        fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+    return model
+
+
 def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
-               balance: Optional[str] = None) -> Tuple[nn.Module, nn.Module]:
-    """Wrap for the placement: DDP, or ``DataParallelModel`` + ``DataParallelCriterion`` (exact loss reduction).
+               balance: Optional[str] = None, strategy: str = "ddp") -> Tuple[nn.Module, nn.Module]:
+    """Wrap for the placement: ``DataParallelModel`` + ``DataParallelCriterion`` (exact loss reduction), or under
+    ``torchrun`` the ``strategy``.
 
     Args:
         model: the model, already on ``placement.model_device``.
@@ -278,17 +327,26 @@ def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
         balance: ``None`` (even split) or ``"memory"``: per-device split sizes chosen by the memory simulator
             (:class:`~encoding.memory.MemoryBalancer` with this criterion) to unload device 0;
             ``DataParallelModel`` only.
+        strategy: under ``torchrun``: ``"ddp"`` and ``"zero1"`` (``DistributedDataParallel``; ZeRO-1 is the
+            optimizer's, :func:`build_optimizer`), or ``"fsdp"``: FSDP2 ``fully_shard`` on each module of
+            :func:`~encoding.utils.dist.fsdp_units` in order (the backbone's stages, the heads, then the root).
 
     Returns:
-        ``(model, criterion)`` wrapped.
+        ``(model, criterion)`` wrapped; build the optimizer over this model.
 
     Raises:
-        ValueError: ``balance`` under DDP (each process holds one device, there is nothing to balance).
+        ValueError: ``balance`` under ``torchrun`` (each process holds one device, there is nothing to balance), or a
+            ``strategy`` other than ``"ddp"`` without it (:func:`strategy_problem`).
     """
+    problem = strategy_problem(strategy, distributed=placement.distributed)
+    if problem:
+        raise ValueError(problem)
     if placement.distributed:
         if balance is not None:
             raise ValueError("balance applies to DataParallelModel; under torchrun (DDP) each process has one device")
         device = placement.model_device
+        if strategy == "fsdp":
+            return _fully_shard(model, device), criterion
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
         return ddp, criterion
     if balance == "memory":  # simulate this run's own loss on each device

@@ -6,7 +6,8 @@ checkpoint records them). :func:`build_training` builds a :class:`~.run.Training
 lock the run directory, build, train (or evaluate) and report.
 
 Device policy:
-    * launched by ``torchrun``: one device per process, ``DistributedDataParallel`` (nccl on CUDA, gloo on CPU);
+    * launched by ``torchrun``: one device per process (nccl on CUDA, gloo on CPU), ``DistributedDataParallel``
+      or the sharded ``strategy`` (:data:`~encoding.builders.STRATEGIES`);
     * otherwise: one process drives ``device_ids`` (default: every CUDA device, or the CPU) through
       :class:`~encoding.parallel.DataParallelModel` + :class:`~encoding.parallel.DataParallelCriterion`.
 """
@@ -179,6 +180,8 @@ def check_training(config: "TrainingConfig") -> None:
     if not c.no_val:
         check_split(c.dataset, c.val_split, "--val-split")
     check_devices(c.device_ids)
+    if problem := builders.strategy_problem(c.strategy, c.amp):
+        raise ConfigError(problem)
     _check_schedule(c)
     found = _started(c.run_dir) if not (c.eval or c.resume or c.overwrite) else []
     if found:
@@ -256,6 +259,7 @@ class TrainingConfig:
     checkpoint: str = "none"
     clip_grad: Optional[float] = None
     balance: str = "none"
+    strategy: str = "ddp"
     resume: Optional[str] = None
     ft: bool = False
     checkname: str = "default"
@@ -308,8 +312,10 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
     criterion = builders.build_criterion(len(class_names), aux=c.aux, aux_weight=c.aux_weight, se_loss=c.se_loss,
                                          se_weight=c.se_weight, device=device, loss=c.loss,
                                          class_weights=c.class_weights, train_dataset=loaders.train.dataset)
+    model, criterion = builders.wrap_model(model, criterion, placement, strategy=c.strategy,
+                                           balance=None if c.balance == "none" else c.balance)
     optimizer = builders.build_optimizer(model, c.lr, kind=c.optimizer, momentum=c.momentum,
-                                         weight_decay=c.weight_decay)
+                                         weight_decay=c.weight_decay, zero_redundancy=c.strategy == "zero1")
     scheduler = builders.build_scheduler(optimizer, c.lr_scheduler, c.lr, c.epochs, len(loaders.train),
                                          lr_step=c.lr_step, warmup_epochs=c.warmup_epochs,
                                          head_lr_mult=c.head_lr_mult)
@@ -317,8 +323,6 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
     start = resume(checkpoint, model, optimizer, scheduler, scaler, len(loaders.train),
                    weights_only=c.ft or c.eval, start_epoch=c.start_epoch)
-    model, criterion = builders.wrap_model(model, criterion, placement,
-                                           balance=None if c.balance == "none" else c.balance)
     return TrainingRun(model=model, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
                        train_loader=loaders.train, val_loader=loaders.val,
                        metric=SegmentationMetric(len(class_names), ignore_index=-1, device=device),

@@ -23,7 +23,7 @@ from ..utils.progress import progress_bar as tqdm
 
 from ..builders import param_groups  # the optimizer's groups are built there; the engine exports them too
 from ..parallel import DataParallelModel
-from ..utils.dist import is_dist_avail_and_initialized, is_main_process, reduce_across_processes
+from ..utils.dist import is_dist_avail_and_initialized, is_fully_sharded, is_main_process, reduce_across_processes
 from ..utils.logger import MetricLogger, SmoothedValue
 
 __all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch", "evaluate", "evaluate_images",
@@ -236,6 +236,7 @@ def evaluate(model: nn.Module, loader: Iterable, metric: Any, device: Optional[t
     model.eval()
     metric.reset()
     autocast_device = device if device is not None else torch.device("cpu")
+    unscored = _unscored_forwards(model, loader)
     bar = tqdm(loader, desc="eval", disable=not is_main_process(), dynamic_ncols=True, leave=False)
     for i, batch in enumerate(bar):
         image, target = _inputs_on(batch[:2], model, device)
@@ -250,8 +251,17 @@ def evaluate(model: nn.Module, loader: Iterable, metric: Any, device: Optional[t
         if stop is not None and stop():
             bar.close()
             raise Interrupted(epoch, None)
+    for _ in range(unscored):  # FSDP2 gathers the weights from every rank in each forward: as many on each rank
+        with autocast_context(autocast_device, amp_dtype):
+            model(_inputs_on([loader.dataset[0][0].unsqueeze(0)], model, device)[0])
     metric.reduce_from_all_processes()
     return metric.compute()
+
+
+def _unscored_forwards(model: nn.Module, loader: Iterable) -> int:
+    """How many forwards past its evaluation shard this rank runs (a collective, before the first forward): under
+    FSDP2 every rank runs as many as the rank with the most batches; otherwise none."""
+    return int(reduce_across_processes(len(loader), "max")) - len(loader) if is_fully_sharded(model) else 0
 
 
 def predicted_labels(outputs: Any) -> List[Tensor]:

@@ -31,6 +31,7 @@ from ..utils.dist import get_rank, get_world_size, is_main_process
 from ..utils.logger import EpochLogger
 from ..utils.rundir import remove_stale_temp_files
 from .loop import GracefulInterrupt, Interrupted, evaluate, train_one_epoch
+from .sharding import full_state
 from .state import Checkpoint, ResumePoint, restore_best, training_state
 
 __all__ = ["EXIT_INTERRUPTED", "RunFailed", "RunInterrupted", "TrainingRun", "base_dataset", "resume", "train"]
@@ -106,7 +107,8 @@ class TrainingRun:
 
     def describe(self) -> str:
         """A one-paragraph summary of the run for the log."""
-        where = (f"DDP rank {get_rank()}/{get_world_size()}" if self.distributed
+        strategy = str(self.options.get("strategy", "ddp")).upper()
+        where = (f"{strategy} rank {get_rank()}/{get_world_size()}" if self.distributed
                  else f"DataParallelModel on {[str(d) for d in self.device_ids] or ['cpu (direct)']}")
         o = self.options
         return (f"{o.get('model')}-{o.get('backbone')} on {o.get('dataset')}: {len(self.train_loader.dataset)} train "
@@ -153,11 +155,13 @@ def _kept(run: TrainingRun) -> str:
 
 def _save(run: TrainingRun, epoch: int, best: tuple, metrics: Mapping[str, Any], is_best: bool = False,
           iteration: int = 0, log_row: Optional[Mapping[str, Any]] = None) -> str:
-    """Write the checkpoint (main process only); a diverged state is refused, keeping the last good file."""
+    """Write the checkpoint (main process only; every rank calls it); a diverged state is refused, keeping the last
+    good file."""
     path = os.path.join(run.output_dir, CHECKPOINT_NAME)
+    model, optimizer = full_state(run.model, run.optimizer)  # every rank: fsdp / zero1 gather onto rank 0
     if not is_main_process():
         return path
-    state = training_state(run.model, run.optimizer, run.scheduler, run.scaler, epoch=epoch, iteration=iteration,
+    state = training_state(model, optimizer, run.scheduler, run.scaler, epoch=epoch, iteration=iteration,
                            best_pred=best[0], best_epoch=best[1], args=run.options, metrics=metrics,
                            log_row=log_row)
     try:

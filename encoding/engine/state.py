@@ -2,7 +2,8 @@
 
 A run's checkpoint (written atomically by :func:`encoding.utils.save_checkpoint`, which also refuses NaN/inf) holds
 
-* ``model``, ``optimizer``, ``scheduler``, ``scaler``: state dicts;
+* ``model``, ``optimizer``, ``scheduler``, ``scaler``: state dicts (full and ordinary under every strategy:
+  :mod:`.sharding`);
 * ``epoch``: the last complete epoch; ``iteration``: training iterations of the *next* epoch already done (a
   checkpoint saved on Ctrl-C), else 0;
 * ``best_pred`` / ``best_epoch``: the best score so far, ``(pixAcc + mIoU) / 2``, and the epoch that scored it;
@@ -26,6 +27,7 @@ from torch import nn
 from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, load_model_state
 from ..utils.determinism import rng_state
 from ..utils.files import atomic_write
+from .sharding import load_optimizer_state
 
 __all__ = ["Checkpoint", "ResumePoint", "read", "training_state", "restore_best", "saved_options"]
 
@@ -89,7 +91,7 @@ class Checkpoint(NamedTuple):
         if self.data.get("optimizer") is None:
             raise CheckpointError(f"{self.path!r} has no 'optimizer' state to restore")
         chosen = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-        optimizer.load_state_dict(self.data["optimizer"])
+        load_optimizer_state(model, optimizer, self.data["optimizer"])  # sharded by fsdp / zero1 where they run
         for group, options in zip(optimizer.param_groups, chosen):  # this run's options (weight decay, momentum)
             group.update(options)
         if scaler is not None and self.data.get("scaler"):  # a bf16/fp32 run saved no scaler state
@@ -112,12 +114,13 @@ def read(path: PathLike) -> Checkpoint:
     return Checkpoint(os.fspath(path), load_checkpoint(path, map_location="cpu"))
 
 
-def training_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                   scaler: Optional[torch.amp.GradScaler], *, epoch: int, iteration: int, best_pred: float,
-                   best_epoch: int, args: Mapping[str, Any], metrics: Mapping[str, Any],
+def training_state(model: Union[nn.Module, Mapping[str, Any]], optimizer: Union[torch.optim.Optimizer, Mapping],
+                   scheduler: Any, scaler: Optional[torch.amp.GradScaler], *, epoch: int, iteration: int,
+                   best_pred: float, best_epoch: int, args: Mapping[str, Any], metrics: Mapping[str, Any],
                    log_row: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The checkpoint of a run after ``epoch`` (with ``iteration > 0``: that many iterations of the next epoch are
-    done too), RNG states included; written by :func:`encoding.utils.save_checkpoint`."""
+    done too), RNG states included; written by :func:`encoding.utils.save_checkpoint`. ``model`` and ``optimizer``
+    are the objects or their full state dicts (a sharded run's, :func:`.sharding.full_state`)."""
     return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "epoch": epoch,
             "iteration": iteration, "best_pred": best_pred, "best_epoch": best_epoch, "args": dict(args),
             "rng": rng_state(), "log_row": dict(log_row or {}),

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .dist import is_fully_sharded
 from .files import atomic_write
 
 __all__ = [
@@ -264,7 +265,11 @@ def load_model_state(model: nn.Module, state: Mapping[str, Tensor], strict: bool
     if problems:
         raise CheckpointError(f"{source} does not match {type(model).__name__}: " + "; ".join(problems)
                               + ("" if shapes or not strict else " (pass strict=False to load the matching keys)"))
-    model.load_state_dict(state, strict=False)
+    if is_fully_sharded(model):  # FSDP2: every rank keeps its shard of the full tensors
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        set_model_state_dict(model, dict(state), options=StateDictOptions(full_state_dict=True, strict=False))
+    else:
+        model.load_state_dict(state, strict=False)
     return [] if strict else missing + unexpected
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "default_backend",
     "ShardSampler",
     "fsdp_units",
+    "is_fully_sharded",
 ]
 
 _REDUCE_OPS = ("sum", "mean", "max", "min")
@@ -200,3 +201,10 @@ def fsdp_units(model: torch.nn.Module) -> List[torch.nn.Module]:
             units.append(child)
     units.append(model)
     return units
+
+
+def is_fully_sharded(module: torch.nn.Module) -> bool:
+    """Whether ``module`` was wrapped by FSDP2's ``fully_shard`` (its parameters are shards: ``DTensor``\\ s)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
-from encoding.builders import LOSSES, OPTIMIZERS
+from encoding.builders import LOSSES, OPTIMIZERS, STRATEGIES
 from encoding.engine.config import (AMP_DTYPES, DIST_TIMEOUT_S, ConfigError, TrainingConfig, check_devices,
                                     check_network, check_split, check_training, fill_from_recipe)
 from encoding.utils.cli import (OneLineParser, non_negative_float, non_negative_int, positive_float, positive_int,
@@ -104,6 +104,8 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clip-grad", type=positive_float, default=None, help="clip the global gradient norm")
     p.add_argument("--dist-timeout", type=positive_float, default=DIST_TIMEOUT_S, metavar="SECONDS",
                    help="under torchrun: end the job when a collective waits this long (a frozen or lost rank)")
+    p.add_argument("--strategy", choices=STRATEGIES, default="ddp", help="under torchrun: ddp, fsdp (FSDP2 fully_shard)"
+                   " or zero1 (DDP + ZeroRedundancyOptimizer); docs/training.md, 'Sharded training'")
     p.add_argument("--balance", choices=["none", "memory"], default="none",
                    help="memory: per-device split sizes chosen by the memory simulator to unload device 0")
     p.add_argument("--resume", default=None, help="checkpoint to resume from")
