@@ -18,10 +18,11 @@ from .version import __version__
 from . import utils, parallel, nn, datasets, models
 from . import memory  # fills encoding.parallel's planner registry (DataParallelModel(balance="memory"))
 from . import engine, builders
+from .engine import load_model, segment  # a trained network back from its checkpoint; its labels of an image
 from . import functions, transforms  # PyTorch-Encoding's functional forms and classification transforms
 from . import legacy  # old names and conventions on top of the core (last: it builds on everything above)
 
 legacy.install()
 
 __all__ = ["__version__", "parallel", "nn", "models", "datasets", "utils", "memory", "engine", "builders",
-           "functions", "transforms", "legacy"]
+           "functions", "transforms", "legacy", "load_model", "segment"]
