@@ -131,7 +131,7 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such checkpoint file or preset name: {path!r} (presets: "
                                 "encoding.models.model_list)")
-    checkpoint = state.read(path)
+    checkpoint = state.read(path, allow_foreign=True)
     recorded = {k: v for k, v in (checkpoint.data.get("args") or {}).items() if k in NETWORK_OPTIONS}
     network = {**recorded, **given}
     missing = [k for k in ("dataset", "model", "backbone") if not network.get(k)]
