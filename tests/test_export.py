@@ -102,3 +102,12 @@ def test_export_errors_are_one_line(tiny_run, tmp_path, capsys, monkeypatch):
     assert cli(["--resume", checkpoint, "--format", "exported", "--output", str(tmp_path / "m.pt2")]) == 1
     assert capsys.readouterr().err == ("python -m encoding.export: error: torch.export cannot export unet-vgg_tiny: "
                                        "data-dependent control flow\n")
+
+
+def test_the_docs_list_the_unexportable_architectures_with_torchs_reason():
+    import os
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "export.md")
+    with open(path, encoding="utf-8") as f:
+        section = f.read().split("## Which architectures export", 1)[1]
+    assert dict(re.findall(r"^\| `(\w+)` \| (.+?) \|$", section, flags=re.M)) == UNEXPORTABLE
+    assert ("(none: every registered architecture exports)" in section) == (not UNEXPORTABLE)
