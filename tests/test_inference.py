@@ -138,3 +138,29 @@ def test_test_py_slide_options_are_checked(tiny_run, capsys, monkeypatch):
         assert message in capsys.readouterr().err
     args = options.parse_args(["--resume", tiny_run[1], "--mode", "slide"], "test")
     assert (args.mode, args.inference, args.window, args.stride) == ("testval", "slide", 32, 21)
+
+
+def test_a_preset_offline_fails_in_one_line(monkeypatch, tmp_path):
+    """Published weights that are not cached and cannot be downloaded: one line naming where to put the file."""
+    import urllib.error
+
+    import torchvision
+
+    def offline(self, *args, **kwargs):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setattr(torchvision.models.WeightsEnum, "get_state_dict", offline)
+    with pytest.raises(RuntimeError) as failure:
+        encoding.load_model("fcn_resnet50_voc")
+    message = str(failure.value)
+    assert "\n" not in message and "could not download" in message and str(tmp_path) in message
+
+
+@pytest.mark.gpu
+def test_segment_on_a_gpu_agrees_with_the_cpu(tiny_run):
+    _, checkpoint, _ = tiny_run
+    path = tiny_eval_set(tiny_run[0], "test").images[0]
+    cpu = encoding.segment(encoding.load_model(checkpoint), path, mode="slide", window=64, stride=48)
+    gpu = encoding.segment(encoding.load_model(checkpoint, device="cuda"), path, mode="slide", window=64, stride=48)
+    assert gpu.device.type == "cpu" and (gpu == cpu).float().mean() > 0.999
