@@ -1,5 +1,5 @@
-"""encoding.export: every registered architecture exported once by torch.export, run as an ExportedProgram and, converted
-to ONNX, by onnxruntime; both equal the eager model (fp32, max abs diff <= 1e-4). python -m encoding.export end to end."""
+"""encoding.export: every registered architecture exported once by torch.export, run as an ExportedProgram and,
+converted to ONNX, by onnxruntime; both equal the eager model (fp32, max abs diff <= 1e-4). The command end to end."""
 import json
 import re
 

@@ -69,7 +69,8 @@ def test_segment_scales_reuse_multieval(tiny_run):
     _, checkpoint, _ = tiny_run
     model = encoding.load_model(checkpoint)
     image = to_batch(np.array(Image.open(tiny_eval_set(tiny_run[0], "test").images[1]).convert("RGB")))
-    evaluator = MultiEvalModule(model, model.info.num_classes, base_size=model.info.base_size, crop_size=model.info.crop_size,
+    info = model.info
+    evaluator = MultiEvalModule(model, info.num_classes, base_size=info.base_size, crop_size=info.crop_size,
                                 scales=(0.75, 1.25), flip=True)
     assert torch.equal(encoding.segment(model, image, scales=(0.75, 1.25), flip=True), evaluator(image).argmax(1))
 

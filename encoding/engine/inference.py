@@ -33,7 +33,6 @@ from ..utils.dist import get_rank, get_world_size, init_distributed_mode
 from ..utils.files import atomic_write
 from ..utils.metrics import SegmentationMetric
 from ..utils.palette import colorize, get_palette, overlay
-from . import state
 from .config import AMP_DTYPES, parse_device_ids
 from .loading import NETWORK_OPTIONS, ModelInfo, load_model
 from .loop import predicted_labels

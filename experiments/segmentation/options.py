@@ -247,17 +247,15 @@ def _parse_inference(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     if args.scales is None:
         args.scales = MULTI_SCALES.get(args.dataset, DEFAULT_SCALES)
     if script == "test":
-        args.inference = "slide" if args.mode == "slide" else "whole"
-        if args.mode == "slide" and args.multi_scale:
-            parser.error("--mode slide is single-scale: drop --multi-scale (which slides --crop-size windows itself)")
+        slide = args.mode == "slide"
+        if slide and args.multi_scale or (args.window or args.stride) and not slide:
+            parser.error("--mode slide is single-scale, without --multi-scale" if slide else "--window / --stride "
+                         "are options of --mode slide")
         if args.mode in (None, "slide"):
-            args.mode = "test" if args.split == "test" else "testval" if args.multi_scale or args.save_pred or \
-                args.inference == "slide" else "val"
-        if args.inference == "slide":
-            args.window = args.window or args.crop_size
-            args.stride = args.stride or max(args.window * 2 // 3, 1)
-        elif args.window or args.stride:
-            parser.error("--window / --stride are options of --mode slide")
+            args.mode = "test" if args.split == "test" else "testval" if args.multi_scale or args.save_pred or slide \
+                else "val"
+        args.inference, args.window = "slide" if slide else "whole", args.window or (args.crop_size if slide else None)
+        args.stride = args.stride or (max(args.window * 2 // 3, 1) if slide else None)
         if args.mode == "val" and (args.multi_scale or args.save_pred):
             parser.error(f"{'--multi-scale' if args.multi_scale else '--save-pred'} works on whole images: use "
                          "--mode testval (its default) or --mode test")

@@ -12,8 +12,8 @@ The network's options (dataset, model, backbone, ...) come from the checkpoint's
 Modes: ``val`` (default) scores resized centre crops in batches exactly as ``train.py`` validates, through
 DataParallelModel on ``--device-ids`` (outputs never gathered onto one device); ``testval`` (default with
 ``--multi-scale``) scores whole images, one per device at a time; ``test`` (default for the ``test`` split, which
-has no masks) only predicts; ``slide`` (mmsegmentation's ``mode='slide'``) scores whole images as ``testval`` does
-(predicts only on the ``test`` split) by overlapping ``--window`` windows every ``--stride`` pixels. Prints pixAcc / mIoU and the per-class table and writes ``metrics.json``.
+has no masks) only predicts; ``slide`` (mmsegmentation's ``mode='slide'``) is ``testval`` (``test`` on the test split)
+by overlapping ``--window`` windows every ``--stride`` pixels. Prints pixAcc / mIoU, the per-class table, metrics.json.
 """
 import json
 import os
