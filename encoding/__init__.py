@@ -10,7 +10,10 @@ Subpackages:
     utils: metrics, learning-rate schedules, palettes, checkpoints, distributed helpers and logging.
     builders: small typed builders (devices, model, criterion, loaders, optimizer + schedule, dp/ddp wrapping).
     engine: the loops (``train_one_epoch`` / ``evaluate``), the run (``engine.run``: resume, best model, the save /
-        interrupt / non-finite rules; ``engine.state``: the checkpoint schema), ``run_training`` and inference.
+        interrupt / non-finite rules; ``engine.state``: the checkpoint schema), ``run_training`` and inference
+        (``load_model`` / ``segment``, also at the top level).
+    export: a trained network as an ONNX file or a torch.export program, with its metadata
+        (``python -m encoding.export``).
     legacy: PyTorch-Encoding / vacancy / mmcv names and conventions on the core, bound where users import them
         (``legacy.ALIASES``; installed last, by this module).
 """
@@ -18,10 +21,12 @@ from .version import __version__
 from . import utils, parallel, nn, datasets, models
 from . import memory  # fills encoding.parallel's planner registry (DataParallelModel(balance="memory"))
 from . import engine, builders
+from .engine import load_model, segment  # a trained network back from its checkpoint; its labels of an image
+from . import export  # python -m encoding.export: ONNX / torch.export files with their metadata
 from . import functions, transforms  # PyTorch-Encoding's functional forms and classification transforms
 from . import legacy  # old names and conventions on top of the core (last: it builds on everything above)
 
 legacy.install()
 
 __all__ = ["__version__", "parallel", "nn", "models", "datasets", "utils", "memory", "engine", "builders",
-           "functions", "transforms", "legacy"]
+           "functions", "transforms", "legacy", "export", "load_model", "segment"]

@@ -11,7 +11,8 @@ from PIL import Image
 
 from conftest import SCRIPTS, load_script, tiny_eval_set
 from encoding.datasets.shapes import SHAPES_CLASSES, SHAPES_PALETTE
-from encoding.engine.inference import read_image, segment
+from encoding.engine.inference import read_image
+from encoding.engine.predict import segment
 from encoding.engine.state import read
 from encoding.models import get_segmentation_model
 from encoding.utils import load_checkpoint
@@ -247,9 +248,9 @@ def test_demo_holds_one_image_at_a_time(trained, tmp_path, monkeypatch):
         alive.append(weakref.ref(image))
         return image
 
-    def counting_segment(model, image, device=None):
+    def counting_segment(model, image, **options):
         most.append(sum(ref() is not None for ref in alive))
-        return inference.segment(model, image, device)
+        return segment(model, image, **options)
     demo = load_script("demo")
     for module in _demo_modules(demo):
         for name, patched in (("read_image", tracked), ("segment", counting_segment)):

@@ -1,5 +1,7 @@
 """encoding.engine: the loops (:mod:`.loop`), a training run (:mod:`.run`, its checkpoint schema in :mod:`.state`),
-runs built from a configuration (:mod:`.config`) and inference helpers (:mod:`.inference`).
+runs built from a configuration (:mod:`.config`), a network back from its checkpoint (:mod:`.loading`:
+:func:`load_model`), segmenting images (:mod:`.predict`: :func:`segment`) and the scripts' inference helpers
+(:mod:`.inference`).
 
 The loops are device-agnostic: ``model`` may be a plain module, a :class:`~encoding.parallel.DataParallelModel` or a
 DDP module. See ``docs/training.md``.
@@ -8,7 +10,10 @@ from .loop import (GracefulInterrupt, Interrupted, autocast_context, backward_st
                    param_groups, predicted_labels, train_one_epoch)
 from .run import RunFailed, RunInterrupted, TrainingRun, train
 from .config import TrainingConfig, build_training, run_training
+from .loading import ModelInfo, load_model, model_info
+from .predict import inference_module, segment
 
 __all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch", "evaluate", "evaluate_images",
            "predicted_labels", "Interrupted", "GracefulInterrupt", "TrainingRun", "RunFailed", "RunInterrupted",
-           "train", "TrainingConfig", "build_training", "run_training"]
+           "train", "TrainingConfig", "build_training", "run_training", "ModelInfo", "load_model", "model_info",
+           "inference_module", "segment"]

@@ -17,7 +17,8 @@ from torch import nn
 from ..datasets import datasets as DATASETS
 from ..utils.files import atomic_write
 from ..utils.palette import colorize
-from .inference import denormalize, overlay_with_legend, read_image, segment
+from .inference import denormalize, overlay_with_legend, read_image
+from .predict import segment
 
 __all__ = ["demo_outputs", "segment_files", "write_pngs"]
 
@@ -75,7 +76,7 @@ def segment_files(model: nn.Module, paths: Sequence[str], outputs: Sequence[Tupl
     class_names = list(DATASETS[dataset].CLASSES)
     for path, (mask_path, overlay_path) in zip(paths, outputs):
         image = read_image(path)
-        labels = segment(model, image, device)
+        labels = segment(model, image, device=device)
         picture = overlay_with_legend(denormalize(image), labels, dataset, class_names, alpha, blend_background)
         del image
         write_pngs([(mask_path, colorize(labels, dataset)), (overlay_path, picture)])

@@ -2,13 +2,12 @@
 
 * :func:`read_image`: any JPEG/PNG (grey-scale, palette or RGBA converted to RGB) as a normalised tensor, with a
   one-line :class:`~encoding.datasets.DatasetError` naming a file that is not an image;
-* :func:`segment`: class ids of one image of any size (single scale, or through a
-  :class:`~encoding.models.MultiEvalModule`);
 * :class:`PredictionWriter`: coloured PNG masks (dataset palette, class ids as pixel values) named after the inputs;
 * :func:`overlay_with_legend`: the image blended with its mask (the background class left unblended), with a legend
   of the classes present (``demo.py``'s outputs: :mod:`encoding.engine.demo`);
-* :class:`EvaluationConfig` → :func:`load_model` / :func:`build_evaluation`: the network of a checkpoint, a model-zoo
-  preset or torchvision's weights, and the :class:`EvaluationJob` of ``test.py``.
+* :class:`EvaluationConfig` → :meth:`EvaluationConfig.network` / :func:`build_evaluation`: the network of a checkpoint
+  (:func:`~encoding.engine.loading.load_model`), a model-zoo preset or torchvision's weights, and the
+  :class:`EvaluationJob` of ``test.py`` (segmenting through :func:`evaluation_module`).
 """
 from __future__ import annotations
 
@@ -28,18 +27,19 @@ from .. import builders
 from ..datasets import datasets as DATASETS
 from ..datasets.base import BaseDataset
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD, image_transform
-from ..models import MultiEvalModule, get_model, get_segmentation_model
+from ..models import get_segmentation_model
 from ..parallel import DataParallelModel
 from ..utils.dist import get_rank, get_world_size, init_distributed_mode
 from ..utils.files import atomic_write
 from ..utils.metrics import SegmentationMetric
 from ..utils.palette import colorize, get_palette, overlay
-from . import state
 from .config import AMP_DTYPES, parse_device_ids
+from .loading import NETWORK_OPTIONS, ModelInfo, load_model
 from .loop import predicted_labels
+from .predict import inference_module
 
-__all__ = ["read_image", "denormalize", "segment", "PredictionWriter", "prediction_filename", "save_png",
-           "overlay_with_legend", "background_ids", "EvaluationConfig", "EvaluationJob", "load_model", "multi_scale", "build_evaluation"]
+__all__ = ["read_image", "denormalize", "PredictionWriter", "prediction_filename", "save_png", "overlay_with_legend",
+           "background_ids", "EvaluationConfig", "EvaluationJob", "evaluation_module", "build_evaluation"]
 
 
 def read_image(path: str) -> Tensor:
@@ -59,21 +59,6 @@ def denormalize(image: Tensor) -> Tensor:
     mean = torch.tensor(IMAGENET_MEAN, dtype=image.dtype).view(3, 1, 1)
     std = torch.tensor(IMAGENET_STD, dtype=image.dtype).view(3, 1, 1)
     return (image.cpu() * std + mean).clamp(0, 1)
-
-
-@torch.inference_mode()
-def segment(model: nn.Module, image: Tensor, device: Optional[torch.device] = None) -> Tensor:
-    """Class ids (``H x W`` ``int64``, on the CPU) of one normalised ``3 x H x W`` image.
-
-    Args:
-        model: a segmentation model (output ``{"out": ...}`` or logits at the input size), or a
-            :class:`~encoding.models.MultiEvalModule` for multi-scale inference; in eval mode.
-        image: from :func:`read_image` (any size).
-        device: where to run (default: the model's parameters' device).
-    """
-    if device is None:
-        device = next(model.parameters()).device
-    return predicted_labels(model(image.unsqueeze(0).to(device)))[0]
 
 
 def prediction_filename(name: str) -> str:
@@ -170,6 +155,8 @@ class EvaluationConfig:
         resume: a checkpoint of ``train.py``; model_zoo: a preset with published weights; torchvision_weights:
             torchvision's published weights of the whole network (``fcn`` / ``deeplab``).
         mode: ``val`` (batched centre crops), ``testval`` (whole images, scored) or ``test`` (predict only).
+        inference: how whole images are segmented (``testval`` / ``test``): ``whole`` or ``slide`` (``window`` /
+            ``stride``); see :func:`~encoding.engine.predict.inference_module`.
     """
 
     resume: Optional[str] = None
@@ -193,6 +180,9 @@ class EvaluationConfig:
     scales: Tuple[float, ...] = (1.0,)
     split: str = "val"
     mode: str = "val"
+    inference: str = "whole"
+    window: Optional[int] = None
+    stride: Optional[int] = None
     test_batch_size: int = 16
     limit: Optional[int] = None
     save_pred: Optional[str] = None
@@ -208,35 +198,28 @@ class EvaluationConfig:
         """``PATH`` / ``model-zoo:NAME`` / ``torchvision``: where the weights come from."""
         return self.resume or (f"model-zoo:{self.model_zoo}" if self.model_zoo else "torchvision")
 
+    def network(self, device: torch.device) -> nn.Module:
+        """The network of ``resume`` / ``model_zoo`` (:func:`~encoding.engine.loading.load_model`, with the
+        network options of this configuration) or ``torchvision_weights``, on ``device``, in eval mode, with its
+        :class:`~encoding.engine.loading.ModelInfo`.
 
-def load_model(config: EvaluationConfig, device: torch.device) -> nn.Module:
-    """The network of ``resume`` / ``model_zoo`` / ``torchvision_weights``, on ``device``, in eval mode.
-
-    Raises:
-        CheckpointError, ValueError, RuntimeError: unreadable or mismatching weights, unknown names, offline.
-    """
-    c = config
-    if c.model_zoo:
-        model = get_model(c.model_zoo, pretrained=True)
-    elif c.torchvision_weights:
-        model = get_segmentation_model(c.model, dataset=c.dataset, backbone=c.backbone, aux=c.aux,
+        Raises:
+            CheckpointError, ValueError, RuntimeError: unreadable or mismatching weights, unknown names, offline.
+        """
+        options = {name: getattr(self, name) for name in NETWORK_OPTIONS}
+        if not self.torchvision_weights:
+            return load_model(self.resume or self.model_zoo, device=device, **options)
+        model = get_segmentation_model(self.model, dataset=self.dataset, backbone=self.backbone, aux=self.aux,
                                        pretrained="torchvision")
-    else:
-        model = builders.build_model(c.model, c.dataset, backbone=c.backbone, aux=c.aux, se_loss=c.se_loss,
-                                     output_stride=c.output_stride,
-                                     head_options={"channels": c.head_channels} if c.head_channels else None)
-        state.read(c.resume).restore_weights(model)
-    return model.to(device).eval()
+        model.info = ModelInfo.of_dataset(**options)
+        return model.to(device).eval()
 
 
-def multi_scale(model: nn.Module, config: EvaluationConfig) -> nn.Module:
-    """``model`` inside a :class:`~encoding.models.MultiEvalModule` (``scales`` + flip) with ``multi_scale``, else
-    ``model`` itself."""
-    if not config.multi_scale:
-        return model
-    dataset = DATASETS[config.dataset]
-    return MultiEvalModule(model, dataset.NUM_CLASS, base_size=config.base_size or dataset.BASE_SIZE,
-                           crop_size=config.crop_size or dataset.CROP_SIZE, scales=config.scales)
+def evaluation_module(model: nn.Module, config: EvaluationConfig) -> nn.Module:
+    """``model`` inside the inference module of ``config`` (:func:`~encoding.engine.predict.inference_module`):
+    ``--mode slide`` windows, or ``--multi-scale`` scales + flip; ``model`` itself for single-scale whole images."""
+    return inference_module(model, mode=config.inference, window=config.window, stride=config.stride,
+                            scales=config.scales if config.multi_scale else None, flip=config.multi_scale)
 
 
 @dataclass
@@ -264,7 +247,8 @@ class EvaluationJob:
         c = self.config
         where = (f"rank {get_rank()}/{get_world_size()}" if get_world_size() > 1
                  else f"devices {[str(d) for d in self.devices]}")
-        how = f"multi-scale {list(c.scales)} + flip" if c.multi_scale else "single scale"
+        how = (f"multi-scale {list(c.scales)} + flip" if c.multi_scale else
+               f"sliding window {c.window} / stride {c.stride}" if c.inference == "slide" else "single scale")
         return (f"{c.model}-{c.backbone} ({c.weights}) on {c.dataset} {c.split!r} ({len(self.loader.dataset)} "
                 f"samples, mode {c.mode}, {how}), {where}")
 
@@ -289,7 +273,7 @@ def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -
                                         distributed=distributed)
     device = placement.model_device
     devices = list(placement.device_ids) or [device]
-    model = multi_scale(load_model(c, device), c)
+    model = evaluation_module(c.network(device), c)
     dataset_class = DATASETS[c.dataset]
     if c.mode == "val":
         batch_size = c.test_batch_size

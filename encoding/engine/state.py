@@ -105,13 +105,16 @@ class Checkpoint(NamedTuple):
         return self.data.get("epoch", -1), self.data.get("log_row")
 
 
-def read(path: PathLike) -> Checkpoint:
+def read(path: PathLike, allow_foreign: bool = False) -> Checkpoint:
     """Read a checkpoint file (on the CPU, ``weights_only``): the one read of a resumed run.
+
+    Args:
+        allow_foreign: also accept a plain state dict or a PyTorch-Encoding checkpoint (weights only).
 
     Raises:
         FileNotFoundError, CheckpointError: see :func:`~encoding.utils.load_checkpoint`.
     """
-    return Checkpoint(os.fspath(path), load_checkpoint(path, map_location="cpu"))
+    return Checkpoint(os.fspath(path), load_checkpoint(path, map_location="cpu", allow_foreign=allow_foreign))
 
 
 def training_state(model: Union[nn.Module, Mapping[str, Any]], optimizer: Union[torch.optim.Optimizer, Mapping],

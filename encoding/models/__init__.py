@@ -24,7 +24,7 @@ from .danet import CAM, PAM, DANet, DANetHead
 from .fpn import FCFPN, FPNHead, UperNet
 from .unet import UNet, UNetHead
 from .jpu import JPU
-from .multieval import MultiEvalModule
+from .multieval import MultiEvalModule, SlidingWindow
 
 # Registering an architecture defines its builder: get_fcn, get_psp, ... one per entry of ARCHITECTURES.
 globals().update({f"get_{name}": builder(name) for name in ARCHITECTURES})
@@ -39,4 +39,4 @@ __all__ = ["ResNetBackbone", "MobileNetV3Backbone", "VGGTinyBackbone", "backbone
            "Architecture", "ARCHITECTURES", "register_architecture", "get_segmentation_model", "get_model",
            "model_list", "pretrained_model_list",
            "get_fcn", "get_psp", "get_deeplab", "get_encnet", "get_danet", "get_upernet", "get_fcfpn",
-           "get_deeplabv3plus", "get_unet", "MultiEvalModule"]
+           "get_deeplabv3plus", "get_unet", "MultiEvalModule", "SlidingWindow"]

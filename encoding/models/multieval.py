@@ -9,11 +9,14 @@ logits are resized to the original size; with ``flip`` the horizontally flipped 
 
 Difference from PyTorch-Encoding: the result is the *mean* over scales and flips (PE summed them); the argmax is the
 same.
+
+:class:`SlidingWindow` is the single-scale alternative: mmsegmentation's ``mode='slide'`` (windows shifted inside the
+image, no padding, logits averaged by coverage count), or the whole image at once.
 """
 from __future__ import annotations
 
 import math
-from typing import Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +25,18 @@ from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ..nn.blocks import resize
 from ..utils.metrics import main_output
 
-__all__ = ["MultiEvalModule"]
+__all__ = ["MultiEvalModule", "SlidingWindow", "flip_average"]
+
+
+def flip_average(module: nn.Module, image: Tensor, flip: bool = True) -> Tensor:
+    """Main-output logits of ``module(image)`` (at least float32), averaged with those of the horizontally flipped
+    image when ``flip``."""
+    logits = main_output(module(image))
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if flip:
+        logits = (logits + main_output(module(image.flip(-1))).flip(-1)) / 2
+    return logits
+
 
 class MultiEvalModule(nn.Module):
     """Evaluate a segmentation model over several scales and flips with sliding-window inference.
@@ -124,8 +138,63 @@ class MultiEvalModule(nn.Module):
 
     def _infer(self, image: Tensor) -> Tensor:
         """Logits of one padded window (at least float32), averaged with those of its horizontal flip."""
-        logits = main_output(self.module(image))
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        if self.flip:
-            logits = (logits + main_output(self.module(image.flip(-1))).flip(-1)) / 2
-        return logits
+        return flip_average(self.module, image, self.flip)
+
+
+class SlidingWindow(nn.Module):
+    """Single-scale inference by overlapping windows: mmsegmentation's ``mode='slide'`` (or the whole image at once).
+
+    Windows of ``window`` pixels start every ``stride`` pixels; the last window of a row or column is shifted back to
+    end at the image's border (``ceil((size - window) / stride) + 1`` windows per dimension), so no window is padded
+    and each pixel's logits are the mean over the windows that cover it. An image no larger than the window in a
+    dimension is taken whole in that dimension: with ``window`` at least the image size, the result is the model's
+    output on the whole image.
+
+    Args:
+        module: the model; ``module(x)`` returns logits at its input's size (or a dict with ``"out"``), in eval mode.
+        window: window size ``(height, width)`` or one int; ``None``: the whole image in one pass.
+        stride: distance between window starts (default: two thirds of the window, mmsegmentation's 512 / 341).
+        flip: average each window's logits with those of its horizontal flip.
+
+    Shape:
+        - Input: ``B x C x H x W`` (any size).
+        - Output: logits ``B x nclass x H x W`` (at least float32), computed without autograd.
+    """
+
+    def __init__(self, module: nn.Module, window: Optional[Union[int, Sequence[int]]] = None,
+                 stride: Optional[Union[int, Sequence[int]]] = None, flip: bool = False) -> None:
+        super().__init__()
+        self.module, self.flip = module, flip
+        self.window = None if window is None else _pair(window, "window")
+        if stride is None and self.window is not None:
+            stride = tuple(max(w * 2 // 3, 1) for w in self.window)
+        self.stride = None if stride is None else _pair(stride, "stride")
+
+    @torch.no_grad()
+    def forward(self, image: Tensor) -> Tensor:
+        if self.window is None:
+            return flip_average(self.module, image, self.flip)
+        height, width = image.shape[-2:]
+        logits = count = None
+        for top, bottom in _windows(height, self.window[0], self.stride[0]):
+            for left, right in _windows(width, self.window[1], self.stride[1]):
+                out = flip_average(self.module, image[..., top:bottom, left:right], self.flip)
+                if logits is None:
+                    logits = out.new_zeros(*out.shape[:2], height, width)
+                    count = out.new_zeros(1, 1, height, width)
+                logits[..., top:bottom, left:right] += out
+                count[..., top:bottom, left:right] += 1
+        return logits / count
+
+
+def _pair(value: Union[int, Sequence[int]], name: str) -> Tuple[int, int]:
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) and v > 0 for v in pair):
+        raise ValueError(f"{name} must be a positive int or (height, width), got {value!r}")
+    return pair
+
+
+def _windows(size: int, window: int, stride: int) -> List[Tuple[int, int]]:
+    """``(start, end)`` of the windows along one dimension (mmsegmentation's grid: the last one ends at ``size``)."""
+    grids = max(size - window + stride - 1, 0) // stride + 1
+    return [(max(min(i * stride + window, size) - window, 0), min(i * stride + window, size)) for i in range(grids)]

@@ -19,7 +19,7 @@ from encoding.builders import select_devices  # noqa: E402
 from encoding.datasets import DatasetError  # noqa: E402
 from encoding.datasets.base import check_image  # noqa: E402
 from encoding.engine.demo import demo_outputs, segment_files  # noqa: E402
-from encoding.engine.inference import EvaluationConfig, load_model, multi_scale  # noqa: E402
+from encoding.engine.inference import EvaluationConfig, evaluation_module  # noqa: E402
 from encoding.utils import CheckpointError  # noqa: E402
 from encoding.utils.cli import run_cli  # noqa: E402
 
@@ -32,7 +32,7 @@ def main(argv=None) -> list:
     outputs = demo_outputs(args.images, args.out_dir, args.overwrite)
     device = select_devices(None, use_cuda=not args.no_cuda).model_device  # the first GPU, else the CPU
     config = EvaluationConfig.from_options(args)
-    model = multi_scale(load_model(config, device), config)
+    model = evaluation_module(config.network(device), config)
     images = segment_files(model, args.images, outputs, args.dataset, device, args.alpha, args.blend_background)
     for path, (mask_path, overlay_path), present in zip(args.images, outputs, images):
         print(f"{path}: {', '.join(present)} -> {mask_path}, {overlay_path}")

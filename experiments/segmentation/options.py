@@ -129,9 +129,12 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
 
 def _add_test_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="val", help="split to evaluate (test: predictions only, no masks)")
-    p.add_argument("--mode", default=None, choices=["val", "testval", "test"],
+    p.add_argument("--mode", default=None, choices=["val", "testval", "test", "slide"],
                    help="val: resized centre crops, batched, as validated during training (default); testval: whole "
-                        "images (default with --multi-scale); test: predict only (default for the test split)")
+                        "images (default with --multi-scale); test: predict only (default for the test split); slide: "
+                        "whole images by overlapping windows (mmsegmentation's; testval, or test on the test split)")
+    p.add_argument("--window", type=positive_int, default=None, help="--mode slide window (default: --crop-size)")
+    p.add_argument("--stride", type=positive_int, default=None, help="--mode slide stride (default: 2/3 of --window)")
     _add_multi_scale_options(p)
     p.add_argument("--test-batch-size", type=positive_int, default=None, help="default: 16 (val mode)")
     p.add_argument("--limit", type=positive_int, default=None, help="use only the first N samples")
@@ -249,8 +252,15 @@ def _parse_inference(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     if args.scales is None:
         args.scales = MULTI_SCALES.get(args.dataset, DEFAULT_SCALES)
     if script == "test":
-        if args.mode is None:
-            args.mode = "test" if args.split == "test" else "testval" if args.multi_scale or args.save_pred else "val"
+        slide = args.mode == "slide"
+        if slide and args.multi_scale or (args.window or args.stride) and not slide:
+            parser.error("--mode slide is single-scale, without --multi-scale" if slide else "--window / --stride "
+                         "are options of --mode slide")
+        if args.mode in (None, "slide"):
+            args.mode = "test" if args.split == "test" else "testval" if args.multi_scale or args.save_pred or slide \
+                else "val"
+        args.inference, args.window = "slide" if slide else "whole", args.window or (args.crop_size if slide else None)
+        args.stride = args.stride or (max(args.window * 2 // 3, 1) if slide else None)
         if args.mode == "val" and (args.multi_scale or args.save_pred):
             parser.error(f"{'--multi-scale' if args.multi_scale else '--save-pred'} works on whole images: use "
                          "--mode testval (its default) or --mode test")

@@ -2,6 +2,7 @@
 
     python experiments/segmentation/test.py --resume runs/shapes/unet/default/model_best.pth
     python experiments/segmentation/test.py --resume model_best.pth --multi-scale --save-pred preds/
+    python experiments/segmentation/test.py --resume model_best.pth --mode slide --window 512 --stride 341
     python experiments/segmentation/test.py --model-zoo fcn_resnet50_voc --dataset pascal_voc
     python experiments/segmentation/test.py --torchvision-weights --model deeplab --backbone resnet50 \\
         --dataset pascal_voc
@@ -11,7 +12,8 @@ The network's options (dataset, model, backbone, ...) come from the checkpoint's
 Modes: ``val`` (default) scores resized centre crops in batches exactly as ``train.py`` validates, through
 DataParallelModel on ``--device-ids`` (outputs never gathered onto one device); ``testval`` (default with
 ``--multi-scale``) scores whole images, one per device at a time; ``test`` (default for the ``test`` split, which
-has no masks) only predicts. Prints pixAcc / mIoU and the per-class table and writes ``metrics.json``.
+has no masks) only predicts; ``slide`` (mmsegmentation's ``mode='slide'``) is ``testval`` (``test`` on the test split)
+by overlapping ``--window`` windows every ``--stride`` pixels. Prints pixAcc / mIoU, the per-class table, metrics.json.
 """
 import json
 import os
@@ -47,7 +49,7 @@ def main(argv=None, data=None) -> dict:
     if not result or not is_main_process():
         return result or {}
     print(format_table(result, job.class_names))
-    report = {"split": args.split, "mode": args.mode, "weights": job.config.weights,
+    report = {"split": args.split, "mode": args.mode, "inference": args.inference, "weights": job.config.weights,
               "scales": list(args.scales) if args.multi_scale else [1.0], "flip": args.multi_scale,
               **scores_to_json(result, job.class_names)}
     os.makedirs(job.out_dir, exist_ok=True)

@@ -1,0 +1,161 @@
+"""A trained network back in Python: :func:`load_model` rebuilds it from what its checkpoint recorded.
+
+``train.py``'s checkpoints (``checkpoint.pth`` / ``model_best.pth``, schema: :mod:`encoding.engine.state`) record the
+run's options next to the weights, so a checkpoint path is enough; a preset name of
+:data:`encoding.models.model_list` builds the preset and loads its published (or a local file's) weights. The
+returned model carries a :class:`ModelInfo` as ``model.info``: the dataset's class names and palette, the input
+normalisation and the sizes it was trained at, which :func:`encoding.segment` and :mod:`encoding.export` read.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from .. import builders
+from ..datasets import datasets as DATASETS
+from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
+from ..models import get_model, pretrained_model_list
+from ..models.registry import PRESETS
+from . import state
+
+__all__ = ["ModelInfo", "NETWORK_OPTIONS", "load_model", "model_info"]
+
+#: The training options that define the network (and the sizes its inputs were trained at).
+NETWORK_OPTIONS = ("dataset", "model", "backbone", "aux", "se_loss", "head_channels", "output_stride", "base_size",
+                   "crop_size")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a trained network needs beside its weights to be used: the dataset's classes and colours, the input
+    normalisation and the sizes of its training recipe.
+
+    Attributes:
+        dataset: the dataset name (:data:`encoding.datasets.datasets`).
+        classes: the name of every class id.
+        palette: one ``(r, g, b)`` per class id.
+        mean, std: the per-channel normalisation of the inputs (images in ``[0, 1]``).
+        base_size, crop_size: the long side images were scaled around, and the training crop.
+        options: the network's options (model, backbone, aux, ...), as :func:`load_model` built it.
+    """
+
+    dataset: str
+    classes: Tuple[str, ...]
+    palette: Tuple[Tuple[int, int, int], ...]
+    mean: Tuple[float, ...] = tuple(IMAGENET_MEAN)
+    std: Tuple[float, ...] = tuple(IMAGENET_STD)
+    base_size: Optional[int] = None
+    crop_size: Optional[int] = None
+    options: Dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of_dataset(cls, dataset: str, **options: Any) -> "ModelInfo":
+        """The info of a network trained on ``dataset`` (its classes, palette, base and crop sizes unless given in
+        ``options``).
+
+        Raises:
+            ValueError: unknown dataset (the message lists the valid ones).
+        """
+        if dataset not in DATASETS:
+            raise ValueError(f"unknown dataset {dataset!r}; valid datasets: {', '.join(DATASETS)}")
+        data = DATASETS[dataset]
+        return cls(dataset, tuple(data.CLASSES), tuple(tuple(c) for c in data.PALETTE),
+                   base_size=options.get("base_size") or data.BASE_SIZE,
+                   crop_size=options.get("crop_size") or data.CROP_SIZE,
+                   options={k: v for k, v in options.items() if k in NETWORK_OPTIONS and k != "dataset"})
+
+    @property
+    def num_classes(self) -> int:
+        """The number of classes."""
+        return len(self.classes)
+
+    def to_json(self) -> Dict[str, Any]:
+        """A JSON-serialisable dict of every field."""
+        data = asdict(self)
+        data.update(classes=list(self.classes), palette=[list(c) for c in self.palette], mean=list(self.mean),
+                    std=list(self.std))
+        return data
+
+
+def model_info(model: nn.Module) -> ModelInfo:
+    """The :class:`ModelInfo` that :func:`load_model` attached to ``model``.
+
+    Raises:
+        ValueError: ``model`` has none (build it with :func:`load_model`, or set ``model.info``).
+    """
+    info = getattr(model, "info", None)
+    if not isinstance(info, ModelInfo):
+        raise ValueError(f"{type(model).__name__} carries no ModelInfo: load it with encoding.load_model, or set "
+                         "model.info = encoding.engine.loading.ModelInfo.of_dataset(NAME)")
+    return info
+
+
+def _with_info(model: nn.Module, info: ModelInfo, device: Optional[Union[str, torch.device]]) -> nn.Module:
+    model.info = info
+    return (model if device is None else model.to(device)).eval()
+
+
+def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, torch.device]] = None,
+               weights: Optional[Union[str, os.PathLike]] = None, **options: Any) -> nn.Module:
+    """The network of a ``train.py`` checkpoint, or a model-zoo preset, with its weights, in eval mode.
+
+    Args:
+        source: a checkpoint file (its recorded options rebuild the network; its weights are read with
+            ``weights_only=True``), or a preset name of :data:`encoding.models.model_list` (e.g.
+            ``"fcn_resnet50_voc"``: the published weights, or ``weights``).
+        device: where to put the model (default: the CPU).
+        weights: a preset's weights from a local file instead of the published ones.
+        **options: network options (:data:`NETWORK_OPTIONS`) given explicitly: they replace the recorded ones
+            (needed for a file that records none, e.g. a plain state dict).
+
+    Returns:
+        The model, with a :class:`ModelInfo` as ``model.info``.
+
+    Raises:
+        FileNotFoundError: ``source`` is neither a file nor a preset name.
+        CheckpointError: an unreadable or unsafe file, or weights that do not match the network.
+        ValueError: an unknown option, or a file that records no network options (the message names the file).
+        RuntimeError: published weights that are not cached while offline (one line, naming where to put them).
+    """
+    unknown = sorted(set(options) - set(NETWORK_OPTIONS))
+    if unknown:
+        raise ValueError(f"load_model: unknown option(s) {', '.join(unknown)}; valid: {', '.join(NETWORK_OPTIONS)}")
+    given = {k: v for k, v in options.items() if v is not None}
+    path = os.fspath(source)
+    if not os.path.isfile(path) and path.lower() in PRESETS:
+        return _load_preset(path.lower(), device, weights, given)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such checkpoint file or preset name: {path!r} (presets: "
+                                "encoding.models.model_list)")
+    checkpoint = state.read(path, allow_foreign=True)
+    recorded = {k: v for k, v in (checkpoint.data.get("args") or {}).items() if k in NETWORK_OPTIONS}
+    network = {**recorded, **given}
+    missing = [k for k in ("dataset", "model", "backbone") if not network.get(k)]
+    if missing:
+        raise ValueError(f"{path!r} records no {', '.join(missing)}: pass them, e.g. load_model(path, "
+                         "dataset='pascal_voc', model='fcn', backbone='resnet50')")
+    info = ModelInfo.of_dataset(**network)
+    model = builders.build_model(network["model"], network["dataset"], backbone=network["backbone"],
+                                 aux=bool(network.get("aux")), se_loss=bool(network.get("se_loss")),
+                                 output_stride=network.get("output_stride"),
+                                 head_options={"channels": network["head_channels"]}
+                                 if network.get("head_channels") else None)
+    checkpoint.restore_weights(model)
+    return _with_info(model, info, device)
+
+
+def _load_preset(name: str, device: Optional[Union[str, torch.device]], weights: Optional[Union[str, os.PathLike]],
+                 options: Dict[str, Any]) -> nn.Module:
+    """A preset of :data:`~encoding.models.model_list` with its published weights, or those of ``weights``."""
+    if weights is None and name not in pretrained_model_list():
+        raise ValueError(f"no published weights for the preset {name!r}: pass weights='path/to/model.pth' "
+                         f"(presets with published weights: {', '.join(pretrained_model_list())})")
+    preset = PRESETS[name]
+    model = get_model(name, pretrained=weights if weights is not None else True)
+    info = ModelInfo.of_dataset(**{**options, "dataset": preset["dataset"], "model": preset["name"],
+                                   "backbone": preset["backbone"], "aux": preset["aux"], "se_loss": preset["se_loss"]})
+    return _with_info(model, info, device)

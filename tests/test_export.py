@@ -1,0 +1,113 @@
+"""encoding.export: every registered architecture exported once by torch.export, run as an ExportedProgram and,
+converted to ONNX, by onnxruntime; both equal the eager model (fp32, max abs diff <= 1e-4). The command end to end."""
+import json
+import re
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+import torch
+
+from encoding.engine.loading import ModelInfo
+from encoding.export import UNEXPORTABLE, ExportError, export_program, metadata, save_program
+from encoding.export.cli import cli
+from encoding.models import ARCHITECTURES, get_segmentation_model
+
+SIZE = (32, 48)
+
+
+def tiny_model(name):
+    """``name`` on the ``vgg_tiny`` backbone (at output stride 16 where the architecture's default is 32, which
+    vgg_tiny has not); on the architecture's default backbone where vgg_tiny does not fit it."""
+    stride = None if ARCHITECTURES[name].output_stride in (8, 16) else 16
+    torch.manual_seed(0)
+    try:
+        model = get_segmentation_model(name, dataset="shapes", backbone="vgg_tiny", output_stride=stride)
+    except ValueError:
+        model = get_segmentation_model(name, dataset="shapes")
+    model.info = ModelInfo.of_dataset("shapes", model=name)
+    return model.eval()
+
+
+def _run_onnx(path, image):
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return torch.from_numpy(session.run(None, {"image": image.numpy()})[0])
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_every_architecture_exports_and_runs_like_eager(name, tmp_path):
+    model = tiny_model(name)
+    if name in UNEXPORTABLE:  # the documented reason is torch's own, today
+        with pytest.raises(ExportError, match=re.escape(UNEXPORTABLE[name])):
+            export_program(model, SIZE)
+        return
+    image = torch.randn(1, 3, *SIZE)
+    with torch.no_grad():
+        eager = model(image)["out"]
+    program = export_program(model, SIZE)  # traced once: saved as a .pt2 and converted to ONNX
+    meta = metadata(model.info, "onnx", SIZE, dynamic=False)
+    save_program(program, str(tmp_path / "m.pt2"), "exported", meta)
+    save_program(program, str(tmp_path / "m.onnx"), "onnx", meta)
+    loaded = torch.export.load(str(tmp_path / "m.pt2")).module()
+    assert (loaded(image) - eager).abs().max().item() <= 1e-4
+    assert (_run_onnx(tmp_path / "m.onnx", image) - eager).abs().max().item() <= 1e-4
+
+
+def test_dynamic_export_takes_other_batch_and_image_sizes(tmp_path):
+    model = tiny_model("fcn")
+    program = export_program(model, SIZE, dynamic=True)
+    save_program(program, str(tmp_path / "m.onnx"), "onnx", metadata(model.info, "onnx", SIZE, dynamic=True))
+    for shape in ((1, 3, 40, 56), (3, 3, 64, 32)):
+        image = torch.randn(*shape)
+        with torch.no_grad():
+            eager = model(image)["out"]
+        assert (program.module()(image) - eager).abs().max().item() <= 1e-4
+        assert (_run_onnx(tmp_path / "m.onnx", image) - eager).abs().max().item() <= 1e-4
+
+
+def test_export_cli_writes_the_model_and_its_metadata(tiny_run, tmp_path, capsys):
+    _, checkpoint, _ = tiny_run
+    output = tmp_path / "shapes.onnx"
+    assert cli(["--resume", checkpoint, "--format", "onnx", "--output", str(output), "--input-size", "40", "56"]) == 0
+    with open(tmp_path / "shapes.json") as f:
+        meta = json.load(f)
+    assert meta["classes"][:2] == ["background", "disc"] and len(meta["palette"]) == 7
+    assert meta["input"]["shape"] == [1, 3, 40, 56] and meta["input"]["dynamic"] is False
+    assert meta["model"]["model"] == "unet" and meta["mean"] == pytest.approx([0.485, 0.456, 0.406])
+    props = {p.key: json.loads(p.value) for p in onnx.load(str(output)).metadata_props}
+    assert props == meta
+    from encoding import load_model
+    model = load_model(checkpoint)
+    image = torch.randn(1, 3, 40, 56)
+    with torch.no_grad():
+        assert np.abs(_run_onnx(output, image).numpy() - model(image)["out"].numpy()).max() <= 1e-4
+
+
+def test_export_errors_are_one_line(tiny_run, tmp_path, capsys, monkeypatch):
+    _, checkpoint, _ = tiny_run
+    with pytest.raises(SystemExit) as stop:
+        cli(["--resume", checkpoint, "--format", "tflite"])
+    assert stop.value.code == 2 and "invalid choice: 'tflite'" in capsys.readouterr().err
+    broken = tmp_path / "broken.pth"
+    broken.write_bytes(b"not a checkpoint")
+    assert cli(["--resume", str(broken), "--format", "onnx"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "broken.pth" in err
+
+    def refuse(*args, **kwargs):
+        raise torch._dynamo.exc.Unsupported("data-dependent control flow\nmore detail")
+
+    monkeypatch.setattr(torch.export, "export", refuse)
+    assert cli(["--resume", checkpoint, "--format", "exported", "--output", str(tmp_path / "m.pt2")]) == 1
+    assert capsys.readouterr().err == ("python -m encoding.export: error: torch.export cannot export unet-vgg_tiny: "
+                                       "data-dependent control flow\n")
+
+
+def test_the_docs_list_the_unexportable_architectures_with_torchs_reason():
+    import os
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "export.md")
+    with open(path, encoding="utf-8") as f:
+        section = f.read().split("## Which architectures export", 1)[1]
+    assert dict(re.findall(r"^\| `(\w+)` \| (.+?) \|$", section, flags=re.M)) == UNEXPORTABLE
+    assert ("(none: every registered architecture exports)" in section) == (not UNEXPORTABLE)
