@@ -67,6 +67,7 @@ def plot_log(path: str, out: Optional[str] = None) -> str:
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out = out or os.path.join(os.path.dirname(os.path.abspath(path)), CURVES_NAME)
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.2))
@@ -76,6 +77,7 @@ def plot_log(path: str, out: Optional[str] = None) -> str:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
         ax.set_title(title)
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if title == "validation" and ax.lines:
             ax.legend()
     fig.tight_layout()

@@ -212,15 +212,14 @@ def parse_args(argv: Optional[List[str]] = None, script: str = "train") -> argpa
     """Parse ``argv`` for ``script``, fill unset options (checkpoint, then dataset recipe) and check the combination
     (exit status 2 with a one-line error)."""
     parser = build_parser(script)
+    args = parser.parse_args(_with_config(parser, argv) if script == "train" else argv)
+    if script != "train":
+        return _parse_inference(parser, args, script)
+    del args.config
     try:
-        argv = expand_config(parser, sys.argv[1:] if argv is None else argv) if script == "train" else argv
-        args = parser.parse_args(argv)
-        if script != "train":
-            return _parse_inference(parser, args, script)
-        del args.config
         fill_from_recipe(args, ("epochs", "batch_size", "model", "backbone", "output_stride", "base_size",
                                 "crop_size", "scale_range", "optimizer", "weight_decay", "lr"), _recipe)
-    except (ConfigError, ConfigFileError) as err:
+    except ConfigError as err:
         parser.error(str(err))
     if args.scale_range is not None and (len(args.scale_range) != 2 or args.scale_range[0] > args.scale_range[1]):
         parser.error(f"argument --scale-range: expected MIN,MAX with MIN <= MAX, got {args.scale_range}")
@@ -230,6 +229,14 @@ def parse_args(argv: Optional[List[str]] = None, script: str = "train") -> argpa
         args.test_batch_size = args.batch_size
     _check(parser, args)
     return args
+
+
+def _with_config(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> List[str]:
+    """``argv`` with the options of its ``--config FILE`` first: the command line's, after them, win."""
+    try:
+        return expand_config(parser, sys.argv[1:] if argv is None else argv)
+    except ConfigFileError as err:
+        parser.error(str(err))
 
 
 def _recipe(dataset: str) -> Dict[str, Any]:
