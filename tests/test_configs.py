@@ -79,6 +79,9 @@ def test_a_missing_file_or_pyyaml_is_one_line(tmp_path, capsys, options, monkeyp
     path = _write(tmp_path / "run.yaml", "epochs: 2\n")
     monkeypatch.setitem(sys.modules, "yaml", None)  # as without the `config` extra
     assert f"{path}: reading YAML needs PyYAML: pip install -e .[config]" in _error(capsys, options, ["--config", path])
+    err = _error(capsys, options, ["--dataset", "ade20k"])
+    assert "ade20k.yaml: reading YAML needs PyYAML" in err and "(the recipe of --dataset ade20k)" in err
+    assert options.parse_args([]).model == TrainingConfig.model  # the built-in run reads no file
 
 
 def test_written_config_reads_back_with_its_values(tmp_path):

@@ -61,7 +61,7 @@ def read_config(path: str) -> Dict[str, Any]:
 def _options(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
     """Every long option of ``parser`` by its name without dashes (``crop-size``), and by its ``dest``."""
     options: Dict[str, argparse.Action] = {}
-    for action in parser._actions:  # argparse's documented way of listing its options
+    for action in parser._actions:  # argparse lists its options only there
         longs = [s[2:] for s in action.option_strings if s.startswith("--")]
         if not longs or isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
             continue
