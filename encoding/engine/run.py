@@ -224,7 +224,8 @@ def _log_epoch(run: TrainingRun, log: EpochLogger, epoch: int, row: Mapping[str,
     """The epoch's log row, and preview images when they are due (with a TensorBoard / W&B sink)."""
     log.write(epoch, **row)
     if log.sinks and run.log_images and (epoch % run.log_images == 0 or epoch + 1 == run.epochs):
-        log.images(epoch, validation_previews(run.model, run.datasets()[1], run.options.get("dataset")))
+        val = run.datasets()[1]
+        log.images(epoch, validation_previews(run.model, val, getattr(type(val), "PALETTE", run.options["dataset"])))
 
 
 def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_data: bool = False) -> Dict[str, Any]:
