@@ -503,14 +503,19 @@ def test_model_table_lists_every_registered_model(built_site):
     assert names == list(ARCHITECTURES)
 
 
-def test_recipe_table_lists_every_dataset(built_site):
+def test_recipe_table_lists_every_dataset_and_config_file(built_site):
+    """One row for the built-in run, one per file of experiments/segmentation/configs/ (a recipe for each dataset)."""
     from encoding.datasets import datasets
 
     html = (built_site / "training.html").read_text(encoding="utf-8")
     table = html[html.index("encoding-recipe-table"):]
     table = table[:table.index("</table>")]
     rows = re.findall(r"<tr[^>]*>(.*?)</tr>", table, flags=re.S)[1:]
-    assert [re.search(r'<span class="pre">(\w+)</span>', row)[1] for row in rows] == list(datasets)
+    files = sorted(p.name for p in (ROOT / "experiments" / "segmentation" / "configs").iterdir()
+                   if p.suffix in (".yaml", ".yml", ".json"))
+    assert [re.search(r"configs/([\w.]+)</span>", row)[1] if "configs/" in row else None for row in rows] == [
+        None] + files
+    assert {re.findall(r'<span class="pre">(\w+)</span>', row)[0] for row in rows} == set(datasets)
 
 
 def _extension():

@@ -6,8 +6,9 @@ Directives:
   classes, head, stages, default output stride, parameter counts and presets with published weights, computed at
   build time (the models are built
   on the ``meta`` device: no memory, no weights, nothing downloaded).
-* ``{encoding-recipe-table}``: the defaults ``train.py --dataset NAME`` runs with, from the script's own option
-  parser (``experiments/segmentation/options.py``).
+* ``{encoding-recipe-table}``: the built-in run (``train.py`` without options) and every configuration file of
+  ``experiments/segmentation/configs/`` (the dataset recipes and the other experiments), as ``train.py --config
+  FILE`` runs them: parsed by the script's own option parser (``experiments/segmentation/options.py``).
 * ``.. encoding-api:: encoding.nn`` (reST): the API reference of a package's public ``__all__`` (``automodule``,
   plus ``autodata`` for re-exported data, which ``automodule`` skips).
 
@@ -143,16 +144,21 @@ def _segmentation_options() -> Any:
 
 
 def recipe_rows() -> List[Dict[str, Any]]:
-    """The defaults ``train.py --dataset NAME`` runs with, per dataset: what ``option.parse_args`` fills in from
-    the per-dataset recipes (``RECIPES``), plus the dataset's class count and sizes."""
+    """What ``train.py`` runs without options (``config`` ``None``) and with ``--config FILE`` for every file of
+    ``experiments/segmentation/configs/`` (sorted): the options ``option.parse_args`` fills in, plus the dataset's
+    class count and sizes."""
+    import os
+
     from encoding.datasets import datasets
 
     option = _segmentation_options()
+    files = sorted(name for name in os.listdir(option.CONFIGS) if name.endswith((".yaml", ".yml", ".json")))
     rows = []
-    for name, dataset in datasets.items():
-        args = option.parse_args(["--dataset", name])
-        rows.append(dict(dataset=name, nclass=dataset.NUM_CLASS, base_size=args.base_size or dataset.BASE_SIZE,
-                         crop_size=args.crop_size or dataset.CROP_SIZE,
+    for name in [None] + files:
+        args = option.parse_args(["--config", os.path.join(option.CONFIGS, name)] if name else [])
+        dataset = datasets[args.dataset]
+        rows.append(dict(config=name, dataset=args.dataset, nclass=dataset.NUM_CLASS,
+                         base_size=args.base_size or dataset.BASE_SIZE, crop_size=args.crop_size or dataset.CROP_SIZE,
                          scale_range=args.scale_range or dataset.SCALE_RANGE, model=args.model,
                          backbone=args.backbone, output_stride=args.output_stride, head_channels=args.head_channels,
                          epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
@@ -161,24 +167,26 @@ def recipe_rows() -> List[Dict[str, Any]]:
 
 
 def recipe_table_markdown() -> str:
-    """The per-dataset defaults of ``train.py`` as a Markdown table."""
-    lines = ["| `--dataset` | classes | base / crop | scale range | model | backbone | output stride | head channels "
-             "| epochs | batch | lr | optimizer |",
-             "|---|---:|---|---|---|---|---|---|---:|---:|---:|---|"]
+    """The built-in run and the configuration files of ``train.py`` as a Markdown table."""
+    lines = ["| `--config` | `--dataset` | classes | base / crop | scale range | model | backbone | output stride "
+             "| head channels | epochs | batch | lr | optimizer |",
+             "|---|---|---:|---|---|---|---|---|---|---:|---:|---:|---|"]
     for row in recipe_rows():
         stride = row["output_stride"] if row["output_stride"] is not None else "the model's"
         width = row["head_channels"] if row["head_channels"] is not None else "the model's"
         low, high = row["scale_range"]
         scales = f"{low:g} (none)" if low == high else f"{low:g}–{high:g}"
-        lines.append(f"| `{row['dataset']}` | {row['nclass']} | {row['base_size']} / {row['crop_size']} | {scales} "
-                     f"| `{row['model']}` | `{row['backbone']}` | {stride} | {width} | {row['epochs']} "
+        config = f"`configs/{row['config']}`" if row["config"] else "none (built-in)"
+        lines.append(f"| {config} | `{row['dataset']}` | {row['nclass']} | {row['base_size']} / {row['crop_size']} "
+                     f"| {scales} | `{row['model']}` | `{row['backbone']}` | {stride} | {width} | {row['epochs']} "
                      f"| {row['batch_size']} | {row['lr']:g} | `{row['optimizer']}`, weight decay "
                      f"{row['weight_decay']:g} |")
     return "\n".join(lines) + "\n"
 
 
 class RecipeTable(SphinxDirective):
-    """``{encoding-recipe-table}``: the per-dataset defaults of ``train.py``, from its own option parser."""
+    """``{encoding-recipe-table}``: the built-in run and the configuration files of ``train.py``, from its own
+    option parser."""
 
     has_content = False
 

@@ -1,4 +1,4 @@
-"""A training run from a configuration: per-dataset recipes, :class:`TrainingConfig`, and the whole command.
+"""A training run from a configuration: :class:`TrainingConfig`, the checks of its values, and the whole command.
 
 :class:`TrainingConfig` holds a run's options as typed fields (the names of ``train.py``'s options; the
 checkpoint records them). :func:`build_training` builds a :class:`~.run.TrainingRun` from it with
@@ -27,17 +27,19 @@ from ..datasets import datasets as DATASETS
 from ..models import get_segmentation_model
 from ..parallel import resolve_devices
 from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME
+from ..utils.configfile import write_config
 from ..utils.determinism import enable_determinism
 from ..utils.dist import get_rank, init_distributed_mode, is_main_process
 from ..utils.metrics import SegmentationMetric
+from ..utils.monitor import MonitorUnavailable, require
 from ..utils.rundir import run_directory, run_lock
 from ..utils.table import format_table
 from . import state
 from .run import TrainingRun, base_dataset, resume, train
 
-__all__ = ["AMP_DTYPES", "RECIPES", "GENERIC", "recipe", "fill_from_recipe", "parse_device_ids", "ConfigError",
-           "check_network", "check_devices", "check_split", "check_training", "check_resume", "TrainingConfig",
-           "build_training", "run_training"]
+__all__ = ["AMP_DTYPES", "CONFIG_NAME", "parse_device_ids", "ConfigError", "check_network", "check_devices",
+           "check_split", "check_training", "check_resume", "TrainingConfig", "saved_config", "build_training",
+           "run_training"]
 
 #: ``amp`` choice -> autocast dtype (``None``: full precision).
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -46,41 +48,10 @@ AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: for the largest recipes: tens of seconds on a slow shared disk), so 10 minutes leaves ten times that and is
 #: torch's own NCCL default.
 DIST_TIMEOUT_S = 600.0
-
-#: Per-dataset recipe defaults (PyTorch-Encoding's train.py; lr is for batch 16 and scales linearly with the batch).
-#: ``shapes`` is the embedded offline dataset: a small U-Net learns it in a few CPU minutes.
-RECIPES: Dict[str, Dict[str, Any]] = {
-    "shapes": dict(epochs=8, lr=0.002, batch_size=16, model="unet", backbone="vgg_tiny", output_stride=8,
-                   head_channels=None, base_size=72, crop_size=64, scale_range=(1.0, 1.0), optimizer="adamw"),
-    "coco": dict(epochs=30, lr=0.004),
-    "pascal_aug": dict(epochs=80, lr=0.001),
-    "pascal_voc": dict(epochs=50, lr=0.0001),
-    "pcontext": dict(epochs=80, lr=0.001),
-    "ade20k": dict(epochs=180, lr=0.004),
-    "citys": dict(epochs=240, lr=0.004),
-}
-#: What a dataset's recipe does not set.
-GENERIC: Dict[str, Any] = dict(epochs=50, lr=0.004, batch_size=16, model="encnet", backbone="resnet50",
-                               output_stride=None, head_channels=None, base_size=None, crop_size=None,
-                               scale_range=None, optimizer="sgd", weight_decay=1e-4)
-
-
-def recipe(dataset: str) -> Dict[str, Any]:
-    """The defaults of a run on ``dataset``: its recipe over :data:`GENERIC`."""
-    return {**GENERIC, **RECIPES.get(dataset, {})}
-
-
-def fill_from_recipe(options: Any, names: Sequence[str]) -> Dict[str, Any]:
-    """Set the attributes ``names`` of ``options`` that are ``None`` from its dataset's recipe (the head width only
-    for the recipe's own model); returns the recipe."""
-    defaults = recipe(options.dataset)
-    for name in names:
-        if getattr(options, name) is None:
-            setattr(options, name, defaults[name])
-    if options.head_channels is None and options.model == defaults["model"]:  # the width belongs to its head
-        options.head_channels = defaults["head_channels"]
-    return defaults
-
+#: The run directory's record of the run's options: ``train.py --config RUN/config.yaml`` repeats the run.
+CONFIG_NAME = "config.yaml"
+#: What to do with a run directory rather than what the run is: not recorded in :data:`CONFIG_NAME`.
+UNRECORDED = ("resume", "overwrite", "eval")
 
 def parse_device_ids(text: Optional[str]) -> Optional[List[Any]]:
     """``"0,1"`` -> ``[0, 1]``; ``"cpu,cpu"`` -> ``["cpu", "cpu"]``; ``None``/``""`` -> ``None`` (the default)."""
@@ -183,6 +154,11 @@ def check_training(config: "TrainingConfig") -> None:
     if problem := builders.strategy_problem(c.strategy, c.amp):
         raise ConfigError(problem)
     _check_schedule(c)
+    try:
+        for name in (n for n in ("tensorboard", "wandb") if getattr(c, n)):
+            require(name)
+    except MonitorUnavailable as err:
+        raise ConfigError(str(err)) from None
     found = _started(c.run_dir) if not (c.eval or c.resume or c.overwrite) else []
     if found:
         raise ConfigError(f"{c.run_dir} already holds a run ({', '.join(found)}): continue it with --resume "
@@ -211,25 +187,24 @@ def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint) -> None
                               f"{saved[name]} (the epoch's remaining samples depend on it)")
 
 
-#: The default run's recipe: :class:`TrainingConfig`'s defaults are the ``shapes`` recipe's values.
-_SHAPES = recipe("shapes")
-
-
 @dataclass
 class TrainingConfig:
-    """A training run's options (``train.py``'s, filled from the recipe; see ``docs/training.md``); the defaults are
-    the ``shapes`` recipe of :data:`RECIPES`."""
+    """A training run's options (``train.py``'s, filled from the recipe; see ``docs/training.md``).
+
+    The defaults are the built-in run, what ``train.py`` runs without options: a U-Net on ``vgg_tiny`` learning the
+    embedded ``shapes`` dataset on a CPU in minutes (the one place of these values; the recipes of the other
+    datasets are configuration files, :mod:`encoding.engine.recipes`)."""
 
     dataset: str = "shapes"
     data_root: Optional[str] = None
-    model: str = _SHAPES["model"]
-    backbone: str = _SHAPES["backbone"]
+    model: str = "unet"
+    backbone: str = "vgg_tiny"
     aux: bool = False
     se_loss: bool = False
-    head_channels: Optional[int] = _SHAPES["head_channels"]
-    output_stride: Optional[int] = _SHAPES["output_stride"]
-    base_size: Optional[int] = _SHAPES["base_size"]
-    crop_size: Optional[int] = _SHAPES["crop_size"]
+    head_channels: Optional[int] = None
+    output_stride: Optional[int] = 8
+    base_size: Optional[int] = 72
+    crop_size: Optional[int] = 64
     workers: int = 2
     amp: str = "none"
     no_cuda: bool = False
@@ -241,21 +216,21 @@ class TrainingConfig:
     se_weight: float = 0.2
     loss: str = "ce"
     class_weights: Optional[str] = None
-    scale_range: Optional[Tuple[float, float]] = _SHAPES["scale_range"]
+    scale_range: Optional[Tuple[float, float]] = (1.0, 1.0)
     train_split: str = "train"
     val_split: str = "val"
-    epochs: int = _SHAPES["epochs"]
+    epochs: int = 8
     start_epoch: int = 0
-    batch_size: int = _SHAPES["batch_size"]
+    batch_size: int = 16
     test_batch_size: Optional[int] = None
-    lr: float = _SHAPES["lr"]
+    lr: float = 0.002
     lr_scheduler: str = "poly"
     lr_step: int = 0
     warmup_epochs: int = 0
     head_lr_mult: float = 1.0
-    optimizer: str = _SHAPES["optimizer"]
+    optimizer: str = "adamw"
     momentum: float = 0.9
-    weight_decay: float = _SHAPES["weight_decay"]
+    weight_decay: float = 1e-4
     checkpoint: str = "none"
     clip_grad: Optional[float] = None
     balance: str = "none"
@@ -272,11 +247,20 @@ class TrainingConfig:
     deterministic: bool = False
     verify_data: bool = False
     skip_bad: bool = False
+    tensorboard: bool = False
+    wandb: bool = False
+    log_images: int = 5
 
     @property
     def run_dir(self) -> str:
         """Where the run writes (:func:`~encoding.utils.rundir.run_directory`)."""
         return run_directory(self.output_dir, self.dataset, self.model, self.checkname)
+
+
+def saved_config(config: TrainingConfig) -> Dict[str, Any]:
+    """What :data:`CONFIG_NAME` records: every option but :data:`UNRECORDED` (``resume`` is kept with ``ft``: the
+    weights a fine-tuning starts from are part of the run)."""
+    return {k: v for k, v in asdict(config).items() if k not in UNRECORDED or (k == "resume" and config.ft)}
 
 
 def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, Dataset]] = None,
@@ -329,7 +313,9 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
                        class_names=class_names, output_dir=c.run_dir, options=asdict(c), epochs=c.epochs,
                        input_device=placement.input_device, device_ids=placement.device_ids,
                        distributed=distributed, amp_dtype=amp_dtype, scaler=scaler, clip_grad=c.clip_grad,
-                       validate=not c.no_val, count_skipped=c.skip_bad, start=start, samplers=loaders.samplers)
+                       validate=not c.no_val, count_skipped=c.skip_bad, start=start, samplers=loaders.samplers,
+                       log_options=dict(tensorboard=c.tensorboard, wandb=c.wandb, config=saved_config(c)),
+                       log_images=c.log_images)
 
 
 @contextlib.contextmanager
@@ -386,6 +372,10 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
             if is_main_process():
                 print(format_table(result, run.class_names))
             return result
+        if is_main_process():
+            write_config(os.path.join(config.run_dir, CONFIG_NAME), saved_config(config),
+                         header="the options of this run: `train.py --config <this file>` repeats it (--resume, "
+                                "--overwrite and --eval are not recorded)")
         result = train(run, checkpoint if resumed else None, verify_data=config.verify_data)
     if result and is_main_process():
         print(format_table(result, run.class_names))

@@ -29,9 +29,11 @@ from ..utils.checkpoint import CHECKPOINT_NAME, NonFiniteError, save_checkpoint
 from ..utils.determinism import SeededSamples, set_rng_state
 from ..utils.dist import get_rank, get_world_size, is_main_process
 from ..utils.logger import EpochLogger
+from ..utils.plot import write_curves
 from ..utils.rundir import remove_stale_temp_files
 from .loop import GracefulInterrupt, Interrupted, evaluate, train_one_epoch
 from .sharding import full_state
+from .previews import validation_previews
 from .state import Checkpoint, ResumePoint, restore_best, training_state
 
 __all__ = ["EXIT_INTERRUPTED", "RunFailed", "RunInterrupted", "TrainingRun", "base_dataset", "resume", "train"]
@@ -72,6 +74,10 @@ class TrainingRun:
         count_skipped: log how many bad samples the datasets skipped.
         start: where the run starts (:func:`resume`).
         samplers: reordered each epoch (``set_epoch``).
+        log_options: keywords of the :class:`~encoding.utils.logger.EpochLogger` (``tensorboard``, ``wandb``,
+            ``config``).
+        log_images: every this many epochs (and after the last), preview images of validation predictions go to
+            TensorBoard / W&B (0: never).
     """
 
     model: nn.Module
@@ -95,6 +101,8 @@ class TrainingRun:
     count_skipped: bool = False
     start: ResumePoint = ResumePoint()
     samplers: List[Any] = field(default_factory=list)
+    log_options: Dict[str, Any] = field(default_factory=dict)
+    log_images: int = 0
 
     def set_epoch(self, epoch: int, start_iteration: int = 0) -> None:
         """Order the training samples for ``epoch``, skipping its first ``start_iteration`` batches."""
@@ -216,6 +224,14 @@ def _epoch(run: TrainingRun, epoch: int, best: tuple, interrupt: GracefulInterru
     return stats, result
 
 
+def _log_epoch(run: TrainingRun, log: EpochLogger, epoch: int, row: Mapping[str, Any]) -> None:
+    """The epoch's log row, and preview images when they are due (with a TensorBoard / W&B sink)."""
+    log.write(epoch, **row)
+    if log.sinks and run.log_images and (epoch % run.log_images == 0 or epoch + 1 == run.epochs):
+        val = run.datasets()[1]
+        log.images(epoch, validation_previews(run.model, val, getattr(type(val), "PALETTE", run.options["dataset"])))
+
+
 def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_data: bool = False) -> Dict[str, Any]:
     """Run the epochs from ``run.start`` to ``run.epochs``; returns the last evaluation result.
 
@@ -233,7 +249,7 @@ def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_d
         _verify(run)
     result: Dict[str, Any] = {}
     best = (run.start.best_pred, run.start.best_epoch)
-    with GracefulInterrupt() as interrupt, EpochLogger(run.output_dir) as log:
+    with GracefulInterrupt() as interrupt, EpochLogger(run.output_dir, **run.log_options) as log:
         if is_main_process():
             remove_stale_temp_files(run.output_dir)
             if checkpoint is not None:
@@ -247,12 +263,15 @@ def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_d
             is_best = score > best[0]
             if is_best:
                 best = (score, epoch)
-            _save(run, epoch, best, result, is_best, log_row=stats)
-            log.write(epoch, **stats)
+            row = {**stats, **{f"IoU/{name}": float(iou) for name, iou in zip(run.class_names, result.get("IoU", ()))}}
+            _save(run, epoch, best, result, is_best, log_row=row)
+            _log_epoch(run, log, epoch, row)
             if is_main_process():
                 print(f"epoch {epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in stats.items()))
             if epoch + 1 < run.epochs and interrupt.poll():  # under DDP, evaluation is not interrupted: stop here
                 path = os.path.join(run.output_dir, CHECKPOINT_NAME)
                 raise RunInterrupted(f"interrupted{_by(interrupt)} after epoch {epoch}; saved {path} (continue with "
                                      f"--resume {path})", interrupt.exit_status)
+    if is_main_process() and log.csv_path:
+        write_curves(log.csv_path)
     return result

@@ -2,8 +2,9 @@
 
 * :class:`SmoothedValue` / :class:`MetricLogger`: running loss, lr, time, ... with a window median and a global
   average; :meth:`MetricLogger.postfix` gives the strings for ``tqdm.set_postfix``.
-* :class:`EpochLogger`: appends one row per epoch to ``log.csv`` and ``log.jsonl`` (and TensorBoard scalars when
-  ``tensorboard`` is installed and requested). Writes happen on the main process only.
+* :class:`EpochLogger`: appends one row per epoch to ``log.csv`` and ``log.jsonl``, and hands its numbers (and
+  preview images) to TensorBoard / Weights & Biases when requested (:mod:`.monitor`). Writes happen on the main
+  process only.
 * :class:`AverageMeter`: PyTorch-Encoding's simple running average.
 
 Nothing here replaces ``print`` or touches global logging configuration.
@@ -26,6 +27,7 @@ from torch import Tensor
 
 from .dist import is_main_process, reduce_across_processes
 from .files import atomic_write
+from .monitor import MonitorUnavailable, TensorBoardSink, WandbSink, scalars_of
 
 __all__ = ["SmoothedValue", "MetricLogger", "AverageMeter", "EpochLogger"]
 
@@ -189,7 +191,7 @@ def _csv_cell(value: Any) -> Any:
 
 
 class EpochLogger:
-    """Appends one row per epoch to ``<log_dir>/log.csv`` and ``<log_dir>/log.jsonl`` (optionally TensorBoard).
+    """Appends one row per epoch to ``<log_dir>/log.csv`` and ``<log_dir>/log.jsonl`` (and TensorBoard, W&B).
 
     Rows may gain new keys over time: the CSV is then rewritten with the extended header (old rows get empty
     cells). Resuming into an existing directory appends.
@@ -197,8 +199,11 @@ class EpochLogger:
     Args:
         log_dir: directory of the files (created).
         csv_name, jsonl_name: file names (``None`` disables that file).
-        tensorboard: also write scalars with ``torch.utils.tensorboard`` when the ``tensorboard`` package is
-            installed (a warning otherwise; it is not a dependency).
+        tensorboard: also write the row's numbers as TensorBoard scalars (step = epoch) in ``log_dir`` when the
+            ``tensorboard`` package is installed (a warning otherwise; it is not a dependency).
+        wandb: also log them to an offline Weights & Biases run in ``<log_dir>/wandb`` (a warning when ``wandb``
+            is not installed).
+        config: the run's options, recorded by W&B.
         enabled: whether this process writes (default: only the main process under ``torch.distributed``).
 
     Example:
@@ -207,25 +212,22 @@ class EpochLogger:
     """
 
     def __init__(self, log_dir: str, csv_name: Optional[str] = "log.csv", jsonl_name: Optional[str] = "log.jsonl",
-                 tensorboard: bool = False, enabled: Optional[bool] = None) -> None:
+                 tensorboard: bool = False, enabled: Optional[bool] = None, wandb: bool = False,
+                 config: Optional[Mapping[str, Any]] = None) -> None:
         self.log_dir = os.fspath(log_dir)
         self.enabled = is_main_process() if enabled is None else bool(enabled)
         self.csv_path = os.path.join(self.log_dir, csv_name) if csv_name else None
         self.jsonl_path = os.path.join(self.log_dir, jsonl_name) if jsonl_name else None
-        self._tb = None
+        self.sinks: List[Any] = []
         if self.enabled:
             os.makedirs(self.log_dir, exist_ok=True)
-            if tensorboard:
-                self._tb = self._open_tensorboard()
-
-    def _open_tensorboard(self) -> Any:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            warnings.warn("tensorboard is not installed; EpochLogger writes CSV/JSONL only "
-                          "(pip install tensorboard to enable it)", RuntimeWarning, stacklevel=3)
-            return None
-        return SummaryWriter(self.log_dir)
+            wanted = [(tensorboard, lambda: TensorBoardSink(self.log_dir)),
+                      (wandb, lambda: WandbSink(self.log_dir, config, name=os.path.basename(self.log_dir)))]
+            for requested, make in wanted:
+                try:
+                    self.sinks += [make()] if requested else []
+                except MonitorUnavailable as err:
+                    warnings.warn(f"{err}; EpochLogger writes CSV/JSONL without it", RuntimeWarning, stacklevel=2)
 
     def write(self, epoch: int, **values: Any) -> Dict[str, Any]:
         """Record ``epoch`` and ``values`` (numbers, tensors, short lists) and return the row as written to JSONL."""
@@ -237,12 +239,15 @@ class EpochLogger:
                 f.write(json.dumps(row) + "\n")
         if self.csv_path:
             self._append_csv(row)
-        if self._tb is not None:
-            for key, value in row.items():
-                if key != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(key, value, global_step=int(epoch))
-            self._tb.flush()
+        for sink in self.sinks:
+            sink.scalars(int(epoch), scalars_of(row))
         return row
+
+    def images(self, epoch: int, images: Mapping[str, Any]) -> None:
+        """Hand ``H x W x 3`` ``uint8`` images by tag (e.g. prediction overlays) to TensorBoard / W&B."""
+        if self.enabled:
+            for sink in self.sinks:
+                sink.images(int(epoch), images)
 
     def rows(self) -> List[Dict[str, Any]]:
         """The rows of ``log.jsonl`` (empty when it is disabled or absent); a torn last line is ignored."""
@@ -318,10 +323,10 @@ class EpochLogger:
             writer.writerows(rows + [cells])
 
     def close(self) -> None:
-        """Close the TensorBoard writer (CSV/JSONL files are closed after every row)."""
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        """Close the TensorBoard writer and the W&B run (CSV/JSONL files are closed after every row)."""
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
     def __enter__(self) -> "EpochLogger":
         return self

@@ -11,11 +11,15 @@ from typing import Any, Dict, List, Optional
 
 from encoding.builders import LOSSES, OPTIMIZERS, STRATEGIES
 from encoding.engine.config import (AMP_DTYPES, DIST_TIMEOUT_S, ConfigError, TrainingConfig, check_devices,
-                                    check_network, check_split, check_training, fill_from_recipe)
+                                    check_network, check_split, check_training)
+from encoding.engine.recipes import fill_from_recipe, read_recipe
 from encoding.utils.cli import (OneLineParser, non_negative_float, non_negative_int, positive_float, positive_int,
                                 scales, unit_float)
+from encoding.utils.configfile import ConfigFileError, expand_config
 
 SCRIPTS = ("train", "test", "demo")
+#: The recipes (``<dataset>.yaml``) and other experiment configurations of ``train.py --config``.
+CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 #: Options that define the network; ``test.py`` / ``demo.py`` take them from the checkpoint when not given.
 MODEL_OPTIONS = ("dataset", "model", "backbone", "aux", "se_loss", "head_channels", "output_stride", "base_size",
@@ -70,6 +74,12 @@ def _add_weight_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_training_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="YAML/JSON file of options (keys: option names); the command "
+                   "line's options win; a run saves its own as config.yaml (docs/configs.md)")
+    p.add_argument("--tensorboard", action="store_true", help="TensorBoard scalars and previews in the run directory")
+    p.add_argument("--wandb", action="store_true", help="log to an offline Weights & Biases run in the run directory")
+    p.add_argument("--log-images", type=non_negative_int, default=5, metavar="N",
+                   help="with --tensorboard/--wandb: validation previews every N epochs and after the last (0: none)")
     p.add_argument("--pretrained-backbone", "--pretrained", dest="pretrained", action="store_true",
                    help="start the backbone from ImageNet weights (the network's other layers start fresh)")
     p.add_argument("--aux-weight", type=non_negative_float, default=0.2, help="weight of the auxiliary loss (PE train.py: 0.2)")
@@ -87,7 +97,7 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="total batch over all devices (per process in DDP)")
     p.add_argument("--test-batch-size", type=positive_int, default=None)
-    p.add_argument("--lr", type=positive_float, default=None, help="default: the recipe's, scaled by batch/16")
+    p.add_argument("--lr", type=positive_float, default=None, help="default: the recipe's, scaled linearly with --batch-size")
     p.add_argument("--lr-scheduler", default="poly", choices=["poly", "cos", "step"])
     p.add_argument("--lr-step", type=non_negative_int, default=0)
     p.add_argument("--warmup-epochs", type=non_negative_int, default=0)
@@ -210,21 +220,36 @@ def parse_args(argv: Optional[List[str]] = None, script: str = "train") -> argpa
     """Parse ``argv`` for ``script``, fill unset options (checkpoint, then dataset recipe) and check the combination
     (exit status 2 with a one-line error)."""
     parser = build_parser(script)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_with_config(parser, argv) if script == "train" else argv)
     if script != "train":
         return _parse_inference(parser, args, script)
-    recipe = fill_from_recipe(args, ("epochs", "batch_size", "model", "backbone", "output_stride", "base_size",
-                                      "crop_size", "scale_range", "optimizer", "weight_decay"))
+    del args.config
+    try:
+        fill_from_recipe(args, ("epochs", "batch_size", "model", "backbone", "output_stride", "base_size",
+                                "crop_size", "scale_range", "optimizer", "weight_decay", "lr"), _recipe)
+    except ConfigError as err:
+        parser.error(str(err))
     if args.scale_range is not None and (len(args.scale_range) != 2 or args.scale_range[0] > args.scale_range[1]):
         parser.error(f"argument --scale-range: expected MIN,MAX with MIN <= MAX, got {args.scale_range}")
-    if args.lr is None:
-        args.lr = recipe["lr"] if args.dataset == "shapes" else recipe["lr"] * args.batch_size / 16
     if args.head_lr_mult is None:
         args.head_lr_mult = 10.0 if args.pretrained else 1.0
     if args.test_batch_size is None:
         args.test_batch_size = args.batch_size
     _check(parser, args)
     return args
+
+
+def _with_config(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> List[str]:
+    """``argv`` with the options of its ``--config FILE`` first: the command line's, after them, win."""
+    try:
+        return expand_config(parser, sys.argv[1:] if argv is None else argv)
+    except ConfigFileError as err:
+        parser.error(str(err))
+
+
+def _recipe(dataset: str) -> Dict[str, Any]:
+    """The recipe of ``dataset``: ``configs/<dataset>.yaml`` typed by train.py's parser, else the built-in values."""
+    return read_recipe(build_parser("train"), CONFIGS, dataset)
 
 
 def _parse_inference(parser: argparse.ArgumentParser, args: argparse.Namespace, script: str) -> argparse.Namespace:
@@ -247,7 +272,7 @@ def _parse_inference(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     args.dataset = args.dataset or "shapes"
     if args.torchvision_weights and args.model is None:
         args.model, args.backbone = "fcn", args.backbone or "resnet50"
-    fill_from_recipe(args, ("model", "backbone", "output_stride", "base_size", "crop_size"))
+    fill_from_recipe(args, ("model", "backbone", "output_stride", "base_size", "crop_size"), _recipe)
     args.aux, args.se_loss = bool(args.aux), bool(args.se_loss)
     if args.scales is None:
         args.scales = MULTI_SCALES.get(args.dataset, DEFAULT_SCALES)

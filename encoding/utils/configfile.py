@@ -1,0 +1,166 @@
+"""Configuration files of a script: YAML (PyYAML) or JSON files whose keys are the script's option names.
+
+A file holds one mapping: ``crop-size: 512`` (``crop_size`` too) for ``--crop-size 512``, ``aux: true`` for the flag
+``--aux``, a list for a comma-separated option (``scale-range: [0.5, 2.0]``); ``null`` or ``false`` leave an option
+at its default. :func:`config_argv` turns the file into the command-line tokens the script's own
+``argparse`` parser reads, so a file's values are typed and checked exactly as the same options on the command line
+(one validation path); :func:`expand_config` puts them before the command line's own options, which therefore win.
+:func:`write_config` writes a run's effective options in the same format (readable back with :func:`read_config`).
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from .files import atomic_write
+
+__all__ = ["ConfigFileError", "read_config", "config_argv", "parse_config", "expand_config", "write_config"]
+
+
+class ConfigFileError(ValueError):
+    """A configuration file that cannot be used: one line naming the file (and the key or value)."""
+
+
+def read_config(path: str) -> Dict[str, Any]:
+    """The mapping of the YAML (``.yaml`` / ``.yml``, needs PyYAML) or JSON (``.json``) file ``path``.
+
+    Raises:
+        ConfigFileError: no such file, another extension, PyYAML missing, a syntax error, or not a mapping.
+    """
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in (".yaml", ".yml", ".json"):
+        raise ConfigFileError(f"{path}: a configuration file is .yaml, .yml or .json, got {ext or 'no extension'!r}")
+    if not os.path.isfile(path):
+        raise ConfigFileError(f"{path}: no such configuration file")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if ext == ".json":
+        try:
+            data = json.loads(text) if text.strip() else {}
+        except ValueError as err:
+            raise ConfigFileError(f"{path}: not valid JSON ({err})") from None
+    else:
+        try:
+            import yaml
+        except ImportError:
+            raise ConfigFileError(f"{path}: reading YAML needs PyYAML: pip install -e .[config] "
+                                  "(or write the file as .json)") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigFileError(f"{path}: not valid YAML ({' '.join(str(err).split())})") from None
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"{path}: expected a mapping of option names to values, got {type(data).__name__}")
+    return data
+
+
+def _options(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
+    """Every long option of ``parser`` by its name without dashes (``crop-size``), and by its ``dest``."""
+    options: Dict[str, argparse.Action] = {}
+    for action in parser._actions:  # argparse lists its options only there
+        longs = [s[2:] for s in action.option_strings if s.startswith("--")]
+        if not longs or isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+            continue
+        for name in longs + [action.dest]:
+            options.setdefault(name.replace("_", "-"), action)
+    return options
+
+
+def _tokens(action: argparse.Action, value: Any, where: str) -> List[str]:
+    """The command-line tokens of ``value`` for ``action`` (``[]``: leave the option at its default)."""
+    option = next(s for s in action.option_strings if s.startswith("--"))
+    if value is None:
+        return []
+    if action.nargs == 0:  # a flag
+        if not isinstance(value, bool):
+            raise ConfigFileError(f"{where}: {option} is a switch: expected true or false, got {value!r}")
+        return [option] if value != bool(action.const is False) else []
+    if isinstance(value, bool) or isinstance(value, (dict, list, tuple)) and not value:
+        raise ConfigFileError(f"{where}: {option} takes a value, got {value!r}")
+    if isinstance(value, (list, tuple)):
+        if any(isinstance(v, (dict, list, tuple, bool)) or v is None for v in value):
+            raise ConfigFileError(f"{where}: {option}: expected a list of numbers or words, got {value!r}")
+        value = ",".join(str(v) for v in value)
+    elif isinstance(value, dict):
+        raise ConfigFileError(f"{where}: {option}: expected a value, got a mapping")
+    return [option, str(value)]
+
+
+def config_argv(parser: argparse.ArgumentParser, path: str, data: Optional[Mapping[str, Any]] = None,
+                exclude: Sequence[str] = ("config",)) -> List[str]:
+    """The command-line tokens that the file ``path`` stands for, in the file's order.
+
+    Args:
+        parser: the script's parser (its long options are the valid keys).
+        data: the file's mapping when already read.
+        exclude: keys a file may not set (``config``: a file does not name another file).
+
+    Raises:
+        ConfigFileError: an unknown key (naming the closest option), or a value of the wrong shape.
+    """
+    data = read_config(path) if data is None else data
+    options = _options(parser)
+    argv: List[str] = []
+    for key, value in data.items():
+        name = str(key).replace("_", "-")
+        if name not in options or name in exclude:
+            close = difflib.get_close_matches(name, [o for o in options if o not in exclude], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigFileError(f"{path}: unknown key {key!r}{hint} (keys are {parser.prog}'s options "
+                                  "without the leading dashes)")
+        argv += _tokens(options[name], value, f"{path}: key {key!r}")
+    return argv
+
+
+def parse_config(parser: argparse.ArgumentParser, path: str) -> argparse.Namespace:
+    """The options of the file ``path`` alone, parsed by ``parser`` (unset options keep their defaults).
+
+    Raises:
+        ConfigFileError: as :func:`config_argv`, or a value the option refuses (naming the file).
+    """
+    argv = config_argv(parser, path)
+    exit_on_error, parser.exit_on_error = parser.exit_on_error, False
+    try:
+        return parser.parse_args(argv)
+    except argparse.ArgumentError as err:
+        raise ConfigFileError(f"{path}: {err}") from None
+    finally:
+        parser.exit_on_error = exit_on_error
+
+
+def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[str]:
+    """``argv`` with the options of its ``--config FILE`` put first (so that the command line's own win).
+
+    The file's options are checked on their own first, so that a bad value names the file.
+
+    Raises:
+        ConfigFileError: see :func:`parse_config`.
+    """
+    finder = argparse.ArgumentParser(add_help=False)
+    finder.add_argument("--config")
+    path = finder.parse_known_args(list(argv))[0].config
+    if path is None:
+        return list(argv)
+    parse_config(parser, path)
+    return config_argv(parser, path) + list(argv)
+
+
+def _value(value: Any) -> str:
+    """A YAML value that reads back as ``value`` (JSON's spelling of scalars and lists is valid YAML)."""
+    return json.dumps(list(value) if isinstance(value, tuple) else value)
+
+
+def write_config(path: str, options: Mapping[str, Any], header: str = "") -> str:
+    """Write ``options`` (option ``dest`` -> value) as a configuration file at ``path``, atomically.
+
+    The keys are the option names (``crop-size``), one per line, in ``options``' order; ``header`` becomes comment
+    lines at the top. Needs no PyYAML: each value is written in JSON's spelling, which YAML reads the same.
+    """
+    lines = [f"# {line}".rstrip() for line in header.splitlines()]
+    lines += [f"{key.replace('_', '-')}: {_value(value)}" for key, value in options.items()]
+    atomic_write(path, "\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,119 @@
+"""Training curves of a run: loss, mIoU and learning rate per epoch, from its ``log.csv``, as a PNG (matplotlib).
+
+``train.py`` writes ``curves.png`` next to ``log.csv`` at the end of training when matplotlib is installed
+(``pip install -e .[monitor]``); ``python -m encoding.utils.plot RUN/log.csv [--out FILE]`` draws it for any run,
+finished or not.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from typing import Dict, List, Optional
+
+from .cli import OneLineParser
+
+__all__ = ["CURVES_NAME", "read_log", "plot_log", "write_curves", "build_parser", "main"]
+
+#: The PNG written next to ``log.csv``.
+CURVES_NAME = "curves.png"
+#: The panels: (title, the log columns drawn in it).
+PANELS = (("loss", ("loss",)), ("validation", ("mIoU", "pixAcc")), ("learning rate", ("lr",)))
+
+
+def read_log(path: str) -> Dict[str, List[Optional[float]]]:
+    """The columns of a ``log.csv`` as numbers (``None`` for an empty cell), ``epoch`` included.
+
+    Raises:
+        ValueError: the file is missing, empty, has no ``epoch`` column, or holds a cell that is not a number in a
+            column that is drawn (the message names the file).
+    """
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such log file")
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        header = reader.fieldnames or []
+    if "epoch" not in header or not rows:
+        raise ValueError(f"{path}: not a training log (expected a CSV with an 'epoch' column and one row per epoch)")
+    wanted = ["epoch"] + [name for _, names in PANELS for name in names if name in header]
+    columns: Dict[str, List[Optional[float]]] = {name: [] for name in wanted}
+    for line, row in enumerate(rows, start=2):
+        for name in wanted:
+            cell = (row.get(name) or "").strip()
+            try:
+                columns[name].append(float(cell) if cell else None)
+            except ValueError:
+                raise ValueError(f"{path}: line {line}, column {name!r}: not a number: {cell!r}") from None
+    return columns
+
+
+def plot_log(path: str, out: Optional[str] = None) -> str:
+    """Draw the curves of the ``log.csv`` at ``path`` into ``out`` (default: ``curves.png`` next to it).
+
+    Returns:
+        The PNG's path.
+
+    Raises:
+        ValueError: see :func:`read_log`.
+        ImportError: matplotlib is not installed.
+    """
+    columns = read_log(path)
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("drawing the curves needs matplotlib: pip install -e .[monitor]") from None
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    out = out or os.path.join(os.path.dirname(os.path.abspath(path)), CURVES_NAME)
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.2))
+    for ax, (title, names) in zip(axes, PANELS):
+        for name in (n for n in names if n in columns):
+            points = [(e, v) for e, v in zip(columns["epoch"], columns[name]) if v is not None]
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        ax.set_title(title)
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if title == "validation" and ax.lines:
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def write_curves(path: str) -> Optional[str]:
+    """:func:`plot_log` when matplotlib is installed (the end of a training run); ``None`` otherwise."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return None
+    return plot_log(path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m encoding.utils.plot``."""
+    p = OneLineParser(prog="python -m encoding.utils.plot", description="Training curves of a run as a PNG")
+    p.add_argument("log", metavar="LOG_CSV", help="a run's log.csv (runs/<dataset>/<model>/<checkname>/log.csv)")
+    p.add_argument("--out", default=None, help=f"the PNG to write (default: {CURVES_NAME} next to the log)")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Draw the curves; a missing or garbled log is one line on stderr (exit status 1)."""
+    args = build_parser().parse_args(argv)
+    try:
+        out = plot_log(args.log, args.out)
+    except (ValueError, ImportError, OSError) as err:
+        sys.stderr.write(f"python -m encoding.utils.plot: error: {str(err).splitlines()[0]}\n")
+        return 1
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Issue 27 item 1: ``train.py --config FILE`` (YAML or JSON, keys = option names, typed by the script's parser, the
+command line wins), the run's saved ``config.yaml`` that repeats it, and the dataset recipes as configuration files.
+"""
+import argparse
+import json
+import os
+import sys
+
+import pytest
+import yaml
+
+from conftest import SCRIPTS, TINY, load_script
+from encoding.datasets import datasets
+from encoding.engine.config import CONFIG_NAME, ConfigError, TrainingConfig, saved_config
+from encoding.engine.recipes import RECIPE_KEYS, builtin_recipe, read_recipe
+from encoding.utils.configfile import read_config, write_config
+
+CONFIGS = os.path.join(SCRIPTS, "configs")
+RECIPE_FILES = sorted(name[:-5] for name in os.listdir(CONFIGS) if name.endswith(".yaml") and name[:-5] in datasets)
+
+
+@pytest.fixture(scope="module")
+def options():
+    sys.path.insert(0, SCRIPTS)
+    try:
+        return load_script("options")
+    finally:
+        sys.path.remove(SCRIPTS)
+
+
+def _write(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+def _error(capsys, options, argv):
+    with pytest.raises(SystemExit) as stop:
+        options.parse_args(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_a_file_sets_options_as_the_command_line_would(tmp_path, options):
+    path = _write(tmp_path / "run.yaml", "crop-size: 48\nbase_size: 56\nscale-range: [0.5, 1.5]\naux: true\n"
+                                         "optimizer: sgd\nlr: 1e-3\nno-val: false\ncheckname: null\n")
+    args = options.parse_args(["--config", path])
+    assert (args.crop_size, args.base_size, args.scale_range, args.aux) == (48, 56, (0.5, 1.5), True)
+    assert (args.optimizer, args.lr, args.no_val, args.checkname) == ("sgd", 1e-3, False, "default")
+    assert vars(args) == vars(options.parse_args(["--crop-size", "48", "--base-size", "56", "--scale-range", "0.5,1.5",
+                                                  "--aux", "--optimizer", "sgd", "--lr", "0.001"]))
+    assert not hasattr(args, "config")  # TrainingConfig(**vars(args)) takes the options only
+    TrainingConfig(**vars(args))
+    wins = options.parse_args(["--crop-size", "40", "--config", path, "--lr", "0.01"])  # the command line wins
+    assert (wins.crop_size, wins.lr, wins.base_size) == (40, 0.01, 56)
+    json_path = _write(tmp_path / "run.json", json.dumps({"crop_size": 48, "aux": True}))
+    assert options.parse_args(["--config", json_path]).crop_size == 48
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("typo.yaml", "crop-szie: 3\n", "unknown key 'crop-szie'; did you mean 'crop-size'?"),
+    ("bad.yaml", "lr: -1\n", "argument --lr: must be > 0.0, got -1"),
+    ("choice.json", '{"optimizer": "adam"}', "argument --optimizer: invalid choice: 'adam'"),
+    ("flag.yml", "aux: 3\n", "key 'aux': --aux is a switch: expected true or false, got 3"),
+    ("value.yaml", "epochs: true\n", "key 'epochs': --epochs takes a value, got True"),
+    ("nested.yaml", "config: other.yaml\n", "unknown key 'config'"),
+    ("list.yaml", "- 1\n", "expected a mapping of option names to values, got list"),
+    ("garbled.yaml", "a: [\n", "not valid YAML"),
+    ("garbled.json", "{", "not valid JSON"),
+    ("config.txt", "a: 1\n", "a configuration file is .yaml, .yml or .json"),
+])
+def test_a_bad_file_is_one_line_naming_the_file(tmp_path, capsys, options, name, text, message):
+    path = _write(tmp_path / name, text)
+    err = _error(capsys, options, ["--config", path])
+    assert f"{path}: " in err and message in err
+
+
+def test_a_missing_file_or_pyyaml_is_one_line(tmp_path, capsys, options, monkeypatch):
+    assert "no such configuration file" in _error(capsys, options, ["--config", str(tmp_path / "none.yaml")])
+    path = _write(tmp_path / "run.yaml", "epochs: 2\n")
+    monkeypatch.setitem(sys.modules, "yaml", None)  # as without the `config` extra
+    assert f"{path}: reading YAML needs PyYAML: pip install -e .[config]" in _error(capsys, options, ["--config", path])
+    err = _error(capsys, options, ["--dataset", "ade20k"])
+    assert "ade20k.yaml: reading YAML needs PyYAML" in err and "(the recipe of --dataset ade20k)" in err
+    assert options.parse_args([]).model == TrainingConfig.model  # the built-in run reads no file
+
+
+def test_written_config_reads_back_with_its_values(tmp_path):
+    values = {"dataset": "shapes", "scale_range": (0.5, 2.0), "weight_decay": 1e-05, "data_root": None,
+              "aux": True, "checkname": "a b: c", "lr": 0.002}
+    path = write_config(str(tmp_path / "config.yaml"), values, header="a header")
+    assert open(path).readline() == "# a header\n"
+    data = read_config(path)
+    assert list(data) == ["dataset", "scale-range", "weight-decay", "data-root", "aux", "checkname", "lr"]
+    assert data["scale-range"] == [0.5, 2.0] and data["checkname"] == "a b: c" and data["data-root"] is None
+    assert float(data["weight-decay"]) == 1e-05  # YAML 1.1 reads 1e-05 as text; the option's type makes it a float
+
+
+def test_saved_config_records_the_run_not_what_to_do_with_its_directory():
+    config = TrainingConfig(resume="a.pth", overwrite=True, eval=False)
+    assert not {"resume", "overwrite", "eval"} & set(saved_config(config))
+    assert saved_config(TrainingConfig(resume="a.pth", ft=True))["resume"] == "a.pth"  # fine-tuning starts from it
+
+
+def _first_loss(run_dir):
+    with open(os.path.join(run_dir, "log.jsonl")) as f:
+        return json.loads(f.readline())["loss"]
+
+
+def test_a_run_saved_config_repeats_the_run(tiny_shapes, tmp_path, options):
+    """Acceptance: ``train.py --config X`` then ``--config RUN/config.yaml`` give the same first-epoch loss."""
+    train = load_script("train")
+    out = tmp_path / "runs"
+    keys = dict(zip([a[2:] for a in TINY[::2]], TINY[1::2]))
+    first = _write(tmp_path / "x.yaml", yaml.safe_dump({**keys, "deterministic": True, "output-dir": str(out),
+                                                       "checkname": "first", "train-limit": 8}))
+    train.main(["--config", first], datasets=tiny_shapes)
+    run_dir = out / "shapes" / "unet" / "first"
+    saved = str(run_dir / CONFIG_NAME)
+    train.main(["--config", saved, "--checkname", "again"], datasets=tiny_shapes)
+    again = out / "shapes" / "unet" / "again"
+    assert _first_loss(again) == _first_loss(run_dir)
+    assert {k: v for k, v in read_config(str(again / CONFIG_NAME)).items() if k != "checkname"} == {
+        k: v for k, v in read_config(saved).items() if k != "checkname"}
+    elsewhere = ["--checkname", "elsewhere"]  # a saved run's own directory is taken: a new run goes elsewhere
+    assert vars(options.parse_args(["--config", saved] + elsewhere)) == vars(
+        options.parse_args(["--config", first] + elsewhere))
+    assert options.parse_args(["--config", saved, "--batch-size", "2"] + elsewhere).batch_size == 2
+
+
+@pytest.mark.parametrize("dataset", RECIPE_FILES)
+def test_a_dataset_recipe_file_is_what_its_dataset_starts_from(options, dataset):
+    path = os.path.join(CONFIGS, f"{dataset}.yaml")
+    assert {k.replace("-", "_") for k in read_config(path)} <= set(RECIPE_KEYS) | {"dataset"}
+    assert vars(options.parse_args(["--dataset", dataset])) == vars(options.parse_args(["--config", path]))
+    recipe = read_recipe(options.build_parser("train"), CONFIGS, dataset)
+    args = options.parse_args(["--dataset", dataset])
+    assert all(getattr(args, key) == recipe[key] for key in RECIPE_KEYS if recipe[key] is not None)
+
+
+def test_every_dataset_but_the_builtin_one_has_a_recipe_file(options):
+    assert set(RECIPE_FILES) == set(datasets) - {TrainingConfig.dataset}
+    args = options.parse_args([])  # the built-in run: TrainingConfig's defaults, no file read (no PyYAML needed)
+    assert {k: getattr(args, k) for k in RECIPE_KEYS} == builtin_recipe("shapes")
+    assert {k: getattr(args, k) for k in RECIPE_KEYS} == {k: getattr(TrainingConfig(), k) for k in RECIPE_KEYS}
+
+
+def test_a_recipe_file_sets_only_recipe_keys(tmp_path, options):
+    parser = options.build_parser("train")
+    _write(tmp_path / "ade20k.yaml", "dataset: ade20k\nmodel: fcn\nbackbone: resnet50\nepochs: 2\nbatch-size: 2\n"
+                                     "lr: 0.1\noptimizer: sgd\nweight-decay: 0\naux: true\n")
+    with pytest.raises(ConfigError, match="ade20k.yaml: the recipe of --dataset ade20k sets aux, which a recipe"):
+        read_recipe(parser, str(tmp_path), "ade20k")
+    _write(tmp_path / "citys.yaml", "dataset: citys\nmodel: fcn\n")
+    with pytest.raises(ConfigError, match="citys.yaml: the recipe of --dataset citys lacks backbone, epochs"):
+        read_recipe(parser, str(tmp_path), "citys")
+    assert read_recipe(parser, str(tmp_path), "coco")["base_size"] is None  # no file: the dataset's own sizes
+
+
+def test_a_recipe_learning_rate_scales_with_the_batch_size_when_lr_is_not_given():
+    """PyTorch-Encoding's rule: the recipe's lr is for its batch; --batch-size without --lr scales it linearly."""
+    from encoding.engine.recipes import fill_from_recipe
+
+    recipe = {"model": "fcn", "backbone": "resnet50", "head_channels": None, "epochs": 10, "batch_size": 16,
+              "lr": 0.004}
+    names = ("model", "backbone", "epochs", "batch_size", "lr")
+
+    def options(**given):
+        base = dict(dataset="ade20k", model=None, backbone=None, head_channels=None, epochs=None, batch_size=None,
+                    lr=None)
+        return argparse.Namespace(**{**base, **given})
+
+    scaled = options(batch_size=8)
+    fill_from_recipe(scaled, names, lambda dataset: recipe)
+    assert scaled.lr == pytest.approx(0.002)
+    default = options()
+    fill_from_recipe(default, names, lambda dataset: recipe)
+    assert (default.batch_size, default.lr) == (16, 0.004)
+    explicit = options(batch_size=8, lr=0.01)
+    fill_from_recipe(explicit, names, lambda dataset: recipe)
+    assert explicit.lr == 0.01
