@@ -70,11 +70,11 @@ def recipe(dataset: str) -> Dict[str, Any]:
 
 
 def fill_from_recipe(options: Any, names: Sequence[str]) -> Dict[str, Any]:
-    """Set the attributes ``names`` of ``options`` that are ``None`` from its dataset's recipe (the head width only
-    for the recipe's own model); returns the recipe."""
+    """Set the attributes ``names`` of ``options`` that are ``None`` from its dataset's recipe (the head width and
+    the output stride only for the recipe's own model: another model keeps its own default); returns the recipe."""
     defaults = recipe(options.dataset)
     for name in names:
-        if getattr(options, name) is None:
+        if getattr(options, name) is None and (name != "output_stride" or options.model == defaults["model"]):
             setattr(options, name, defaults[name])
     if options.head_channels is None and options.model == defaults["model"]:  # the width belongs to its head
         options.head_channels = defaults["head_channels"]
