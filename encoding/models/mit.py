@@ -25,6 +25,7 @@ from torchvision.ops import StochasticDepth
 
 from ..utils.checkpoint import load_model_state
 from .hf_segformer import hf_download_hint, read_segformer_weights
+from .weights import Pretrained
 
 __all__ = ["MiTSetting", "MIT_SETTINGS", "OverlapPatchEmbed", "EfficientSelfAttention", "MixFFN", "MiTBlock",
            "MiTStage", "MixTransformer", "get_mit"]
@@ -227,8 +228,7 @@ class MixTransformer(nn.Module):
         return features
 
 
-def get_mit(name: str, output_stride: Optional[int] = None,
-            pretrained: "bool | str | os.PathLike" = False) -> MixTransformer:
+def get_mit(name: str, output_stride: Optional[int] = None, pretrained: Pretrained = False) -> MixTransformer:
     """Build the MiT encoder ``name`` (``mit_b0`` ... ``mit_b5``).
 
     Args:
