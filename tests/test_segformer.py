@@ -184,3 +184,14 @@ def test_train_script_learns_shapes_with_segformer_b0(shapes_root, tmp_path):
     with open(out / "shapes" / "segformer" / "default" / "log.csv", newline="") as f:
         losses = [float(row["loss"]) for row in csv.DictReader(f)]
     assert len(losses) == 2 and losses[1] < 0.9 * losses[0], losses
+
+
+def test_train_options_take_an_encoder_file_and_keep_segformers_output_stride(tmp_path):
+    """--pretrained-backbone FILE passes the file to the builder (heads at 10x); the shapes recipe's output stride 8
+    belongs to its U-Net, so SegFormer keeps its own (32)."""
+    options = load_script("options")
+    path = str(tmp_path / "model.safetensors")
+    args = options.parse_args(["--model", "segformer", "--backbone", "mit_b0", "--pretrained-backbone", path,
+                               "--output-dir", str(tmp_path)])
+    assert args.pretrained == path and args.head_lr_mult == 10.0 and args.output_stride is None
+    assert options.parse_args(["--output-dir", str(tmp_path)]).output_stride == 8  # the recipe's own model

@@ -2,9 +2,9 @@
 ``mit_b0`` ... ``mit_b5``) and the all-MLP decoder (:class:`SegFormerHead`).
 
 The decoder projects every stage to ``channels`` (256 for B0/B1, 768 for B2-B5, as the paper), upsamples them to
-stride 4, concatenates them (coarsest first), fuses them with a 1x1 conv → norm → ReLU and classifies with a 1x1 conv;
-the logits at stride 4 are upsampled to the input size by :class:`~encoding.models.base.SegmentationModel`. The
-decoder also runs on any four-stage backbone (e.g. ``resnet50`` at output stride 32).
+stride 4, concatenates them (coarsest first), fuses them with a 1x1 conv → norm → ReLU and classifies with a 1x1
+conv; the logits at stride 4 are upsampled to the input size by :class:`~encoding.models.base.SegmentationModel`.
+The decoder also runs on any four-stage backbone (e.g. ``resnet50`` at output stride 32).
 
 Weights from Hugging Face (``nvidia/segformer-b*-finetuned-ade-*``, ``nvidia/mit-b*``) load from a local file through
 :func:`~encoding.models.hf_segformer.convert_hf_segformer`; ``pretrained=True`` names the file to download.

@@ -2,8 +2,9 @@
 
 Kept apart from the module (as torch keeps ``nn/modules/_functions.py``): :class:`GradientCarrier` (the input
 gradient summed in float32 and rounded once), :class:`LocalMoments` (per-channel mean and biased variance with a fused
-backward), :class:`Normalize` (BatchNorm with differentiable statistics, on torch's fused kernels), :class:`DistAllReduce` (a differentiable ``torch.distributed`` sum), and the all-gather table
-helpers :func:`slot` / :func:`merge_moments` (Chan's parallel formula). Nothing here imports :mod:`encoding.nn.syncbn`.
+backward), :class:`Normalize` (BatchNorm with differentiable statistics, on torch's fused kernels),
+:class:`DistAllReduce` (a differentiable ``torch.distributed`` sum), and the all-gather table helpers :func:`slot` /
+:func:`merge_moments` (Chan's parallel formula). Nothing here imports :mod:`encoding.nn.syncbn`.
 """
 from __future__ import annotations
 
