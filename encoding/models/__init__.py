@@ -1,8 +1,8 @@
 """encoding.models: dilated backbones, segmentation models, the model registry and multi-scale evaluation.
 
 Build a model with :func:`get_segmentation_model` (``"fcn"``, ``"psp"``, ``"deeplab"``, ``"encnet"``, ``"danet"``,
-``"upernet"``, ``"fcfpn"``, ``"deeplabv3plus"``, ``"unet"``, ``"segformer"``), its shortcut ``get_<name>`` (``get_fcn``, ...) or a
-named preset with :func:`get_model` (see :data:`model_list`; those with published weights:
+``"upernet"``, ``"fcfpn"``, ``"deeplabv3plus"``, ``"unet"``, ``"segformer"``), its shortcut ``get_<name>``
+(``get_fcn``, ...) or a named preset with :func:`get_model` (see :data:`model_list`; those with published weights:
 :func:`pretrained_model_list`). Every model returns
 ``{"out": B x nclass x H x W}`` (+ ``"aux"``, + ``"se"``) at the input resolution. Each architecture lives in one
 file, ``encoding/models/<arch>.py``: its head, its model class and the head factory it registers

@@ -59,7 +59,8 @@ def _assemble(arch: Architecture, nclass: int, backbone: str, aux: bool, norm_la
         neck = JPU(channels[1:], norm_layer=norm_layer)
         channels = (*channels[:3], neck.out_channels)
         output_stride = 8
-    head = arch.head(FeatureInfo(tuple(channels), output_stride, backbone), nclass, norm_layer=norm_layer, **head_options)
+    features = FeatureInfo(tuple(channels), output_stride, backbone)
+    head = arch.head(features, nclass, norm_layer=norm_layer, **head_options)
     aux_head = FCNHead(channels[arch.model.aux_input], nclass, norm_layer) if aux else None
     return arch.model(body, head, aux_head, neck)
 
