@@ -155,8 +155,11 @@ def _read(path: Union[str, os.PathLike]) -> Mapping[str, Tensor]:
     if os.fspath(path).endswith(".safetensors"):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"weights file not found: {os.fspath(path)!r}")
-        from safetensors.torch import load_file
-
+        try:
+            from safetensors.torch import load_file
+        except ImportError as err:  # installed with transformers; not a dependency of encoding
+            raise ImportError(f"reading {os.fspath(path)!r} needs the safetensors package (pip install "
+                              "safetensors), or pass the checkpoint's pytorch_model.bin instead") from err
         return load_file(os.fspath(path), device="cpu")
     return read_state_dict(path)
 
