@@ -179,3 +179,14 @@ def test_a_recipe_learning_rate_scales_with_the_batch_size_when_lr_is_not_given(
     explicit = options(batch_size=8, lr=0.01)
     fill_from_recipe(explicit, names, lambda dataset: recipe)
     assert explicit.lr == 0.01
+
+
+@pytest.mark.parametrize("value, expected", [(True, True), (False, False), ("weights/mit_b0.safetensors",
+                                                                            "weights/mit_b0.safetensors")])
+def test_an_option_with_an_optional_value_reads_back_from_a_config_file(tmp_path, value, expected):
+    """--pretrained-backbone [FILE]: true in a file is the bare option, false leaves it off, a string is the FILE."""
+    options = load_script("options")
+    path = tmp_path / "run.yaml"
+    write_config(str(path), {"pretrained-backbone": value})
+    args = options.parse_args(["--config", str(path), "--no-val"], script="train")
+    assert args.pretrained == expected

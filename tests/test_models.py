@@ -127,9 +127,9 @@ def test_sync_batchnorm_model_under_data_parallel_trains_like_full_batch():
 
 # ------------------------------------------------------------------------------------------------ registry API
 def test_registry_errors():
-    valid = "fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn, unet"
+    valid = "fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn, unet, segformer"
     with pytest.raises(ValueError, match=f"valid models: {valid}"):
-        get_segmentation_model("segformer", nclass=NCLASS)
+        get_segmentation_model("segnet", nclass=NCLASS)
     with pytest.raises(ValueError, match="valid backbones: resnet18.*mobilenet_v3_large, mobilenet_v3_small, vgg_tiny"):
         get_segmentation_model("fcn", backbone="vgg16", nclass=NCLASS)
     with pytest.raises(ValueError, match="se_loss=True is not supported by 'fcn'.*encnet"):

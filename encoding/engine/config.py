@@ -17,7 +17,7 @@ import contextlib
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.utils.data import Dataset
@@ -211,7 +211,7 @@ class TrainingConfig:
     dist_timeout: float = DIST_TIMEOUT_S
     device_ids: Optional[str] = None
     seed: int = 1
-    pretrained: bool = False
+    pretrained: Union[bool, str] = False  # True: torchvision's ImageNet weights; a path: a local file
     aux_weight: float = 0.2
     se_weight: float = 0.2
     loss: str = "ce"

@@ -71,7 +71,7 @@ def read_recipe(parser: argparse.ArgumentParser, directory: str, dataset: str) -
 def fill_from_recipe(options: Any, names: Sequence[str], recipe: Callable[[str], Dict[str, Any]]) -> Optional[
         Dict[str, Any]]:
     """Set the attributes ``names`` of ``options`` that are ``None`` from ``recipe(options.dataset)``, read only when
-    one is unset (the head width only for the recipe's own model); returns the recipe, or ``None`` when unread.
+    one is unset (the head width and the output stride only for the recipe's own model); returns the recipe, or ``None`` when unread.
 
     A recipe's learning rate is for its batch size: with the batch size given and the learning rate not, the rate
     scales linearly with the batch (PyTorch-Encoding's ``train.py`` rule, ``lr = recipe lr / 16 * batch``)."""
@@ -79,8 +79,8 @@ def fill_from_recipe(options: Any, names: Sequence[str], recipe: Callable[[str],
         return None
     defaults = recipe(options.dataset)
     scale_lr = "lr" in names and options.lr is None and getattr(options, "batch_size", None) is not None
-    for name in names:
-        if getattr(options, name) is None:
+    for name in names:  # the output stride, like the head width, belongs to the recipe's own model
+        if getattr(options, name) is None and (name != "output_stride" or options.model == defaults["model"]):
             setattr(options, name, defaults[name])
     if scale_lr and defaults["batch_size"]:
         options.lr = defaults["lr"] * options.batch_size / defaults["batch_size"]

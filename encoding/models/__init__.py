@@ -1,8 +1,8 @@
 """encoding.models: dilated backbones, segmentation models, the model registry and multi-scale evaluation.
 
 Build a model with :func:`get_segmentation_model` (``"fcn"``, ``"psp"``, ``"deeplab"``, ``"encnet"``, ``"danet"``,
-``"upernet"``, ``"fcfpn"``, ``"deeplabv3plus"``, ``"unet"``), its shortcut ``get_<name>`` (``get_fcn``, ...) or a
-named preset with :func:`get_model` (see :data:`model_list`; those with published weights:
+``"upernet"``, ``"fcfpn"``, ``"deeplabv3plus"``, ``"unet"``, ``"segformer"``), its shortcut ``get_<name>``
+(``get_fcn``, ...) or a named preset with :func:`get_model` (see :data:`model_list`; those with published weights:
 :func:`pretrained_model_list`). Every model returns
 ``{"out": B x nclass x H x W}`` (+ ``"aux"``, + ``"se"``) at the input resolution. Each architecture lives in one
 file, ``encoding/models/<arch>.py``: its head, its model class and the head factory it registers
@@ -23,6 +23,9 @@ from .encnet import EncHead, EncModule, EncNet
 from .danet import CAM, PAM, DANet, DANetHead
 from .fpn import FCFPN, FPNHead, UperNet
 from .unet import UNet, UNetHead
+from .segformer import SegFormer, SegFormerHead
+from .mit import MixTransformer, get_mit
+from .hf_segformer import convert_hf_segformer
 from .jpu import JPU
 from .multieval import MultiEvalModule, SlidingWindow
 
@@ -32,11 +35,12 @@ globals().update({f"get_{name}": builder(name) for name in ARCHITECTURES})
 __all__ = ["ResNetBackbone", "MobileNetV3Backbone", "VGGTinyBackbone", "backbone_list", "get_backbone",
            "SegmentationModel",
            "FeatureInfo",
-           "FCN", "PSP", "DeepLabV3", "EncNet", "DANet", "UperNet", "FCFPN", "DeepLabV3Plus", "UNet",
+           "FCN", "PSP", "DeepLabV3", "EncNet", "DANet", "UperNet", "FCFPN", "DeepLabV3Plus", "UNet", "SegFormer",
+           "SegFormerHead", "MixTransformer", "get_mit", "convert_hf_segformer",
            "FCNHead", "PSPHead", "PyramidPooling", "ASPP", "DeepLabV3Head", "DeepLabV3PlusHead", "EncModule",
            "EncHead",
            "PAM", "CAM", "DANetHead", "FPNHead", "UNetHead", "JPU",
            "Architecture", "ARCHITECTURES", "register_architecture", "get_segmentation_model", "get_model",
            "model_list", "pretrained_model_list",
            "get_fcn", "get_psp", "get_deeplab", "get_encnet", "get_danet", "get_upernet", "get_fcfpn",
-           "get_deeplabv3plus", "get_unet", "MultiEvalModule", "SlidingWindow"]
+           "get_deeplabv3plus", "get_unet", "get_segformer", "MultiEvalModule", "SlidingWindow"]

@@ -16,10 +16,12 @@ class FeatureInfo(NamedTuple):
     Attributes:
         channels: channels of the stages ``(c1, c2, c3, c4)`` (after the neck, if any).
         output_stride: stride of ``c4`` relative to the input.
+        backbone: the backbone's name (e.g. ``"mit_b0"``: SegFormer's decoder width depends on it).
     """
 
     channels: Tuple[int, ...]
     output_stride: int
+    backbone: str = ""
 
 
 class SegmentationModel(nn.Module):

@@ -22,6 +22,7 @@ from .backbone import get_backbone
 from .base import FeatureInfo, SegmentationModel
 from .heads import FCNHead
 from .jpu import JPU
+from .mit import MIT_SETTINGS, get_mit
 from .registry import ARCHITECTURES, PRESET_BACKBONES, PRESET_DATASETS, PRESETS, Architecture, get_architecture
 from .weights import TORCHVISION_WEIGHTS, Pretrained, load_pretrained
 
@@ -48,14 +49,18 @@ def _assemble(arch: Architecture, nclass: int, backbone: str, aux: bool, norm_la
     if jpu and output_stride not in (None, 32):
         raise ValueError(f"jpu=True replaces dilation and needs output_stride=32, got {output_stride}")
     output_stride = 32 if jpu else (output_stride or arch.output_stride)
-    body = get_backbone(backbone, output_stride, norm_layer, pretrained_backbone)
+    if backbone in MIT_SETTINGS:  # SegFormer's encoder (layer norms only: norm_layer does not apply)
+        body = get_mit(backbone, output_stride, pretrained_backbone)
+    else:
+        body = get_backbone(backbone, output_stride, norm_layer, pretrained_backbone)
     channels = body.channels
     neck = None
     if jpu:
         neck = JPU(channels[1:], norm_layer=norm_layer)
         channels = (*channels[:3], neck.out_channels)
         output_stride = 8
-    head = arch.head(FeatureInfo(tuple(channels), output_stride), nclass, norm_layer=norm_layer, **head_options)
+    features = FeatureInfo(tuple(channels), output_stride, backbone)
+    head = arch.head(features, nclass, norm_layer=norm_layer, **head_options)
     aux_head = FCNHead(channels[arch.model.aux_input], nclass, norm_layer) if aux else None
     return arch.model(body, head, aux_head, neck)
 
@@ -70,14 +75,16 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
 
     Args:
         name: one of :data:`ARCHITECTURES`: ``fcn``, ``psp``, ``deeplab``, ``encnet``, ``danet``, ``upernet``,
-            ``fcfpn``, ``deeplabv3plus``, ``unet``.
+            ``fcfpn``, ``deeplabv3plus``, ``unet``, ``segformer``.
         dataset: name in :data:`encoding.datasets.datasets`; gives the number of classes.
-        backbone: see :func:`~encoding.models.backbone.backbone_list`.
+        backbone: see :func:`~encoding.models.backbone.backbone_list`, or SegFormer's Mix Transformers
+            ``mit_b0`` ... ``mit_b5`` (:mod:`~encoding.models.mit`, output stride 32).
         aux: add the auxiliary :class:`~encoding.models.fcn.FCNHead` on ``c3`` (output ``"aux"``).
         se_loss: add the SE-loss branch (output ``"se"``); EncNet only.
         pretrained: ``False``; ``"torchvision"`` (or ``True``) for torchvision's published weights of
             ``fcn``/``deeplab`` with ``resnet50``/``resnet101`` (21 classes); or the path of a state-dict /
-            checkpoint file of this model (loaded with ``weights_only=True``).
+            checkpoint file of this model (loaded with ``weights_only=True``; for ``segformer`` also a Hugging Face
+            SegFormer ``.bin`` / ``.safetensors`` file, converted).
         nclass: number of classes, overriding the dataset's (for custom datasets).
         norm_layer: normalization layer for the whole model, e.g. ``encoding.nn.SyncBatchNorm``.
         output_stride: backbone output stride (default 8 for dilated models, 16 for ``deeplabv3plus``, 32 for

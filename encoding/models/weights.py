@@ -16,6 +16,7 @@ import torchvision
 from torch import Tensor, nn
 
 from ..utils.checkpoint import load_model_state, read_state_dict
+from .hf_segformer import hf_download_hint, read_segformer_weights
 
 __all__ = ["Pretrained", "TORCHVISION_WEIGHTS", "fetch_torchvision_weights", "load_backbone_weights",
            "load_pretrained"]
@@ -92,6 +93,8 @@ def load_pretrained(model: nn.Module, name: str, backbone: str, nclass: int, pre
             unsupported ``pretrained`` value, or weights that do not fit.
     """
     key = (name, backbone)
+    if pretrained is True and name == "segformer" and backbone.startswith("mit_"):
+        raise ValueError(hf_download_hint(backbone, whole_model=True))
     if pretrained is True:
         if key not in TORCHVISION_WEIGHTS:
             raise ValueError(
@@ -113,7 +116,8 @@ def load_pretrained(model: nn.Module, name: str, backbone: str, nclass: int, pre
         if model.aux_classifier is None:
             state = {k: v for k, v in state.items() if not k.startswith("aux_classifier.")}
     elif isinstance(pretrained, (str, os.PathLike)):
-        state, source = read_state_dict(pretrained), repr(os.fspath(pretrained))
+        read = read_segformer_weights if name == "segformer" else read_state_dict
+        state, source = read(pretrained), repr(os.fspath(pretrained))
     else:
         raise ValueError(f"pretrained must be False, True, 'torchvision' or a file path, got {pretrained!r}")
     load_model_state(model, state, source=source)

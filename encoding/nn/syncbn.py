@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..parallel import ReplicaAbortedError, allreduce, get_replica_context
-from ._functions import DistAllReduce, LocalMoments, Normalize, merge_moments, slot, stats_dtype
+from ._functions import DistAllReduce, GradientCarrier, LocalMoments, Normalize, merge_moments, slot, stats_dtype
 from .recompute import is_recomputing, replay_in_recomputation
 
 __all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
@@ -141,8 +141,10 @@ class SyncBatchNorm(_BatchNorm):
         self._check_input_dim(input)
         channels = input.shape[1]
         count = input.numel() // channels
+        # both input-gradient terms (direct, through the statistics) are summed in float32 and rounded once
+        carrier = GradientCarrier.apply(input)
         if count:
-            mean, var = LocalMoments.apply(input)
+            mean, var = LocalMoments.apply(carrier, input)
         else:  # an empty shard contributes nothing
             mean = var = input.new_zeros(channels, dtype=stats_dtype(input))
         row = torch.cat([mean.new_full((1,), float(count)), mean, var])
@@ -151,7 +153,7 @@ class SyncBatchNorm(_BatchNorm):
         if update_running and self.track_running_stats and not is_recomputing():
             self._update_running_stats(mean, var, total)
         weight, bias = (None, None) if self.weight is None else (self.weight.to(mean.dtype), self.bias.to(mean.dtype))
-        return Normalize.apply(input, mean, var, weight, bias, self.eps)
+        return Normalize.apply(carrier, input, mean, var, weight, bias, self.eps)
 
     @torch.no_grad()
     def _update_running_stats(self, mean: Tensor, var: Tensor, total: Tensor) -> None:

@@ -79,6 +79,8 @@ def _tokens(action: argparse.Action, value: Any, where: str) -> List[str]:
         if not isinstance(value, bool):
             raise ConfigFileError(f"{where}: {option} is a switch: expected true or false, got {value!r}")
         return [option] if value != bool(action.const is False) else []
+    if action.nargs == argparse.OPTIONAL and isinstance(value, bool):  # --option [VALUE]: true is the bare option
+        return [option] if value else []
     if isinstance(value, bool) or isinstance(value, (dict, list, tuple)) and not value:
         raise ConfigFileError(f"{where}: {option} takes a value, got {value!r}")
     if isinstance(value, (list, tuple)):

@@ -37,10 +37,10 @@ def _add_model_options(p: argparse.ArgumentParser, script: str) -> None:
     if script != "demo":  # demo reads no dataset
         p.add_argument("--data-root", default=None, help="data root (default: $ENCODING_DATA or ~/.encoding/data)")
     p.add_argument("--model", default=None,
-                   help="fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn, unet")
+                   help="fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn, unet, segformer")
     p.add_argument("--backbone", default=None,
                    help="resnet18/34/50/101/152, resnext50_32x4d, ..., mobilenet_v3_large, mobilenet_v3_small, "
-                        "vgg_tiny")
+                        "vgg_tiny, mit_b0..mit_b5 (SegFormer)")
     flag = dict(action="store_true", default=False if script == "train" else None)
     p.add_argument("--aux", help="auxiliary FCN head on the penultimate stage", **flag)
     p.add_argument("--se-loss", help="semantic-encoding loss (EncNet)", **flag)
@@ -80,8 +80,9 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wandb", action="store_true", help="log to an offline Weights & Biases run in the run directory")
     p.add_argument("--log-images", type=non_negative_int, default=5, metavar="N",
                    help="with --tensorboard/--wandb: validation previews every N epochs and after the last (0: none)")
-    p.add_argument("--pretrained-backbone", "--pretrained", dest="pretrained", action="store_true",
-                   help="start the backbone from ImageNet weights (the network's other layers start fresh)")
+    p.add_argument("--pretrained-backbone", "--pretrained", dest="pretrained", nargs="?", const=True, default=False,
+                   metavar="FILE", help="start the backbone from ImageNet weights (torchvision's, or FILE: e.g. "
+                   "nvidia/mit-b0's model.safetensors for mit_b*); the network's other layers start fresh")
     p.add_argument("--aux-weight", type=non_negative_float, default=0.2, help="weight of the auxiliary loss (PE train.py: 0.2)")
     p.add_argument("--se-weight", type=non_negative_float, default=0.2)
     p.add_argument("--loss", choices=list(LOSSES), default="ce", help="the pixel loss (docs/nn.md); aux/SE terms as for ce")
