@@ -23,9 +23,11 @@ own loader (``weights_only=True``), with timm's key conversions.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
+import logging
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
@@ -102,7 +104,12 @@ def create_timm_model(model: str, pretrained: Pretrained = False, **kwargs: Any)
     kwargs.update(_OPTIONAL_KWARGS)
     while True:
         try:
-            return timm.create_model(model, **kwargs)
+            with _missing_keys() as missing:
+                network = timm.create_model(model, **kwargs)
+            if missing and "pretrained_cfg_overlay" in kwargs:  # timm loads feature extractors non-strictly
+                raise ValueError(f"weights file {kwargs['pretrained_cfg_overlay']['file']!r} does not fit timm's "
+                                 f"{model}: {missing[0][:300]}")
+            return network
         except TypeError as err:
             refused = [key for key in _OPTIONAL_KWARGS if key in kwargs and f"'{key}'" in str(err)]
             if refused:
@@ -126,6 +133,30 @@ def create_timm_model(model: str, pretrained: Pretrained = False, **kwargs: Any)
                 raise RuntimeError(f"could not fetch timm's pretrained weights of {model} ({_one_line(err)}); "
                                    f"{_download_hint(timm, model)}") from None
             raise
+
+
+class _Report(logging.Handler):
+    def __init__(self, found: List[str]) -> None:
+        super().__init__(logging.INFO)
+        self.found = found
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Missing keys"):
+            self.found.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _missing_keys() -> Iterator[List[str]]:
+    """The "Missing keys" reports of timm's weight loader (it logs them instead of raising, for feature models)."""
+    logger, found = logging.getLogger("timm.models._builder"), []
+    handler, level = _Report(found), logging.getLogger("timm.models._builder").level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield found
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _one_line(err: BaseException) -> str:
