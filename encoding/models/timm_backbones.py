@@ -106,10 +106,6 @@ def create_timm_model(model: str, pretrained: Pretrained = False, **kwargs: Any)
         try:
             with _missing_keys() as missing:
                 network = timm.create_model(model, **kwargs)
-            if missing and "pretrained_cfg_overlay" in kwargs:  # timm loads feature extractors non-strictly
-                raise ValueError(f"weights file {kwargs['pretrained_cfg_overlay']['file']!r} does not fit timm's "
-                                 f"{model}: {missing[0][:300]}")
-            return network
         except TypeError as err:
             refused = [key for key in _OPTIONAL_KWARGS if key in kwargs and f"'{key}'" in str(err)]
             if refused:
@@ -133,6 +129,13 @@ def create_timm_model(model: str, pretrained: Pretrained = False, **kwargs: Any)
                 raise RuntimeError(f"could not fetch timm's pretrained weights of {model} ({_one_line(err)}); "
                                    f"{_download_hint(timm, model)}") from None
             raise
+        classifier = getattr(timm.models.get_pretrained_cfg(model), "classifier", None) or ()
+        classifier = (classifier,) if isinstance(classifier, str) else tuple(classifier)
+        missing = [key for key in missing if not key.startswith(tuple(f"{c}." for c in classifier))]
+        if missing and "pretrained_cfg_overlay" in kwargs:  # timm loads feature extractors non-strictly
+            raise ValueError(f"weights file {kwargs['pretrained_cfg_overlay']['file']!r} does not fit timm's "
+                             f"{model}: missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        return network
 
 
 class _Report(logging.Handler):
@@ -141,13 +144,14 @@ class _Report(logging.Handler):
         self.found = found
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage().startswith("Missing keys"):
-            self.found.append(record.getMessage())
+        message = record.getMessage()
+        if message.startswith("Missing keys ("):
+            self.found.extend(message[len("Missing keys ("):message.index(")")].split(", "))
 
 
 @contextlib.contextmanager
 def _missing_keys() -> Iterator[List[str]]:
-    """The "Missing keys" reports of timm's weight loader (it logs them instead of raising, for feature models)."""
+    """The keys timm's weight loader reports missing (it logs them instead of raising, for feature models)."""
     logger, found = logging.getLogger("timm.models._builder"), []
     handler, level = _Report(found), logging.getLogger("timm.models._builder").level
     logger.addHandler(handler)
