@@ -101,41 +101,45 @@ def create_timm_model(model: str, pretrained: Pretrained = False, **kwargs: Any)
         raise ValueError(f"unknown timm backbone {model!r}; close matches: {', '.join(close) or 'none'} "
                          "(see timm.list_models())")
     kwargs.update(_weights_kwargs(model, pretrained))
-    kwargs.update(_OPTIONAL_KWARGS)
+    file = kwargs.get("pretrained_cfg_overlay", {}).get("file")
+    try:
+        with _missing_keys() as missing:
+            network = _create(timm, model, kwargs)
+    except Exception as err:  # noqa: BLE001 - download, hub, cache and loading errors become one line
+        if isinstance(err, (TypeError, _Unsupported)) or not kwargs["pretrained"]:
+            raise
+        if file is not None:
+            raise ValueError(f"weights file {file!r} does not fit timm's {model}: {_one_line(err)}") from None
+        raise RuntimeError(f"could not fetch timm's pretrained weights of {model} ({_one_line(err)}); "
+                           f"{_download_hint(timm, model)}") from None
+    classifier = getattr(timm.models.get_pretrained_cfg(model), "classifier", None) or ()
+    prefixes = tuple(f"{name}." for name in ((classifier,) if isinstance(classifier, str) else classifier))
+    missing = [key for key in missing if not key.startswith(prefixes)]
+    if missing and file is not None:  # timm loads feature extractors non-strictly
+        raise ValueError(f"weights file {file!r} does not fit timm's {model}: missing "
+                         f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    return network
+
+
+class _Unsupported(ValueError):
+    """An option the timm family does not have."""
+
+
+def _create(timm: Any, model: str, kwargs: Dict[str, Any]) -> nn.Module:
+    """``timm.create_model(model, **kwargs)`` plus those of :data:`_OPTIONAL_KWARGS` the family takes."""
+    optional = dict(_OPTIONAL_KWARGS)
     while True:
         try:
-            with _missing_keys() as missing:
-                network = timm.create_model(model, **kwargs)
+            return timm.create_model(model, **kwargs, **optional)
         except TypeError as err:
-            refused = [key for key in _OPTIONAL_KWARGS if key in kwargs and f"'{key}'" in str(err)]
+            refused = [key for key in optional if f"'{key}'" in str(err)]
             if refused:
-                del kwargs[refused[0]]
-                continue
-            if "'output_stride'" in str(err):
-                raise ValueError(f"timm backbone {model!r} has no output_stride option (no dilation): use "
-                                 f"output_stride=32") from None
-            raise
-        except (RuntimeError, ValueError) as err:
-            if "pretrained_cfg_overlay" in kwargs:
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise ValueError(f"weights file {kwargs['pretrained_cfg_overlay']['file']!r} does not fit timm's "
-                                 f"{model}: {first}") from None
-            if kwargs.get("pretrained"):
-                raise RuntimeError(f"could not fetch timm's pretrained weights of {model} ({_one_line(err)}); "
-                                   f"{_download_hint(timm, model)}") from None
-            raise
-        except Exception as err:  # network, hub and cache errors of the download
-            if kwargs.get("pretrained") and "pretrained_cfg_overlay" not in kwargs:
-                raise RuntimeError(f"could not fetch timm's pretrained weights of {model} ({_one_line(err)}); "
-                                   f"{_download_hint(timm, model)}") from None
-            raise
-        classifier = getattr(timm.models.get_pretrained_cfg(model), "classifier", None) or ()
-        classifier = (classifier,) if isinstance(classifier, str) else tuple(classifier)
-        missing = [key for key in missing if not key.startswith(tuple(f"{c}." for c in classifier))]
-        if missing and "pretrained_cfg_overlay" in kwargs:  # timm loads feature extractors non-strictly
-            raise ValueError(f"weights file {kwargs['pretrained_cfg_overlay']['file']!r} does not fit timm's "
-                             f"{model}: missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
-        return network
+                del optional[refused[0]]
+            elif "'output_stride'" in str(err):
+                raise _Unsupported(f"timm backbone {model!r} has no output_stride option (no dilation): use "
+                                   "output_stride=32") from None
+            else:
+                raise
 
 
 class _Report(logging.Handler):
