@@ -157,7 +157,7 @@ def offline_hub(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name, file", [("resnest50", "timm/resnest50d.in1k/resolve/main/model.safetensors"),
                                         ("timm:convnext_atto", "timm/convnext_atto")])
 def test_pretrained_offline_fails_in_one_line_naming_the_file(offline_hub, name, file):
-    with pytest.raises(RuntimeError) as error:
+    with pytest.raises(ConnectionError) as error:
         get_backbone(name, pretrained=True)
     message = str(error.value)
     assert "\n" not in message and f"https://huggingface.co/{file}" in message

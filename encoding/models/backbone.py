@@ -219,7 +219,8 @@ def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: Nor
     Raises:
         ValueError: unknown name (the message lists the valid ones) or output stride, weights that do not fit, or
             ``pretrained=True`` for ``vgg_tiny`` (it has no published weights).
-        RuntimeError: ``pretrained=True`` while offline and the weights are not cached.
+        RuntimeError: ``pretrained=True`` while offline and torchvision's weights are not cached
+            (``ConnectionError`` for the timm backbones).
 
     Example:
         >>> backbone = get_backbone("resnet18", output_stride=8)

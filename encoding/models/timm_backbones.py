@@ -17,7 +17,8 @@ With ``norm_layer=encoding.nn.SyncBatchNorm`` the BatchNorm layers of the timm m
 :func:`encoding.nn.convert_sync_batchnorm`, which keeps the activation and drop of timm's ``BatchNormAct2d``.
 
 Weights: ``pretrained=False`` never touches the network; ``pretrained=True`` asks timm for its published weights
-(the Hugging Face Hub, cached in ``$HF_HOME``); offline, a one-line ``RuntimeError`` names the file to download and
+(the Hugging Face Hub, cached in ``$HF_HOME``); offline, a one-line ``ConnectionError`` (an ``OSError``, which the
+scripts report in one line) names the file to download and
 what to do with it. ``pretrained="file"`` loads a local timm state dict (``.pth`` or ``.safetensors``) through timm's
 own loader (``weights_only=True``), with timm's key conversions.
 """
@@ -93,7 +94,8 @@ def create_timm_model(model: str, pretrained: Pretrained = False, **kwargs: Any)
     Raises:
         ValueError: unknown model (the message lists close matches), a missing or mismatching weights file, or an
             ``output_stride`` the family does not support.
-        RuntimeError: ``pretrained=True`` and timm's weights cannot be fetched (offline); the message names the file.
+        ConnectionError: ``pretrained=True`` and timm's weights cannot be fetched (offline); the message names the
+            file.
     """
     timm = _import_timm(model)
     if not timm.is_model(model):
@@ -110,8 +112,8 @@ def create_timm_model(model: str, pretrained: Pretrained = False, **kwargs: Any)
             raise
         if file is not None:
             raise ValueError(f"weights file {file!r} does not fit timm's {model}: {_one_line(err)}") from None
-        raise RuntimeError(f"could not fetch timm's pretrained weights of {model} ({_one_line(err)}); "
-                           f"{_download_hint(timm, model)}") from None
+        raise ConnectionError(f"could not fetch timm's pretrained weights of {model} ({_one_line(err)}); "
+                              f"{_download_hint(timm, model)}") from None
     classifier = getattr(timm.models.get_pretrained_cfg(model), "classifier", None) or ()
     prefixes = tuple(f"{name}." for name in ((classifier,) if isinstance(classifier, str) else classifier))
     missing = [key for key in missing if not key.startswith(prefixes)]
