@@ -177,10 +177,9 @@ def _check_names(ns: argparse.Namespace, what: str) -> None:
     """Dataset, model and backbone names of a parsed command exist in their registries."""
     from encoding.datasets import datasets
     from encoding.models import ARCHITECTURES, backbone_list
-    from encoding.models.mit import MIT_SETTINGS
 
     registries = {"dataset": set(datasets), "model": set(ARCHITECTURES),
-                  "backbone": set(backbone_list()) | set(MIT_SETTINGS)}
+                  "backbone": set(backbone_list())}
     for attr, names in registries.items():
         value = getattr(ns, attr, None)
         if isinstance(value, str):

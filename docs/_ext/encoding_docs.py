@@ -6,11 +6,17 @@ Directives:
   classes, head, stages, default output stride, parameter counts and presets with published weights, computed at
   build time (the models are built
   on the ``meta`` device: no memory, no weights, nothing downloaded).
+* ``{encoding-pe-zoo-table}``: the presets of PyTorch-Encoding's ResNeSt model zoo with their parameters, GFLOPs
+  and PE's published pixAcc / mIoU (:data:`encoding.models.registry.PE_PUBLISHED`).
 * ``{encoding-recipe-table}``: the built-in run (``train.py`` without options) and every configuration file of
   ``experiments/segmentation/configs/`` (the dataset recipes and the other experiments), as ``train.py --config
   FILE`` runs them: parsed by the script's own option parser (``experiments/segmentation/options.py``).
 * ``.. encoding-api:: encoding.nn`` (reST): the API reference of a package's public ``__all__`` (``automodule``,
   plus ``autodata`` for re-exported data, which ``automodule`` skips).
+
+GFLOPs (at :data:`FLOPS_SIZE` squared, one image, eval mode) are counted with torch's ``FlopCounterMode`` on fake
+tensors (:func:`encoding.models.flops.count_flops`) and cached with the parameter counts in ``flops_cache.json``
+next to this file, keyed by the build arguments and the package version (delete the file to recount).
 
 Hooks: every name of ``__all__`` is documented (with or without a docstring; lazily resolved names included), private
 base classes are left out of "Bases:", and references to an ``encoding`` object through the module that defines it
@@ -24,6 +30,7 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from docutils import nodes
@@ -36,6 +43,32 @@ TABLE_NCLASS = 21
 #: Backbone of the parameter counts.
 TABLE_BACKBONE = "resnet50"
 _MISSING = object()
+#: Side of the square input of the GFLOPs columns.
+FLOPS_SIZE = 512
+_FLOPS_CACHE = Path(__file__).with_name("flops_cache.json")
+
+
+def measure(**build: Any) -> Dict[str, int]:
+    """``{"params", "flops"}`` of ``get_segmentation_model(**build)`` (FLOPs of one :data:`FLOPS_SIZE` image), from
+    the cache file or counted on fake tensors (and cached)."""
+    import json
+
+    import encoding
+    from encoding.models import get_segmentation_model
+    from encoding.models.flops import count_flops, fake_mode
+
+    key = json.dumps([sorted(build.items()), FLOPS_SIZE, encoding.__version__])
+    cache = json.loads(_FLOPS_CACHE.read_text()) if _FLOPS_CACHE.is_file() else {}
+    if key not in cache:
+        with fake_mode():
+            model = get_segmentation_model(**build)
+        cache[key] = {"params": sum(p.numel() for p in model.parameters()),
+                      "flops": count_flops(model, (FLOPS_SIZE, FLOPS_SIZE))}
+        try:
+            _FLOPS_CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+        except OSError:  # a read-only checkout: count again next time
+            pass
+    return cache[key]
 
 
 def _count(name: str, *, aux: bool, se_loss: bool) -> int:
@@ -81,6 +114,7 @@ def model_rows() -> List[Dict[str, Any]]:
             se_loss=arch.se_loss,
             params=sum(p.numel() for p in model.parameters()),
             params_aux=_count(name, aux=True, se_loss=arch.se_loss),
+            gflops=measure(name=name, backbone=TABLE_BACKBONE, nclass=TABLE_NCLASS)["flops"] / 1e9,
             weights=weights.get(name, []),
         ))
     return rows
@@ -106,15 +140,16 @@ def model_table_markdown() -> str:
     """The model table as Markdown (a GitHub-style table with MyST cross-reference roles)."""
     lines = [
         "| name | model | head | stages | output stride | SE loss | params (M) | with aux (M) "
-        "| published weights |",
-        "|---|---|---|---|---:|---|---:|---:|---|",
+        f"| GFLOPs ({FLOPS_SIZE}²) | published weights |",
+        "|---|---|---|---|---:|---|---:|---:|---:|---|",
     ]
     for row in model_rows():
         head = f"{_public_name(row['head'])}: {_summary(row['head_class'])}"
         lines.append(
             f"| `{row['name']}` | {_public_name(row['model'])} | {head} | {row['stages']} "
             f"| {row['output_stride']} | {'yes' if row['se_loss'] else 'no'} | {row['params'] / 1e6:.2f} "
-            f"| {row['params_aux'] / 1e6:.2f} | {', '.join(f'`{p}`' for p in row['weights']) or 'none'} |")
+            f"| {row['params_aux'] / 1e6:.2f} | {row['gflops']:.1f} "
+            f"| {', '.join(f'`{p}`' for p in row['weights']) or 'none'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -128,6 +163,41 @@ class ModelTable(SphinxDirective):
         text = model_table_markdown()
         self.state.nested_parse(StringList(text.splitlines(), source="<encoding-model-table>"), self.content_offset,
                                 container)
+        return [container]
+
+
+def pe_zoo_rows() -> List[Dict[str, Any]]:
+    """One row per preset of PyTorch-Encoding's ResNeSt zoo (:data:`encoding.models.registry.PE_PUBLISHED`): ``name``,
+    ``params`` and ``gflops`` of the preset as built (auxiliary head included), PE's ``pixacc`` and ``miou``."""
+    from encoding.models.registry import PE_PUBLISHED, PRESETS
+
+    rows = []
+    for name, (pixacc, miou) in PE_PUBLISHED.items():
+        counts = measure(**PRESETS[name])
+        rows.append(dict(name=name, params=counts["params"], gflops=counts["flops"] / 1e9, pixacc=pixacc,
+                         miou=miou))
+    return rows
+
+
+def pe_zoo_table_markdown() -> str:
+    """The ResNeSt preset table as Markdown."""
+    lines = [f"| preset | params (M) | GFLOPs ({FLOPS_SIZE}²) | PE's pixAcc (%) | PE's mIoU (%) |",
+             "|---|---:|---:|---:|---:|"]
+    for row in pe_zoo_rows():
+        lines.append(f"| `{row['name']}` | {row['params'] / 1e6:.1f} | {row['gflops']:.0f} | {row['pixacc']:.2f} "
+                     f"| {row['miou']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+class PEZooTable(SphinxDirective):
+    """``{encoding-pe-zoo-table}``: PyTorch-Encoding's ResNeSt presets with PE's published results."""
+
+    has_content = False
+
+    def run(self) -> List[nodes.Node]:
+        container = nodes.container(classes=["encoding-pe-zoo-table"])
+        self.state.nested_parse(StringList(pe_zoo_table_markdown().splitlines(), source="<encoding-pe-zoo-table>"),
+                                self.content_offset, container)
         return [container]
 
 
@@ -369,6 +439,7 @@ def setup(app: Sphinx) -> Dict[str, Any]:
     app.add_directive("encoding-model-table", ModelTable)
     app.add_directive("encoding-api", ApiReference)
     app.add_directive("encoding-recipe-table", RecipeTable)
+    app.add_directive("encoding-pe-zoo-table", PEZooTable)
     app.connect("builder-inited", reset_documented_names)
     app.connect("autodoc-skip-member", keep_public_members)
     app.connect("autodoc-process-docstring", document_reexported_data)

@@ -23,6 +23,9 @@ import torchvision
 from torch import Tensor, nn
 
 from ..nn.blocks import NormLayer, conv_norm_act
+from .mit import MIT_SETTINGS, get_mit
+from .timm_backbones import RESNEST, TIMM_PREFIX, get_timm_backbone, is_timm_backbone
+from .stages import DILATIONS, StagedBackbone, dilate_stage, stage_channels
 from .weights import Pretrained, load_backbone_weights
 
 __all__ = ["ResNetBackbone", "MobileNetV3Backbone", "VGGTinyBackbone", "get_backbone", "backbone_list"]
@@ -33,42 +36,17 @@ _TORCHVISION_BACKBONES: Tuple[str, ...] = (
     "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2", "wide_resnet101_2",
     "mobilenet_v3_large", "mobilenet_v3_small",
 )
-#: Every backbone name: torchvision's and this package's own (no published weights).
-_BACKBONES: Tuple[str, ...] = _TORCHVISION_BACKBONES + ("vgg_tiny",)
-
-#: Output stride -> (previous dilation, dilation) for layer3 and layer4; ``None`` keeps the stage strided.
-_DILATIONS: Dict[int, Tuple] = {8: ((1, 2), (2, 4)), 16: (None, (1, 2)), 32: (None, None)}
+#: Every backbone name: torchvision's, this package's own (no published weights), PE's ResNeSt (timm's) and
+#: SegFormer's Mix Transformers (ours; layer norms, so ``norm_layer`` does not apply).
+_BACKBONES: Tuple[str, ...] = _TORCHVISION_BACKBONES + ("vgg_tiny",) + tuple(RESNEST) + tuple(MIT_SETTINGS)
 
 
 def backbone_list() -> List[str]:
-    """Names accepted by :func:`get_backbone` (torchvision builder names)."""
+    """Names accepted by :func:`get_backbone` (besides any ``timm:<name>``)."""
     return list(_BACKBONES)
 
 
-class _StagedBackbone(nn.Module):
-    """A stem followed by four stages; ``forward`` returns every stage's output (subclasses: ``stem``, ``stages``)."""
-
-    @staticmethod
-    def _check_output_stride(output_stride: int) -> None:
-        if output_stride not in _DILATIONS:
-            raise ValueError(f"output_stride must be one of {sorted(_DILATIONS)}, got {output_stride}")
-
-    def stem(self, x: Tensor) -> Tensor:
-        raise NotImplementedError
-
-    def stages(self) -> Tuple[nn.Sequential, ...]:
-        raise NotImplementedError
-
-    def forward(self, x: Tensor) -> List[Tensor]:
-        x = self.stem(x)
-        features = []
-        for stage in self.stages():
-            x = stage(x)
-            features.append(x)
-        return features
-
-
-class ResNetBackbone(_StagedBackbone):
+class ResNetBackbone(StagedBackbone):
     """The stem and four stages of a torchvision ResNet, returning every stage's output.
 
     Its state-dict keys are those of the torchvision ResNet without ``fc`` (``conv1``, ``bn1``, ``layer1``...), as
@@ -93,10 +71,10 @@ class ResNetBackbone(_StagedBackbone):
         self.conv1, self.bn1, self.relu, self.maxpool = resnet.conv1, resnet.bn1, resnet.relu, resnet.maxpool
         self.layer1, self.layer2, self.layer3, self.layer4 = resnet.layer1, resnet.layer2, resnet.layer3, resnet.layer4
         self.output_stride = output_stride
-        for stage, dilation in zip((self.layer3, self.layer4), _DILATIONS[output_stride]):
+        for stage, dilation in zip((self.layer3, self.layer4), DILATIONS[output_stride]):
             if dilation is not None:
-                _dilate_stage(stage, *dilation)
-        self.channels = tuple(_stage_channels(stage) for stage in self.stages())
+                dilate_stage(stage, *dilation)
+        self.channels = tuple(stage_channels(stage) for stage in self.stages())
 
     def stem(self, x: Tensor) -> Tensor:
         return self.maxpool(self.relu(self.bn1(self.conv1(x))))
@@ -106,28 +84,7 @@ class ResNetBackbone(_StagedBackbone):
         return self.layer1, self.layer2, self.layer3, self.layer4
 
 
-def _stage_channels(stage: nn.Sequential) -> int:
-    """Output channels of a stage: those of the last conv of its last block (residual branch or shortcut alike)."""
-    return [m for m in stage[-1].modules() if isinstance(m, nn.Conv2d)][-1].out_channels
-
-
-def _dilate_stage(stage: nn.Sequential, previous: int, dilation: int) -> None:
-    """Replace the stage's stride 2 by stride 1 and dilate its 3x3 convs in place.
-
-    The first 3x3 conv of the stage (where the stride was) gets ``previous``, every later one ``dilation``.
-    """
-    first = True
-    for module in stage.modules():
-        if not isinstance(module, nn.Conv2d):
-            continue
-        module.stride = (1, 1)
-        if module.kernel_size == (3, 3):
-            d = previous if first else dilation
-            module.dilation, module.padding = (d, d), (d, d)
-            first = False
-
-
-class MobileNetV3Backbone(_StagedBackbone):
+class MobileNetV3Backbone(StagedBackbone):
     """The inverted-residual blocks of a torchvision MobileNetV3 cut into four stages, returning every stage's output.
 
     ``features`` is torchvision's own ``features`` module, so the state-dict keys are those of the torchvision model
@@ -148,10 +105,10 @@ class MobileNetV3Backbone(_StagedBackbone):
         self.features = mobilenet.features
         self.output_stride = output_stride
         self._bounds = _stride_boundaries(self.features)
-        for stage, dilation in zip(self.stages()[2:], _DILATIONS[output_stride]):
+        for stage, dilation in zip(self.stages()[2:], DILATIONS[output_stride]):
             if dilation is not None:
                 _dilate_all(stage, dilation[1])
-        self.channels = tuple(_stage_channels(stage) for stage in self.stages())
+        self.channels = tuple(stage_channels(stage) for stage in self.stages())
 
     def stem(self, x: Tensor) -> Tensor:
         return self.features[0](x)
@@ -161,7 +118,7 @@ class MobileNetV3Backbone(_StagedBackbone):
         return tuple(self.features[start:end] for start, end in self._bounds)
 
 
-class VGGTinyBackbone(_StagedBackbone):
+class VGGTinyBackbone(StagedBackbone):
     """A small plain CNN (3x3 conv → norm → ReLU layers, VGG-style) for training from scratch on small images.
 
     A full-resolution stem conv, then four stages that each end (or, for ``c4``, begin) with a stride-2 conv:
@@ -198,7 +155,7 @@ class VGGTinyBackbone(_StagedBackbone):
         self.layer3 = nn.Sequential(layer(w2, w3), layer(w3, w3, 2))
         self.layer4 = nn.Sequential(layer(w3, w3, 2), layer(w3, w3))
         if output_stride == 8:
-            _dilate_stage(self.layer4, 2, 4)
+            dilate_stage(self.layer4, 2, 4)
         self.output_stride = output_stride
         self.channels = (w1, w2, w3, w3)
 
@@ -240,35 +197,45 @@ def _dilate_all(stage: nn.Sequential, dilation: int) -> None:
 
 
 def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: NormLayer = nn.BatchNorm2d,
-                 pretrained: Pretrained = False) -> _StagedBackbone:
-    """Build a (dilated) ResNet-family, MobileNetV3 or ``vgg_tiny`` backbone.
+                 pretrained: Pretrained = False) -> nn.Module:
+    """Build a (dilated) ResNet-family, MobileNetV3, ``vgg_tiny``, ResNeSt, MiT or ``timm:<name>`` backbone.
 
     Args:
         name: one of :func:`backbone_list` (``resnet18`` ... ``resnet152``, ``resnext50_32x4d``,
             ``resnext101_32x8d``, ``resnext101_64x4d``, ``wide_resnet50_2``, ``wide_resnet101_2``,
-            ``mobilenet_v3_large``, ``mobilenet_v3_small``, ``vgg_tiny``).
+            ``mobilenet_v3_large``, ``mobilenet_v3_small``, ``vgg_tiny``; with timm: ``resnest50``, ``resnest101``,
+            ``resnest200``, ``resnest269``; SegFormer's ``mit_b0`` ... ``mit_b5``, output stride 32 and their own
+            layer norms), or ``timm:<name>`` for any timm model (:mod:`~encoding.models.timm_backbones`).
         output_stride: 8 (default, dilated ``layer3`` and ``layer4``), 16 (dilated ``layer4``) or 32 (plain);
-            ``vgg_tiny``: 8 or 16 (see :class:`VGGTinyBackbone`).
+            ``vgg_tiny``: 8 or 16 (see :class:`VGGTinyBackbone`); ``timm:<name>``: where timm supports it.
         norm_layer: normalization layer class, e.g. ``nn.BatchNorm2d`` or ``encoding.nn.SyncBatchNorm``.
-        pretrained: ``False`` (random init, no network access), ``True`` (torchvision's default ImageNet weights)
-            or the path of a local state-dict file (the torchvision model's keys; ``fc.*`` / ``classifier.*`` are
-            ignored).
+        pretrained: ``False`` (random init, no network access), ``True`` (torchvision's default ImageNet weights;
+            timm's for the timm backbones) or the path of a local state-dict file (the torchvision or timm model's
+            keys; ``fc.*`` / ``classifier.*`` are ignored).
 
     Returns:
-        A :class:`ResNetBackbone`, :class:`MobileNetV3Backbone` or :class:`VGGTinyBackbone`.
+        A :class:`ResNetBackbone`, :class:`MobileNetV3Backbone`, :class:`VGGTinyBackbone`,
+        :class:`~encoding.models.timm_backbones.ResNeStBackbone` or
+        :class:`~encoding.models.timm_backbones.TimmBackbone`.
 
     Raises:
         ValueError: unknown name (the message lists the valid ones) or output stride, weights that do not fit, or
             ``pretrained=True`` for ``vgg_tiny`` (it has no published weights).
-        RuntimeError: ``pretrained=True`` while offline and the weights are not cached.
+        RuntimeError: ``pretrained=True`` while offline and torchvision's weights are not cached
+            (``ConnectionError`` for the timm backbones).
 
     Example:
         >>> backbone = get_backbone("resnet18", output_stride=8)
         >>> [f.shape[1] for f in backbone(torch.randn(1, 3, 64, 64))]
         [64, 128, 256, 512]
     """
+    if is_timm_backbone(name):
+        return get_timm_backbone(name, output_stride, norm_layer, pretrained)
+    if name in MIT_SETTINGS:
+        return get_mit(name, output_stride, pretrained)
     if name not in _BACKBONES:
-        raise ValueError(f"unknown backbone {name!r}; valid backbones: {', '.join(_BACKBONES)}")
+        raise ValueError(f"unknown backbone {name!r}; valid backbones: {', '.join(_BACKBONES)}, or "
+                         f"{TIMM_PREFIX}<name> for any timm model")
     if pretrained is True and name not in _TORCHVISION_BACKBONES:
         raise ValueError(f"{name} has no published weights; pretrained=True is available for "
                          f"{', '.join(_TORCHVISION_BACKBONES)}")
@@ -277,7 +244,7 @@ def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: Nor
     return backbone
 
 
-def _build_backbone(name: str, output_stride: int, norm_layer: NormLayer) -> _StagedBackbone:
+def _build_backbone(name: str, output_stride: int, norm_layer: NormLayer) -> StagedBackbone:
     if name == "vgg_tiny":
         return VGGTinyBackbone(output_stride=output_stride, norm_layer=norm_layer)
     network = getattr(torchvision.models, name)(weights=None, norm_layer=norm_layer)

@@ -22,8 +22,8 @@ from .backbone import get_backbone
 from .base import FeatureInfo, SegmentationModel
 from .heads import FCNHead
 from .jpu import JPU
-from .mit import MIT_SETTINGS, get_mit
-from .registry import ARCHITECTURES, PRESET_BACKBONES, PRESET_DATASETS, PRESETS, Architecture, get_architecture
+from .registry import (ARCHITECTURES, PRESET_BACKBONES, PRESET_DATASETS, PRESETS, RESNEST_PRESET_BACKBONES,
+                       RESNEST_PRESET_DATASETS, Architecture, get_architecture)
 from .weights import TORCHVISION_WEIGHTS, Pretrained, load_pretrained
 
 __all__ = ["get_segmentation_model", "get_model", "builder", "pretrained_model_list", "PE_UNUSED_OPTIONS"]
@@ -49,10 +49,7 @@ def _assemble(arch: Architecture, nclass: int, backbone: str, aux: bool, norm_la
     if jpu and output_stride not in (None, 32):
         raise ValueError(f"jpu=True replaces dilation and needs output_stride=32, got {output_stride}")
     output_stride = 32 if jpu else (output_stride or arch.output_stride)
-    if backbone in MIT_SETTINGS:  # SegFormer's encoder (layer norms only: norm_layer does not apply)
-        body = get_mit(backbone, output_stride, pretrained_backbone)
-    else:
-        body = get_backbone(backbone, output_stride, norm_layer, pretrained_backbone)
+    body = get_backbone(backbone, output_stride, norm_layer, pretrained_backbone)
     channels = body.channels
     neck = None
     if jpu:
@@ -77,8 +74,10 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
         name: one of :data:`ARCHITECTURES`: ``fcn``, ``psp``, ``deeplab``, ``encnet``, ``danet``, ``upernet``,
             ``fcfpn``, ``deeplabv3plus``, ``unet``, ``segformer``.
         dataset: name in :data:`encoding.datasets.datasets`; gives the number of classes.
-        backbone: see :func:`~encoding.models.backbone.backbone_list`, or SegFormer's Mix Transformers
-            ``mit_b0`` ... ``mit_b5`` (:mod:`~encoding.models.mit`, output stride 32).
+        backbone: see :func:`~encoding.models.backbone.backbone_list` (torchvision's, ``vgg_tiny``, PE's ResNeSt
+            ``resnest50`` ... ``resnest269``), ``timm:<name>`` for any timm model
+            (:mod:`~encoding.models.timm_backbones`), or SegFormer's Mix Transformers ``mit_b0`` ... ``mit_b5``
+            (:mod:`~encoding.models.mit`, output stride 32).
         aux: add the auxiliary :class:`~encoding.models.fcn.FCNHead` on ``c3`` (output ``"aux"``).
         se_loss: add the SE-loss branch (output ``"se"``); EncNet only.
         pretrained: ``False``; ``"torchvision"`` (or ``True``) for torchvision's published weights of
@@ -90,8 +89,9 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
         output_stride: backbone output stride (default 8 for dilated models, 16 for ``deeplabv3plus``, 32 for
             ``upernet``/``fcfpn``).
         jpu: use a plain (stride-32) backbone with FastFCN's :class:`~encoding.models.jpu.JPU` instead of dilation.
-        pretrained_backbone: ``True`` for torchvision's ImageNet weights, or a local file (ignored parts of the
-            model stay randomly initialised). Default ``False``: nothing is downloaded.
+        pretrained_backbone: ``True`` for torchvision's ImageNet weights (timm's for the timm backbones), or a
+            local file (ignored parts of the model stay randomly initialised). Default ``False``: nothing is
+            downloaded.
         checkpoint: activation checkpointing, trading compute for memory (see ``docs/checkpointing.md``):
             ``False`` (default), ``"backbone"`` (every residual block) or ``"all"`` (blocks, neck and heads); the
             recomputation is exact (BatchNorm statistics, SyncBatchNorm synchronisation and dropout masks are
@@ -184,7 +184,9 @@ def get_model(name: str, **kwargs) -> SegmentationModel:
     """Build a named preset ``<model>_<backbone>_<dataset>``, e.g. ``"encnet_resnet50_pcontext"``.
 
     Presets use the PyTorch-Encoding recipe: ``aux=True`` and, for EncNet, ``se_loss=True``. Dataset short names:
-    ``ade`` (ade20k), ``pcontext``, ``voc`` (pascal_voc), ``aug`` (pascal_aug), ``citys``, ``coco``. Keyword
+    ``ade`` (ade20k), ``pcontext``, ``voc`` (pascal_voc), ``aug`` (pascal_aug), ``citys``, ``coco``; the dilated
+    models also have PE's ResNeSt presets (``deeplab_resnest101_ade``, ``encnet_resnest50_pcontext``...: backbones
+    :data:`~encoding.models.registry.RESNEST_PRESET_BACKBONES` on ``ade`` / ``pcontext``). Keyword
     arguments override the preset (see :func:`get_segmentation_model`); ``pretrained=True`` is available for the
     presets of :func:`pretrained_model_list` (torchvision's weights of ``fcn``/``deeplab`` with
     ``resnet50``/``resnet101`` on ``coco``/``voc``/``aug``).
@@ -198,7 +200,8 @@ def get_model(name: str, **kwargs) -> SegmentationModel:
         raise ValueError(
             f"unknown model {name!r}; valid names are <model>_<backbone>_<dataset> with model in "
             f"{{{', '.join(ARCHITECTURES)}}}, backbone in {{{', '.join(PRESET_BACKBONES)}}}, dataset in "
-            f"{{{', '.join(PRESET_DATASETS)}}} (see encoding.models.model_list)")
+            f"{{{', '.join(PRESET_DATASETS)}}}, or backbone in {{{', '.join(RESNEST_PRESET_BACKBONES)}}} with dataset "
+            f"in {{{', '.join(RESNEST_PRESET_DATASETS)}}} for the dilated models (see encoding.models.model_list)")
     pretrained = kwargs.get("pretrained", False)
     if (pretrained is True or pretrained == "torchvision") and key not in pretrained_model_list():
         raise ValueError(f"no published weights for the preset {name!r}; presets with published weights: "

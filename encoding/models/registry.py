@@ -10,7 +10,7 @@ architecture, when :mod:`encoding.models` is imported). The registry only descri
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Type
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple, Type
 
 from torch import nn
 
@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # for the annotations only: the registry imports no module of
     from .base import SegmentationModel
 
 __all__ = ["Architecture", "ARCHITECTURES", "register_architecture", "get_architecture", "PRESETS", "model_list",
-           "PRESET_DATASETS", "PRESET_BACKBONES"]
+           "PRESET_DATASETS", "PRESET_BACKBONES", "RESNEST_PRESET_BACKBONES", "RESNEST_PRESET_DATASETS",
+           "PE_PUBLISHED"]
 
 #: Head factory ``head(features: FeatureInfo, nclass, *, norm_layer, **options) -> nn.Module``.
 HeadFactory = Callable[..., nn.Module]
@@ -51,6 +52,20 @@ ARCHITECTURES: Dict[str, Architecture] = {}
 PRESET_DATASETS: Dict[str, str] = {"ade": "ade20k", "pcontext": "pcontext", "voc": "pascal_voc",
                                    "aug": "pascal_aug", "citys": "citys", "coco": "coco"}
 PRESET_BACKBONES = ("resnet50", "resnet101")
+#: PyTorch-Encoding's ResNeSt backbones (built with timm) and the datasets of its ResNeSt model zoo: every dilated
+#: architecture (default output stride 8) has the presets ``<model>_<resnest>_<dataset>`` of these.
+RESNEST_PRESET_BACKBONES = ("resnest50", "resnest101", "resnest200", "resnest269")
+RESNEST_PRESET_DATASETS = ("ade", "pcontext")
+
+#: PyTorch-Encoding's published results of its ResNeSt model zoo, ``preset -> (pixAcc, mIoU)`` in % (PE's multi-scale
+#: evaluation; PE's numbers and weights, not measured here; PE's mIoU counts absent classes as 0).
+PE_PUBLISHED: Dict[str, Tuple[float, float]] = {
+    "fcn_resnest50_ade": (80.18, 42.94), "deeplab_resnest50_ade": (81.17, 45.12),
+    "deeplab_resnest101_ade": (82.07, 46.91), "deeplab_resnest200_ade": (82.45, 48.36),
+    "deeplab_resnest269_ade": (82.62, 47.60), "fcn_resnest50_pcontext": (79.19, 51.98),
+    "deeplab_resnest50_pcontext": (80.41, 53.19), "deeplab_resnest101_pcontext": (81.91, 56.49),
+    "deeplab_resnest200_pcontext": (82.50, 58.37), "deeplab_resnest269_pcontext": (83.06, 58.92),
+}
 
 #: ``<model>_<backbone>_<dataset>`` -> builder arguments (PyTorch-Encoding's recipe: aux head on, SE loss on for
 #: EncNet).
@@ -82,6 +97,10 @@ def register_architecture(name: str, model: Type[SegmentationModel], *, output_s
             for short, dataset in PRESET_DATASETS.items():
                 PRESETS[f"{name}_{backbone}_{short}"] = dict(name=name, backbone=backbone, dataset=dataset,
                                                              aux=True, se_loss=se_loss)
+        for backbone in RESNEST_PRESET_BACKBONES if output_stride == 8 else ():
+            for short in RESNEST_PRESET_DATASETS:
+                PRESETS[f"{name}_{backbone}_{short}"] = dict(name=name, backbone=backbone,
+                                                             dataset=PRESET_DATASETS[short], aux=True, se_loss=se_loss)
         model_list[:] = sorted(PRESETS)
         return head
     return decorator

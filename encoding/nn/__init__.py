@@ -15,11 +15,11 @@ from .loss import OhemCrossEntropy, SegmentationLosses
 from .losses import LOSSES, DiceLoss, FocalLoss, LovaszSoftmaxLoss
 from .recompute import (CHECKPOINT_POLICIES, checkpoint_module, checkpoint_segmentation_model, disable_checkpointing,
                         enable_checkpointing, is_checkpointed, is_recomputing, replay_in_recomputation)
-from .syncbn import SyncBatchNorm, convert_sync_batchnorm
+from .syncbn import SyncBatchNorm, SyncBatchNormAct, convert_sync_batchnorm
 
 __all__ = [
     # synchronized BatchNorm
-    "SyncBatchNorm", "convert_sync_batchnorm",
+    "SyncBatchNorm", "SyncBatchNormAct", "convert_sync_batchnorm",
     # losses
     "SegmentationLosses", "OhemCrossEntropy", "DiceLoss", "FocalLoss", "LovaszSoftmaxLoss", "LOSSES",
     # the Encoding layer and small blocks

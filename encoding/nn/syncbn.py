@@ -35,7 +35,7 @@ from ..parallel import ReplicaAbortedError, allreduce, get_replica_context
 from ._functions import DistAllReduce, GradientCarrier, LocalMoments, Normalize, merge_moments, slot, stats_dtype
 from .recompute import is_recomputing, replay_in_recomputation
 
-__all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
+__all__ = ["SyncBatchNorm", "SyncBatchNormAct", "convert_sync_batchnorm"]
 
 _POLL_SECONDS = 0.05
 
@@ -198,11 +198,26 @@ _ACTIVATIONS: Dict[str, Callable[[Tensor, float, bool], Tensor]] = {
 }
 
 
+class SyncBatchNormAct(SyncBatchNorm):
+    """:class:`SyncBatchNorm`, then ``drop``, then ``act`` (modules; default identity): what
+    :func:`convert_sync_batchnorm` makes of timm's ``BatchNormAct2d``, same computation and state-dict keys."""
+
+    def __init__(self, num_features: int, *args: object, drop: Optional[nn.Module] = None,
+                 act: Optional[nn.Module] = None, **kwargs: object) -> None:
+        super().__init__(num_features, *args, **kwargs)
+        self.drop, self.act = drop or nn.Identity(), act or nn.Identity()
+
+    def forward(self, input: Tensor) -> Tensor:
+        return self.act(self.drop(super().forward(input)))
+
+
 def convert_sync_batchnorm(module: nn.Module, process_group: Optional[object] = None) -> nn.Module:
     """Replace every ``BatchNorm1d/2d/3d`` (and ``torch.nn.SyncBatchNorm``) in ``module`` with :class:`SyncBatchNorm`.
 
     The new layers take over the old ones' parameters and buffers (the same tensors, so ``requires_grad`` and any
     optimizer built on ``module.parameters()`` stay valid) and their training flag. Children are replaced in place.
+    A BatchNorm layer carrying ``drop`` / ``act`` modules (timm's ``BatchNormAct2d``) becomes a
+    :class:`SyncBatchNormAct` that keeps applying them.
 
     Args:
         module: the network (or a single BatchNorm layer).
@@ -226,8 +241,13 @@ def _convert(module: nn.Module, process_group: Optional[object], cls: type) -> n
             if process_group is not None:
                 layer.process_group = process_group
             return None
-        if isinstance(layer, _BatchNorm):
-            return rebuild_batchnorm(layer, cls, process_group=process_group)
+        if isinstance(layer, _BatchNorm):  # timm's BatchNormAct2d carries its drop and act modules
+            carried = {k: getattr(layer, k) for k in ("drop", "act") if isinstance(getattr(layer, k, None), nn.Module)}
+            if carried and not issubclass(SyncBatchNormAct, cls):
+                raise ValueError(f"{type(layer).__name__} carries {', '.join(carried)}: it converts to "
+                                 f"SyncBatchNormAct, not {cls.__name__}")
+            return rebuild_batchnorm(layer, SyncBatchNormAct if carried else cls, process_group=process_group,
+                                     **carried)
         return None
 
     return swap_modules(module, to_sync)

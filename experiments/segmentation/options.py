@@ -39,8 +39,8 @@ def _add_model_options(p: argparse.ArgumentParser, script: str) -> None:
     p.add_argument("--model", default=None,
                    help="fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn, unet, segformer")
     p.add_argument("--backbone", default=None,
-                   help="resnet18/34/50/101/152, resnext50_32x4d, ..., mobilenet_v3_large, mobilenet_v3_small, "
-                        "vgg_tiny, mit_b0..mit_b5 (SegFormer)")
+                   help="resnet18/34/50/101/152, resnext50_32x4d, ..., mobilenet_v3_large/small, vgg_tiny, "
+                        "resnest50/101/200/269, timm:<any timm model>, mit_b0..mit_b5 (SegFormer)")
     flag = dict(action="store_true", default=False if script == "train" else None)
     p.add_argument("--aux", help="auxiliary FCN head on the penultimate stage", **flag)
     p.add_argument("--se-loss", help="semantic-encoding loss (EncNet)", **flag)
