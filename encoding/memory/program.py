@@ -22,7 +22,6 @@ Each distinct device program is a real, single-device program written with our r
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
@@ -33,7 +32,7 @@ from torch import Tensor, nn
 
 from ..parallel.reduction import criterion_loss_terms, reduce_loss_terms
 from ..parallel.structures import iter_leaves, transpose_map
-from .sharded import rank_world, shard_model, zero_optimizer
+from .sharded import LocalShardOptimizer, rank_world, shard_model, zero_optimizer
 from .tracker import MIB
 
 __all__ = ["STRATEGIES", "StepSpec", "DeviceProgram", "ProgramResult", "device_programs", "run_program",
@@ -292,10 +291,11 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
         track: called with the model's parameters and buffers once it is built (for tensors made without an
             operator, e.g. converted to fake tensors).
         real_ddp: run a ``ddp`` or ``zero1`` program through a real ``DistributedDataParallel`` (in the process
-            group of this process, else a one-process gloo group) instead of modelling its gradient buckets.
+            group of this process, else a one-process gloo group) instead of modelling its gradient buckets, and
+            ``fsdp``'s optimizer on the ``DTensor`` parameters instead of their local shards.
         model: a model built by ``spec.build_model`` on fake tensors, reused across programs: its parameters have
             no values, so the warm-up step is reduced to what it leaves behind (the optimizer state). ``fsdp``
-            shards a copy of it and runs a full warm-up step.
+            builds and shards its own and runs a full warm-up step.
 
     ``fsdp`` and ``zero1`` run in the process group of this process (its world size and rank must be the
     program's), else in a fake one of the program's size (:func:`~encoding.memory.sharded.rank_world`).
@@ -315,12 +315,8 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
 
 def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, window: Callable[[], Any], steps: int,
                  track: Callable[[List[Tensor]], None], real_ddp: bool, model: Optional[nn.Module]) -> float:
-    if program.strategy == "fsdp":  # sharding changes the module: a copy of a reused one
-        model = copy.deepcopy(model) if model is not None else spec.build_model()
-        reuse = False
-    else:
-        reuse = model is not None
-        model = model if reuse else spec.build_model()
+    reuse = model is not None and program.strategy != "fsdp"  # sharding changes the module: fsdp builds its own
+    model = model if reuse else spec.build_model()
     model.train()
     track(list(model.parameters()) + list(model.buffers()))
     if program.strategy == "fsdp":
@@ -329,6 +325,8 @@ def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, windo
     optimizer = None
     if program.strategy == "zero1":
         optimizer = zero_optimizer(params, spec.optimizer)
+    elif program.strategy == "fsdp" and not real_ddp:  # simulated: the same tensors, DTensor's dispatch skipped
+        optimizer = LocalShardOptimizer(params, spec.optimizer)
     elif program.keeps_module:
         optimizer = spec.optimizer(params)
     buckets = []

@@ -14,7 +14,7 @@ on a real rank), in :mod:`encoding.memory.ranks` in a real gloo group.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from ..utils.dist import fsdp_units
 
-__all__ = ["rank_world", "shard_model", "zero_optimizer"]
+__all__ = ["rank_world", "shard_model", "zero_optimizer", "zero_partitions", "LocalShardOptimizer"]
 
 
 @contextlib.contextmanager
@@ -75,3 +75,44 @@ def zero_optimizer(params: List[Tensor], make: Callable[[List[Tensor]], torch.op
 
     probe = make(params)  # its class and defaults; no state is made before a step
     return ZeroRedundancyOptimizer(params, optimizer_class=type(probe), **probe.defaults)
+
+
+def zero_partitions(params: List[Tensor], world_size: int) -> List[Tuple[int, ...]]:
+    """The sizes (elements) of the parameters each of ``world_size`` ranks owns under ``ZeroRedundancyOptimizer``
+    (ranks with equal partitions hold equal optimizer state)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    with rank_world(world_size, 0):
+        zero = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, lr=0.01)
+        partitions = zero._partition_parameters()
+    return [tuple(sorted(p.numel() for group in rank for p in group["params"])) for rank in partitions]
+
+
+class LocalShardOptimizer:
+    """The optimizer of ``fsdp``'s sharded parameters run on their local shards (views of the same storages) and
+    their gradients' local shards: the same tensors as on the ``DTensor`` parameters, without ``DTensor``'s
+    per-operator sharding propagation (what makes a simulated ``fsdp`` step slow). The simulator uses it; the real
+    measurement steps the ``DTensor`` parameters.
+
+    Args:
+        params: the sharded parameters (``DTensor``).
+        make: ``local tensors -> optimizer``.
+    """
+
+    def __init__(self, params: List[Tensor], make: Callable[[List[Tensor]], torch.optim.Optimizer]) -> None:
+        self.params = params
+        self.local = [p.to_local().detach() for p in params]
+        self.optimizer = make(self.local)
+
+    def step(self) -> None:
+        """One optimizer step on the local shards of the parameters and of their gradients."""
+        for param, local in zip(self.params, self.local):
+            local.grad = None if param.grad is None else param.grad.to_local()
+        self.optimizer.step()
+        for local in self.local:
+            local.grad = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the gradients (``set_to_none`` only: the step loop's)."""
+        for param in self.params:
+            param.grad = None

@@ -8,11 +8,13 @@ strategy and split.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from torch import nn
 
 from .program import DeviceProgram, ProgramResult, StepSpec, device_programs, run_program
+from .sharded import zero_partitions
 from .tracker import AllocationTracker, Workspaces
 
 __all__ = ["new_fake_mode", "simulate_program", "Simulator"]
@@ -66,6 +68,7 @@ class Simulator:
         self.workspaces = workspaces
         self._model: Optional[nn.Module] = None
         self._cache: Dict[DeviceProgram, ProgramResult] = {}
+        self._zero: Dict[int, List[tuple]] = {}
 
     @property
     def programs_run(self) -> int:
@@ -81,9 +84,21 @@ class Simulator:
             if self._model is None:
                 with self.fake_mode:
                     self._model = self.spec.build_model()
+            if key.strategy == "zero1":  # ranks that own equal partitions hold the same
+                key = dataclasses.replace(key, rank=self._zero_rank(key.replicas, key.rank))
+        if key not in self._cache:
             self._cache[key] = simulate_program(self.spec, key, self.round_to, self.fake_mode, self.workspaces,
                                                 self._model)
         return self._cache[key]
+
+    def _zero_rank(self, world_size: int, rank: int) -> int:
+        """The first rank whose ``ZeroRedundancyOptimizer`` partition has the sizes of ``rank``'s."""
+        if world_size not in self._zero:
+            params = [p for p in self._model.parameters() if p.requires_grad]
+            with self.fake_mode:
+                self._zero[world_size] = zero_partitions(params, world_size)
+        partitions = self._zero[world_size]
+        return partitions.index(partitions[rank])
 
     def peak(self, program: DeviceProgram) -> int:
         """Simulated peak bytes of ``program``."""
