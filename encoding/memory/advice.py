@@ -90,6 +90,11 @@ class _Peaks:
             self._simulators[key] = sim
         return self._simulators[key]
 
+    @property
+    def programs_run(self) -> int:
+        """Distinct device programs simulated so far."""
+        return sum(sim.programs_run for sim in self._simulators.values())
+
     def __call__(self, policy: str, crop: int, strategy: str, share: int) -> int:
         sim = self.simulator(policy, crop)
         return sim.peak(heaviest_program(sim, strategy, share, self.num_devices))
@@ -157,7 +162,8 @@ def _on_grid(target: float, axis: Callable[[int], float], step: int) -> int:
 
 
 def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], num_devices: int, batch: int,
-           crop: int, limit_bytes: int, round_to: int = 1, policies: Sequence[str] = POLICY_ORDER) -> List[Advice]:
+           crop: int, limit_bytes: int, round_to: int = 1, policies: Sequence[str] = POLICY_ORDER,
+           stats: Optional[Dict[str, int]] = None) -> List[Advice]:
     """Per strategy x policy, the largest batch that fits ``limit_bytes`` per device at ``crop`` and the largest
     crop that fits at ``batch``; the recommended row marked (:func:`recommend`).
 
@@ -171,6 +177,7 @@ def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], 
         limit_bytes: memory per device.
         round_to: allocation granularity (512 for CUDA).
         policies: the checkpointing policies to try.
+        stats: filled with ``"programs"``: the device programs simulated.
     """
     peaks = _Peaks(spec_for, num_devices, round_to)
     share = max(1, batch // num_devices)
@@ -180,6 +187,8 @@ def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], 
             per_device = _max_share(peaks, policy, crop, strategy, share, limit_bytes)
             best_crop = _max_crop(peaks, policy, crop, strategy, share, limit_bytes)
             rows.append(Advice(strategy, policy, per_device * num_devices, per_device, best_crop))
+    if stats is not None:
+        stats["programs"] = peaks.programs_run
     return recommend(rows)
 
 

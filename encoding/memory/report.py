@@ -95,13 +95,13 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         what = "simulated" if args.devices is None else "measured"
         _say(progress, f"{strategy}: {what} in {time.perf_counter() - start:.1f} s")
     if args.advise:
-        start = time.perf_counter()
+        start, stats = time.perf_counter(), {}
         report["advice"] = [row.as_dict() for row in advise(
             lambda crop, policy: segmentation_spec(**dict(spec_args, crop_size=crop, checkpoint=policy)),
             args.strategies, args.num_devices, args.batch_size, args.crop_size, args.memory_limit_bytes,
-            CUDA_BLOCK)]
+            CUDA_BLOCK, stats=stats)]
         report["advise_s"] = round(time.perf_counter() - start, 2)
-        _say(progress, f"advice: {report['advise_s']:.1f} s")
+        _say(progress, f"advice: {stats['programs']} device programs simulated in {report['advise_s']:.1f} s")
     return report
 
 
