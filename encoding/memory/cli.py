@@ -17,7 +17,7 @@ import torch
 
 from ..utils.cli import OneLineParser, positive_int
 from .planner import parse_memory
-from .program import STRATEGIES
+from .program import DEFAULT_STRATEGIES, STRATEGIES
 from .report import format_report, memory_report, write_chart, write_json
 
 __all__ = ["parse_memory", "build_parser", "parse_args", "main"]
@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", default=None, help="CUDA devices to measure, e.g. 0,1,2,3")
     p.add_argument("--simulate", type=positive_int, default=None, metavar="N",
                    help="simulate N virtual devices on fake tensors (default: 4 when there is no GPU)")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated, from {', '.join(STRATEGIES)}")
+    p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
+                   help=f"comma-separated, from {', '.join(STRATEGIES)} (default: {','.join(DEFAULT_STRATEGIES)})")
     p.add_argument("--steps", type=positive_int, default=1, help="measured steps after one warm-up step (real devices)")
     p.add_argument("--amp", nargs="?", const="auto", choices=["auto", "bf16", "fp16"], default=None,
                    help="mixed precision: bf16 or fp16 autocast (a bare --amp: bf16 when simulating, fp16 on GPUs)")

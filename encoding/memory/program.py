@@ -40,6 +40,8 @@ __all__ = ["STRATEGIES", "StepSpec", "DeviceProgram", "ProgramResult", "device_p
 
 #: The strategies the memory tool compares, in report order.
 STRATEGIES: Tuple[str, ...] = ("gather", "balanced", "balanced-auto", "ddp", "fsdp", "zero1")
+#: What ``--strategies`` simulates when not given (``fsdp`` and ``zero1`` on request).
+DEFAULT_STRATEGIES: Tuple[str, ...] = STRATEGIES[:4]
 #: The strategies whose ranks are processes of a ``torch.distributed`` group (every rank keeps the module).
 DISTRIBUTED: Tuple[str, ...] = ("ddp", "fsdp", "zero1")
 #: DDP's default bucket capacity (``bucket_cap_mb=25``) and first-bucket size.

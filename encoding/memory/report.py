@@ -133,8 +133,12 @@ TABLE_WIDTH = 119
 def _options(config: Dict[str, Any]) -> str:
     """The strategy options of a report in words: mode, checkpointing, mixed precision, calibration, steps."""
     mode = config["mode"] + (f", {config['steps']} measured step(s)" if config.get("steps") else "")
-    return (f"{mode}; --checkpoint {config['checkpoint']}, --amp {config['amp'] or 'off'}, "
-            f"--calibrate {'on' if config['calibrate'] else 'off'}; loop: {config['loop']}")
+    amp = config["amp"]
+    if amp is True:  # a report of the boolean --amp: bf16 simulated, fp16 measured
+        amp = "fp16" if config["mode"] == "measured" else "bf16"
+    return (f"{mode}; --checkpoint {config['checkpoint']}, --amp {amp or 'off'}, "
+            f"--calibrate {'on' if config['calibrate'] else 'off'}; "
+            f"loop: {config.get('loop') or loop_name(config.get('keep_outputs', False))}")
 
 
 def _title(config: Dict[str, Any]) -> str:
