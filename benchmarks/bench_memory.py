@@ -154,6 +154,7 @@ def amp(args):
     for model in args.models or ["fcn", "deeplab"]:
         spec = segmentation_spec(model, "resnet50", 21, args.crop, aux=True, amp_dtype=torch.bfloat16)
         _compare(f"bf16 {model}-21 one device", spec, program)
+        _compare(f"bf16 {model}-21 one device, calibrated", spec, program, learn_workspaces(spec))
 
 
 def main():
