@@ -104,7 +104,8 @@ def advise(args):
     report = tool_main(["--model", "fcn", "--backbone", "resnet50", "--dataset", "ade20k", "--aux", "--simulate", "8",
                         "--strategies", "gather,balanced,ddp,fsdp,zero1", "--advise", "--memory-limit", "11GiB",
                         "--out-dir", args.out_dir])
-    print(f"advise: FCN-ResNet50, 150 classes, 8 x 11GiB, 5 strategies x 3 policies: advice {report['advise_s']:.1f} s, "
+    print(f"advise: FCN-ResNet50, 150 classes, 8 x 11GiB, 5 strategies x 3 policies: "
+          f"advice {report['advise_s']:.1f} s, "
           f"whole tool {time.perf_counter() - start:.1f} s wall, {time.process_time() - cpu:.1f} s of CPU time "
           f"(target < 60 s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
 
