@@ -4,6 +4,10 @@
     python benchmarks/bench_memory.py accuracy    # simulated vs real (torch.profiler) per device program, crop 480
     python benchmarks/bench_memory.py zoo         # one device, every architecture, uncalibrated and calibrated
     python benchmarks/bench_memory.py table       # per-device peaks and max batch at 11 GiB (docs/memory.md)
+    python benchmarks/bench_memory.py advise      # --advise time: FCN-ResNet50, 150 classes, 8 x 11 GiB
+    python benchmarks/bench_memory.py loops       # both loops (--keep-outputs), simulated vs real CPU programs
+    python benchmarks/bench_memory.py sharded     # fsdp / zero1 ranks vs a real multi-process gloo run
+    python benchmarks/bench_memory.py amp         # bf16: one device, simulated vs a real CPU bf16 step
 
 Every figure is a ratio or an error measured in the same run (these machines are noisy); nothing is asserted.
 """
@@ -95,10 +99,77 @@ def table(args):
                       f"max batch {biggest}", flush=True)
 
 
+def advise(args):
+    start, cpu = time.perf_counter(), time.process_time()
+    report = tool_main(["--model", "fcn", "--backbone", "resnet50", "--dataset", "ade20k", "--aux", "--simulate", "8",
+                        "--strategies", "gather,balanced,ddp,fsdp,zero1", "--advise", "--memory-limit", "11GiB",
+                        "--out-dir", args.out_dir])
+    print(f"advise: FCN-ResNet50, 150 classes, 8 x 11GiB, 5 strategies x 3 policies: "
+          f"advice {report['advise_s']:.1f} s, "
+          f"whole tool {time.perf_counter() - start:.1f} s wall, {time.process_time() - cpu:.1f} s of CPU time "
+          f"(target < 60 s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+
+
+def _compare(label, spec, program, workspaces=None):
+    real = measure_program_cpu(spec, program).peak
+    sim = simulate_program(spec, program, workspaces=workspaces).peak
+    print(f"{label:<44} real {real / MIB:9.1f}  sim {sim / MIB:9.1f}  {100 * (sim - real) / real:+6.2f}%", flush=True)
+
+
+def loops(args):
+    print(f"loops: simulated vs real CPU peak, crop {args.crop}, {args.per_device} images per device, "
+          f"{args.devices} devices (each distinct device program)")
+    for model, nclass in args.configs:
+        for keep in (False, True):
+            spec = segmentation_spec(model, "resnet50", nclass, args.crop, aux=True, se_loss=model == "encnet",
+                                     keep_outputs=keep)
+            for (strategy, role), program in _distinct_programs(args.devices, args.per_device).items():
+                loop = "keep-outputs" if keep else "train.py"
+                _compare(f"{model}-{nclass} {loop} {strategy} {role}", spec, program)
+
+
+def sharded_spec(model, nclass, crop):
+    """Module level: the spawned ranks rebuild the step by name."""
+    return segmentation_spec(model, "resnet50", nclass, crop, aux=True)
+
+
+def sharded(args):
+    from encoding.memory import measure_ranks_cpu
+
+    for ranks in args.ranks:
+        split = [args.per_device] * ranks
+        kwargs = dict(model=args.configs[0][0], nclass=args.configs[0][1], crop=args.crop)
+        real = measure_ranks_cpu(sharded_spec, kwargs, args.strategies, split, threads=1)
+        simulator = Simulator(sharded_spec(**kwargs))
+        for strategy, results in real.items():
+            for rank, (result, sim) in enumerate(zip(results, simulator.peaks(strategy, split))):
+                print(f"sharded {kwargs['model']}-{kwargs['nclass']} crop {args.crop} {strategy} {ranks} ranks rank "
+                      f"{rank}: real {result.peak / MIB:9.1f}  sim {sim / MIB:9.1f}  "
+                      f"{100 * (sim - result.peak) / result.peak:+6.2f}%", flush=True)
+
+
+def amp(args):
+    import torch
+
+    program = DeviceProgram("balanced", args.per_device, args.per_device, source=True, replicas=1)
+    for model in args.models or ["fcn", "deeplab"]:
+        spec = segmentation_spec(model, "resnet50", 21, args.crop, aux=True, amp_dtype=torch.bfloat16)
+        _compare(f"bf16 {model}-21 one device", spec, program)
+        _compare(f"bf16 {model}-21 one device, calibrated", spec, program, learn_workspaces(spec))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("parts", nargs="*", default=["speed", "accuracy", "zoo", "table"],
-                        choices=["speed", "accuracy", "zoo", "table"])
+    parts = ["speed", "accuracy", "zoo", "table", "advise", "loops", "sharded", "amp"]
+    parser.add_argument("parts", nargs="*", default=parts[:5], choices=parts)
+    parser.add_argument("--crop", type=int, default=480, help="loops, sharded, amp: the crop")
+    parser.add_argument("--per-device", type=int, default=2, help="loops, sharded, amp: images per device (rank)")
+    parser.add_argument("--devices", type=int, default=8, help="loops: devices")
+    parser.add_argument("--ranks", type=int, nargs="*", default=[2, 4], help="sharded: world sizes")
+    parser.add_argument("--strategies", nargs="*", default=["fsdp", "zero1"], help="sharded: strategies")
+    parser.add_argument("--configs", nargs="*", default=CONFIGS[:2],
+                        type=lambda text: (text.split("-")[0], int(text.split("-")[1])),
+                        help="loops, sharded (the first): model-classes, e.g. fcn-150")
     parser.add_argument("--out-dir", default="runs/bench_memory")
     parser.add_argument("--memory-limit", default="11GiB")
     parser.add_argument("--zoo-images", type=int, default=2)

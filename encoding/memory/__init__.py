@@ -13,10 +13,13 @@ Modules, in dependency order: ``tracker`` (allocation counting), ``program`` (de
 ``profiler`` (real CPU steps, calibration), ``balance``, ``spec``, ``cuda`` (real GPUs), ``report`` (table, JSON,
 chart), ``cli``.
 """
+from .advice import Advice, advise
 from .balance import MemoryBalancer, max_batch, plan_split, strategy_peaks
 from .cli import build_parser, main
 from .cuda import measure_strategy
+from .planner import MemoryPlan, plan
 from .profiler import learn_workspaces, measure_program_cpu
+from .ranks import measure_ranks_cpu
 from .program import DeviceProgram, StepSpec
 from .simulate import Simulator, simulate_program
 from .spec import segmentation_spec
@@ -25,4 +28,5 @@ __all__ = [
     "Simulator", "StepSpec", "DeviceProgram", "segmentation_spec", "simulate_program",
     "plan_split", "strategy_peaks", "max_batch", "MemoryBalancer",
     "measure_program_cpu", "measure_strategy", "learn_workspaces", "build_parser", "main",
+    "plan", "MemoryPlan", "Advice", "advise", "measure_ranks_cpu",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -151,6 +151,18 @@ def _segmentation_loss(output: Any, target: Tensor) -> Tensor:
     return loss
 
 
+class _KeyedLoss:
+    """``criterion(output[output_key], target)`` plus ``aux_weight * criterion(output[aux_key], target)``."""
+
+    def __init__(self, criterion: Callable[..., Any], output_key: Hashable, aux_key: Hashable,
+                 aux_weight: Optional[float]) -> None:
+        self.criterion, self.output_key, self.aux_key, self.aux_weight = criterion, output_key, aux_key, aux_weight
+
+    def __call__(self, output: Any, target: Any) -> Tensor:
+        loss = self.criterion(output[self.output_key], target)
+        return loss + self.aux_weight * self.criterion(output[self.aux_key], target) if self.aux_weight else loss
+
+
 def _narrow(tree: Any, share: int, dim: int) -> Any:
     """``tree`` with every batched tensor resized to ``share`` samples along ``dim`` (new storage, like a scatter)."""
     def leaf(value: Any) -> List[Any]:
@@ -182,6 +194,9 @@ class MemoryBalancer:
             and spatial size).
         optimizer: ``params -> optimizer`` whose state device 0 holds (default: SGD with momentum).
         round_to: allocation granularity (default 512 on CUDA devices, else 1).
+        output_key / aux_weight / aux_key: as :class:`~encoding.parallel.DataParallelCriterion`'s: the criterion
+            sees ``output[output_key]`` plus ``aux_weight`` times its value on ``output[aux_key]``. A
+            ``DataParallelCriterion`` given as ``criterion`` brings its own.
 
     Example:
         >>> model = DataParallelModel(net, ["cpu"] * 3, balance=MemoryBalancer(criterion))  # doctest: +SKIP
@@ -190,7 +205,16 @@ class MemoryBalancer:
     def __init__(self, criterion: Optional[Callable[..., Any]] = None,
                  make_target: Optional[Callable[[tuple, dict], Any]] = None,
                  optimizer: Callable[[List[Tensor]], torch.optim.Optimizer] = default_optimizer,
-                 round_to: Optional[int] = None) -> None:
+                 round_to: Optional[int] = None, *, output_key: Optional[Hashable] = None,
+                 aux_weight: Optional[float] = None, aux_key: Hashable = "aux") -> None:
+        if hasattr(criterion, "output_key") and hasattr(criterion, "criterion"):  # a DataParallelCriterion
+            output_key, aux_weight, aux_key = criterion.output_key, criterion.aux_weight, criterion.aux_key
+            criterion = criterion.criterion
+        if aux_weight and output_key is None:
+            raise ValueError("MemoryBalancer: aux_weight needs output_key, the key of the main output")
+        if output_key is not None:
+            criterion = _KeyedLoss(criterion if criterion is not None else F.cross_entropy, output_key, aux_key,
+                                   aux_weight)
         self.criterion = criterion if criterion is not None else _segmentation_loss
         self.make_target = make_target if make_target is not None else _default_target
         self.optimizer = optimizer

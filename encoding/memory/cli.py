@@ -11,42 +11,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
 from ..utils.cli import OneLineParser, positive_int
-from .program import STRATEGIES
+from .planner import parse_memory
+from .program import DEFAULT_STRATEGIES, STRATEGIES
 from .report import format_report, memory_report, write_chart, write_json
 
 __all__ = ["parse_memory", "build_parser", "parse_args", "main"]
 
-_UNITS = {"b": 1, "k": 2 ** 10, "kb": 10 ** 3, "kib": 2 ** 10, "m": 2 ** 20, "mb": 10 ** 6, "mib": 2 ** 20,
-          "g": 2 ** 30, "gb": 10 ** 9, "gib": 2 ** 30, "t": 2 ** 40, "tb": 10 ** 12, "tib": 2 ** 40}
-
-
 #: The memory size of ``--memory-limit`` when it is not given and ``--max-batch`` needs one.
 DEFAULT_MEMORY_LIMIT = "11GiB"
-
-
-def parse_memory(text: str) -> int:
-    """``"11GiB"`` -> bytes; the unit is required: B, KB/KiB, MB/MiB, GB/GiB, TB/TiB (K/M/G/T = binary).
-
-    Raises:
-        ValueError: a number without a unit (``"11"`` is not 11 bytes nor 11 GiB), anything else, or a size that is
-            not positive.
-    """
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else None
-    if match and not unit:
-        raise ValueError(f"memory size {text!r} has no unit; write e.g. {match.group(1)}GiB or {match.group(1)}MiB")
-    if not match or unit not in _UNITS:
-        raise ValueError(f"cannot read memory size {text!r}; write e.g. 11GiB, 11000MiB or 12GB")
-    value = int(float(match.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise ValueError(f"memory size {text!r} must be positive")
-    return value
 
 
 # ------------------------------------------------------------------------------------------------ options
@@ -69,9 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", default=None, help="CUDA devices to measure, e.g. 0,1,2,3")
     p.add_argument("--simulate", type=positive_int, default=None, metavar="N",
                    help="simulate N virtual devices on fake tensors (default: 4 when there is no GPU)")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated, from {', '.join(STRATEGIES)}")
+    p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
+                   help=f"comma-separated, from {', '.join(STRATEGIES)} (default: {','.join(DEFAULT_STRATEGIES)})")
     p.add_argument("--steps", type=positive_int, default=1, help="measured steps after one warm-up step (real devices)")
-    p.add_argument("--amp", action="store_true", help="mixed precision (bf16 when simulating, fp16 on GPUs)")
+    p.add_argument("--amp", nargs="?", const="auto", choices=["auto", "bf16", "fp16"], default=None,
+                   help="mixed precision: bf16 or fp16 autocast (a bare --amp: bf16 when simulating, fp16 on GPUs)")
+    p.add_argument("--keep-outputs", action="store_true",
+                   help="simulate the loop that holds the outputs through backward (outputs = model(x); loss = "
+                        "criterion(outputs, y); loss.backward()); default: train.py's, which frees them first")
     p.add_argument("--checkpoint", choices=["none", "backbone", "all"], default="none",
                    help="activation checkpointing of the model (every residual block, or blocks and heads); when "
                         "simulating, the report adds each device's peak without it and the saving")
@@ -80,10 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "real device (a GPU where there is one, else the CPU)")
     p.add_argument("--max-batch", action="store_true",
                    help="also find, per strategy, the largest total batch that fits --memory-limit (simulated)")
+    p.add_argument("--advise", action="store_true",
+                   help="per strategy x checkpointing policy (none, backbone, all): the largest batch that fits "
+                        "--memory-limit at the crop and the largest crop at the batch; marks the recommended one")
     p.add_argument("--memory-limit", default=None, metavar="SIZE",
                    help="memory per device with its unit (11GiB, 11000MiB, 12GB; a bare number is an error): "
-                        f"--max-batch searches under it (default there: {DEFAULT_MEMORY_LIMIT}), the chart draws it "
-                        "as a line")
+                        f"--max-batch and --advise search under it (default there: {DEFAULT_MEMORY_LIMIT}), the "
+                        "chart draws it as a line")
     p.add_argument("--json", default=None, metavar="PATH", help="JSON report (default: OUT_DIR/memory_balance.json)")
     p.add_argument("--chart", default=None, metavar="PATH", help="PNG chart (default: OUT_DIR/memory_balance.png)")
     p.add_argument("--out-dir", default="runs/memory", help="where the report files go (default: runs/memory); "
@@ -128,7 +113,11 @@ def _complete(args: argparse.Namespace) -> None:
     if args.batch_size < count:
         raise ValueError(f"--batch-size {args.batch_size} is smaller than the {count} devices: every device needs "
                          "a sample to compare strategies")
-    if args.memory_limit is None and args.max_batch:
+    if args.advise and args.devices is not None:
+        raise ValueError("--advise simulates; use it with --simulate N, not --devices")
+    if args.amp == "auto":
+        args.amp = "fp16" if args.devices is not None else "bf16"
+    if args.memory_limit is None and (args.max_batch or args.advise):
         args.memory_limit = DEFAULT_MEMORY_LIMIT
     try:
         args.memory_limit_bytes = None if args.memory_limit is None else parse_memory(args.memory_limit)

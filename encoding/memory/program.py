@@ -32,13 +32,18 @@ from torch import Tensor, nn
 
 from ..parallel.reduction import criterion_loss_terms, reduce_loss_terms
 from ..parallel.structures import iter_leaves, transpose_map
+from .sharded import LocalShardOptimizer, rank_world, shard_model, zero_optimizer
 from .tracker import MIB
 
 __all__ = ["STRATEGIES", "StepSpec", "DeviceProgram", "ProgramResult", "device_programs", "run_program",
            "default_optimizer", "step_autocast", "tensor_leaves"]
 
 #: The strategies the memory tool compares, in report order.
-STRATEGIES: Tuple[str, ...] = ("gather", "balanced", "balanced-auto", "ddp")
+STRATEGIES: Tuple[str, ...] = ("gather", "balanced", "balanced-auto", "ddp", "fsdp", "zero1")
+#: What ``--strategies`` simulates when not given (``fsdp`` and ``zero1`` on request).
+DEFAULT_STRATEGIES: Tuple[str, ...] = STRATEGIES[:4]
+#: The strategies whose ranks are processes of a ``torch.distributed`` group (every rank keeps the module).
+DISTRIBUTED: Tuple[str, ...] = ("ddp", "fsdp", "zero1")
 #: DDP's default bucket capacity (``bucket_cap_mb=25``) and first-bucket size.
 _DDP_BUCKET_BYTES = 25 * MIB
 _DDP_FIRST_BUCKET_BYTES = 1 * MIB
@@ -65,6 +70,9 @@ class StepSpec:
             does on each device.
         optimizer: ``params -> optimizer`` (default: SGD with momentum 0.9 and weight decay).
         amp_dtype: autocast dtype for forward and loss (``None``: full precision).
+        keep_outputs: the loop holds the model's outputs through backward (``outputs = model(x); loss =
+            criterion(outputs, y); loss.backward()``); default ``False``: ``criterion(model(x), y).backward()``, the
+            loop of ``train.py``, which frees them before backward.
     """
 
     build_model: Callable[[], nn.Module]
@@ -73,6 +81,7 @@ class StepSpec:
     criterion: Callable[..., Any]
     optimizer: Callable[[List[Tensor]], torch.optim.Optimizer] = default_optimizer
     amp_dtype: Optional[torch.dtype] = None
+    keep_outputs: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,12 +89,15 @@ class DeviceProgram:
     """What one device runs in one step; equal programs have equal peaks, so each is simulated once.
 
     Attributes:
-        strategy: ``"gather"``, ``"balanced"`` or ``"ddp"`` (``balanced-auto`` runs ``balanced`` programs).
+        strategy: ``"gather"``, ``"balanced"``, ``"ddp"``, ``"fsdp"`` or ``"zero1"`` (``balanced-auto`` runs
+            ``balanced`` programs).
         share: samples this device processes.
         total: samples in the whole batch (the gathered outputs of ``gather`` hold ``total``).
         source: device 0 of ``gather``/``balanced``: it holds the module, the optimizer state and the reduced
             gradients.
-        replicas: devices that run a replica in this step (the gradients are reduced when more than one).
+        replicas: devices that run a replica in this step (the gradients are reduced when more than one); the world
+            size of ``fsdp`` and ``zero1``.
+        rank: this process's rank (``fsdp``, ``zero1``: which shard of the parameters or optimizer state it holds).
     """
 
     strategy: str
@@ -93,11 +105,12 @@ class DeviceProgram:
     total: int
     source: bool
     replicas: int
+    rank: int = 0
 
     @property
     def keeps_module(self) -> bool:
-        """Holds the trained module's gradients and optimizer state (device 0, or any DDP rank)."""
-        return self.source or self.strategy == "ddp"
+        """Holds the trained module's gradients and optimizer state (device 0, or any rank of a process group)."""
+        return self.source or self.strategy in DISTRIBUTED
 
     @property
     def receives_gradients(self) -> bool:
@@ -107,6 +120,9 @@ class DeviceProgram:
     def canonical(self) -> "DeviceProgram":
         """The same program with the fields that do not change what it holds normalised (a cache key)."""
         total = self.total if self.strategy == "gather" and self.source else self.share
+        if self.strategy in ("fsdp", "zero1"):  # every fsdp rank holds equal (padded) shards; zero1's differ
+            return DeviceProgram(self.strategy, self.share, total, False, self.replicas,
+                                 self.rank if self.strategy == "zero1" else 0)
         return DeviceProgram(self.strategy, self.share, total, self.source, 2 if self.receives_gradients else 1)
 
 
@@ -120,8 +136,10 @@ def device_programs(strategy: str, split: Sequence[int]) -> List[DeviceProgram]:
     total = sum(split)
     replicas = sum(1 for n in split if n > 0)
     kind = "balanced" if strategy == "balanced-auto" else strategy
-    if kind not in ("gather", "balanced", "ddp"):
+    if kind not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; valid strategies: {', '.join(STRATEGIES)}")
+    if kind in ("fsdp", "zero1"):
+        return [DeviceProgram(kind, n, total, False, len(split), rank) for rank, n in enumerate(split)]
     return [DeviceProgram(kind, n, total, source=(i == 0 and kind != "ddp"), replicas=replicas)
             for i, n in enumerate(split)]
 
@@ -182,22 +200,6 @@ def _ddp_buckets(params: List[Tensor]) -> List[Tensor]:
     return [params[0].new_empty(n) for n in sizes]
 
 
-@contextlib.contextmanager
-def _world_of_one() -> Iterator[None]:
-    """A one-process gloo group while a real ``DistributedDataParallel`` runs in this process (destroyed after,
-    when it was made here, so the process does not look distributed to later code)."""
-    import torch.distributed as dist
-
-    made = not dist.is_initialized()
-    if made:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        if made:
-            dist.destroy_process_group()
-
-
 def step_autocast(spec: StepSpec, device_type: str):
     """Autocast for ``spec``'s forward and loss on ``device_type`` (a no-op without ``amp_dtype``)."""
     if spec.amp_dtype is None:
@@ -241,7 +243,8 @@ def _forward_backward(spec: StepSpec, program: DeviceProgram, model: nn.Module, 
             loss = _loss(spec, outputs, spec.make_target(program.total), program.total)
         else:
             loss = _loss(spec, outputs, spec.make_target(program.share), program.share)
-        outputs = None
+        if not spec.keep_outputs:  # train.py's loop: the outputs are gone before backward
+            outputs = None
     loss.backward()
 
 
@@ -289,31 +292,49 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
         steps: measured steps.
         track: called with the model's parameters and buffers once it is built (for tensors made without an
             operator, e.g. converted to fake tensors).
-        real_ddp: run a ``ddp`` program through a real ``DistributedDataParallel`` (a one-process gloo group)
-            instead of modelling its gradient buckets.
+        real_ddp: run a ``ddp`` or ``zero1`` program through a real ``DistributedDataParallel`` (in the process
+            group of this process, else a one-process gloo group) instead of modelling its gradient buckets, and
+            ``fsdp``'s optimizer on the ``DTensor`` parameters instead of their local shards.
         model: a model built by ``spec.build_model`` on fake tensors, reused across programs: its parameters have
-            no values, so the warm-up step is reduced to what it leaves behind (the optimizer state).
+            no values, so the warm-up step is reduced to what it leaves behind (the optimizer state). ``fsdp``
+            builds and shards its own and runs a full warm-up step.
+
+    ``fsdp`` and ``zero1`` run in the process group of this process (its world size and rank must be the
+    program's), else in a fake one of the program's size (:func:`~encoding.memory.sharded.rank_world`).
 
     Returns:
         Seconds of the last measured step.
     """
-    ddp_group = _world_of_one() if real_ddp and program.strategy == "ddp" else contextlib.nullcontext()
-    with _any_batchnorm_batch(), ddp_group:
+    if program.strategy in ("fsdp", "zero1"):
+        group = rank_world(program.replicas, program.rank)
+    elif real_ddp and program.strategy == "ddp":
+        group = rank_world(None, 0, "gloo")
+    else:
+        group = contextlib.nullcontext()
+    with _any_batchnorm_batch(), group:
         return _run_program(spec, program, device_type, window, steps, track, real_ddp, model)
 
 
 def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, window: Callable[[], Any], steps: int,
                  track: Callable[[List[Tensor]], None], real_ddp: bool, model: Optional[nn.Module]) -> float:
-    reuse = model is not None
+    reuse = model is not None and program.strategy != "fsdp"  # sharding changes the module: fsdp builds its own
     model = model if reuse else spec.build_model()
     model.train()
     track(list(model.parameters()) + list(model.buffers()))
+    if program.strategy == "fsdp":
+        model = shard_model(model)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = spec.optimizer(params) if program.keeps_module else None
+    optimizer = None
+    if program.strategy == "zero1":
+        optimizer = zero_optimizer(params, spec.optimizer)
+    elif program.strategy == "fsdp" and not real_ddp:  # simulated: the same tensors, DTensor's dispatch skipped
+        optimizer = LocalShardOptimizer(params, spec.optimizer)
+    elif program.keeps_module:
+        optimizer = spec.optimizer(params)
     buckets = []
-    if program.strategy == "ddp" and real_ddp:
+    if program.strategy in ("ddp", "zero1") and real_ddp:
         model = nn.parallel.DistributedDataParallel(model)
-    elif program.strategy == "ddp" and params:
+    elif program.strategy in ("ddp", "zero1") and params:
         buckets = _ddp_buckets(params)  # held for the whole run, like DDP's
     if reuse:
         _optimizer_warmup(params, optimizer)

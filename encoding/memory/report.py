@@ -15,13 +15,15 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from ..utils.files import atomic_write
+from .advice import advise
 from .balance import max_batch, strategy_peaks
+from .planner import AMP_DTYPES, loop_name
 from .profiler import learn_workspaces
 from .simulate import Simulator
 from .spec import segmentation_spec
 from .tracker import CUDA_BLOCK, MIB
 
-__all__ = ["memory_report", "format_report", "write_json", "write_chart", "chart_figure"]
+__all__ = ["memory_report", "format_report", "format_advice", "write_json", "write_chart", "chart_figure"]
 
 
 def _summary(peaks: Sequence[int], split: Sequence[int], seconds: Optional[float]) -> Dict[str, Any]:
@@ -39,8 +41,9 @@ def _summary(peaks: Sequence[int], split: Sequence[int], seconds: Optional[float
 
 def _config(args: argparse.Namespace, mode: str) -> Dict[str, Any]:
     keys = ("model", "backbone", "dataset", "nclass", "batch_size", "crop_size", "aux", "se_loss", "amp",
-            "calibrate", "memory_limit", "checkpoint")
+            "calibrate", "memory_limit", "checkpoint", "keep_outputs")
     config = {k: getattr(args, k) for k in keys}
+    config["loop"] = loop_name(args.keep_outputs)
     config.update(mode=mode, devices=args.num_devices, strategies=list(args.strategies),
                   memory_limit_mib=None if args.memory_limit_bytes is None else round(args.memory_limit_bytes / MIB, 2))
     if mode == "measured":
@@ -56,12 +59,14 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         ``"peak_mib"``, ``"max_over_mean"``, ``"max_over_min"``, ``"split"``, ``"step_s"`` (the measured step's
         seconds, only on real devices), ``"max_batch"`` with ``--max-batch``, and ``"plain_peak_mib"`` and
         ``"saving_mib"`` when simulated with ``--checkpoint`` (each device's peak without activation checkpointing
-        and what it saves).
+        and what it saves); with ``--advise``, ``"advice"`` (one dict per strategy x checkpointing policy:
+        ``strategy``, ``checkpoint``, ``max_batch``, ``per_device``, ``max_crop``, ``recommended``) and
+        ``"advise_s"`` (its seconds).
     """
-    amp = (torch.float16 if args.devices is not None else torch.bfloat16) if args.amp else None
     spec_args = dict(model=args.model, backbone=args.backbone, nclass=args.nclass, crop_size=args.crop_size,
-                     aux=args.aux, se_loss=args.se_loss, amp_dtype=amp, seed=args.seed,
-                     checkpoint=False if args.checkpoint == "none" else args.checkpoint)
+                     aux=args.aux, se_loss=args.se_loss, amp_dtype=AMP_DTYPES.get(args.amp), seed=args.seed,
+                     checkpoint=False if args.checkpoint == "none" else args.checkpoint,
+                     keep_outputs=args.keep_outputs)
     spec = segmentation_spec(**spec_args)
     workspaces = None
     if args.calibrate:
@@ -89,6 +94,14 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         report["strategies"][strategy] = entry
         what = "simulated" if args.devices is None else "measured"
         _say(progress, f"{strategy}: {what} in {time.perf_counter() - start:.1f} s")
+    if args.advise:
+        start, stats = time.perf_counter(), {}
+        report["advice"] = [row.as_dict() for row in advise(
+            lambda crop, policy: segmentation_spec(**dict(spec_args, crop_size=crop, checkpoint=policy)),
+            args.strategies, args.num_devices, args.batch_size, args.crop_size, args.memory_limit_bytes,
+            CUDA_BLOCK, stats=stats)]
+        report["advise_s"] = round(time.perf_counter() - start, 2)
+        _say(progress, f"advice: {stats['programs']} device programs simulated in {report['advise_s']:.1f} s")
     return report
 
 
@@ -120,9 +133,12 @@ TABLE_WIDTH = 119
 def _options(config: Dict[str, Any]) -> str:
     """The strategy options of a report in words: mode, checkpointing, mixed precision, calibration, steps."""
     mode = config["mode"] + (f", {config['steps']} measured step(s)" if config.get("steps") else "")
-    amp = ("fp16" if config["mode"] == "measured" else "bf16") if config["amp"] else "off"
-    return (f"{mode}; --checkpoint {config['checkpoint']}, --amp {amp}, "
-            f"--calibrate {'on' if config['calibrate'] else 'off'}")
+    amp = config["amp"]
+    if amp is True:  # a report of the boolean --amp: bf16 simulated, fp16 measured
+        amp = "fp16" if config["mode"] == "measured" else "bf16"
+    return (f"{mode}; --checkpoint {config['checkpoint']}, --amp {amp or 'off'}, "
+            f"--calibrate {'on' if config['calibrate'] else 'off'}; "
+            f"loop: {config.get('loop') or loop_name(config.get('keep_outputs', False))}")
 
 
 def _title(config: Dict[str, Any]) -> str:
@@ -161,8 +177,33 @@ def format_report(report: Dict[str, Any]) -> str:
         lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)).rstrip() for row in block] + [rule]
     c = report["config"]
     head = [f"peak memory per device, MiB (samples per device): {_title(c)}", _options(c)]
-    return "\n".join(textwrap.fill(h, TABLE_WIDTH, subsequent_indent="  ") for h in head) + "\n" + \
+    text = "\n".join(textwrap.fill(h, TABLE_WIDTH, subsequent_indent="  ") for h in head) + "\n" + \
         "\n".join(lines[:-1])
+    return text + ("\n\n" + format_advice(report) if report.get("advice") else "")
+
+
+def format_advice(report: Dict[str, Any]) -> str:
+    """The ``--advise`` table: per strategy x checkpointing policy the largest batch (per device) that fits the
+    memory limit at the crop and the largest crop at the batch; ``<-`` marks the recommended row."""
+    c = report["config"]
+    rows = [["strategy", "checkpoint", f"max batch @ crop {c['crop_size']}", f"max crop @ batch {c['batch_size']}",
+             ""]]
+    for a in report["advice"]:
+        rows.append([a["strategy"], a["checkpoint"], f"{a['max_batch']} ({a['per_device']}/device)",
+                     str(a["max_crop"]), "<- recommended" if a["recommended"] else ""])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) if i < 4 else cell
+                       for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths[:4]))
+    return f"advice: what fits {c['memory_limit']} per device ({c['devices']} device(s))\n" + "\n".join(lines)
+
+
+def _recommendation(report: Dict[str, Any]) -> str:
+    best = next((a for a in report.get("advice", []) if a["recommended"]), None)
+    if best is None:
+        return "nothing fits" if report.get("advice") else ""
+    return (f"recommended: {best['strategy']}, --checkpoint {best['checkpoint']}, batch {best['max_batch']} "
+            f"at crop {report['config']['crop_size']}")
 
 
 def _cell(value: Any) -> str:
@@ -191,7 +232,8 @@ def chart_figure(report: Dict[str, Any]) -> Any:
     ax.set_xticks(range(count))
     ax.set_xticklabels([f"device {d}" for d in range(count)])
     ax.set_ylabel("peak memory (MiB)")
-    ax.set_title(f"{_title(c)}\n{_options(c)}", fontsize=9)
+    advice = _recommendation(report)
+    ax.set_title(f"{_title(c)}\n{_options(c)}" + (f"\n{advice}" if advice else ""), fontsize=8)
     ax.legend()
     fig.tight_layout()
     return fig

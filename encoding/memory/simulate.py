@@ -8,11 +8,13 @@ strategy and split.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from torch import nn
 
 from .program import DeviceProgram, ProgramResult, StepSpec, device_programs, run_program
+from .sharded import zero_partitions
 from .tracker import AllocationTracker, Workspaces
 
 __all__ = ["new_fake_mode", "simulate_program", "Simulator"]
@@ -56,21 +58,32 @@ class Simulator:
         round_to: allocation granularity (512 for CUDA).
         fake_mode: as for :func:`simulate_program`.
         workspaces: kernels' workspaces (see :func:`~encoding.memory.profiler.learn_workspaces`); default none.
+        model: a model already built in ``fake_mode`` by a step with the same ``build_model`` (:attr:`model` of
+            another simulator whose step differs only in its inputs, e.g. the crop); default: built on first use.
     """
 
     def __init__(self, spec: StepSpec, round_to: int = 1, fake_mode: Any = None,
-                 workspaces: Optional[Workspaces] = None) -> None:
+                 workspaces: Optional[Workspaces] = None, model: Optional[nn.Module] = None) -> None:
         self.spec = spec
         self.round_to = round_to
         self.fake_mode = fake_mode if fake_mode is not None else new_fake_mode()
         self.workspaces = workspaces
-        self._model: Optional[nn.Module] = None
+        self._model: Optional[nn.Module] = model
         self._cache: Dict[DeviceProgram, ProgramResult] = {}
+        self._zero: Dict[int, List[tuple]] = {}
 
     @property
     def programs_run(self) -> int:
         """How many distinct programs were simulated."""
         return len(self._cache)
+
+    @property
+    def model(self) -> nn.Module:
+        """The step's model on fake tensors (built on first use), shared by the programs."""
+        if self._model is None:
+            with self.fake_mode:
+                self._model = self.spec.build_model()
+        return self._model
 
     def result(self, program: DeviceProgram) -> ProgramResult:
         """The (cached) simulation of ``program``; devices with nothing to hold peak at 0."""
@@ -78,12 +91,25 @@ class Simulator:
             return ProgramResult(0, 0.0)
         key = program.canonical()
         if key not in self._cache:
-            if self._model is None:
-                with self.fake_mode:
-                    self._model = self.spec.build_model()
+            if key.strategy == "zero1":  # ranks that own equal partitions hold the same
+                key = dataclasses.replace(key, rank=self._zero_rank(key.replicas, key.rank))
+        if key not in self._cache:
             self._cache[key] = simulate_program(self.spec, key, self.round_to, self.fake_mode, self.workspaces,
-                                                self._model)
+                                                self.model)
         return self._cache[key]
+
+    def zero_partitions(self, world_size: int) -> List[tuple]:
+        """Per rank, the sizes of the parameters it owns under ``ZeroRedundancyOptimizer`` (cached)."""
+        if world_size not in self._zero:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            with self.fake_mode:
+                self._zero[world_size] = zero_partitions(params, world_size)
+        return self._zero[world_size]
+
+    def _zero_rank(self, world_size: int, rank: int) -> int:
+        """The first rank whose ``ZeroRedundancyOptimizer`` partition has the sizes of ``rank``'s."""
+        partitions = self.zero_partitions(world_size)
+        return partitions.index(partitions[rank])
 
     def peak(self, program: DeviceProgram) -> int:
         """Simulated peak bytes of ``program``."""

@@ -31,7 +31,8 @@ class AllocationTracker(TorchDispatchMode):
     Every operator output whose storage was not seen before adds its ``nbytes`` (rounded up to ``round_to``, e.g.
     512 like the CUDA caching allocator's blocks); a weak reference subtracts it when the storage is freed. Views and
     in-place results share a seen storage and add nothing. On fake tensors a host read (``.item()``, ``.tolist()``)
-    has no value: it returns ``0``, so code that checks values (e.g. a target range check) passes.
+    has no value: it returns ``0`` (``1`` for an integer tensor, e.g. BatchNorm's ``num_batches_tracked``, by which a
+``momentum=None`` BatchNorm divides), so code that checks values (e.g. a target range check) passes.
 
     Args:
         round_to: allocation granularity in bytes.
@@ -70,6 +71,12 @@ class AllocationTracker(TorchDispatchMode):
         return -(-nbytes // self.round_to) * self.round_to
 
     def _add(self, tensor: Tensor) -> None:
+        if hasattr(tensor, "__tensor_flatten__"):  # a wrapper subclass (DTensor): count its inner tensors
+            for name in tensor.__tensor_flatten__()[0]:
+                inner = getattr(tensor, name)
+                if isinstance(inner, Tensor):
+                    self._add(inner)
+            return
         storage = tensor.untyped_storage()
         key = id(storage)
         size = self._rounded(storage.nbytes())
@@ -90,8 +97,8 @@ class AllocationTracker(TorchDispatchMode):
             del self._refs[key]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            return 0
+        if func is torch.ops.aten._local_scalar_dense.default:  # no value: 0 (False), or 1 for an integer
+            return 1 if not args[0].dtype.is_floating_point and args[0].dtype != torch.bool else 0
         if self.workspaces is not None:
             held = self.workspaces.bytes(func.name(), _shapes(args, kwargs), *self.shares)
             self.peak = max(self.peak, self.live + held)

@@ -1,0 +1,220 @@
+"""The answer to "what fits?": per strategy and activation-checkpointing policy, the largest batch that fits a
+memory limit at a crop and the largest crop that fits at a batch (:func:`advise`), and the recommended configuration.
+
+The search does not bisect (:func:`largest_fitting`). The heaviest device's peak is the larger of a fixed level
+(the optimizer step's parameters, gradients and state) and a line in its share of the batch (every sample adds the
+same activations), so two simulations on the line give the answer and a third, at the answer, verifies it. Over
+the crop, activations grow with the pixels: the same search in ``crop ** 2`` (crops are multiples of
+:data:`CROP_STEP`). Device programs are cached per (crop, policy); the fake model is shared across crops.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .program import DeviceProgram, StepSpec
+from .simulate import Simulator, new_fake_mode
+
+__all__ = ["CROP_STEP", "ADVISED_STRATEGIES", "Advice", "advise", "recommend", "heaviest_program",
+           "largest_fitting"]
+
+#: Crops are searched in multiples of this many pixels (the output stride of the dilated backbones).
+CROP_STEP = 8
+#: The strategies :func:`advise` answers for (``balanced-auto`` plans the split of a given batch; its batch that
+#: fits is at least ``balanced``'s).
+ADVISED_STRATEGIES = ("gather", "balanced", "ddp", "fsdp", "zero1")
+#: Policies from the cheapest (no recomputation) to the dearest: the tie-break of the recommendation.
+POLICY_ORDER = ("none", "backbone", "all")
+#: Where the verification gives up stepping down (a line that far off is a bug, not a rounding).
+_MAX_STEPS = 8
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One row of the advice: a strategy and a checkpointing policy.
+
+    Attributes:
+        strategy: the strategy.
+        checkpoint: ``"none"``, ``"backbone"`` or ``"all"``.
+        max_batch: the largest total batch (``per_device`` samples on each device) whose heaviest device fits the
+            limit at the given crop; ``0``: not even one sample per device fits.
+        per_device: ``max_batch / num_devices``.
+        max_crop: the largest square crop (a multiple of :data:`CROP_STEP`) that fits at the given batch; ``0``:
+            none fits.
+        recommended: the configuration to use (see :func:`recommend`).
+    """
+
+    strategy: str
+    checkpoint: str
+    max_batch: int
+    per_device: int
+    max_crop: int
+    recommended: bool = False
+
+    def as_dict(self) -> Dict[str, object]:
+        """The row as JSON-ready values."""
+        return {"strategy": self.strategy, "checkpoint": self.checkpoint, "max_batch": self.max_batch,
+                "per_device": self.per_device, "max_crop": self.max_crop, "recommended": self.recommended}
+
+
+def heaviest_program(simulator: Simulator, strategy: str, share: int, num_devices: int) -> DeviceProgram:
+    """The device program with the largest peak of ``strategy`` when every device holds ``share`` samples: device 0
+    of ``gather`` / ``balanced`` (it holds what the others hold and the module's state), any ``ddp`` / ``fsdp`` rank,
+    the ``zero1`` rank that owns the most parameter elements."""
+    total = share * num_devices
+    if strategy in ("gather", "balanced"):
+        return DeviceProgram(strategy, share, total, True, num_devices)
+    rank = 0
+    if strategy == "zero1":
+        sizes = [sum(p) for p in simulator.zero_partitions(num_devices)]
+        rank = sizes.index(max(sizes))
+    return DeviceProgram(strategy, share, total, False, num_devices, rank)
+
+
+class _Peaks:
+    """Heaviest-device peaks per (policy, crop, strategy, share), each simulator built once and sharing its
+    policy's fake model."""
+
+    def __init__(self, spec_for: Callable[[int, str], StepSpec], num_devices: int, round_to: int) -> None:
+        self.spec_for, self.num_devices, self.round_to = spec_for, num_devices, round_to
+        self._simulators: Dict[Tuple[str, int], Simulator] = {}
+        self._models: Dict[str, Tuple[object, object]] = {}
+
+    def simulator(self, policy: str, crop: int) -> Simulator:
+        key = (policy, crop)
+        if key not in self._simulators:
+            fake_mode, model = self._models.get(policy, (new_fake_mode(), None))
+            sim = Simulator(self.spec_for(crop, policy), self.round_to, fake_mode, model=model)
+            self._models[policy] = (fake_mode, sim.model)
+            self._simulators[key] = sim
+        return self._simulators[key]
+
+    @property
+    def programs_run(self) -> int:
+        """Distinct device programs simulated so far."""
+        return sum(sim.programs_run for sim in self._simulators.values())
+
+    def __call__(self, policy: str, crop: int, strategy: str, share: int) -> int:
+        sim = self.simulator(policy, crop)
+        return sim.peak(heaviest_program(sim, strategy, share, self.num_devices))
+
+
+def largest_fitting(peak: Callable[[int], int], start: int, limit: int, step: int = 1,
+                    axis: Callable[[int], float] = float,
+                    reference: Optional[Callable[[int], int]] = None) -> int:
+    """The largest ``v`` (a multiple of ``step``) with ``peak(v) <= limit`` (``0`` when even ``step`` does not fit),
+    for a ``peak`` that is convex and piecewise affine in ``axis(v)``: the larger of a fixed level (e.g. the
+    optimizer step's) and a line (the activations).
+
+    The line's growth comes from two points of ``reference`` (default ``peak`` itself; a strategy whose devices
+    grow alike, simulated once for all of them): ``start`` and ``start + step``, doubling while it is flat (still the
+    fixed level). With one point of ``peak`` the line's crossing of ``limit`` is the candidate, and one simulation
+    verifies it: it stands when its peak fits and lies on the line; otherwise the line is refitted through the
+    newest points of ``peak`` (secant steps).
+    """
+    known: Dict[Tuple[int, int], int] = {}
+
+    def cached(function: Callable[[int], int], which: int) -> Callable[[int], int]:
+        def at(v: int) -> int:
+            if (which, v) not in known:
+                known[which, v] = function(v)
+            return known[which, v]
+        return at
+
+    at = cached(peak, 0)
+    ref = cached(reference, 1) if reference is not None else at
+    a, b = start, start + step
+    while ref(b) <= ref(a) and ref(b) <= limit and b < 2 ** 32:
+        a, b = b, 2 * b
+    if a != start:  # past the fixed level: two points on the line
+        a, b = b, b + step
+    slope = (ref(b) - ref(a)) / (axis(b) - axis(a))
+    for _ in range(_MAX_STEPS):
+        if slope <= 0:
+            break
+        candidate = _on_grid(axis(b) + (limit - at(b)) / slope, axis, step)
+        if candidate <= 0:
+            return step if at(step) <= limit else 0
+        predicted = at(b) + slope * (axis(candidate) - axis(b))
+        if at(candidate) <= limit and abs(at(candidate) - predicted) <= 1e-3 * limit:
+            return candidate
+        if candidate == b:
+            break
+        a, b = sorted((b, candidate))
+        slope = (at(b) - at(a)) / (axis(b) - axis(a))
+    fitting = [v for (which, v), p in known.items() if which == 0 and p <= limit]
+    return max(fitting) if fitting else 0
+
+
+def _on_grid(target: float, axis: Callable[[int], float], step: int) -> int:
+    """The largest multiple of ``step`` whose ``axis`` value is at most ``target`` (``axis`` increasing)."""
+    if target < axis(step):
+        return 0
+    value = step
+    while axis(value * 2) <= target:
+        value *= 2
+    high = value * 2
+    while high - value > step:
+        mid = (value + high) // 2 // step * step
+        value, high = (mid, high) if axis(mid) <= target else (value, mid)
+    return value
+
+
+def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], num_devices: int, batch: int,
+           crop: int, limit_bytes: int, round_to: int = 1, policies: Sequence[str] = POLICY_ORDER,
+           stats: Optional[Dict[str, int]] = None) -> List[Advice]:
+    """Per strategy x policy, the largest batch that fits ``limit_bytes`` per device at ``crop`` and the largest
+    crop that fits at ``batch``; the recommended row marked (:func:`recommend`).
+
+    Args:
+        spec_for: ``(crop, policy) -> StepSpec``: the step at a square crop with a checkpointing policy (one model
+            per policy: steps of one policy must build the same model).
+        strategies: from :data:`ADVISED_STRATEGIES` (others are skipped).
+        num_devices: devices (ranks).
+        batch: the total batch of the crop search (split evenly: at least one sample per device).
+        crop: the crop of the batch search.
+        limit_bytes: memory per device.
+        round_to: allocation granularity (512 for CUDA).
+        policies: the checkpointing policies to try.
+        stats: filled with ``"programs"``: the device programs simulated.
+    """
+    peaks = _Peaks(spec_for, num_devices, round_to)
+    share = max(1, batch // num_devices)
+    rows = []
+    for policy in policies:
+        for strategy in (s for s in strategies if s in ADVISED_STRATEGIES):
+            per_device = _max_share(peaks, policy, crop, strategy, share, limit_bytes)
+            best_crop = _max_crop(peaks, policy, crop, strategy, share, limit_bytes)
+            rows.append(Advice(strategy, policy, per_device * num_devices, per_device, best_crop))
+    if stats is not None:
+        stats["programs"] = peaks.programs_run
+    return recommend(rows)
+
+
+def _line_of(strategy: str) -> str:
+    """Whose growth ``strategy``'s heaviest device shares: ``gather``'s device 0 (which also holds the whole
+    batch's outputs) its own; the strategies whose devices compute their own share's loss ``ddp``'s."""
+    return "gather" if strategy == "gather" else "ddp"
+
+
+def _max_share(peaks: _Peaks, policy: str, crop: int, strategy: str, share: int, limit: int) -> int:
+    return largest_fitting(lambda b: peaks(policy, crop, strategy, b), share, limit,
+                           reference=lambda b: peaks(policy, crop, _line_of(strategy), b))
+
+
+def _max_crop(peaks: _Peaks, policy: str, crop: int, strategy: str, share: int, limit: int) -> int:
+    start = max(CROP_STEP, crop // CROP_STEP * CROP_STEP)
+    return largest_fitting(lambda c: peaks(policy, c, strategy, share), start, limit, CROP_STEP,
+                           lambda c: float(c * c), lambda c: peaks(policy, c, _line_of(strategy), share))
+
+
+def recommend(rows: List[Advice]) -> List[Advice]:
+    """``rows`` with the recommended one marked: the largest batch that fits; ties go to the cheaper policy
+    (no recomputation, then backbone, then all), then to the larger crop, then to the earlier strategy. Nothing is
+    recommended when no batch fits."""
+    fitting = [r for r in rows if r.max_batch > 0]
+    if not fitting:
+        return list(rows)
+    best = min(fitting, key=lambda r: (-r.max_batch, POLICY_ORDER.index(r.checkpoint), -r.max_crop, rows.index(r)))
+    return [Advice(r.strategy, r.checkpoint, r.max_batch, r.per_device, r.max_crop, r is best) for r in rows]

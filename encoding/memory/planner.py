@@ -1,0 +1,201 @@
+"""The planner's Python API: :func:`plan` simulates a model's training step under each strategy and returns a
+:class:`MemoryPlan` (peaks per device, the split, :meth:`MemoryPlan.fits`, and with a memory limit the advice of
+:func:`~encoding.memory.advice.advise`).
+
+Example:
+    >>> from encoding.memory import plan
+    >>> result = plan(model, criterion, crop=64, batch=4, num_devices=2, strategies=("ddp", "fsdp"),
+    ...               memory_limit="1GiB")  # doctest: +SKIP
+    >>> result.fits(strategy="fsdp")  # doctest: +SKIP
+    True
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+import torch
+from torch import Tensor, nn
+
+from ..nn.recompute import CHECKPOINT_POLICIES, checkpoint_segmentation_model, disable_checkpointing
+from .advice import Advice, advise
+from .balance import _fake_copy, strategy_peaks
+from .program import STRATEGIES, StepSpec, default_optimizer
+from .simulate import Simulator
+from .tracker import CUDA_BLOCK, MIB
+
+__all__ = ["AMP_DTYPES", "MemoryPlan", "plan", "parse_memory", "loop_name"]
+
+#: ``amp=`` names and their autocast dtypes.
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+_UNITS = {"b": 1, "k": 2 ** 10, "kb": 10 ** 3, "kib": 2 ** 10, "m": 2 ** 20, "mb": 10 ** 6, "mib": 2 ** 20,
+          "g": 2 ** 30, "gb": 10 ** 9, "gib": 2 ** 30, "t": 2 ** 40, "tb": 10 ** 12, "tib": 2 ** 40}
+
+
+def parse_memory(text: Union[str, int]) -> int:
+    """``"11GiB"`` -> bytes (an ``int`` is bytes already); the unit is required: B, KB/KiB, MB/MiB, GB/GiB,
+    TB/TiB (K/M/G/T = binary).
+
+    Raises:
+        ValueError: a number without a unit (``"11"`` is not 11 bytes nor 11 GiB), anything else, or a size that is
+            not positive.
+    """
+    import re
+
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text <= 0:
+            raise ValueError(f"memory size {text!r} must be positive")
+        return text
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if match and not unit:
+        raise ValueError(f"memory size {text!r} has no unit; write e.g. {match.group(1)}GiB or {match.group(1)}MiB")
+    if not match or unit not in _UNITS:
+        raise ValueError(f"cannot read memory size {text!r}; write e.g. 11GiB, 11000MiB or 12GB")
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"memory size {text!r} must be positive")
+    return value
+
+
+def loop_name(keep_outputs: bool) -> str:
+    """The training loop a report simulated, in words."""
+    return ("keep-outputs (outputs = model(x); loss = criterion(outputs, y); loss.backward())" if keep_outputs
+            else "train.py (criterion(model(x), y).backward(): outputs freed before backward)")
+
+
+@dataclass
+class MemoryPlan:
+    """What :func:`plan` found.
+
+    Attributes:
+        peaks: strategy -> peak bytes per device (rank).
+        splits: strategy -> samples per device.
+        batch: the total batch; crop: the square crop; num_devices: devices (ranks).
+        keep_outputs: which loop was simulated (see :func:`loop_name`).
+        amp: ``None``, ``"bf16"`` or ``"fp16"``.
+        checkpoint: the activation-checkpointing policy of the peaks.
+        memory_limit: bytes per device, or ``None``.
+        advice: with a memory limit, per strategy x policy the largest batch and crop that fit, one row marked
+            recommended (:class:`~encoding.memory.advice.Advice`).
+    """
+
+    peaks: Dict[str, List[int]]
+    splits: Dict[str, List[int]]
+    batch: int
+    crop: int
+    num_devices: int
+    keep_outputs: bool = False
+    amp: Optional[str] = None
+    checkpoint: str = "none"
+    memory_limit: Optional[int] = None
+    advice: List[Advice] = field(default_factory=list)
+
+    @property
+    def loop(self) -> str:
+        """The simulated training loop, in words."""
+        return loop_name(self.keep_outputs)
+
+    @property
+    def recommended(self) -> Optional[Advice]:
+        """The recommended row of the advice (``None`` without a limit, or when nothing fits)."""
+        return next((row for row in self.advice if row.recommended), None)
+
+    def peak_mib(self, strategy: str) -> List[float]:
+        """Peaks per device of ``strategy`` in MiB."""
+        return [round(p / MIB, 2) for p in self._peaks(strategy)]
+
+    def fits(self, device: Optional[int] = None, strategy: Optional[str] = None,
+             memory_limit: Union[str, int, None] = None) -> bool:
+        """Whether ``device`` (every device when ``None``) of ``strategy`` (required when several were planned)
+        stays within ``memory_limit`` (default: the plan's).
+
+        Raises:
+            ValueError: no limit, an unknown strategy or device, or several strategies and none named.
+        """
+        limit = parse_memory(memory_limit) if memory_limit is not None else self.memory_limit
+        if limit is None:
+            raise ValueError("fits: no memory limit; pass memory_limit= here or to plan()")
+        peaks = self._peaks(strategy)
+        if device is not None and not 0 <= device < len(peaks):
+            raise ValueError(f"fits: device {device} is not one of the {len(peaks)} planned devices")
+        return all(p <= limit for p in (peaks if device is None else [peaks[device]]))
+
+    def _peaks(self, strategy: Optional[str]) -> List[int]:
+        if strategy is None:
+            if len(self.peaks) != 1:
+                raise ValueError(f"several strategies were planned ({', '.join(self.peaks)}); name one: "
+                                 "strategy=...")
+            strategy = next(iter(self.peaks))
+        if strategy not in self.peaks:
+            raise ValueError(f"strategy {strategy!r} was not planned; planned: {', '.join(self.peaks)}")
+        return self.peaks[strategy]
+
+
+def _policy_model(model: nn.Module, policy: str) -> Callable[[], nn.Module]:
+    """Builds, inside the simulator's fake mode, a fake copy of ``model`` with checkpointing ``policy``."""
+    def build() -> nn.Module:
+        from torch._guards import detect_fake_mode
+
+        copy = disable_checkpointing(_fake_copy(model, detect_fake_mode()))
+        return checkpoint_segmentation_model(copy, policy) if policy != "none" else copy
+    return build
+
+
+def plan(model: nn.Module, criterion: Callable[..., Any], *, crop: int, batch: int, num_devices: int,
+         strategies: Sequence[str] = ("balanced",), keep_outputs: bool = False, amp: Optional[str] = None,
+         checkpoint: str = "none", memory_limit: Union[str, int, None] = None, in_channels: int = 3,
+         optimizer: Callable[[List[Tensor]], torch.optim.Optimizer] = default_optimizer,
+         round_to: int = CUDA_BLOCK) -> MemoryPlan:
+    """Simulate a training step of ``model`` (on fake tensors: nothing is allocated, the model is not changed)
+    under each strategy on ``num_devices`` devices.
+
+    Args:
+        model: the network; its outputs (a tensor, dict or tuple) go to ``criterion`` with an ``int64`` target of
+            the input's batch and spatial size. ``checkpoint`` other than ``"none"`` needs a
+            :class:`~encoding.models.SegmentationModel`.
+        criterion: ``criterion(outputs, target)``.
+        crop: square input size; batch: total batch (split evenly; ``balanced-auto`` plans its own split).
+        num_devices: devices (ranks).
+        strategies: from :data:`~encoding.memory.program.STRATEGIES`.
+        keep_outputs: simulate the loop that holds the outputs through backward (default: ``train.py``'s).
+        amp: ``None``, ``"bf16"`` or ``"fp16"`` autocast for forward and loss.
+        checkpoint: activation checkpointing of the peaks: ``"none"``, ``"backbone"`` or ``"all"``.
+        memory_limit: bytes per device (``int``) or a size such as ``"24GiB"``; with it, :attr:`MemoryPlan.advice`
+            (every checkpointing policy for a :class:`~encoding.models.SegmentationModel`, else ``"none"`` only).
+        in_channels: input channels.
+        optimizer: ``params -> optimizer`` (default: SGD with momentum and weight decay).
+        round_to: allocation granularity (512: CUDA's blocks; 1: the CPU's).
+
+    Raises:
+        ValueError: an unknown strategy, policy or ``amp``, a batch smaller than the devices, a bad limit.
+    """
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown or not strategies:
+        raise ValueError(f"plan: unknown strategies {unknown or 'none given'}; valid: {', '.join(STRATEGIES)}")
+    if checkpoint not in CHECKPOINT_POLICIES:
+        raise ValueError(f"plan: checkpoint={checkpoint!r}; valid: {', '.join(CHECKPOINT_POLICIES)}")
+    if amp is not None and amp not in AMP_DTYPES:
+        raise ValueError(f"plan: amp={amp!r}; valid: None, {', '.join(AMP_DTYPES)}")
+    if min(crop, num_devices) < 1 or batch < num_devices:
+        raise ValueError(f"plan: needs crop >= 1, num_devices >= 1 and batch >= num_devices, got crop={crop}, "
+                         f"num_devices={num_devices}, batch={batch}")
+    limit = None if memory_limit is None else parse_memory(memory_limit)
+
+    def spec_for(size: int, policy: str) -> StepSpec:
+        return StepSpec(build_model=_policy_model(model, policy),
+                        make_inputs=lambda share: ((torch.zeros(share, in_channels, size, size),), {}),
+                        make_target=lambda share: torch.zeros(share, size, size, dtype=torch.long),
+                        criterion=criterion, optimizer=optimizer, amp_dtype=AMP_DTYPES.get(amp),
+                        keep_outputs=keep_outputs)
+
+    simulator = Simulator(spec_for(crop, checkpoint), round_to)
+    result = MemoryPlan({}, {}, batch, crop, num_devices, keep_outputs, amp, checkpoint, limit)
+    for strategy in strategies:
+        result.splits[strategy], result.peaks[strategy] = strategy_peaks(simulator, strategy, batch, num_devices)
+    if limit is not None:
+        segmentation = hasattr(getattr(model, "backbone", None), "stages")  # the policies need its blocks
+        result.advice = advise(spec_for, strategies, num_devices, batch, crop, limit, round_to,
+                               CHECKPOINT_POLICIES if segmentation else ("none",))
+    return result

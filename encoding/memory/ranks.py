@@ -1,0 +1,87 @@
+"""Real multi-process measurement of the ``ddp``, ``fsdp`` and ``zero1`` strategies: one CPU process per rank in a
+gloo group, each measuring its own peak with ``torch.profiler`` memory events (:func:`measure_ranks_cpu`), the
+ground truth the simulated ranks are checked against (``benchmarks/bench_memory.py sharded``,
+``tests/test_memory_sharded.py``).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+from typing import Any, Callable, Dict, List, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .profiler import measure_program_cpu
+from .program import ProgramResult, StepSpec, device_programs
+
+__all__ = ["measure_ranks_cpu"]
+
+
+def measure_ranks_cpu(make_spec: Callable[..., StepSpec], spec_kwargs: Dict[str, Any], strategies: Sequence[str],
+                      split: Sequence[int], threads: int = 1, timeout: float = 1800.0
+                      ) -> Dict[str, List[ProgramResult]]:
+    """Each rank's real CPU peak of each strategy with samples per rank ``split``: ``len(split)`` spawned processes
+    in a gloo group, each running its device program of every strategy in turn under ``torch.profiler``.
+
+    Args:
+        make_spec: a module-level function (the processes are spawned: it is pickled by name) returning the step,
+            called in every process with ``spec_kwargs``.
+        spec_kwargs: its keyword arguments (picklable).
+        strategies: from ``"ddp"``, ``"fsdp"`` and ``"zero1"``.
+        split: samples per rank.
+        threads: intra-op threads per process.
+        timeout: seconds to wait for the processes.
+
+    Returns:
+        strategy -> one result per rank.
+
+    Raises:
+        RuntimeError: a rank failed (its traceback in the message) or did not finish in time.
+    """
+    bad = [s for s in strategies if s not in ("ddp", "fsdp", "zero1")]
+    if bad or not strategies:
+        raise ValueError(f"measure_ranks_cpu: strategies must be from ddp, fsdp, zero1, got {list(strategies)!r}")
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    with tempfile.TemporaryDirectory() as folder:
+        init = "file://" + os.path.join(folder, "store")
+        processes = [context.Process(target=_rank_main, args=(rank, list(split), list(strategies), init, make_spec,
+                                                               spec_kwargs, threads, queue))
+                     for rank in range(len(split))]
+        for process in processes:
+            process.start()
+        results: Dict[int, Any] = {}
+        try:
+            for _ in processes:
+                rank, result = queue.get(timeout=timeout)
+                if isinstance(result, str):
+                    raise RuntimeError(f"rank {rank} of the measurement failed:\n{result}")
+                results[rank] = result
+        finally:
+            for process in processes:
+                process.join(timeout=60)
+                if process.is_alive():
+                    process.kill()
+    return {strategy: [ProgramResult(*results[rank][strategy]) for rank in range(len(split))]
+            for strategy in strategies}
+
+
+def _rank_main(rank: int, split: List[int], strategies: List[str], init: str, make_spec: Callable[..., StepSpec],
+               spec_kwargs: Dict[str, Any], threads: int, queue: Any) -> None:
+    torch.set_num_threads(threads)
+    try:
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=len(split))
+        results = {}
+        try:
+            spec = make_spec(**spec_kwargs)
+            for strategy in strategies:
+                result = measure_program_cpu(spec, device_programs(strategy, split)[rank])
+                results[strategy] = (result.peak, result.seconds)
+        finally:
+            dist.destroy_process_group()
+        queue.put((rank, results))
+    except Exception:  # reported to the parent, which raises it
+        queue.put((rank, traceback.format_exc()))

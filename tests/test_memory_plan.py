@@ -1,0 +1,209 @@
+"""Memory planner, round 2: the loop that keeps its outputs, the sharded strategies (fsdp, zero1) against a real
+2-process gloo run, bf16 against a real CPU bf16 step, the advice, plan() and the tool's new options."""
+import contextlib
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from encoding.memory import (DeviceProgram, MemoryBalancer, Simulator, StepSpec, cli, learn_workspaces,
+                             measure_program_cpu, measure_ranks_cpu, plan, simulate_program)
+from encoding.memory.advice import Advice, advise, largest_fitting, recommend
+from encoding.memory.program import device_programs
+from encoding.memory.tracker import MIB
+from encoding.nn import SegmentationLosses
+
+NCLASS = 6
+
+
+class ShardNet(nn.Module):
+    """A small segmentation net with a two-stage ``backbone`` (what fsdp_units wraps), a head and an aux head."""
+
+    def __init__(self, width=16, momentum=0.1):
+        super().__init__()
+        self.backbone = nn.Sequential(
+            nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width, momentum=momentum), nn.ReLU()),
+            nn.Sequential(nn.Conv2d(width, width, 3, stride=2, padding=1), nn.BatchNorm2d(width), nn.ReLU()))
+        self.classifier = nn.Conv2d(width, NCLASS, 1)
+        self.aux_classifier = nn.Conv2d(width, NCLASS, 1)
+
+    def forward(self, x):
+        feat = self.backbone(x)
+        size = x.shape[-2:]
+        return {"out": F.interpolate(self.classifier(feat), size=size, mode="bilinear"),
+                "aux": F.interpolate(self.aux_classifier(feat), size=size, mode="bilinear")}
+
+
+def shard_spec(crop=32, keep_outputs=False, amp=None):
+    """Module level: the spawned ranks of measure_ranks_cpu rebuild it by name."""
+    return StepSpec(build_model=lambda: ShardNet(), make_inputs=lambda b: ((torch.randn(b, 3, crop, crop),), {}),
+                    make_target=lambda b: torch.randint(0, NCLASS, (b, crop, crop)),
+                    criterion=SegmentationLosses(aux=True, nclass=NCLASS), keep_outputs=keep_outputs,
+                    amp_dtype=amp)
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Real CPU kernels' workspaces depend on the thread count: the ranks run on one, so does the calibration."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def close(simulated, real, tolerance=0.03):
+    return abs(simulated - real) <= tolerance * real
+
+
+# ------------------------------------------------------------------------------------------------ the loop
+@pytest.mark.parametrize("strategy", ["gather", "balanced"])
+def test_keep_outputs_raises_the_peak_and_matches_real_allocations(strategy):
+    program = device_programs(strategy, [2, 2])[0]
+    with one_thread():
+        plain, kept = shard_spec(crop=48), shard_spec(crop=48, keep_outputs=True)
+        workspaces = learn_workspaces(kept)
+        real = measure_program_cpu(kept, program).peak
+        simulated = simulate_program(kept, program, workspaces=workspaces).peak
+    freed = simulate_program(plain, program, workspaces=workspaces).peak
+    outputs = 2 * (4 if strategy == "gather" else 2) * NCLASS * 48 * 48 * 4  # out + aux, float32
+    assert simulated - freed >= outputs // 2, (simulated, freed, outputs)  # the outputs held at the peak
+    assert close(simulated, real), (simulated / MIB, real / MIB)
+
+
+# ------------------------------------------------------------------------------------------------ fsdp, zero1
+def test_sharded_ranks_match_a_real_two_process_gloo_run():
+    """fsdp (fully_shard on the backbone's stages, the heads, the root) and zero1 (DDP + ZeroRedundancyOptimizer):
+    every rank of the simulation within 3% of its own process's profiler peak in a real 2-process gloo group."""
+    split = [2, 2]
+    real = measure_ranks_cpu(shard_spec, {}, ["fsdp", "zero1", "ddp"], split)
+    with one_thread():
+        workspaces = learn_workspaces(shard_spec())
+    simulator = Simulator(shard_spec(), workspaces=workspaces)
+    for strategy, results in real.items():
+        simulated = simulator.peaks(strategy, split)
+        for rank, (sim, result) in enumerate(zip(simulated, results)):
+            assert close(sim, result.peak), (strategy, rank, sim / MIB, result.peak / MIB)
+    assert simulator.peaks("fsdp", split)[0] < simulator.peaks("ddp", split)[0]  # shards, no DDP buckets
+
+
+def test_sharded_programs_per_rank():
+    programs = device_programs("zero1", [2, 2, 2])
+    assert [p.rank for p in programs] == [0, 1, 2] and all(p.keeps_module for p in programs)
+    assert {p.canonical() for p in device_programs("fsdp", [2, 2, 2])} == {DeviceProgram("fsdp", 2, 2, False, 3)}
+
+
+# ------------------------------------------------------------------------------------------------ mixed precision
+def test_bf16_simulation_matches_a_real_cpu_bf16_step():
+    spec = shard_spec(crop=48, amp=torch.bfloat16)
+    program = DeviceProgram("balanced", 2, 2, source=True, replicas=1)
+    with one_thread():
+        real = measure_program_cpu(spec, program).peak
+        simulated = simulate_program(spec, program, workspaces=learn_workspaces(spec)).peak
+    assert close(simulated, real), (simulated / MIB, real / MIB)
+    assert simulated < simulate_program(shard_spec(crop=48), program).peak
+
+
+# ------------------------------------------------------------------------------------------------ the advice
+def test_largest_fitting_uses_the_line_and_verifies_once():
+    calls = []
+
+    def peak(b):  # a fixed level of 500, then 100 + 10 per sample
+        calls.append(b)
+        return max(500, 100 + 10 * b)
+    assert largest_fitting(peak, 2, 1000) == 90
+    assert len(calls) <= 8  # doubling past the fixed level, one more point on the line, one verification
+    assert largest_fitting(lambda b: 100 + 10 * b, 2, 1000) == 90
+    assert largest_fitting(lambda b: 100 + 10 * b, 2, 105) == 0
+    assert largest_fitting(lambda c: 50 + c * c, 64, 10_050, step=8, axis=lambda c: float(c * c)) == 96
+
+
+def test_recommend_takes_the_largest_batch_then_the_cheaper_policy():
+    rows = [Advice("ddp", "all", 16, 2, 600), Advice("fsdp", "backbone", 16, 2, 560),
+            Advice("gather", "none", 8, 1, 400), Advice("balanced", "backbone", 12, 2, 500)]
+    marked = recommend(rows)
+    assert [r.recommended for r in marked] == [False, True, False, False]
+    assert not any(r.recommended for r in recommend([Advice("ddp", "none", 0, 0, 0)]))
+
+
+def test_advice_answers_are_the_largest_that_fit():
+    """Each answer fits the limit and one more sample per device (8 more pixels of crop) does not, checked by
+    direct simulation."""
+    limit = 60 * MIB
+    specs = lambda crop, policy: shard_spec(crop=crop)  # noqa: E731
+    rows = advise(specs, ["balanced", "gather"], 2, 4, 32, limit, policies=("none",))
+    assert sum(r.recommended for r in rows) == 1 and rows[0].recommended  # balanced fits more than gather
+    for row in rows[:1]:
+        sim = Simulator(shard_spec(crop=32))
+        assert max(sim.peaks(row.strategy, [row.per_device] * 2)) <= limit
+        assert max(sim.peaks(row.strategy, [row.per_device + 1] * 2)) > limit
+        at = lambda c: max(Simulator(shard_spec(crop=c)).peaks(row.strategy, [2, 2]))  # noqa: E731
+        assert at(row.max_crop) <= limit < at(row.max_crop + 8)
+
+
+# ------------------------------------------------------------------------------------------------ plan()
+def test_plan_returns_peaks_and_fits():
+    result = plan(ShardNet(), SegmentationLosses(aux=True, nclass=NCLASS), crop=32, batch=4, num_devices=2,
+                  strategies=("ddp", "fsdp"), memory_limit="1GiB", round_to=1)
+    assert set(result.peaks) == {"ddp", "fsdp"} and result.splits["ddp"] == [2, 2]
+    assert result.fits(strategy="fsdp") and result.fits(device=1, strategy="ddp")
+    assert not result.fits(strategy="ddp", memory_limit=result.peaks["ddp"][0] - 1)
+    assert result.recommended is not None and result.loop.startswith("train.py")
+    assert [r.checkpoint for r in result.advice] == ["none", "none"]  # not a SegmentationModel: no policies
+    with pytest.raises(ValueError, match="name one"):
+        result.fits()
+    with pytest.raises(ValueError, match="device 5"):
+        result.fits(device=5, strategy="ddp")
+    with pytest.raises(ValueError, match="unknown strategies"):
+        plan(ShardNet(), F.cross_entropy, crop=32, batch=4, num_devices=2, strategies=("zero3",))
+
+
+def test_batchnorm_without_momentum_is_simulated():
+    spec = StepSpec(build_model=lambda: ShardNet(momentum=None),
+                    make_inputs=lambda b: ((torch.randn(b, 3, 16, 16),), {}),
+                    make_target=lambda b: torch.randint(0, NCLASS, (b, 16, 16)),
+                    criterion=SegmentationLosses(aux=True, nclass=NCLASS))
+    assert Simulator(spec).peaks("balanced", [1, 1])[0] > 0
+
+
+def test_memory_balancer_honours_output_key_and_aux_weight():
+    balancer = MemoryBalancer(F.cross_entropy, output_key="out", aux_weight=0.4)
+    model = ShardNet()
+    split = balancer.plan(model, (torch.randn(6, 3, 16, 16),), {}, [torch.device("cpu")] * 3)
+    assert sum(split) == 6
+    with pytest.raises(ValueError, match="aux_weight needs output_key"):
+        MemoryBalancer(F.cross_entropy, aux_weight=0.4)
+
+
+# ------------------------------------------------------------------------------------------------ the tool
+def test_tool_keep_outputs_advise_and_amp(tmp_path, capsys):
+    common = ["--model", "fcn", "--backbone", "vgg_tiny", "--nclass", "6", "--crop-size", "32", "--simulate", "2",
+              "--out-dir", str(tmp_path)]
+    plain = cli.main(common + ["--strategies", "gather"])
+    kept = cli.main(common + ["--strategies", "gather", "--keep-outputs", "--amp", "bf16"])
+    assert kept["config"]["keep_outputs"] and "keep-outputs" in kept["config"]["loop"]
+    assert kept["config"]["amp"] == "bf16"
+    assert "loop: keep-outputs" in capsys.readouterr().out.replace("\n  ", " ")
+    report = cli.main(common + ["--strategies", "ddp", "--advise", "--memory-limit", "64MiB"])
+    rows = json.loads((tmp_path / "memory_balance.json").read_text())["advice"]
+    assert [r["checkpoint"] for r in rows] == ["none", "backbone", "all"]
+    assert sum(r["recommended"] for r in rows) == 1
+    assert {"strategy", "checkpoint", "max_batch", "per_device", "max_crop"} <= set(rows[0])
+    assert "<- recommended" in capsys.readouterr().out and report["advise_s"] > 0
+    assert plain["strategies"]["gather"]["peak_mib"][0] > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--amp", "fp8"], "--amp"),
+    (["--strategies", "zero3"], "--strategies"),
+    (["--advise", "--memory-limit", "11"], "--memory-limit"),
+])
+def test_tool_new_options_fail_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse_args(["--simulate", "2"] + argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
