@@ -161,6 +161,7 @@ def _worker(rank, port, out_dir):
                            for strategy in (None, *builders.STRATEGIES)}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(results, f)
+        torch.distributed.barrier()  # no rank tears the group down while the other is still in a collective
     finally:
         torch.distributed.destroy_process_group()
 

@@ -80,6 +80,7 @@ def _rank_main(rank: int, split: List[int], strategies: List[str], init: str, ma
             for strategy in strategies:
                 result = measure_program_cpu(spec, device_programs(strategy, split)[rank])
                 results[strategy] = (result.peak, result.seconds)
+            dist.barrier()  # no rank tears the group down while another is still in a collective
         finally:
             dist.destroy_process_group()
         queue.put((rank, results))
