@@ -153,17 +153,27 @@ def model_table_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-class ModelTable(SphinxDirective):
-    """``{encoding-model-table}``: the generated model table (no arguments, no content)."""
+class _MarkdownTable(SphinxDirective):
+    """A directive without arguments or content that renders the Markdown table of :meth:`markdown`, in a container
+    classed by its directive name (``self.name``, given by docutils)."""
 
     has_content = False
 
+    def markdown(self) -> str:
+        raise NotImplementedError
+
     def run(self) -> List[nodes.Node]:
-        container = nodes.container(classes=["encoding-model-table"])
-        text = model_table_markdown()
-        self.state.nested_parse(StringList(text.splitlines(), source="<encoding-model-table>"), self.content_offset,
-                                container)
+        container = nodes.container(classes=[self.name])
+        self.state.nested_parse(StringList(self.markdown().splitlines(), source=f"<{self.name}>"),
+                                self.content_offset, container)
         return [container]
+
+
+class ModelTable(_MarkdownTable):
+    """``{encoding-model-table}``: the generated model table."""
+
+    def markdown(self) -> str:
+        return model_table_markdown()
 
 
 def pe_zoo_rows() -> List[Dict[str, Any]]:
@@ -189,16 +199,11 @@ def pe_zoo_table_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-class PEZooTable(SphinxDirective):
+class PEZooTable(_MarkdownTable):
     """``{encoding-pe-zoo-table}``: PyTorch-Encoding's ResNeSt presets with PE's published results."""
 
-    has_content = False
-
-    def run(self) -> List[nodes.Node]:
-        container = nodes.container(classes=["encoding-pe-zoo-table"])
-        self.state.nested_parse(StringList(pe_zoo_table_markdown().splitlines(), source="<encoding-pe-zoo-table>"),
-                                self.content_offset, container)
-        return [container]
+    def markdown(self) -> str:
+        return pe_zoo_table_markdown()
 
 
 def _segmentation_options() -> Any:
@@ -254,17 +259,12 @@ def recipe_table_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-class RecipeTable(SphinxDirective):
+class RecipeTable(_MarkdownTable):
     """``{encoding-recipe-table}``: the built-in run and the configuration files of ``train.py``, from its own
     option parser."""
 
-    has_content = False
-
-    def run(self) -> List[nodes.Node]:
-        container = nodes.container(classes=["encoding-recipe-table"])
-        self.state.nested_parse(StringList(recipe_table_markdown().splitlines(), source="<encoding-recipe-table>"),
-                                self.content_offset, container)
-        return [container]
+    def markdown(self) -> str:
+        return recipe_table_markdown()
 
 
 def _import(path: str) -> Optional[Any]:
