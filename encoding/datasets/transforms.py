@@ -29,6 +29,7 @@ __all__ = [
     "RandomCropUpTo",
     "PadTo",
     "image_transform",
+    "denormalize",
     "train_joint_transform",
     "val_joint_transform",
     "to_index_mask",
@@ -121,6 +122,13 @@ class PadTo(v2.Transform):
 def image_transform(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> v2.Compose:
     """The default image-only transform: ``uint8`` to ``float32`` in ``[0, 1]``, then per-channel normalisation."""
     return v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))])
+
+
+def denormalize(image: Tensor) -> Tensor:
+    """Undo :func:`image_transform`'s default normalisation: a ``3 x H x W`` image in ``[0, 1]``, on the CPU."""
+    mean = torch.tensor(IMAGENET_MEAN, dtype=image.dtype).view(3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, dtype=image.dtype).view(3, 1, 1)
+    return (image.cpu() * std + mean).clamp(0, 1)
 
 
 def train_joint_transform(base_size: int, crop_size: int, scale_range: Tuple[float, float] = (0.5, 2.0),

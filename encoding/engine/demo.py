@@ -17,7 +17,8 @@ from torch import nn
 from ..datasets import datasets as DATASETS
 from ..utils.files import atomic_write
 from ..utils.palette import colorize
-from .inference import denormalize, overlay_with_legend, read_image
+from ..datasets.transforms import denormalize
+from .inference import overlay_with_legend, read_image
 from .predict import segment
 
 __all__ = ["demo_outputs", "segment_files", "write_pngs"]

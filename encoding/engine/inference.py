@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from .. import builders
 from ..datasets import datasets as DATASETS
 from ..datasets.base import BaseDataset
-from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD, image_transform
+from ..datasets.transforms import image_transform
 from ..models import get_segmentation_model
 from ..parallel import DataParallelModel
 from ..utils.dist import get_rank, get_world_size, init_distributed_mode
@@ -38,7 +38,7 @@ from .loading import NETWORK_OPTIONS, ModelInfo, load_model
 from .loop import predicted_labels
 from .predict import inference_module
 
-__all__ = ["read_image", "denormalize", "PredictionWriter", "prediction_filename", "save_png", "overlay_with_legend",
+__all__ = ["read_image", "PredictionWriter", "prediction_filename", "save_png", "overlay_with_legend",
            "background_ids", "EvaluationConfig", "EvaluationJob", "evaluation_module", "build_evaluation"]
 
 
@@ -52,13 +52,6 @@ def read_image(path: str) -> Tensor:
         DatasetError: the file is missing or is not a readable image (the message names it).
     """
     return image_transform()(BaseDataset._read_image(path)).as_subclass(Tensor)
-
-
-def denormalize(image: Tensor) -> Tensor:
-    """Undo :func:`read_image`'s normalisation: ``3 x H x W`` in ``[0, 1]`` (for :func:`overlay_with_legend`)."""
-    mean = torch.tensor(IMAGENET_MEAN, dtype=image.dtype).view(3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, dtype=image.dtype).view(3, 1, 1)
-    return (image.cpu() * std + mean).clamp(0, 1)
 
 
 def prediction_filename(name: str) -> str:

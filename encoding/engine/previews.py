@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
+from ..datasets.transforms import denormalize
 from ..utils.checkpoint import unwrap_model
 from ..utils.palette import overlay
 from .loop import predicted_labels
@@ -22,9 +22,7 @@ __all__ = ["validation_previews"]
 
 def _displayable(image: torch.Tensor) -> np.ndarray:
     """A normalised ``3 x H x W`` dataset image (ImageNet mean / std) as ``H x W x 3`` ``uint8``."""
-    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
-    rgb = (image.detach().float().cpu() * std + mean).clamp(0, 1)
+    rgb = denormalize(image.detach().float())
     return (rgb.permute(1, 2, 0).numpy() * 255 + 0.5).astype(np.uint8)
 
 
