@@ -75,3 +75,24 @@ def tiny_run(shapes_root, tmp_path_factory):
     result = load_script("train").main(TINY + ["--output-dir", str(out)],
                                        datasets=tiny_shapes_pair(shapes_root, num_val=5))
     return shapes_root, str(out / "shapes" / "unet" / "default" / "model_best.pth"), result
+
+
+def assert_replicated_step_is_exact(synced, reference, criterion, x, target, devices, split, atol=1e-10):
+    """One training step of ``synced`` under DataParallelModel + DataParallelCriterion on ``devices`` (samples split
+    as ``split``) equals ``reference`` on the whole batch: the loss, every parameter's gradient and every buffer
+    (BatchNorm statistics; there must be some)."""
+    from encoding.parallel import DataParallelCriterion, DataParallelModel
+
+    outputs = DataParallelModel(synced, device_ids=devices)(x)
+    assert outputs.split_sizes == split
+    loss = DataParallelCriterion(criterion, device_ids=devices)(outputs, target)
+    loss.backward()
+    plain = criterion(reference(x), target)
+    plain.backward()
+    torch.testing.assert_close(loss, plain, rtol=1e-10, atol=atol)
+    for (name, a), b in zip(synced.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-7, atol=1e-10, msg=name)
+    buffers = list(zip(synced.named_buffers(), reference.buffers()))
+    assert buffers
+    for (name, a), b in buffers:
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=atol, msg=name)

@@ -16,6 +16,8 @@ from encoding.models import (ARCHITECTURES, EncNet, MultiEvalModule, backbone_li
 from encoding.nn import SegmentationLosses
 from encoding.parallel import DataParallelCriterion, DataParallelModel
 
+from conftest import assert_replicated_step_is_exact
+
 NCLASS = 5
 CONFIGS = [(name, aux, se) for name, arch in ARCHITECTURES.items()
            for aux, se in ((False, False), (True, arch.se_loss))]
@@ -113,16 +115,7 @@ def test_sync_batchnorm_model_under_data_parallel_trains_like_full_batch():
     x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
     target = torch.randint(0, NCLASS, (3, 32, 32))
     criterion = SegmentationLosses(nclass=NCLASS, aux=True)
-    loss = DataParallelCriterion(criterion, device_ids=["cpu", "cpu"])(
-        DataParallelModel(synced, device_ids=["cpu", "cpu"])(x), target)
-    loss.backward()
-    plain_loss = criterion(reference(x), target)
-    plain_loss.backward()
-    torch.testing.assert_close(loss, plain_loss, rtol=1e-10, atol=1e-10)
-    for (name, a), b in zip(synced.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-7, atol=1e-10, msg=name)
-    for a, b in zip(synced.buffers(), reference.buffers()):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    assert_replicated_step_is_exact(synced, reference, criterion, x, target, ["cpu", "cpu"], [2, 1])
 
 
 # ------------------------------------------------------------------------------------------------ registry API

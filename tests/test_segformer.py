@@ -15,9 +15,8 @@ from encoding.models import convert_hf_segformer, get_mit, get_segmentation_mode
 from encoding.models.mit import MiTBlock
 from encoding.nn import SegmentationLosses
 from encoding.nn.recompute import is_checkpointed
-from encoding.parallel import DataParallelCriterion, DataParallelModel
 
-from conftest import load_script, tiny_shapes_pair
+from conftest import assert_replicated_step_is_exact, load_script, tiny_shapes_pair
 
 #: The paper's parameter counts with 150 classes (millions).
 PAPER_PARAMS = {"mit_b0": 3.8, "mit_b1": 13.7, "mit_b2": 27.5, "mit_b3": 47.3, "mit_b4": 64.1, "mit_b5": 84.7}
@@ -140,17 +139,7 @@ def test_segformer_b0_under_data_parallel_is_exact():
     target = torch.randint(-1, 5, (7, 32, 32))
     target[0, :28] = -1  # uneven valid pixels across replicas
     criterion = SegmentationLosses(nclass=5, ignore_index=-1)
-    outputs = DataParallelModel(synced, device_ids=["cpu"] * 3)(x)
-    assert outputs.split_sizes == [3, 2, 2]
-    loss = DataParallelCriterion(criterion, device_ids=["cpu"] * 3)(outputs, target)
-    loss.backward()
-    plain = criterion(reference(x), target)
-    plain.backward()
-    torch.testing.assert_close(loss, plain, rtol=1e-10, atol=1e-12)
-    for (name, a), b in zip(synced.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-7, atol=1e-10, msg=name)
-    for (name, a), b in zip(synced.named_buffers(), reference.buffers()):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+    assert_replicated_step_is_exact(synced, reference, criterion, x, target, ["cpu"] * 3, [3, 2, 2], atol=1e-12)
     assert synced.classifier.fuse[1].num_batches_tracked == 1
 
 

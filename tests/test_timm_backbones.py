@@ -15,7 +15,8 @@ from encoding.models.registry import PE_PUBLISHED
 from encoding.models.timm_backbones import RESNEST, ResNeStBackbone, TimmBackbone
 from encoding.nn import (SegmentationLosses, SyncBatchNorm, SyncBatchNormAct, checkpoint_segmentation_model,
                          convert_sync_batchnorm, is_checkpointed)
-from encoding.parallel import DataParallelCriterion, DataParallelModel
+
+from conftest import assert_replicated_step_is_exact
 
 NCLASS = 4
 #: One small timm model of each family the multi-level heads are tested with.
@@ -221,19 +222,7 @@ def _assert_parallel_step_is_exact(name, backbone, **kwargs):
     target = torch.randint(-1, NCLASS, (7, 32, 32))
     target[5, :20] = -1  # uneven ignore masks across replicas
     criterion = SegmentationLosses(nclass=NCLASS, aux=True)
-    outputs = DataParallelModel(synced, device_ids=["cpu"] * 3)(x)
-    assert outputs.split_sizes == [3, 2, 2]
-    loss = DataParallelCriterion(criterion, device_ids=["cpu"] * 3)(outputs, target)
-    loss.backward()
-    plain_loss = criterion(reference(x), target)
-    plain_loss.backward()
-    torch.testing.assert_close(loss, plain_loss, rtol=1e-10, atol=1e-10)
-    for (n, a), b in zip(synced.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-7, atol=1e-10, msg=n)
-    buffers = list(zip(synced.named_buffers(), reference.buffers()))
-    assert buffers
-    for (n, a), b in buffers:
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=n)
+    assert_replicated_step_is_exact(synced, reference, criterion, x, target, ["cpu"] * 3, [3, 2, 2])
 
 
 def test_resnest_deeplab_with_sync_batchnorm_is_exact_on_three_replicas(tiny_resnest):
