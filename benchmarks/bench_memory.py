@@ -16,6 +16,8 @@ import os
 import sys
 import time
 
+import torch
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from encoding.memory import (Simulator, learn_workspaces, max_batch, measure_program_cpu,  # noqa: E402
@@ -111,21 +113,27 @@ def advise(args):
 
 
 def _compare(label, spec, program, workspaces=None):
+    """One device program: real CPU peak against the simulation (and the calibrated one, given workspaces)."""
     real = measure_program_cpu(spec, program).peak
-    sim = simulate_program(spec, program, workspaces=workspaces).peak
-    print(f"{label:<44} real {real / MIB:9.1f}  sim {sim / MIB:9.1f}  {100 * (sim - real) / real:+6.2f}%", flush=True)
+    sim = simulate_program(spec, program).peak
+    line = f"{label:<44} real {real / MIB:9.1f}  sim {sim / MIB:9.1f}  {100 * (sim - real) / real:+6.2f}%"
+    if workspaces is not None:
+        calibrated = simulate_program(spec, program, workspaces=workspaces).peak
+        line += f"  calibrated {calibrated / MIB:9.1f}  {100 * (calibrated - real) / real:+6.2f}%"
+    print(line, flush=True)
 
 
 def loops(args):
     print(f"loops: simulated vs real CPU peak, crop {args.crop}, {args.per_device} images per device, "
-          f"{args.devices} devices (each distinct device program)")
+          f"{args.devices} devices (each distinct device program; {torch.get_num_threads()} threads)")
     for model, nclass in args.configs:
         for keep in (False, True):
             spec = segmentation_spec(model, "resnet50", nclass, args.crop, aux=True, se_loss=model == "encnet",
                                      keep_outputs=keep)
+            workspaces = learn_workspaces(spec) if args.calibrate else None
             for (strategy, role), program in _distinct_programs(args.devices, args.per_device).items():
                 loop = "keep-outputs" if keep else "train.py"
-                _compare(f"{model}-{nclass} {loop} {strategy} {role}", spec, program)
+                _compare(f"{model}-{nclass} {loop} {strategy} {role}", spec, program, workspaces)
 
 
 def sharded_spec(model, nclass, crop):
@@ -170,6 +178,7 @@ def main():
     parser.add_argument("--configs", nargs="*", default=CONFIGS[:2],
                         type=lambda text: (text.split("-")[0], int(text.split("-")[1])),
                         help="loops, sharded (the first): model-classes, e.g. fcn-150")
+    parser.add_argument("--calibrate", action="store_true", help="loops, sharded, amp: also the calibrated simulation")
     parser.add_argument("--out-dir", default="runs/bench_memory")
     parser.add_argument("--memory-limit", default="11GiB")
     parser.add_argument("--zoo-images", type=int, default=2)

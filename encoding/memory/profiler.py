@@ -23,11 +23,58 @@ _MARK = "encoding.memory.step"
 
 
 def _memory_levels(events: List[dict], device: torch.device) -> List[Tuple[float, int]]:
-    """``(timestamp, Total Allocated)`` of the profiler's memory events on ``device``, in time order."""
+    """``(timestamp, live bytes)`` of the profiler's memory events on ``device``, in time order: the events'
+    ``"Total Allocated"``, less the frees the profiler did not see (:func:`_unseen_frees`)."""
     kind = 1 if device.type == "cuda" else 0
-    return sorted((e["ts"], e["args"]["Total Allocated"]) for e in events
-                  if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == kind
-                  and (kind == 0 or e["args"].get("Device Id") == device.index))
+    memory = sorted((e["ts"], e["args"]["Total Allocated"], e["args"].get("Addr"), e["args"].get("Bytes", 0),
+                     e.get("tid")) for e in events
+                    if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == kind
+                    and (kind == 0 or e["args"].get("Device Id") == device.index))
+    frees = _unseen_frees(memory, events) if kind == 0 else []
+    levels, unseen, k = [], 0, 0
+    for ts, total, *_ in memory:
+        while k < len(frees) and frees[k][0] <= ts:
+            unseen += frees[k][1]
+            k += 1
+        levels.append((ts, total - unseen))
+    return levels
+
+
+def _unseen_frees(memory: List[tuple], events: List[dict]) -> List[Tuple[float, int]]:
+    """``(when, bytes)`` of the CPU frees the profiler's count missed, in time order.
+
+    The CPU allocator counts a free only on a thread the profiler follows. A collective's staging buffer (gloo's
+    clone of a reduce-scatter input) is freed on whichever thread drops the collective's work last, sometimes a gloo
+    worker, so ``"Total Allocated"`` would keep it for the rest of the trace (the C library's own count shows it
+    freed). Such a buffer — allocated inside a ``c10d::`` operator and never freed before its address is handed out
+    again, or before the trace ends — is taken as freed when that operator returned.
+    """
+    collectives = sorted((e["ts"], e["ts"] + e["dur"], e.get("tid")) for e in events
+                         if e.get("ph") == "X" and str(e.get("name", "")).startswith("c10d::"))
+    if not collectives:
+        return []
+    starts = [start for start, _, _ in collectives]
+    live: Dict[object, Tuple[float, int, object]] = {}
+    leaked: List[Tuple[float, int, object]] = []
+    for ts, _, addr, nbytes, tid in memory:
+        if nbytes > 0:
+            if addr in live:  # handed out again: its free was not seen
+                leaked.append(live[addr])
+            live[addr] = (ts, nbytes, tid)
+        elif nbytes < 0:
+            live.pop(addr, None)
+    leaked.extend(live.values())
+    longest = max(end - start for start, end, _ in collectives)
+    frees = []
+    for ts, nbytes, tid in leaked:
+        i = bisect.bisect_right(starts, ts) - 1
+        while i >= 0 and collectives[i][0] >= ts - longest:
+            start, end, thread = collectives[i]
+            if ts <= end and thread == tid:
+                frees.append((end, nbytes))
+                break
+            i -= 1
+    return sorted(frees)
 
 
 def _op_workspaces(events: List[dict], share: int, span: Tuple[float, float], device: torch.device

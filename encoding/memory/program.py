@@ -35,7 +35,7 @@ from ..parallel.structures import iter_leaves, transpose_map
 from .sharded import LocalShardOptimizer, rank_world, shard_model, zero_optimizer
 from .tracker import MIB
 
-__all__ = ["STRATEGIES", "StepSpec", "DeviceProgram", "ProgramResult", "device_programs", "run_program",
+__all__ = ["STRATEGIES", "BACKENDS", "StepSpec", "DeviceProgram", "ProgramResult", "device_programs", "run_program",
            "default_optimizer", "step_autocast", "tensor_leaves"]
 
 #: The strategies the memory tool compares, in report order.
@@ -44,6 +44,8 @@ STRATEGIES: Tuple[str, ...] = ("gather", "balanced", "balanced-auto", "ddp", "fs
 DEFAULT_STRATEGIES: Tuple[str, ...] = STRATEGIES[:4]
 #: The strategies whose ranks are processes of a ``torch.distributed`` group (every rank keeps the module).
 DISTRIBUTED: Tuple[str, ...] = ("ddp", "fsdp", "zero1")
+#: The collective libraries a simulated rank can stand for (see :func:`run_program`).
+BACKENDS: Tuple[str, ...] = ("nccl", "gloo")
 #: DDP's default bucket capacity (``bucket_cap_mb=25``) and first-bucket size.
 _DDP_BUCKET_BYTES = 25 * MIB
 _DDP_FIRST_BUCKET_BYTES = 1 * MIB
@@ -281,7 +283,7 @@ def _optimizer_warmup(params: List[Tensor], optimizer: Optional[torch.optim.Opti
 def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu",
                 window: Callable[[], Any] = contextlib.nullcontext, steps: int = 1,
                 track: Callable[[List[Tensor]], None] = lambda tensors: None, real_ddp: bool = False,
-                model: Optional[nn.Module] = None) -> float:
+                model: Optional[nn.Module] = None, backend: str = "nccl") -> float:
     """Run ``program``: build, one warm-up step, then ``steps`` steps each inside ``window()``.
 
     Args:
@@ -298,6 +300,10 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
         model: a model built by ``spec.build_model`` on fake tensors, reused across programs: its parameters have
             no values, so the warm-up step is reduced to what it leaves behind (the optimizer state). ``fsdp``
             builds and shards its own and runs a full warm-up step.
+        backend: the collective library a simulated ``fsdp`` rank stands for (its fake process group runs no
+            collective): ``"nccl"`` works in place; ``"gloo"`` stages each all-gather output and reduce-scatter
+            input in a buffer of its own while the collective runs (:func:`~encoding.memory.sharded.shard_model`).
+            A real group (``real_ddp``) allocates what it does.
 
     ``fsdp`` and ``zero1`` run in the process group of this process (its world size and rank must be the
     program's), else in a fake one of the program's size (:func:`~encoding.memory.sharded.rank_world`).
@@ -305,6 +311,8 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
     Returns:
         Seconds of the last measured step.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; valid: {', '.join(BACKENDS)}")
     if program.strategy in ("fsdp", "zero1"):
         group = rank_world(program.replicas, program.rank)
     elif real_ddp and program.strategy == "ddp":
@@ -312,17 +320,18 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
     else:
         group = contextlib.nullcontext()
     with _any_batchnorm_batch(), group:
-        return _run_program(spec, program, device_type, window, steps, track, real_ddp, model)
+        return _run_program(spec, program, device_type, window, steps, track, real_ddp, model, backend)
 
 
 def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, window: Callable[[], Any], steps: int,
-                 track: Callable[[List[Tensor]], None], real_ddp: bool, model: Optional[nn.Module]) -> float:
+                 track: Callable[[List[Tensor]], None], real_ddp: bool, model: Optional[nn.Module],
+                 backend: str) -> float:
     reuse = model is not None and program.strategy != "fsdp"  # sharding changes the module: fsdp builds its own
     model = model if reuse else spec.build_model()
     model.train()
     track(list(model.parameters()) + list(model.buffers()))
     if program.strategy == "fsdp":
-        model = shard_model(model)
+        model = shard_model(model, staged_collectives=backend == "gloo" and not real_ddp)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = None
     if program.strategy == "zero1":

@@ -52,9 +52,16 @@ def rank_world(world_size: Optional[int], rank: int = 0, backend: str = "fake") 
         dist.destroy_process_group()
 
 
-def shard_model(model: nn.Module) -> nn.Module:
+def shard_model(model: nn.Module, staged_collectives: bool = False) -> nn.Module:
     """``fully_shard`` (reshard after forward) on each of :func:`~encoding.utils.dist.fsdp_units`, innermost first,
-    over a CPU device mesh of the current process group."""
+    over a CPU device mesh of the current process group.
+
+    Args:
+        model: the model to shard (in place).
+        staged_collectives: each all-gather and reduce-scatter holds, while it runs, the buffer gloo stages it in
+            (the whole all-gather output; a clone of the whole reduce-scatter input): the simulator's stand-in for a
+            real gloo group, whose collectives its fake process group does not run. NCCL works in place.
+    """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -64,7 +71,37 @@ def shard_model(model: nn.Module) -> nn.Module:
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for unit in fsdp_units(model):
         fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+        if staged_collectives:
+            all_gather, reduce_scatter = _staged_comms()
+            unit.set_custom_all_gather(all_gather)
+            unit.set_custom_reduce_scatter(reduce_scatter)
     return model
+
+
+def _staged_comms() -> Tuple[object, object]:
+    """FSDP2 all-gather and reduce-scatter comms (``set_custom_all_gather`` / ``set_custom_reduce_scatter``) that
+    allocate what gloo's ``all_gather_single`` (a flat output of the whole size) and ``reduce_scatter_single`` (a
+    clone of the whole input, all-reduced in place) allocate, for the duration of the collective."""
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+
+    class StagedAllGather(AllGather):
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            staging = torch.empty_like(output_tensor)  # noqa: F841  (held while the collective runs)
+            return dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
+
+    class StagedReduceScatter(ReduceScatter):
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            staging = torch.empty_like(input_tensor)  # noqa: F841
+            return dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op,
+                                              async_op=async_op)
+
+    return StagedAllGather(), StagedReduceScatter()
 
 
 def zero_optimizer(params: List[Tensor], make: Callable[[List[Tensor]], torch.optim.Optimizer]

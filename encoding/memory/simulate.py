@@ -28,7 +28,8 @@ def new_fake_mode() -> Any:
 
 
 def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, fake_mode: Any = None,
-                     workspaces: Optional[Workspaces] = None, model: Optional[nn.Module] = None) -> ProgramResult:
+                     workspaces: Optional[Workspaces] = None, model: Optional[nn.Module] = None,
+                     backend: str = "nccl") -> ProgramResult:
     """Peak bytes of ``program`` on fake CPU tensors (no memory is allocated, no kernel runs).
 
     Args:
@@ -39,6 +40,8 @@ def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, 
         workspaces: kernels' workspaces learned by :func:`~encoding.memory.profiler.learn_workspaces` (default: none).
         model: a model already built by ``spec.build_model`` in ``fake_mode`` (see
             :func:`~encoding.memory.program.run_program`).
+        backend: ``"nccl"`` (GPUs) or ``"gloo"`` (CPU processes): what the collectives of a sharded rank hold
+            (:func:`~encoding.memory.program.run_program`).
     """
     tracker = AllocationTracker(round_to, workspaces, (program.share, program.total))
     with (fake_mode or new_fake_mode()), tracker:
@@ -46,7 +49,7 @@ def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, 
         def window() -> Iterator[None]:
             tracker.reset_peak()
             yield
-        seconds = run_program(spec, program, "cpu", window, track=tracker.track, model=model)
+        seconds = run_program(spec, program, "cpu", window, track=tracker.track, model=model, backend=backend)
     return ProgramResult(tracker.peak, seconds)
 
 
@@ -60,14 +63,17 @@ class Simulator:
         workspaces: kernels' workspaces (see :func:`~encoding.memory.profiler.learn_workspaces`); default none.
         model: a model already built in ``fake_mode`` by a step with the same ``build_model`` (:attr:`model` of
             another simulator whose step differs only in its inputs, e.g. the crop); default: built on first use.
+        backend: ``"nccl"`` (default: GPUs) or ``"gloo"`` (CPU processes), see :func:`simulate_program`.
     """
 
     def __init__(self, spec: StepSpec, round_to: int = 1, fake_mode: Any = None,
-                 workspaces: Optional[Workspaces] = None, model: Optional[nn.Module] = None) -> None:
+                 workspaces: Optional[Workspaces] = None, model: Optional[nn.Module] = None,
+                 backend: str = "nccl") -> None:
         self.spec = spec
         self.round_to = round_to
         self.fake_mode = fake_mode if fake_mode is not None else new_fake_mode()
         self.workspaces = workspaces
+        self.backend = backend
         self._model: Optional[nn.Module] = model
         self._cache: Dict[DeviceProgram, ProgramResult] = {}
         self._zero: Dict[int, List[tuple]] = {}
@@ -95,7 +101,7 @@ class Simulator:
                 key = dataclasses.replace(key, rank=self._zero_rank(key.replicas, key.rank))
         if key not in self._cache:
             self._cache[key] = simulate_program(self.spec, key, self.round_to, self.fake_mode, self.workspaces,
-                                                self.model)
+                                                self.model, self.backend)
         return self._cache[key]
 
     def zero_partitions(self, world_size: int) -> List[tuple]:

@@ -77,7 +77,9 @@ class AllocationTracker(TorchDispatchMode):
                 if isinstance(inner, Tensor):
                     self._add(inner)
             return
-        storage = tensor.untyped_storage()
+        self._add_storage(tensor.untyped_storage())
+
+    def _add_storage(self, storage: Any) -> None:
         key = id(storage)
         size = self._rounded(storage.nbytes())
         known = self._sizes.get(key)
@@ -90,6 +92,36 @@ class AllocationTracker(TorchDispatchMode):
             self._refs[key] = weakref.ref(storage, functools.partial(self._free, key))
             self.live += size
         self.peak = max(self.peak, self.live)
+
+    def _resized(self, storage: Any) -> None:
+        """A storage resized in place by ``UntypedStorage.resize_`` (no operator sees it: FSDP2 frees and
+        re-allocates its unsharded parameters so)."""
+        key = id(storage)
+        known = self._sizes.get(key)
+        if known is not None and self._refs[key]() is storage:
+            size = self._rounded(storage.nbytes())
+            self.live += size - known
+            self._sizes[key] = size
+            self.peak = max(self.peak, self.live)
+        elif storage.nbytes():
+            self._add_storage(storage)
+
+    def __enter__(self) -> "AllocationTracker":
+        resize = torch.UntypedStorage.resize_
+        tracker = self
+
+        def tracked_resize(storage: Any, size: int) -> Any:
+            result = resize(storage, size)
+            tracker._resized(storage)
+            return result
+
+        self._resize = resize
+        torch.UntypedStorage.resize_ = tracked_resize
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        torch.UntypedStorage.resize_ = self._resize
+        return super().__exit__(*exc)
 
     def _free(self, key: int, ref: weakref.ref) -> None:
         if self._refs.get(key) is ref:
