@@ -102,14 +102,15 @@ def table(args):
 
 
 def advise(args):
-    start, cpu = time.perf_counter(), time.process_time()
-    report = tool_main(["--model", "fcn", "--backbone", "resnet50", "--dataset", "ade20k", "--aux", "--simulate", "8",
-                        "--strategies", "gather,balanced,ddp,fsdp,zero1", "--advise", "--memory-limit", "11GiB",
-                        "--out-dir", args.out_dir])
-    print(f"advise: FCN-ResNet50, 150 classes, 8 x 11GiB, 5 strategies x 3 policies: "
-          f"advice {report['advise_s']:.1f} s, "
-          f"whole tool {time.perf_counter() - start:.1f} s wall, {time.process_time() - cpu:.1f} s of CPU time "
-          f"(target < 60 s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    for model in args.models or ["fcn"]:
+        start, cpu = time.perf_counter(), time.process_time()
+        report = tool_main(["--model", model, "--backbone", "resnet50", "--dataset", "ade20k", "--aux", "--simulate",
+                            "8", "--strategies", "gather,balanced,ddp,fsdp,zero1", "--advise", "--memory-limit",
+                            "11GiB", "--out-dir", args.out_dir] + (["--se-loss"] if model == "encnet" else []))
+        print(f"advise: {model}-ResNet50, 150 classes, 8 x 11GiB, 5 strategies x 3 policies: "
+              f"advice {report['advise_s']:.1f} s, "
+              f"whole tool {time.perf_counter() - start:.1f} s wall, {time.process_time() - cpu:.1f} s of CPU time "
+              f"(target < 60 s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)", flush=True)
 
 
 def _compare(label, spec, program, workspaces=None):
@@ -136,34 +137,48 @@ def loops(args):
                 _compare(f"{model}-{nclass} {loop} {strategy} {role}", spec, program, workspaces)
 
 
-def sharded_spec(model, nclass, crop):
-    """Module level: the spawned ranks rebuild the step by name."""
-    return segmentation_spec(model, "resnet50", nclass, crop, aux=True)
+def sharded_spec(model, nclass, crop, backbone="resnet50"):
+    """Module level: the spawned ranks rebuild the step by name (aux head where the model has one)."""
+    return segmentation_spec(model, backbone, nclass, crop, aux=model != "segformer")
 
 
 def sharded(args):
+    """Every rank of fsdp / zero1 (and ddp) simulated as a gloo rank (its collectives' staging buffers), against
+    its own process's profiler peak in a real multi-process gloo group; calibrated on one thread, as the ranks run."""
     from encoding.memory import measure_ranks_cpu
 
+    model, nclass = args.configs[0]
+    kwargs = dict(model=model, nclass=nclass, crop=args.crop, backbone=args.backbone)
+    spec = sharded_spec(**kwargs)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    workspaces = learn_workspaces(spec)
+    torch.set_num_threads(threads)
+    plain, calibrated = Simulator(spec, backend="gloo"), Simulator(spec, workspaces=workspaces, backend="gloo")
     for ranks in args.ranks:
         split = [args.per_device] * ranks
-        kwargs = dict(model=args.configs[0][0], nclass=args.configs[0][1], crop=args.crop)
+        start = time.perf_counter()
         real = measure_ranks_cpu(sharded_spec, kwargs, args.strategies, split, threads=1)
-        simulator = Simulator(sharded_spec(**kwargs))
+        print(f"sharded {model}-{args.backbone}-{nclass}, crop {args.crop}, {args.per_device} images per rank, "
+              f"{ranks} ranks (real gloo run: {time.perf_counter() - start:.0f} s)", flush=True)
         for strategy, results in real.items():
-            for rank, (result, sim) in enumerate(zip(results, simulator.peaks(strategy, split))):
-                print(f"sharded {kwargs['model']}-{kwargs['nclass']} crop {args.crop} {strategy} {ranks} ranks rank "
-                      f"{rank}: real {result.peak / MIB:9.1f}  sim {sim / MIB:9.1f}  "
-                      f"{100 * (sim - result.peak) / result.peak:+6.2f}%", flush=True)
+            for rank, result in enumerate(results):
+                sim, cal = plain.peaks(strategy, split)[rank], calibrated.peaks(strategy, split)[rank]
+                print(f"  {strategy:<6} rank {rank}: real {result.peak / MIB:9.1f}  sim {sim / MIB:9.1f} "
+                      f"{100 * (sim - result.peak) / result.peak:+6.2f}%  calibrated {cal / MIB:9.1f} "
+                      f"{100 * (cal - result.peak) / result.peak:+6.2f}%", flush=True)
 
 
 def amp(args):
-    import torch
-
+    """bf16 on one device: uncalibrated, and calibrated on real steps of other shares than the measured one (the
+    calibration interpolates; it never saw the step it is checked against)."""
     program = DeviceProgram("balanced", args.per_device, args.per_device, source=True, replicas=1)
+    shares = sorted({1, args.per_device + 1} - {args.per_device})
+    print(f"amp: bf16, one device, {args.per_device} images, crop {args.crop}, 21 classes, ResNet-50, aux head; "
+          f"calibrated at shares {shares}; {torch.get_num_threads()} threads")
     for model in args.models or ["fcn", "deeplab"]:
         spec = segmentation_spec(model, "resnet50", 21, args.crop, aux=True, amp_dtype=torch.bfloat16)
-        _compare(f"bf16 {model}-21 one device", spec, program)
-        _compare(f"bf16 {model}-21 one device, calibrated", spec, program, learn_workspaces(spec))
+        _compare(f"bf16 {model}-21 one device", spec, program, learn_workspaces(spec, shares=shares))
 
 
 def main():
@@ -174,7 +189,8 @@ def main():
     parser.add_argument("--per-device", type=int, default=2, help="loops, sharded, amp: images per device (rank)")
     parser.add_argument("--devices", type=int, default=8, help="loops: devices")
     parser.add_argument("--ranks", type=int, nargs="*", default=[2, 4], help="sharded: world sizes")
-    parser.add_argument("--strategies", nargs="*", default=["fsdp", "zero1"], help="sharded: strategies")
+    parser.add_argument("--strategies", nargs="*", default=["fsdp", "zero1", "ddp"], help="sharded: strategies")
+    parser.add_argument("--backbone", default="resnet50", help="sharded: the backbone")
     parser.add_argument("--configs", nargs="*", default=CONFIGS[:2],
                         type=lambda text: (text.split("-")[0], int(text.split("-")[1])),
                         help="loops, sharded (the first): model-classes, e.g. fcn-150")
@@ -183,7 +199,8 @@ def main():
     parser.add_argument("--memory-limit", default="11GiB")
     parser.add_argument("--zoo-images", type=int, default=2)
     parser.add_argument("--zoo-crop", type=int, default=480)
-    parser.add_argument("--models", nargs="*", default=None, help="zoo: these architectures only (default: all)")
+    parser.add_argument("--models", nargs="*", default=None, help="zoo: these architectures only (default: all); advise: the models (default: fcn); "
+                        "amp: default fcn deeplab")
     args = parser.parse_args()
     for part in args.parts:
         globals()[part](args)

@@ -76,8 +76,9 @@ class _Peaks:
     """Heaviest-device peaks per (policy, crop, strategy, share), each simulator built once and sharing its
     policy's fake model."""
 
-    def __init__(self, spec_for: Callable[[int, str], StepSpec], num_devices: int, round_to: int) -> None:
-        self.spec_for, self.num_devices, self.round_to = spec_for, num_devices, round_to
+    def __init__(self, spec_for: Callable[[int, str], StepSpec], num_devices: int, round_to: int,
+                 backend: str = "nccl") -> None:
+        self.spec_for, self.num_devices, self.round_to, self.backend = spec_for, num_devices, round_to, backend
         self._simulators: Dict[Tuple[str, int], Simulator] = {}
         self._models: Dict[str, Tuple[object, object]] = {}
 
@@ -85,7 +86,7 @@ class _Peaks:
         key = (policy, crop)
         if key not in self._simulators:
             fake_mode, model = self._models.get(policy, (new_fake_mode(), None))
-            sim = Simulator(self.spec_for(crop, policy), self.round_to, fake_mode, model=model)
+            sim = Simulator(self.spec_for(crop, policy), self.round_to, fake_mode, model=model, backend=self.backend)
             self._models[policy] = (fake_mode, sim.model)
             self._simulators[key] = sim
         return self._simulators[key]
@@ -163,7 +164,7 @@ def _on_grid(target: float, axis: Callable[[int], float], step: int) -> int:
 
 def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], num_devices: int, batch: int,
            crop: int, limit_bytes: int, round_to: int = 1, policies: Sequence[str] = POLICY_ORDER,
-           stats: Optional[Dict[str, int]] = None) -> List[Advice]:
+           stats: Optional[Dict[str, int]] = None, backend: str = "nccl") -> List[Advice]:
     """Per strategy x policy, the largest batch that fits ``limit_bytes`` per device at ``crop`` and the largest
     crop that fits at ``batch``; the recommended row marked (:func:`recommend`).
 
@@ -178,8 +179,10 @@ def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], 
         round_to: allocation granularity (512 for CUDA).
         policies: the checkpointing policies to try.
         stats: filled with ``"programs"``: the device programs simulated.
+        backend: ``"nccl"`` or ``"gloo"``: what the sharded ranks' collectives hold (see
+            :class:`~encoding.memory.simulate.Simulator`).
     """
-    peaks = _Peaks(spec_for, num_devices, round_to)
+    peaks = _Peaks(spec_for, num_devices, round_to, backend)
     share = max(1, batch // num_devices)
     rows = []
     for policy in policies:

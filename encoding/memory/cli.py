@@ -17,7 +17,7 @@ import torch
 
 from ..utils.cli import OneLineParser, positive_int
 from .planner import parse_memory
-from .program import DEFAULT_STRATEGIES, STRATEGIES
+from .program import BACKENDS, DEFAULT_STRATEGIES, STRATEGIES
 from .report import format_report, memory_report, write_chart, write_json
 
 __all__ = ["parse_memory", "build_parser", "parse_args", "main"]
@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-outputs", action="store_true",
                    help="simulate the loop that holds the outputs through backward (outputs = model(x); loss = "
                         "criterion(outputs, y); loss.backward()); default: train.py's, which frees them first")
+    p.add_argument("--backend", choices=BACKENDS, default="nccl",
+                   help="what the simulated ranks of fsdp communicate through: nccl (GPUs, in place; default) or gloo "
+                        "(CPU processes: each all-gather and reduce-scatter is staged in a buffer of its own)")
     p.add_argument("--checkpoint", choices=["none", "backbone", "all"], default="none",
                    help="activation checkpointing of the model (every residual block, or blocks and heads); when "
                         "simulating, the report adds each device's peak without it and the saving")

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from ..nn.recompute import CHECKPOINT_POLICIES, checkpoint_segmentation_model, disable_checkpointing
 from .advice import Advice, advise
 from .balance import _fake_copy, strategy_peaks
-from .program import STRATEGIES, StepSpec, default_optimizer
+from .program import BACKENDS, STRATEGIES, StepSpec, default_optimizer
 from .simulate import Simulator
 from .tracker import CUDA_BLOCK, MIB
 
@@ -147,7 +147,7 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, crop: int, batch: i
          strategies: Sequence[str] = ("balanced",), keep_outputs: bool = False, amp: Optional[str] = None,
          checkpoint: str = "none", memory_limit: Union[str, int, None] = None, in_channels: int = 3,
          optimizer: Callable[[List[Tensor]], torch.optim.Optimizer] = default_optimizer,
-         round_to: int = CUDA_BLOCK) -> MemoryPlan:
+         round_to: int = CUDA_BLOCK, backend: str = "nccl") -> MemoryPlan:
     """Simulate a training step of ``model`` (on fake tensors: nothing is allocated, the model is not changed)
     under each strategy on ``num_devices`` devices.
 
@@ -167,6 +167,7 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, crop: int, batch: i
         in_channels: input channels.
         optimizer: ``params -> optimizer`` (default: SGD with momentum and weight decay).
         round_to: allocation granularity (512: CUDA's blocks; 1: the CPU's).
+        backend: ``"nccl"`` (GPUs) or ``"gloo"`` (CPU processes): what the collectives of ``fsdp`` ranks hold.
 
     Raises:
         ValueError: an unknown strategy, policy or ``amp``, a batch smaller than the devices, a bad limit.
@@ -190,12 +191,14 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, crop: int, batch: i
                         criterion=criterion, optimizer=optimizer, amp_dtype=AMP_DTYPES.get(amp),
                         keep_outputs=keep_outputs)
 
-    simulator = Simulator(spec_for(crop, checkpoint), round_to)
+    if backend not in BACKENDS:
+        raise ValueError(f"plan: backend={backend!r}; valid: {', '.join(BACKENDS)}")
+    simulator = Simulator(spec_for(crop, checkpoint), round_to, backend=backend)
     result = MemoryPlan({}, {}, batch, crop, num_devices, keep_outputs, amp, checkpoint, limit)
     for strategy in strategies:
         result.splits[strategy], result.peaks[strategy] = strategy_peaks(simulator, strategy, batch, num_devices)
     if limit is not None:
         segmentation = hasattr(getattr(model, "backbone", None), "stages")  # the policies need its blocks
         result.advice = advise(spec_for, strategies, num_devices, batch, crop, limit, round_to,
-                               CHECKPOINT_POLICIES if segmentation else ("none",))
+                               CHECKPOINT_POLICIES if segmentation else ("none",), backend=backend)
     return result

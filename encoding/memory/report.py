@@ -41,7 +41,7 @@ def _summary(peaks: Sequence[int], split: Sequence[int], seconds: Optional[float
 
 def _config(args: argparse.Namespace, mode: str) -> Dict[str, Any]:
     keys = ("model", "backbone", "dataset", "nclass", "batch_size", "crop_size", "aux", "se_loss", "amp",
-            "calibrate", "memory_limit", "checkpoint", "keep_outputs")
+            "calibrate", "memory_limit", "checkpoint", "keep_outputs", "backend")
     config = {k: getattr(args, k) for k in keys}
     config["loop"] = loop_name(args.keep_outputs)
     config.update(mode=mode, devices=args.num_devices, strategies=list(args.strategies),
@@ -73,7 +73,7 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         device = _calibration_device(args)
         _say(progress, f"calibrating on {device}: real steps of 1-3 samples ...")
         workspaces = learn_workspaces(spec, device=device)
-    simulator = Simulator(spec, CUDA_BLOCK, workspaces=workspaces)
+    simulator = Simulator(spec, CUDA_BLOCK, workspaces=workspaces, backend=args.backend)
     report = {"config": _config(args, "measured" if args.devices is not None else "simulated"), "strategies": {}}
     for strategy in args.strategies:
         start = time.perf_counter()
@@ -99,7 +99,7 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         report["advice"] = [row.as_dict() for row in advise(
             lambda crop, policy: segmentation_spec(**dict(spec_args, crop_size=crop, checkpoint=policy)),
             args.strategies, args.num_devices, args.batch_size, args.crop_size, args.memory_limit_bytes,
-            CUDA_BLOCK, stats=stats)]
+            CUDA_BLOCK, stats=stats, backend=args.backend)]
         report["advise_s"] = round(time.perf_counter() - start, 2)
         _say(progress, f"advice: {stats['programs']} device programs simulated in {report['advise_s']:.1f} s")
     return report
@@ -108,8 +108,8 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
 def _checkpoint_saving(plain_args: Dict[str, Any], strategy: str, args: argparse.Namespace, peaks: Sequence[int],
                        workspaces: Any) -> Dict[str, List[float]]:
     """Each device's simulated peak without activation checkpointing and what checkpointing saves there."""
-    plain = strategy_peaks(Simulator(segmentation_spec(**plain_args), CUDA_BLOCK, workspaces=workspaces), strategy,
-                           args.batch_size, args.num_devices)[1]
+    plain = strategy_peaks(Simulator(segmentation_spec(**plain_args), CUDA_BLOCK, workspaces=workspaces,
+                                     backend=args.backend), strategy, args.batch_size, args.num_devices)[1]
     return {"plain_peak_mib": [round(p / MIB, 2) for p in plain],
             "saving_mib": [round((p - c) / MIB, 2) for p, c in zip(plain, peaks)]}
 
@@ -136,7 +136,8 @@ def _options(config: Dict[str, Any]) -> str:
     amp = config["amp"]
     if amp is True:  # a report of the boolean --amp: bf16 simulated, fp16 measured
         amp = "fp16" if config["mode"] == "measured" else "bf16"
-    return (f"{mode}; --checkpoint {config['checkpoint']}, --amp {amp or 'off'}, "
+    backend = f", --backend {config['backend']}" if config.get("backend", "nccl") != "nccl" else ""
+    return (f"{mode}; --checkpoint {config['checkpoint']}, --amp {amp or 'off'}{backend}, "
             f"--calibrate {'on' if config['calibrate'] else 'off'}; "
             f"loop: {config.get('loop') or loop_name(config.get('keep_outputs', False))}")
 
