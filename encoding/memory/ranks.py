@@ -23,8 +23,9 @@ __all__ = ["measure_ranks_cpu"]
 def measure_ranks_cpu(make_spec: Callable[..., StepSpec], spec_kwargs: Dict[str, Any], strategies: Sequence[str],
                       split: Sequence[int], threads: int = 1, timeout: float = 1800.0
                       ) -> Dict[str, List[ProgramResult]]:
-    """Each rank's real CPU peak of each strategy with samples per rank ``split``: ``len(split)`` spawned processes
-    in a gloo group, each running its device program of every strategy in turn under ``torch.profiler``.
+    """Each rank's real CPU peak of each strategy with samples per rank ``split``: per strategy, ``len(split)`` new
+    spawned processes in a gloo group, each running its device program under ``torch.profiler`` (new processes per
+    strategy: nothing another strategy's run left behind counts).
 
     Args:
         make_spec: a module-level function (the processes are spawned: it is pickled by name) returning the step,
@@ -33,7 +34,7 @@ def measure_ranks_cpu(make_spec: Callable[..., StepSpec], spec_kwargs: Dict[str,
         strategies: from ``"ddp"``, ``"fsdp"`` and ``"zero1"``.
         split: samples per rank.
         threads: intra-op threads per process.
-        timeout: seconds to wait for the processes.
+        timeout: seconds to wait for the processes of one strategy.
 
     Returns:
         strategy -> one result per rank.
@@ -44,12 +45,18 @@ def measure_ranks_cpu(make_spec: Callable[..., StepSpec], spec_kwargs: Dict[str,
     bad = [s for s in strategies if s not in ("ddp", "fsdp", "zero1")]
     if bad or not strategies:
         raise ValueError(f"measure_ranks_cpu: strategies must be from ddp, fsdp, zero1, got {list(strategies)!r}")
+    return {strategy: _measure_ranks(make_spec, spec_kwargs, strategy, list(split), threads, timeout)
+            for strategy in strategies}
+
+
+def _measure_ranks(make_spec: Callable[..., StepSpec], spec_kwargs: Dict[str, Any], strategy: str,
+                   split: List[int], threads: int, timeout: float) -> List[ProgramResult]:
     context = mp.get_context("spawn")
     queue = context.Queue()
     with tempfile.TemporaryDirectory() as folder:
         init = "file://" + os.path.join(folder, "store")
-        processes = [context.Process(target=_rank_main, args=(rank, list(split), list(strategies), init, make_spec,
-                                                               spec_kwargs, threads, queue))
+        processes = [context.Process(target=_rank_main, args=(rank, split, strategy, init, make_spec, spec_kwargs,
+                                                               threads, queue))
                      for rank in range(len(split))]
         for process in processes:
             process.start()
@@ -58,31 +65,26 @@ def measure_ranks_cpu(make_spec: Callable[..., StepSpec], spec_kwargs: Dict[str,
             for _ in processes:
                 rank, result = queue.get(timeout=timeout)
                 if isinstance(result, str):
-                    raise RuntimeError(f"rank {rank} of the measurement failed:\n{result}")
+                    raise RuntimeError(f"rank {rank} of the {strategy} measurement failed:\n{result}")
                 results[rank] = result
         finally:
             for process in processes:
                 process.join(timeout=60)
                 if process.is_alive():
                     process.kill()
-    return {strategy: [ProgramResult(*results[rank][strategy]) for rank in range(len(split))]
-            for strategy in strategies}
+    return [ProgramResult(*results[rank]) for rank in range(len(split))]
 
 
-def _rank_main(rank: int, split: List[int], strategies: List[str], init: str, make_spec: Callable[..., StepSpec],
+def _rank_main(rank: int, split: List[int], strategy: str, init: str, make_spec: Callable[..., StepSpec],
                spec_kwargs: Dict[str, Any], threads: int, queue: Any) -> None:
     torch.set_num_threads(threads)
     try:
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=len(split))
-        results = {}
         try:
-            spec = make_spec(**spec_kwargs)
-            for strategy in strategies:
-                result = measure_program_cpu(spec, device_programs(strategy, split)[rank])
-                results[strategy] = (result.peak, result.seconds)
+            result = measure_program_cpu(make_spec(**spec_kwargs), device_programs(strategy, split)[rank])
             dist.barrier()  # no rank tears the group down while another is still in a collective
         finally:
             dist.destroy_process_group()
-        queue.put((rank, results))
+        queue.put((rank, (result.peak, result.seconds)))
     except Exception:  # reported to the parent, which raises it
         queue.put((rank, traceback.format_exc()))
