@@ -266,3 +266,18 @@ def test_gloo_ranks_hold_their_collectives_staging_buffers():
     for rank, result in enumerate(real):
         assert close(gloo.peaks("fsdp", split)[rank], result.peak), (rank, gloo.peaks("fsdp", split), result.peak)
         assert result.peak - nccl.peaks("fsdp", split)[rank] > unit / 4
+
+
+def test_fsdp_wraps_each_stage_of_a_module_list_backbone():
+    """SegFormer's MiT keeps its stages in a ModuleList, which fully_shard refuses: fsdp_units wraps its elements
+    (the rule train.py --strategy fsdp and the planner share), and the planner simulates the sharded rank."""
+    from encoding.memory import segmentation_spec
+    from encoding.models import get_segmentation_model
+    from encoding.utils.dist import fsdp_units
+
+    model = get_segmentation_model("segformer", backbone="mit_b0", nclass=NCLASS)
+    units = fsdp_units(model)
+    assert not any(isinstance(u, (nn.ModuleList, nn.ModuleDict)) for u in units)
+    assert all(any(u is stage for u in units) for stage in model.backbone.layers) and units[-1] is model
+    sharded = Simulator(segmentation_spec("segformer", "mit_b0", NCLASS, 64)).peaks("fsdp", [1, 1])
+    assert 0 < sharded[0] < Simulator(segmentation_spec("segformer", "mit_b0", NCLASS, 64)).peaks("ddp", [1, 1])[0]

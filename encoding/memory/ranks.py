@@ -1,7 +1,7 @@
 """Real multi-process measurement of the ``ddp``, ``fsdp`` and ``zero1`` strategies: one CPU process per rank in a
 gloo group, each measuring its own peak with ``torch.profiler`` memory events (:func:`measure_ranks_cpu`), the
 ground truth the simulated ranks are checked against (``benchmarks/bench_memory.py sharded``,
-``tests/test_memory_sharded.py``).
+``tests/test_memory_plan.py``).
 """
 from __future__ import annotations
 

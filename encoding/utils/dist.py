@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import List, Optional, Union
+from typing import Iterable, List, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -178,13 +178,25 @@ def _has_parameters(module: torch.nn.Module) -> bool:
     return next(module.parameters(), None) is not None
 
 
+def _with_parameters(children: Iterable[torch.nn.Module]) -> List[torch.nn.Module]:
+    """The modules among ``children`` that have parameters; a container without a ``forward`` of its own
+    (``ModuleList``, ``ModuleDict``, which ``fully_shard`` refuses) contributes its elements instead."""
+    found: List[torch.nn.Module] = []
+    for child in children:
+        if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            found.extend(_with_parameters(child.children()))
+        elif _has_parameters(child):
+            found.append(child)
+    return found
+
+
 def fsdp_units(model: torch.nn.Module) -> List[torch.nn.Module]:
     """The modules FSDP2's ``fully_shard`` wraps, in wrapping order (innermost first, the root last).
 
     The rule of ``--strategy fsdp`` (and of the memory planner's ``fsdp``): every child of ``model.backbone`` that
-    has parameters (the backbone's stages), then every other top-level child of ``model`` that has parameters
-    (``classifier``, ``aux_classifier``, necks, ...), then ``model`` itself. A model without a ``backbone``
-    attribute contributes its top-level children only.
+    has parameters (the backbone's stages; the elements of a ``ModuleList`` of stages, e.g. SegFormer's MiT), then
+    every other top-level child of ``model`` that has parameters (``classifier``, ``aux_classifier``, necks, ...),
+    then ``model`` itself. A model without a ``backbone`` attribute contributes its top-level children only.
 
     Args:
         model: a segmentation model (or any module).
@@ -195,10 +207,8 @@ def fsdp_units(model: torch.nn.Module) -> List[torch.nn.Module]:
     units: List[torch.nn.Module] = []
     backbone = getattr(model, "backbone", None)
     if isinstance(backbone, torch.nn.Module):
-        units.extend(child for child in backbone.children() if _has_parameters(child))
-    for name, child in model.named_children():
-        if child is not backbone and _has_parameters(child):
-            units.append(child)
+        units.extend(_with_parameters(backbone.children()))
+    units.extend(_with_parameters(child for child in model.children() if child is not backbone))
     units.append(model)
     return units
 
