@@ -113,14 +113,17 @@ def advise(args):
               f"(target < 60 s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)", flush=True)
 
 
-def _compare(label, spec, program, workspaces=None):
-    """One device program: real CPU peak against the simulation (and the calibrated one, given workspaces)."""
+def _compare(label, spec, program, workspaces=None, **calibrations):
+    """One device program: real CPU peak against the simulation, and the calibrated ones (``workspaces``:
+    "calibrated"; each keyword: its name)."""
+    if workspaces is not None:
+        calibrations = dict(calibrated=workspaces, **calibrations)
     real = measure_program_cpu(spec, program).peak
     sim = simulate_program(spec, program).peak
     line = f"{label:<44} real {real / MIB:9.1f}  sim {sim / MIB:9.1f}  {100 * (sim - real) / real:+6.2f}%"
-    if workspaces is not None:
-        calibrated = simulate_program(spec, program, workspaces=workspaces).peak
-        line += f"  calibrated {calibrated / MIB:9.1f}  {100 * (calibrated - real) / real:+6.2f}%"
+    for name, table in calibrations.items():
+        calibrated = simulate_program(spec, program, workspaces=table).peak
+        line += f"  {name} {calibrated / MIB:9.1f}  {100 * (calibrated - real) / real:+6.2f}%"
     print(line, flush=True)
 
 
@@ -170,15 +173,19 @@ def sharded(args):
 
 
 def amp(args):
-    """bf16 on one device: uncalibrated, and calibrated on real steps of other shares than the measured one (the
-    calibration interpolates; it never saw the step it is checked against)."""
+    """bf16 on one device: uncalibrated, calibrated (``--calibrate``'s default shares 1, T, T+1), and calibrated
+    without the measured share's real step (the table interpolates between the others)."""
+    from encoding.memory.tracker import Workspaces
+
     program = DeviceProgram("balanced", args.per_device, args.per_device, source=True, replicas=1)
-    shares = sorted({1, args.per_device + 1} - {args.per_device})
     print(f"amp: bf16, one device, {args.per_device} images, crop {args.crop}, 21 classes, ResNet-50, aux head; "
-          f"calibrated at shares {shares}; {torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads")
     for model in args.models or ["fcn", "deeplab"]:
         spec = segmentation_spec(model, "resnet50", 21, args.crop, aux=True, amp_dtype=torch.bfloat16)
-        _compare(f"bf16 {model}-21 one device", spec, program, learn_workspaces(spec, shares=shares))
+        full = learn_workspaces(spec)
+        others = Workspaces({key: {share: held for share, held in known.items() if share != args.per_device}
+                             for key, known in full.table.items()})
+        _compare(f"bf16 {model}-21 one device", spec, program, full, without_share=others)
 
 
 def main():
