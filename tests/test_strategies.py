@@ -2,6 +2,7 @@
 float64), its checkpoints are full ordinary state dicts that resume exactly, and a run under torchrun writes a
 checkpoint that a plain test.py evaluates."""
 import copy
+import gc
 import json
 import os
 import socket
@@ -163,6 +164,7 @@ def _worker(rank, port, out_dir):
             json.dump(results, f)
         torch.distributed.barrier()  # no rank tears the group down while the other is still in a collective
     finally:
+        gc.collect()  # the wrapped models (FSDP keeps reference cycles) go before their process group, not at exit
         torch.distributed.destroy_process_group()
 
 

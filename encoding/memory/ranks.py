@@ -5,6 +5,7 @@ ground truth the simulated ranks are checked against (``benchmarks/bench_memory.
 """
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 import traceback
@@ -84,6 +85,7 @@ def _rank_main(rank: int, split: List[int], strategy: str, init: str, make_spec:
             result = measure_program_cpu(make_spec(**spec_kwargs), device_programs(strategy, split)[rank])
             dist.barrier()  # no rank tears the group down while another is still in a collective
         finally:
+            gc.collect()  # the wrapped model (FSDP keeps reference cycles) goes before its process group
             dist.destroy_process_group()
         queue.put((rank, (result.peak, result.seconds)))
     except Exception:  # reported to the parent, which raises it
