@@ -30,7 +30,9 @@ class AllocationTracker(TorchDispatchMode):
 
     Every operator output whose storage was not seen before adds its ``nbytes`` (rounded up to ``round_to``, e.g.
     512 like the CUDA caching allocator's blocks); a weak reference subtracts it when the storage is freed. Views and
-    in-place results share a seen storage and add nothing. On fake tensors a host read (``.item()``, ``.tolist()``)
+    in-place results share a seen storage and add nothing. A storage resized in place by ``UntypedStorage.resize_``
+    (no operator sees it: FSDP2 frees and re-allocates its unsharded parameters so) counts at its new size while the
+    tracker is active. On fake tensors a host read (``.item()``, ``.tolist()``)
     has no value: it returns ``0`` (``1`` for an integer tensor, e.g. BatchNorm's ``num_batches_tracked``, by which a
 ``momentum=None`` BatchNorm divides), so code that checks values (e.g. a target range check) passes.
 
@@ -93,26 +95,13 @@ class AllocationTracker(TorchDispatchMode):
             self.live += size
         self.peak = max(self.peak, self.live)
 
-    def _resized(self, storage: Any) -> None:
-        """A storage resized in place by ``UntypedStorage.resize_`` (no operator sees it: FSDP2 frees and
-        re-allocates its unsharded parameters so)."""
-        key = id(storage)
-        known = self._sizes.get(key)
-        if known is not None and self._refs[key]() is storage:
-            size = self._rounded(storage.nbytes())
-            self.live += size - known
-            self._sizes[key] = size
-            self.peak = max(self.peak, self.live)
-        elif storage.nbytes():
-            self._add_storage(storage)
-
     def __enter__(self) -> "AllocationTracker":
         resize = torch.UntypedStorage.resize_
         tracker = self
 
         def tracked_resize(storage: Any, size: int) -> Any:
             result = resize(storage, size)
-            tracker._resized(storage)
+            tracker._add_storage(storage)  # counted at its new size (0: freed)
             return result
 
         self._resize = resize
