@@ -226,6 +226,9 @@ def test_tool_keep_outputs_advise_and_amp(tmp_path, capsys):
     assert kept["config"]["keep_outputs"] and "keep-outputs" in kept["config"]["loop"]
     assert kept["config"]["amp"] == "bf16"
     assert "loop: keep-outputs" in capsys.readouterr().out.replace("\n  ", " ")
+    staged = cli.main(common + ["--strategies", "fsdp", "--backend", "gloo"])
+    assert staged["config"]["backend"] == "gloo" and "--backend gloo" in capsys.readouterr().out
+    assert plain["config"]["backend"] == "nccl"
     report = cli.main(common + ["--strategies", "ddp", "--advise", "--memory-limit", "64MiB"])
     rows = json.loads((tmp_path / "memory_balance.json").read_text())["advice"]
     assert [r["checkpoint"] for r in rows] == ["none", "backbone", "all"]
@@ -238,6 +241,7 @@ def test_tool_keep_outputs_advise_and_amp(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--amp", "fp8"], "--amp"),
     (["--strategies", "zero3"], "--strategies"),
+    (["--backend", "mpi"], "--backend"),
     (["--advise", "--memory-limit", "11"], "--memory-limit"),
 ])
 def test_tool_new_options_fail_in_one_line(argv, message, capsys):
