@@ -160,6 +160,19 @@ def test_largest_fitting_uses_the_line_and_verifies_once():
     assert largest_fitting(lambda c: 50 + c * c, 64, 10_050, step=8, axis=lambda c: float(c * c)) == 96
 
 
+def test_largest_fitting_when_the_reference_level_alone_exceeds_the_limit():
+    """zero1 / fsdp borrow ddp's growth; ddp's fixed level (whole optimizer state, buckets) may not fit where theirs
+    does: the answer still comes from the strategy's own level."""
+    def peak(b):  # zero1-like: a fixed level of 150, then 100 + 2 per sample
+        return max(150, 100 + 2 * b)
+
+    def reference(b):  # ddp-like: the same growth above a fixed level of 220
+        return max(220, 140 + 2 * b)
+
+    assert largest_fitting(peak, 2, 200, reference=reference) == 50
+    assert largest_fitting(peak, 2, 149, reference=reference) == 0
+
+
 def test_recommend_takes_the_largest_batch_then_the_cheaper_policy():
     rows = [Advice("ddp", "all", 16, 2, 600), Advice("fsdp", "backbone", 16, 2, 560),
             Advice("gather", "none", 8, 1, 400), Advice("balanced", "backbone", 12, 2, 500)]

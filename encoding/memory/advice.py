@@ -109,8 +109,8 @@ def largest_fitting(peak: Callable[[int], int], start: int, limit: int, step: in
     optimizer step's) and a line (the activations).
 
     The line's growth comes from two points of ``reference`` (default ``peak`` itself; a strategy whose devices
-    grow alike, simulated once for all of them): ``start`` and ``start + step``, doubling while it is flat (still the
-    fixed level). With one point of ``peak`` the line's crossing of ``limit`` is the candidate, and one simulation
+    grow alike, simulated once for all of them, whose fixed level may be another, even above ``limit``): ``start``
+    and ``start + step``, doubling while it is flat (still the fixed level) and ``peak`` estimated from it fits. With one point of ``peak`` the line's crossing of ``limit`` is the candidate, and one simulation
     verifies it: it stands when its peak fits and lies on the line; otherwise the line is refitted through the
     newest points of ``peak`` (secant steps).
     """
@@ -125,8 +125,12 @@ def largest_fitting(peak: Callable[[int], int], start: int, limit: int, step: in
 
     at = cached(peak, 0)
     ref = cached(reference, 1) if reference is not None else at
+
+    def estimate(v: int) -> int:  # peak(v) from the reference's growth since start (its own level may differ)
+        return at(start) + ref(v) - ref(start)
+
     a, b = start, start + step
-    while ref(b) <= ref(a) and ref(b) <= limit and b < 2 ** 32:
+    while ref(b) <= ref(a) and estimate(b) <= limit and b < 2 ** 32:
         a, b = b, 2 * b
     if a != start:  # past the fixed level: two points on the line
         a, b = b, b + step

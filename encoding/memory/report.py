@@ -234,7 +234,9 @@ def chart_figure(report: Dict[str, Any]) -> Any:
     ax.set_xticklabels([f"device {d}" for d in range(count)])
     ax.set_ylabel("peak memory (MiB)")
     advice = _recommendation(report)
-    ax.set_title(f"{_title(c)}\n{_options(c)}" + (f"\n{advice}" if advice else ""), fontsize=8)
+    width = int(fig.get_figwidth() * 15)  # characters of the 8-point title that fit the figure
+    lines = [_title(c), *textwrap.wrap(_options(c), width)] + ([advice] if advice else [])
+    ax.set_title("\n".join(lines), fontsize=8)
     ax.legend()
     fig.tight_layout()
     return fig
