@@ -8,8 +8,9 @@ shard of the parameters, gradients (reduce-scattered) and optimizer state, and a
 that unit runs forward or backward. ``zero1`` is ``DistributedDataParallel`` (whole parameters and gradients, DDP's
 buckets) with ``torch.distributed.optim.ZeroRedundancyOptimizer``: each rank holds the optimizer state of its own
 partition of the parameters. Both run torch's own code: in the simulator on fake tensors in a fake process group of
-the program's world size and rank (torch's ``"fake"`` backend: collectives do nothing, every buffer is allocated as
-on a real rank), in :mod:`encoding.memory.ranks` in a real gloo group.
+the program's world size and rank (torch's ``"fake"`` backend: collectives do nothing, the buffers around them are
+allocated as on a real rank, and :func:`shard_model` adds what gloo stages), in :mod:`encoding.memory.ranks` in a
+real gloo group.
 """
 from __future__ import annotations
 
