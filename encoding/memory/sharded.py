@@ -73,36 +73,37 @@ def shard_model(model: nn.Module, staged_collectives: bool = False) -> nn.Module
     for unit in fsdp_units(model):
         fully_shard(unit, mesh=mesh, reshard_after_forward=True)
         if staged_collectives:
-            all_gather, reduce_scatter = _staged_comms()
-            unit.set_custom_all_gather(all_gather)
-            unit.set_custom_reduce_scatter(reduce_scatter)
+            unit.set_custom_all_gather(_StagedAllGather())
+            unit.set_custom_reduce_scatter(_StagedReduceScatter())
     return model
 
 
-def _staged_comms() -> Tuple[object, object]:
-    """FSDP2 all-gather and reduce-scatter comms (``set_custom_all_gather`` / ``set_custom_reduce_scatter``) that
-    allocate what gloo's ``all_gather_single`` (a flat output of the whole size) and ``reduce_scatter_single`` (a
-    clone of the whole input, all-reduced in place) allocate, for the duration of the collective."""
-    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+class _StagedComm:
+    """An FSDP2 custom comm (``set_custom_all_gather`` / ``set_custom_reduce_scatter`` take any object with
+    ``allocate`` and ``__call__``) that holds, while the collective runs, the buffer gloo stages it in."""
 
-    class StagedAllGather(AllGather):
-        def allocate(self, size, *, dtype, device):
-            return torch.empty(*size, dtype=dtype, device=device)
+    def allocate(self, size: Tuple[int, ...], *, dtype: torch.dtype, device: torch.device) -> Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
 
-        def __call__(self, output_tensor, input_tensor, group, async_op=False):
-            staging = torch.empty_like(output_tensor)  # noqa: F841  (held while the collective runs)
-            return dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
 
-    class StagedReduceScatter(ReduceScatter):
-        def allocate(self, size, *, dtype, device):
-            return torch.empty(*size, dtype=dtype, device=device)
+class _StagedAllGather(_StagedComm):
+    """gloo's ``all_gather_single``: a flat output of the whole size, copied out when the collective ends."""
 
-        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-            staging = torch.empty_like(input_tensor)  # noqa: F841
-            return dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op,
-                                              async_op=async_op)
+    def __call__(self, output_tensor: Tensor, input_tensor: Tensor, group: dist.ProcessGroup,
+                 async_op: bool = False) -> Optional[dist.Work]:
+        staging = torch.empty_like(output_tensor)  # noqa: F841  (held while the collective runs)
+        return dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
 
-    return StagedAllGather(), StagedReduceScatter()
+
+class _StagedReduceScatter(_StagedComm):
+    """gloo's ``reduce_scatter_single``: a clone of the whole input, all-reduced in place, this rank's chunk copied
+    out."""
+
+    def __call__(self, output_tensor: Tensor, input_tensor: Tensor, group: dist.ProcessGroup, op: object,
+                 async_op: bool = False) -> Optional[dist.Work]:
+        staging = torch.empty_like(input_tensor)  # noqa: F841  (held while the collective runs)
+        return dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op,
+                                          async_op=async_op)
 
 
 def zero_optimizer(params: List[Tensor], make: Callable[[List[Tensor]], torch.optim.Optimizer]
