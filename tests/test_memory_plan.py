@@ -2,6 +2,8 @@
 2-process gloo run, bf16 against a real CPU bf16 step, the advice, plan() and the tool's new options."""
 import contextlib
 import json
+import os
+import time
 
 import pytest
 import torch
@@ -127,6 +129,18 @@ def test_the_profiler_count_loses_no_free_of_a_collective_buffer():
         memory(41, 2, -50, 150)]
     assert _memory_levels(events, torch.device("cpu")) == [(0, 100), (12, 150), (30, 120), (31, 100), (40, 150),
                                                            (41, 100)]
+
+
+def dying_spec():
+    """Module level (spawned ranks): a rank that dies without a word (as one that cannot even start)."""
+    os._exit(3)
+
+
+def test_a_rank_that_dies_without_reporting_ends_the_measurement_at_once():
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="exited with code 3 before reporting"):
+        measure_ranks_cpu(dying_spec, {}, ["ddp"], [1, 1], timeout=600)
+    assert time.monotonic() - start < 120  # not the 600 s timeout
 
 
 def test_sharded_programs_per_rank():

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import gc
 import os
+import queue as queue_module
 import tempfile
+import time
 import traceback
 from typing import Any, Callable, Dict, List, Sequence
 
@@ -62,9 +64,14 @@ def _measure_ranks(make_spec: Callable[..., StepSpec], spec_kwargs: Dict[str, An
         for process in processes:
             process.start()
         results: Dict[int, Any] = {}
+        deadline = time.monotonic() + timeout
         try:
-            for _ in processes:
-                rank, result = queue.get(timeout=timeout)
+            while len(results) < len(processes):
+                try:
+                    rank, result = queue.get(timeout=1.0)
+                except queue_module.Empty:
+                    _check_alive(processes, results, strategy, deadline)
+                    continue
                 if isinstance(result, str):
                     raise RuntimeError(f"rank {rank} of the {strategy} measurement failed:\n{result}")
                 results[rank] = result
@@ -74,6 +81,16 @@ def _measure_ranks(make_spec: Callable[..., StepSpec], spec_kwargs: Dict[str, An
                 if process.is_alive():
                     process.kill()
     return [ProgramResult(*results[rank]) for rank in range(len(split))]
+
+
+def _check_alive(processes: List[Any], results: Dict[int, Any], strategy: str, deadline: float) -> None:
+    """Raise when a rank died without reporting (it could not start: nothing will come) or time is up."""
+    for rank, process in enumerate(processes):
+        if rank not in results and not process.is_alive() and process.exitcode != 0:
+            raise RuntimeError(f"rank {rank} of the {strategy} measurement exited with code {process.exitcode} "
+                               "before reporting (see its output above)")
+    if time.monotonic() > deadline:
+        raise RuntimeError(f"the {strategy} measurement did not finish in time")
 
 
 def _rank_main(rank: int, split: List[int], strategy: str, init: str, make_spec: Callable[..., StepSpec],
