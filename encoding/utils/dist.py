@@ -12,6 +12,7 @@ Example:
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from typing import Iterable, List, Optional, Union
@@ -81,7 +82,19 @@ def init_distributed_mode(backend: Optional[str] = None, timeout_s: Optional[flo
     if timeout_s is not None:
         kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size, **kwargs)
+    atexit.register(_destroy_at_exit)
     return True
+
+
+def _destroy_at_exit() -> None:
+    """Tear the process group down before the interpreter does: left to the C++ destructors at exit, gloo's threads
+    sometimes end the process with SIGABRT ("terminate called without an active exception") after a finished
+    run."""
+    if is_dist_avail_and_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # nothing to do about it at exit; the run's results are already written
+            pass
 
 
 def is_dist_avail_and_initialized() -> bool:
