@@ -166,6 +166,7 @@ def _worker(rank, port, out_dir):
     finally:
         gc.collect()  # the wrapped models (FSDP keeps reference cycles) go before their process group, not at exit
         torch.distributed.destroy_process_group()
+    os._exit(0)  # past the interpreter's teardown, where gloo's threads sometimes abort (see utils.dist.end_worker)
 
 
 def test_each_strategy_equals_single_process_training(tmp_path):

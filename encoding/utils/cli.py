@@ -9,6 +9,8 @@ import argparse
 import sys
 from typing import Any, Callable, List, NoReturn, Optional
 
+from .dist import end_worker, is_launched_worker
+
 __all__ = ["EXIT_INTERRUPTED", "OneLineParser", "run_cli", "positive_int", "positive_float", "non_negative_int",
            "non_negative_float", "scales", "unit_float"]
 
@@ -20,7 +22,18 @@ def run_cli(prog: str, main: Callable[..., Any], argv: Optional[List[str]], know
             interrupted: str = "interrupted", **kwargs: Any) -> int:
     """Run ``main(argv, **kwargs)``: the ``known`` failures become one line on stderr (``prog: error: ...``, exit
     status 1), Ctrl-C prints ``prog: interrupted`` (status 130); a ``SystemExit`` carrying a ``message`` (a run
-    interrupted after saving its work) prints it and exits with its code. Returns the exit status (0 on success)."""
+    interrupted after saving its work) prints it and exits with its code. Returns the exit status (0 on success).
+
+    Under ``torchrun`` the process ends here with that status (:func:`~encoding.utils.dist.end_worker`), past the
+    interpreter's teardown."""
+    status = _run(prog, main, argv, known, interrupted, **kwargs)
+    if is_launched_worker():
+        end_worker(status)
+    return status
+
+
+def _run(prog: str, main: Callable[..., Any], argv: Optional[List[str]], known: tuple, interrupted: str,
+         **kwargs: Any) -> int:
     try:
         main(argv, **kwargs)
     except KeyboardInterrupt:

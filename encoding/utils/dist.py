@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import logging
 import os
-from typing import Iterable, List, Optional, Union
+import sys
+from typing import Iterable, List, NoReturn, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -83,7 +85,44 @@ def init_distributed_mode(backend: Optional[str] = None, timeout_s: Optional[flo
         kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size, **kwargs)
     atexit.register(_destroy_at_exit)
+    global _LAUNCHED_GROUP
+    _LAUNCHED_GROUP = dist.group.WORLD
     return True
+
+
+#: The process group :func:`init_distributed_mode` started (the scripts' own torchrun run), else ``None``.
+_LAUNCHED_GROUP = None
+
+
+def is_launched_worker() -> bool:
+    """Whether this process runs the process group :func:`init_distributed_mode` started from ``torchrun``'s
+    environment (and it is still up)."""
+    return is_dist_avail_and_initialized() and _LAUNCHED_GROUP is not None and dist.group.WORLD is _LAUNCHED_GROUP
+
+
+def end_worker(status: int) -> NoReturn:
+    """End a ``torchrun`` worker whose run is over with exit status ``status``.
+
+    The ranks meet first when the run succeeded (none closes its connections while another is still in a
+    collective), the process group is destroyed, logs and output are flushed, and the process exits with
+    ``os._exit``: it skips the interpreter's teardown, in which gloo's threads sometimes abort a finished process
+    (SIGABRT, "terminate called without an active exception"), turning a finished run into a failed one. Files the
+    run wrote are closed by the run itself.
+    """
+    if is_dist_avail_and_initialized():
+        try:
+            if status == 0:
+                dist.barrier()
+            dist.destroy_process_group()
+        except Exception:  # a rank that failed closed its connections: nothing left to meet
+            pass
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed or broken stream: nothing more can be said on it
+            pass
+    os._exit(status)
 
 
 def _destroy_at_exit() -> None:
