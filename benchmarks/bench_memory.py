@@ -165,8 +165,8 @@ def sharded(args):
         print(f"sharded {model}-{args.backbone}-{nclass}, crop {args.crop}, {args.per_device} images per rank, "
               f"{ranks} ranks (real gloo run: {time.perf_counter() - start:.0f} s)", flush=True)
         for strategy, results in real.items():
-            for rank, result in enumerate(results):
-                sim, cal = plain.peaks(strategy, split)[rank], calibrated.peaks(strategy, split)[rank]
+            rows = zip(results, plain.peaks(strategy, split), calibrated.peaks(strategy, split))
+            for rank, (result, sim, cal) in enumerate(rows):
                 print(f"  {strategy:<6} rank {rank}: real {result.peak / MIB:9.1f}  sim {sim / MIB:9.1f} "
                       f"{100 * (sim - result.peak) / result.peak:+6.2f}%  calibrated {cal / MIB:9.1f} "
                       f"{100 * (cal - result.peak) / result.peak:+6.2f}%", flush=True)
@@ -201,13 +201,15 @@ def main():
     parser.add_argument("--configs", nargs="*", default=CONFIGS[:2],
                         type=lambda text: (text.split("-")[0], int(text.split("-")[1])),
                         help="loops, sharded (the first): model-classes, e.g. fcn-150")
-    parser.add_argument("--calibrate", action="store_true", help="loops, sharded, amp: also the calibrated simulation")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="loops: also the calibrated simulation (sharded and amp always print it)")
     parser.add_argument("--out-dir", default="runs/bench_memory")
     parser.add_argument("--memory-limit", default="11GiB")
     parser.add_argument("--zoo-images", type=int, default=2)
     parser.add_argument("--zoo-crop", type=int, default=480)
-    parser.add_argument("--models", nargs="*", default=None, help="zoo: these architectures only (default: all); advise: the models (default: fcn); "
-                        "amp: default fcn deeplab")
+    parser.add_argument("--models", nargs="*", default=None,
+                        help="zoo: these architectures only (default: all); advise: the models (default: fcn); "
+                             "amp: the models (default: fcn deeplab)")
     args = parser.parse_args()
     for part in args.parts:
         globals()[part](args)

@@ -16,8 +16,7 @@ from encoding.memory.advice import Advice, advise, largest_fitting, recommend
 from encoding.memory.profiler import _memory_levels
 from encoding.memory.program import device_programs, run_program
 from encoding.memory.simulate import new_fake_mode
-from encoding.memory.tracker import AllocationTracker
-from encoding.memory.tracker import MIB
+from encoding.memory.tracker import AllocationTracker, MIB
 from encoding.nn import SegmentationLosses
 
 NCLASS = 6
@@ -101,7 +100,6 @@ def test_fsdp_frees_its_unsharded_parameters_between_units():
     model = ShardNet()
     shard_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) / 2  # 2 ranks
     starts = []
-
     spec = shard_spec()
     tracker = AllocationTracker()
     with new_fake_mode(), tracker:
@@ -310,5 +308,5 @@ def test_fsdp_wraps_each_stage_of_a_module_list_backbone():
     units = fsdp_units(model)
     assert not any(isinstance(u, (nn.ModuleList, nn.ModuleDict)) for u in units)
     assert all(any(u is stage for u in units) for stage in model.backbone.layers) and units[-1] is model
-    sharded = Simulator(segmentation_spec("segformer", "mit_b0", NCLASS, 64)).peaks("fsdp", [1, 1])
-    assert 0 < sharded[0] < Simulator(segmentation_spec("segformer", "mit_b0", NCLASS, 64)).peaks("ddp", [1, 1])[0]
+    simulator = Simulator(segmentation_spec("segformer", "mit_b0", NCLASS, 64))
+    assert 0 < simulator.peaks("fsdp", [1, 1])[0] < simulator.peaks("ddp", [1, 1])[0]

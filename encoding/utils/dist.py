@@ -109,13 +109,7 @@ def end_worker(status: int) -> NoReturn:
     (SIGABRT, "terminate called without an active exception"), turning a finished run into a failed one. Files the
     run wrote are closed by the run itself.
     """
-    if is_dist_avail_and_initialized():
-        try:
-            if status == 0:
-                dist.barrier()
-            dist.destroy_process_group()
-        except Exception:  # a rank that failed closed its connections: nothing left to meet
-            pass
+    _destroy_group(meet=status == 0)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -129,10 +123,18 @@ def _destroy_at_exit() -> None:
     """Tear the process group down before the interpreter does: left to the C++ destructors at exit, gloo's threads
     sometimes end the process with SIGABRT ("terminate called without an active exception") after a finished
     run."""
+    _destroy_group(meet=False)
+
+
+def _destroy_group(meet: bool) -> None:
+    """Destroy the default process group, if any, after the ranks meet (``meet``); a peer that is gone (a failed
+    rank closed its connections) leaves nothing to meet or say at the end of a process."""
     if is_dist_avail_and_initialized():
         try:
+            if meet:
+                dist.barrier()
             dist.destroy_process_group()
-        except Exception:  # nothing to do about it at exit; the run's results are already written
+        except Exception:
             pass
 
 
