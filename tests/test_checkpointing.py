@@ -18,6 +18,7 @@ from encoding.nn import (SegmentationLosses, SyncBatchNorm, checkpoint_segmentat
                          is_checkpointed)
 from encoding.parallel import DataParallelCriterion, DataParallelModel, get_replica_context
 from encoding.parallel.rng import ReplicaRandom, replica_seed
+from encoding.utils.dist import end_worker
 from test_dist import _free_port  # the same free-port helper as the other gloo test
 
 NCLASS = 4
@@ -316,6 +317,7 @@ def _ddp_worker(rank, port, out_dir):
     finally:
         restore()
         torch.distributed.destroy_process_group()
+    end_worker(0)  # past the interpreter's teardown, where gloo's threads sometimes abort a finished rank
 
 
 def test_ddp_two_gloo_processes_exact(tmp_path):

@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 
 from encoding.utils import (MetricLogger, SegmentationMetric, barrier, default_backend, get_rank, get_world_size,
                             init_distributed_mode, is_main_process, reduce_across_processes)
+from encoding.utils.dist import end_worker
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -81,6 +82,7 @@ def _worker(rank, world_size, port, out_dir):
             json.dump(result, f)
     finally:
         torch.distributed.destroy_process_group()
+    end_worker(0)  # past the interpreter's teardown, where gloo's threads sometimes abort a finished rank
 
 
 def _free_port():

@@ -20,6 +20,7 @@ from encoding.engine.sharding import full_state
 from encoding.engine.state import Checkpoint
 from encoding.engine.run import resume
 from encoding.utils import load_checkpoint, reduce_across_processes, unwrap_model
+from encoding.utils.dist import end_worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, BATCH, CROP, NCLASS, TOL = 3, 4, 32, 7, 1e-6
@@ -166,7 +167,7 @@ def _worker(rank, port, out_dir):
     finally:
         gc.collect()  # the wrapped models (FSDP keeps reference cycles) go before their process group, not at exit
         torch.distributed.destroy_process_group()
-    os._exit(0)  # past the interpreter's teardown, where gloo's threads sometimes abort (see utils.dist.end_worker)
+    end_worker(0)  # past the interpreter's teardown, where gloo's threads sometimes abort a finished rank
 
 
 def test_each_strategy_equals_single_process_training(tmp_path):

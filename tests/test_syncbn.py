@@ -14,6 +14,7 @@ from torch import nn
 import encoding.nn.syncbn as syncbn_module
 from encoding.nn import SyncBatchNorm, convert_sync_batchnorm
 from encoding.parallel import DataParallelCriterion, DataParallelModel, get_replica_context
+from encoding.utils.dist import end_worker
 from equivalence import assert_same_sgd_step
 
 DEVICES = ["cpu"] * 3
@@ -337,6 +338,7 @@ def _ddp_worker(rank, init_file, out_dir, state):
         torch.save(record, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    end_worker(0)  # past the interpreter's teardown, where gloo's threads sometimes abort a finished rank
 
 
 def test_two_process_gloo_ddp_matches_full_batch_batchnorm(tmp_path):

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..utils.dist import end_worker
 from .profiler import measure_program_cpu
 from .program import ProgramResult, StepSpec, device_programs
 
@@ -107,3 +108,6 @@ def _rank_main(rank: int, split: List[int], strategy: str, init: str, make_spec:
         queue.put((rank, (result.peak, result.seconds)))
     except Exception:  # reported to the parent, which raises it
         queue.put((rank, traceback.format_exc()))
+    queue.close()
+    queue.join_thread()  # the report is in the pipe: a rank that exits without one could not even start
+    end_worker(0)  # past the interpreter's teardown, where gloo's threads sometimes abort a finished rank
