@@ -5,13 +5,16 @@
   (``train.main(argv, datasets=...)``, ``encoding.engine.run_training(config, datasets)``);
 * fixtures: ``shapes_root`` (one data root per session: each tiny set is generated once), ``tiny_shapes`` (the
   8 / 4 pair there, with ``ENCODING_DATA`` pointing at it) and ``tiny_run`` (one epoch of ``train.py`` on 8 / 5
-  scenes, shared by the evaluation-script tests).
+  scenes, shared by the evaluation-script tests);
+* the checkout's ``runs/`` (where ``train.py`` writes by default) is watched for the whole session
+  (:class:`runs_guard.RunsGuard`): a suite that creates, changes, deletes, opens or lists anything there fails.
 """
 import importlib.util
 import os
 
 import pytest
 import torch
+from runs_guard import RunsGuard
 
 from encoding.datasets import get_segmentation_dataset
 
@@ -20,6 +23,33 @@ SCRIPTS = os.path.join(ROOT, "experiments", "segmentation")
 #: train.py options of a tiny run (the sizes are those of :func:`tiny_shapes_pair`).
 TINY = ["--crop-size", "32", "--base-size", "40", "--batch-size", "4", "--workers", "0", "--epochs", "1"]
 TINY_SIZES = dict(base_size=40, crop_size=32)
+
+
+#: The user's own runs (``train.py``'s default ``--output-dir``): no test may touch them.
+USER_RUNS = os.path.join(ROOT, "runs")
+
+
+def pytest_sessionstart(session):
+    session.config._runs_guard = RunsGuard(USER_RUNS).start()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    guard = getattr(session.config, "_runs_guard", None)
+    if guard is None:
+        return
+    problems = guard.problems()
+    guard.stop()
+    if problems:
+        shown = "\n  ".join(problems[:20]) + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+        session.config._runs_guard_report = f"the suite touched the checkout's runs/ ({USER_RUNS}):\n  {shown}"
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    report = getattr(config, "_runs_guard_report", None)
+    if report:
+        terminalreporter.section("runs/ guard", red=True)
+        terminalreporter.write_line("FAILED " + report)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -115,6 +115,27 @@ def test_a_started_run_directory_is_refused_unless_resume_or_overwrite(tiny_shap
     assert _log_epochs(tmp_path) == ["0"] and load_checkpoint(checkpoint)["epoch"] == 0
 
 
+def test_parsing_options_never_looks_at_run_directories(tmp_path, monkeypatch):
+    """Issue 32: a user's finished default run in the working directory does not stop option parsing (``--help``,
+    the docs build, the suite); starting a run there is what is refused."""
+    monkeypatch.chdir(tmp_path)
+    started = tmp_path / "runs" / "shapes" / "unet" / "default"
+    started.mkdir(parents=True)
+    (started / CHECKPOINT_NAME).write_bytes(b"a finished run")
+    options = load_script("options")
+    args = options.parse_args([])
+    assert args.output_dir == "runs" and args.checkname == "default"
+    from encoding.engine import TrainingConfig
+    from encoding.engine.config import ConfigError, check_run_dir, check_training
+
+    config = TrainingConfig(**vars(args))
+    check_training(config)  # every value is usable
+    with pytest.raises(ConfigError, match="already holds a run"):
+        check_run_dir(config)
+    check_run_dir(TrainingConfig(**vars(options.parse_args(["--overwrite"]))))
+    assert (started / CHECKPOINT_NAME).read_bytes() == b"a finished run"
+
+
 # -- issue 24 items 7 and 8: what a resume honours ------------------------------------------------------------------------
 def _mid_epoch(checkpoint, iteration):
     data = load_checkpoint(checkpoint, map_location="cpu")

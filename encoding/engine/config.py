@@ -38,8 +38,8 @@ from . import state
 from .run import TrainingRun, base_dataset, resume, train
 
 __all__ = ["AMP_DTYPES", "CONFIG_NAME", "parse_device_ids", "ConfigError", "check_network", "check_devices",
-           "check_split", "check_training", "check_resume", "TrainingConfig", "saved_config", "build_training",
-           "run_training"]
+           "check_split", "check_training", "check_run_dir", "check_resume", "TrainingConfig", "saved_config",
+           "build_training", "run_training"]
 
 #: ``amp`` choice -> autocast dtype (``None``: full precision).
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -138,8 +138,8 @@ def _started(run_dir: str) -> List[str]:
 
 def check_training(config: "TrainingConfig") -> None:
     """Refuse every option value of ``config`` that the run could only fail on later, before any directory is made
-    or any data generated: dataset, splits, network, devices, schedule, and a run directory that already holds
-    another run (unless ``resume`` continues one or ``overwrite`` replaces it).
+    or any data generated: dataset, splits, network, devices and schedule. It reads no file: whether the run
+    directory already holds a run is :func:`check_run_dir`'s question, asked when the run starts.
 
     Raises:
         ConfigError: one line naming the option and the value.
@@ -159,6 +159,17 @@ def check_training(config: "TrainingConfig") -> None:
             require(name)
     except MonitorUnavailable as err:
         raise ConfigError(str(err)) from None
+
+
+def check_run_dir(config: "TrainingConfig") -> None:
+    """Refuse to start a run in a directory that already holds another run (its checkpoints or logs), unless
+    ``resume`` continues it, ``overwrite`` replaces it or ``eval`` only evaluates. Asked by :func:`run_training`
+    when the run starts, never while options are parsed (parsing reads no run directory).
+
+    Raises:
+        ConfigError: naming the directory, the files found and the three ways on.
+    """
+    c = config
     found = _started(c.run_dir) if not (c.eval or c.resume or c.overwrite) else []
     if found:
         raise ConfigError(f"{c.run_dir} already holds a run ({', '.join(found)}): continue it with --resume "
@@ -343,13 +354,15 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
     directory is locked before any work (a second run into it, or an unwritable directory, is refused at once).
 
     Raises:
-        ConfigError: an option value the run cannot use (:func:`check_training`, :func:`check_resume`), before any
+        ConfigError: an option value the run cannot use (:func:`check_training`, :func:`check_run_dir`,
+            :func:`check_resume`), before any
             directory is made.
         RunFailed, RunDirLocked, CheckpointError, DatasetError, OSError: reported in one line by the script.
         RunInterrupted: Ctrl-C; a resumable checkpoint was written (a ``SystemExit`` with status 130).
     """
     started = time.perf_counter()
     check_training(config)
+    check_run_dir(config)
     if config.deterministic:
         enable_determinism()
     checkpoint = state.read(config.resume) if config.resume else None  # the one read of the file
