@@ -63,7 +63,7 @@ def test_train_one_epoch_rejects_nan_loss():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = [(torch.full((2, 3, 4, 4), float("nan")), torch.zeros(2, 4, 4, dtype=torch.long))]
     with pytest.raises(FloatingPointError, match="epoch 3, iteration 0"):
-        train_one_epoch(model, nn.CrossEntropyLoss(), optimizer, loader, None, epoch=3)
+        train_one_epoch(model, nn.CrossEntropyLoss(), optimizer, loader, epoch=3)
 
 
 def test_train_then_evaluate_learns_a_batch():
@@ -73,7 +73,7 @@ def test_train_then_evaluate_learns_a_batch():
     target = (image[:, 0] > 0).long()
     loader = [(image, target)] * 20
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
-    stats = train_one_epoch(model, nn.CrossEntropyLoss(), optimizer, loader, None, epoch=0)
+    stats = train_one_epoch(model, nn.CrossEntropyLoss(), optimizer, loader, epoch=0)
     assert set(stats) == {"loss", "lr"} and math.isfinite(stats["loss"])
     result = evaluate(model, loader[:1], SegmentationMetric(2))
     assert result["pixAcc"] > 0.9
@@ -122,7 +122,7 @@ def test_two_cpu_replicas_use_sync_batchnorm(tiny_shapes, tmp_path):
     run = build_training(tiny_config(tmp_path, ["--device-ids", "cpu,cpu", "--aux"]), datasets=tiny_shapes)
     assert [str(d) for d in run.model.device_ids] == ["cpu", "cpu"]
     assert any(isinstance(m, SyncBatchNorm) for m in run.model.module.modules())
-    stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, run.scheduler, 0)
+    stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, scheduler=run.scheduler)
     assert math.isfinite(stats["loss"])
 
 
@@ -145,7 +145,7 @@ def test_builders_compose_without_an_options_namespace(tiny_shapes):
     optimizer = encoding.builders.build_optimizer(model, 0.01)
     scheduler = encoding.builders.build_scheduler(optimizer, "poly", 0.01, 1, len(loaders.train), head_lr_mult=1.0)
     model, criterion = encoding.builders.wrap_model(model, criterion, placement)
-    stats = train_one_epoch(model, criterion, optimizer, loaders.train, scheduler, 0)
+    stats = train_one_epoch(model, criterion, optimizer, loaders.train, scheduler=scheduler)
     assert math.isfinite(stats["loss"]) and len(loaders.val.dataset) == 4
     ddp = encoding.builders.Placement([], torch.device("cpu"), torch.device("cpu"), True)
     with pytest.raises(ValueError, match="balance applies to DataParallelModel"):
@@ -167,7 +167,7 @@ def test_training_with_balance_memory_plans_from_the_runs_own_loss(shapes_root, 
     run = build_training(TrainingConfig(**vars(args)), datasets=tiny_shapes_pair(shapes_root, 6, 3))
     assert isinstance(run.model.balance, MemoryBalancer)
     assert run.model.balance.criterion is run.criterion.criterion
-    stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, run.scheduler, 0)
+    stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, scheduler=run.scheduler)
     assert math.isfinite(stats["loss"])
     plans = run.model.balance._plans
     assert plans, "no split was planned"

@@ -60,7 +60,7 @@ def test_training_and_evaluation_piped_write_no_carriage_returns(capsys):
     model = nn.Conv2d(3, 2, 1)
     image = torch.randn(2, 3, 4, 4)
     loader = [(image, (image[:, 0] > 0).long())] * 40
-    train_one_epoch(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), loader, None, 0)
+    train_one_epoch(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), loader)
     evaluate(model, loader, SegmentationMetric(2))
     err = capsys.readouterr().err
     assert "\r" not in err

@@ -177,12 +177,12 @@ def test_resume_refuses_another_optimizer_before_work(tiny_shapes, tmp_path, cap
 
 # -- issue 24 item 15: a diverged state names the iteration ------------------------------------------------------------
 def test_a_diverged_state_names_epoch_iteration_and_tensor(tiny_shapes, tmp_path, monkeypatch, capsys):
-    from encoding.engine import run
+    from encoding.engine import hooks
 
     def diverged(state, *args, **kwargs):
         raise NonFiniteError("non-finite", "model.head.weight (3 of 9 values NaN/inf)")
 
-    monkeypatch.setattr(run, "save_checkpoint", diverged)
+    monkeypatch.setattr(hooks, "save_checkpoint", diverged)
     status, _ = _train(tiny_shapes, tmp_path, "--train-limit", "8", "--no-val")
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert status == 1 and "epoch 0 by iteration 2" in err and "model.head.weight" in err, err

@@ -1,4 +1,5 @@
-"""encoding.engine: the loops (:mod:`.loop`), a training run (:mod:`.run`, its checkpoint schema in :mod:`.state`),
+"""encoding.engine: the loops (:mod:`.loop`), a training run (:mod:`.run`, its rules as hooks in :mod:`.hooks`, its
+checkpoint schema in :mod:`.state`),
 runs built from a configuration (:mod:`.config`), a network back from its checkpoint (:mod:`.loading`:
 :func:`load_model`), segmenting images (:mod:`.predict`: :func:`segment`) and the scripts' inference helpers
 (:mod:`.inference`).
@@ -8,6 +9,7 @@ DDP module. See ``docs/training.md``.
 """
 from .loop import (GracefulInterrupt, Interrupted, autocast_context, backward_step, evaluate, evaluate_images,
                    param_groups, predicted_labels, train_one_epoch)
+from .hooks import Hook, RunState
 from .run import RunFailed, RunInterrupted, TrainingRun, train
 from .config import TrainingConfig, build_training, run_training
 from .loading import ModelInfo, load_model, model_info
@@ -15,5 +17,5 @@ from .predict import inference_module, segment
 
 __all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch", "evaluate", "evaluate_images",
            "predicted_labels", "Interrupted", "GracefulInterrupt", "TrainingRun", "RunFailed", "RunInterrupted",
-           "train", "TrainingConfig", "build_training", "run_training", "ModelInfo", "load_model", "model_info",
+           "Hook", "RunState", "train", "TrainingConfig", "build_training", "run_training", "ModelInfo", "load_model", "model_info",
            "inference_module", "segment"]

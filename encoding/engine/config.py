@@ -35,7 +35,7 @@ from ..utils.monitor import MonitorUnavailable, require
 from ..utils.rundir import run_directory, run_lock
 from ..utils.table import format_table
 from . import state
-from .run import TrainingRun, base_dataset, resume, train
+from .run import Hook, RunInterrupted, TrainingRun, base_dataset, resume, train
 
 __all__ = ["AMP_DTYPES", "CONFIG_NAME", "parse_device_ids", "ConfigError", "check_network", "check_devices",
            "check_split", "check_training", "check_run_dir", "check_resume", "TrainingConfig", "saved_config",
@@ -339,15 +339,17 @@ def _made_dirs(directory: str) -> Iterator[None]:
     try:
         yield
     except BaseException as err:
-        if not isinstance(err, SystemExit) or not hasattr(err, "message"):  # an interrupt that saved: kept
+        if not isinstance(err, RunInterrupted):  # an interrupt that saved: kept
             for folder in missing:  # deepest first; a folder with anything in it stays
                 with contextlib.suppress(OSError):
                     os.rmdir(folder)
         raise
 
 
-def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Dataset]] = None) -> Dict[str, Any]:
-    """Train (or, with ``eval``, evaluate) the run of ``config``; returns the last evaluation result.
+def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Dataset]] = None, *,
+                 hooks: Sequence[Hook] = ()) -> Dict[str, Any]:
+    """Train (or, with ``eval``, evaluate) the run of ``config`` (with the caller's ``hooks``, :func:`~.run.train`);
+    returns the last evaluation result.
 
     The checkpoint of ``resume`` is read once, before anything else: a run that already completed ``epochs`` says so
     and stops; the training state, the best model file and the log are restored from that one read. The run
@@ -389,7 +391,7 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
             write_config(os.path.join(config.run_dir, CONFIG_NAME), saved_config(config),
                          header="the options of this run: `train.py --config <this file>` repeats it (--resume, "
                                 "--overwrite and --eval are not recorded)")
-        result = train(run, checkpoint if resumed else None, verify_data=config.verify_data)
+        result = train(run, checkpoint if resumed else None, verify_data=config.verify_data, hooks=hooks)
     if result and is_main_process():
         print(format_table(result, run.class_names))
         print(f"done in {time.perf_counter() - started:.1f} s: pixAcc {result['pixAcc']:.4f}, "

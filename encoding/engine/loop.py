@@ -158,11 +158,12 @@ def _inputs_on(batch: Sequence[Any], model: nn.Module, device: Optional[torch.de
     return [b.to(device, non_blocking=True) if isinstance(b, Tensor) else b for b in batch]
 
 
-def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.optim.Optimizer,
-                    loader: Iterable, scheduler: Any, epoch: int, device: Optional[torch.device] = None,
+def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.optim.Optimizer, loader: Iterable,
+                    *, scheduler: Any = None, epoch: int = 0, device: Optional[torch.device] = None,
                     scaler: Optional[torch.amp.GradScaler] = None, amp_dtype: Optional[torch.dtype] = None,
-                    clip_grad_norm: Optional[float] = None, *, start_iteration: int = 0,
-                    stop: Optional[Callable[[], bool]] = None) -> Dict[str, float]:
+                    clip_grad_norm: Optional[float] = None, start_iteration: int = 0,
+                    stop: Optional[Callable[[], bool]] = None,
+                    on_step: Optional[Callable[[int, Dict[str, float]], None]] = None) -> Dict[str, float]:
     """Train for one epoch with a tqdm bar showing the smoothed loss and the learning rate.
 
     Args:
@@ -182,6 +183,10 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
             skips the batches done, see :class:`~encoding.utils.determinism.EpochSampler`).
         stop: polled after every iteration (e.g. :meth:`GracefulInterrupt.requested`); when it returns true,
             :class:`Interrupted` is raised with the number of iterations done.
+        on_step: called after every step (the scheduler has stepped) as ``on_step(iterations done, {"loss": ...,
+            "lr": ...})``, before ``stop`` is polled (the run calls its hooks' ``after_step`` there).
+
+    Everything after ``loader`` is a keyword argument.
 
     Returns:
         ``{"loss": mean training loss, "lr": mean learning rate of group 0}`` (averaged over processes under DDP).
@@ -204,13 +209,19 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
             raise FloatingPointError(f"loss is {value} at epoch {epoch}, iteration {i}; lower the learning "
                                      "rate or check the data")
         backward_step(loss, optimizer, scaler, clip_grad_norm)
-        meters.update(loss=value, lr=optimizer.param_groups[0]["lr"])  # the rate this step used
+        step = {"loss": value, "lr": optimizer.param_groups[0]["lr"]}  # the rate this step used
+        meters.update(**step)
         if scheduler is not None:
             scheduler.step()
         bar.set_postfix(meters.postfix())
-        if stop is not None and stop():
+        try:
+            if on_step is not None:
+                on_step(i + 1, step)
+            if stop is not None and stop():
+                raise Interrupted(epoch, i + 1)
+        except BaseException:
             bar.close()
-            raise Interrupted(epoch, i + 1)
+            raise
     meters.synchronize_between_processes()
     return meters.global_averages()
 

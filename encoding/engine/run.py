@@ -1,57 +1,41 @@
-"""A training run: its parts, where it starts, its epochs and the rules that keep its work.
+"""A training run: its parts, where it starts, and its epochs calling the hooks that keep its work.
 
 :class:`TrainingRun` holds what the epochs need (model, criterion, optimizer, scheduler, loaders, metric, where to
 write); :func:`resume` restores a run from its checkpoint (:mod:`.state`, read once); :func:`train` runs the epochs
-under the rules of a run:
+and calls the hooks (:mod:`.hooks`): the rules of a run are built-in hooks, and a caller adds its own:
 
 * after every epoch the checkpoint is written atomically, and ``model_best.pth`` too when the epoch has the best
-  ``(pixAcc + mIoU) / 2`` so far (checkpoint first, then the log row);
+  ``(pixAcc + mIoU) / 2`` so far (checkpoint first, then the log row: :class:`~.hooks.Checkpointer`);
 * a state holding NaN/inf is never saved: the last good checkpoint stays (:class:`RunFailed` names the tensor);
-* Ctrl-C, SIGTERM or SIGHUP saves a resumable mid-epoch checkpoint (:class:`RunInterrupted`, exit status 128 +
-  signal; under ``torchrun`` every rank stops at the same iteration and the main process saves);
-* an evaluation that fails saves the trained epoch before the failure is reported.
+* Ctrl-C, SIGTERM or SIGHUP saves a resumable mid-epoch checkpoint (:class:`~.hooks.StopOnSignal`,
+  :class:`RunInterrupted`, exit status 128 + signal; under ``torchrun`` every rank stops at the same iteration and
+  the main process saves);
+* an evaluation that fails saves the trained epoch before the failure is reported (:class:`~.hooks.Evaluation`).
+
+:func:`train` itself only orders the events; the one thing it reports is a NaN/inf loss, which the loop refuses
+before its step (:class:`RunFailed`: nothing of the epoch is saved).
 
 The run takes its datasets, model, criterion and optimizer as arguments (:mod:`.config` builds them from options),
 so a test passes a tiny dataset directly.
 """
 from __future__ import annotations
 
-import os
-import signal
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from ..utils.checkpoint import CHECKPOINT_NAME, NonFiniteError, save_checkpoint
+from ..errors import EXIT_INTERRUPTED, RunInterrupted
 from ..utils.determinism import SeededSamples, set_rng_state
-from ..utils.dist import get_rank, get_world_size, is_main_process
-from ..utils.logger import EpochLogger
-from ..utils.plot import write_curves
-from ..utils.rundir import remove_stale_temp_files
-from .loop import GracefulInterrupt, Interrupted, evaluate, train_one_epoch
-from .sharding import full_state
-from .previews import validation_previews
-from .state import Checkpoint, ResumePoint, restore_best, training_state
+from ..utils.dist import get_rank, get_world_size
+from .hooks import Hook, RunFailed, RunState, default_hooks, kept
+from .loop import evaluate, train_one_epoch
+from .state import Checkpoint, ResumePoint
 
-__all__ = ["EXIT_INTERRUPTED", "RunFailed", "RunInterrupted", "TrainingRun", "base_dataset", "resume", "train"]
-
-#: Exit status after an interrupt (128 + SIGINT), as shells report it.
-EXIT_INTERRUPTED = 130
-
-
-class RunFailed(RuntimeError):
-    """The run stopped with an error that the one-line report explains."""
-
-
-class RunInterrupted(SystemExit):
-    """Ctrl-C, SIGTERM or SIGHUP: a resumable checkpoint was written; exit status 128 + signal (130 for Ctrl-C)."""
-
-    def __init__(self, message: str, status: int = EXIT_INTERRUPTED) -> None:
-        super().__init__(status)
-        self.message = message
+__all__ = ["EXIT_INTERRUPTED", "Hook", "RunFailed", "RunInterrupted", "RunState", "TrainingRun", "base_dataset",
+           "resume", "train"]
 
 
 def base_dataset(loader: DataLoader) -> Any:
@@ -155,123 +139,62 @@ def resume(checkpoint: Optional[Checkpoint], model: nn.Module, optimizer: torch.
     return point
 
 
-def _kept(run: TrainingRun) -> str:
-    """What a diverged run leaves behind."""
-    path = os.path.join(run.output_dir, CHECKPOINT_NAME)
-    return f"the last good checkpoint {path} is kept" if os.path.isfile(path) else "no checkpoint was written"
+def _train_epoch(run: TrainingRun, state: RunState, hooks: Sequence[Hook]) -> None:
+    """Train ``state.epoch`` (from its saved iteration when it resumes), calling ``after_step`` after every step."""
+    start = run.start.iteration if state.epoch == run.start.epoch else 0
+    state.iteration = start
+    run.set_epoch(state.epoch, start)
 
+    def after_step(iteration: int, step: Dict[str, float]) -> None:
+        state.iteration, state.step = iteration, step
+        _call(hooks, "after_step", state)
 
-def _save(run: TrainingRun, epoch: int, best: tuple, metrics: Mapping[str, Any], is_best: bool = False,
-          iteration: int = 0, log_row: Optional[Mapping[str, Any]] = None) -> str:
-    """Write the checkpoint (main process only; every rank calls it); a diverged state is refused, keeping the last
-    good file."""
-    path = os.path.join(run.output_dir, CHECKPOINT_NAME)
-    model, optimizer = full_state(run.model, run.optimizer)  # every rank: fsdp / zero1 gather onto rank 0
-    if not is_main_process():
-        return path
-    state = training_state(model, optimizer, run.scheduler, run.scaler, epoch=epoch, iteration=iteration,
-                           best_pred=best[0], best_epoch=best[1], args=run.options, metrics=metrics,
-                           log_row=log_row)
     try:
-        return save_checkpoint(state, run.output_dir, is_best)
-    except NonFiniteError as err:
-        where = (f"epoch {epoch + 1} by iteration {iteration}" if iteration
-                 else f"epoch {epoch} by iteration {len(run.train_loader)}, its last")
-        raise RunFailed(f"training diverged in {where} (iterations counted from 1): {err.tensor} (try a lower --lr "
-                        f"or --clip-grad); {_kept(run)}") from None
+        state.stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader,
+                                      scheduler=run.scheduler, epoch=state.epoch, device=run.input_device,
+                                      scaler=run.scaler, amp_dtype=run.amp_dtype, clip_grad_norm=run.clip_grad,
+                                      start_iteration=start, on_step=after_step)
+    except FloatingPointError as err:  # a NaN/inf loss: the loop refused its step; nothing of this epoch is saved
+        raise RunFailed(f"training diverged in epoch {state.epoch} ({err}); {kept(run.output_dir)}") from None
 
 
-def _verify(run: TrainingRun) -> None:
-    """Read every sample once, before training (``--verify-data``)."""
-    for dataset in run.datasets():
-        bad = dataset.verify()
-        if bad and is_main_process():
-            print(f"verify: dropped {bad} bad sample(s) of {dataset.split!r} (--skip-bad)")
+def _call(hooks: Sequence[Hook], event: str, state: RunState) -> None:
+    for hook in hooks:
+        getattr(hook, event)(state)
 
 
-def _by(interrupt: GracefulInterrupt) -> str:
-    return "" if interrupt.signum in (None, signal.SIGINT) else f" by {signal.Signals(interrupt.signum).name}"
+def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_data: bool = False,
+          hooks: Sequence[Hook] = ()) -> Dict[str, Any]:
+    """Run the epochs from ``run.start`` to ``run.epochs``, calling the hooks; returns the last evaluation result.
 
-
-def _epoch(run: TrainingRun, epoch: int, best: tuple, interrupt: GracefulInterrupt) -> tuple:
-    """Train and evaluate ``epoch``: ``(stats, evaluation result)``; an interrupt or a failure is saved first."""
-    start = run.start.iteration if epoch == run.start.epoch else 0
-    run.set_epoch(epoch, start)
-    try:
-        stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, run.scheduler, epoch,
-                                run.input_device, run.scaler, run.amp_dtype, run.clip_grad, start_iteration=start,
-                                stop=interrupt.poll)
-    except Interrupted as stop:
-        path = _save(run, epoch - 1, best, {}, iteration=stop.iteration)
-        raise RunInterrupted(f"interrupted{_by(interrupt)} in epoch {epoch} after iteration {stop.iteration}; saved "
-                             f"{path} (continue with --resume {path})", interrupt.exit_status) from None
-    except FloatingPointError as err:  # a NaN/inf loss: nothing of this epoch is saved
-        raise RunFailed(f"training diverged in epoch {epoch} ({err}); {_kept(run)}") from None
-    result: Dict[str, Any] = {}
-    try:
-        if run.validate:
-            result = evaluate(run.model, run.val_loader, run.metric, run.input_device, run.amp_dtype,
-                              stop=None if run.distributed else interrupt.requested, epoch=epoch)
-            stats.update(pixAcc=result["pixAcc"], mIoU=result["mIoU"])
-    except Interrupted:
-        path = _save(run, epoch, best, {})
-        raise RunInterrupted(f"interrupted{_by(interrupt)} while evaluating epoch {epoch}; its training is saved in "
-                             f"{path} (continue with --resume {path})", interrupt.exit_status) from None
-    except Exception as err:  # the trained epoch is saved before the failure is reported
-        path = _save(run, epoch, best, {})
-        raise RunFailed(f"evaluation after epoch {epoch} failed ({err}); the trained epoch is saved in "
-                        f"{path}") from err
-    return stats, result
-
-
-def _log_epoch(run: TrainingRun, log: EpochLogger, epoch: int, row: Mapping[str, Any]) -> None:
-    """The epoch's log row, and preview images when they are due (with a TensorBoard / W&B sink)."""
-    log.write(epoch, **row)
-    if log.sinks and run.log_images and (epoch % run.log_images == 0 or epoch + 1 == run.epochs):
-        val = run.datasets()[1]
-        log.images(epoch, validation_previews(run.model, val, getattr(type(val), "PALETTE", run.options["dataset"])))
-
-
-def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_data: bool = False) -> Dict[str, Any]:
-    """Run the epochs from ``run.start`` to ``run.epochs``; returns the last evaluation result.
+    The rules of the run are hooks (:func:`.hooks.default_hooks`: evaluation, checkpoint and best model, logs,
+    previews, curves, the stop on a signal); ``hooks`` adds the caller's own, called after the built-in ones and
+    before the stop on a signal. Each hook gets ``before_train``, then per epoch ``before_epoch``, ``after_step``
+    after every step and ``after_epoch``, and ``after_train`` (also when the run stops with an error).
 
     Args:
         run: the run (its ``start`` set by :func:`resume`).
         checkpoint: the checkpoint the run resumed its training state from: the best model file and the log are
             completed from it (not read again).
         verify_data: read every sample once before training.
+        hooks: the caller's :class:`~.hooks.Hook` objects.
 
     Raises:
         RunFailed: the training diverged or an evaluation failed (the one-line report says what was kept).
         RunInterrupted: Ctrl-C, SIGTERM or SIGHUP; a resumable checkpoint was written.
     """
-    if verify_data:
-        _verify(run)
-    result: Dict[str, Any] = {}
-    best = (run.start.best_pred, run.start.best_epoch)
-    with GracefulInterrupt() as interrupt, EpochLogger(run.output_dir, **run.log_options) as log:
-        if is_main_process():
-            remove_stale_temp_files(run.output_dir)
-            if checkpoint is not None:
-                restore_best(run.output_dir, checkpoint)
-                log.resume_after(*checkpoint.log_resume())
+    hooks = default_hooks(run, verify_data=verify_data, user=hooks)
+    state = RunState(run=run, checkpoint=checkpoint, best=(run.start.best_pred, run.start.best_epoch))
+    try:
+        _call(hooks, "before_train", state)
         for epoch in range(run.start.epoch, run.epochs):
-            stats, result = _epoch(run, epoch, best, interrupt)
-            if run.count_skipped:
-                stats["skipped"] = sum(d.num_skipped for d in run.datasets())
-            score = (stats.get("pixAcc", 0.0) + stats.get("mIoU", 0.0)) / 2
-            is_best = score > best[0]
-            if is_best:
-                best = (score, epoch)
-            row = {**stats, **{f"IoU/{name}": float(iou) for name, iou in zip(run.class_names, result.get("IoU", ()))}}
-            _save(run, epoch, best, result, is_best, log_row=row)
-            _log_epoch(run, log, epoch, row)
-            if is_main_process():
-                print(f"epoch {epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in stats.items()))
-            if epoch + 1 < run.epochs and interrupt.poll():  # under DDP, evaluation is not interrupted: stop here
-                path = os.path.join(run.output_dir, CHECKPOINT_NAME)
-                raise RunInterrupted(f"interrupted{_by(interrupt)} after epoch {epoch}; saved {path} (continue with "
-                                     f"--resume {path})", interrupt.exit_status)
-    if is_main_process() and log.csv_path:
-        write_curves(log.csv_path)
-    return result
+            state.epoch, state.stats, state.is_best = epoch, {}, False
+            _call(hooks, "before_epoch", state)
+            _train_epoch(run, state, hooks)
+            _call(hooks, "after_epoch", state)
+    except BaseException as err:
+        state.error = err
+        raise
+    finally:
+        _call(hooks, "after_train", state)
+    return state.result

@@ -1,0 +1,291 @@
+"""The rules of a training run as hooks: :class:`Hook` and the built-in ones.
+
+:func:`~.run.train` calls, on each hook in order, ``before_train`` once, then for every epoch ``before_epoch``,
+``after_step`` after every optimizer step and ``after_epoch``, and ``after_train`` once at the end, also when the run
+stops with an error (``state.error`` then holds it). Each call gets the :class:`RunState`. The built-in hooks
+(:func:`default_hooks`) are the rules of a run, in this order:
+
+* :class:`VerifyData`: read every sample once before training (``--verify-data``);
+* :class:`Evaluation`: score the model after every epoch (an evaluation that fails saves the trained epoch first);
+* :class:`SkippedSamples`: log how many bad samples the datasets skipped (``--skip-bad``);
+* :class:`Checkpointer`: write the checkpoint atomically after every epoch, and ``model_best.pth`` when the epoch
+  has the best ``(pixAcc + mIoU) / 2`` so far (before the log row); a state holding NaN/inf is never saved;
+* :class:`EpochLog`: the epoch's row in ``log.csv`` / ``log.jsonl`` (and TensorBoard / W&B);
+* :class:`Previews`: preview images of validation predictions for TensorBoard / W&B;
+* :class:`ConsoleLine`: one line per epoch on stdout;
+* :class:`CurvePlot`: ``curves.png`` from ``log.csv`` after the last epoch;
+* the user's hooks (``train(run, hooks=[...])``, ``run_training(config, hooks=[...])``);
+* :class:`StopOnSignal`: Ctrl-C, SIGTERM or SIGHUP saves a resumable checkpoint after the current iteration
+  (:class:`~encoding.errors.RunInterrupted`, exit status 128 + signal); last, so every other hook saw the step.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..errors import EncodingError, RunInterrupted
+from ..utils.checkpoint import CHECKPOINT_NAME, NonFiniteError, save_checkpoint
+from ..utils.dist import is_main_process
+from ..utils.logger import EpochLogger
+from ..utils.plot import write_curves
+from ..utils.rundir import remove_stale_temp_files
+from .loop import GracefulInterrupt, Interrupted, evaluate
+from .previews import validation_previews
+from .sharding import full_state
+from .state import Checkpoint, restore_best, training_state
+
+if TYPE_CHECKING:  # the run imports the hooks
+    from .run import TrainingRun
+
+__all__ = ["RunFailed", "RunState", "Hook", "VerifyData", "Evaluation", "SkippedSamples", "Checkpointer", "EpochLog",
+           "Previews", "ConsoleLine", "CurvePlot", "StopOnSignal", "default_hooks"]
+
+
+class RunFailed(RuntimeError, EncodingError):
+    """The run stopped with an error that the one-line report explains."""
+
+
+@dataclass
+class RunState:
+    """What the hooks see of a running training.
+
+    Attributes:
+        run: the :class:`~.run.TrainingRun` (model, optimizer, loaders, ``output_dir``, ``epochs``...).
+        checkpoint: the checkpoint the run resumed its training state from (``None``: a fresh run).
+        epoch: the running epoch (counted from 0).
+        iteration: training iterations done in ``epoch`` (counted from 1 after the first step; a resumed epoch
+            starts at its saved iteration).
+        step: the last step's ``{"loss", "lr"}``.
+        stats: the epoch's averages (``loss``, ``lr``; ``pixAcc``, ``mIoU`` once evaluated): a hook may add
+            numbers, they go into the log row.
+        result: the last evaluation (``pixAcc``, ``mIoU``, ``IoU``...); ``{}`` before one.
+        best: ``(best score, its epoch)`` so far; ``is_best``: the epoch just finished has it.
+        error: the exception that is stopping the run, in ``after_train``; ``None`` otherwise.
+    """
+
+    run: "TrainingRun"
+    checkpoint: Optional[Checkpoint] = None
+    epoch: int = 0
+    iteration: int = 0
+    step: Dict[str, float] = field(default_factory=dict)
+    stats: Dict[str, float] = field(default_factory=dict)
+    result: Dict[str, Any] = field(default_factory=dict)
+    best: Tuple[float, int] = (0.0, -1)
+    is_best: bool = False
+    error: Optional[BaseException] = None
+
+    def row(self) -> Dict[str, Any]:
+        """The epoch's log row: ``stats`` and the per-class IoU of ``result`` (``IoU/<class>``)."""
+        ious = zip(self.run.class_names, self.result.get("IoU", ()))
+        return {**self.stats, **{f"IoU/{name}": float(iou) for name, iou in ious}}
+
+
+class Hook:
+    """A rule of a run: override any of the five events (each gets the :class:`RunState`; the defaults do nothing).
+
+    ``after_step`` runs on every process after every optimizer step (the scheduler has stepped); ``after_train``
+    runs also when the run stops with an error (``state.error``), like a ``finally``."""
+
+    def before_train(self, state: RunState) -> None:
+        """Before the first epoch (after a resume restored the run)."""
+
+    def before_epoch(self, state: RunState) -> None:
+        """Before the epoch ``state.epoch`` trains."""
+
+    def after_step(self, state: RunState) -> None:
+        """After an optimizer step: ``state.iteration`` steps of the epoch are done, ``state.step`` holds its loss."""
+
+    def after_epoch(self, state: RunState) -> None:
+        """After the epoch ``state.epoch`` trained (``state.stats``)."""
+
+    def after_train(self, state: RunState) -> None:
+        """Once at the end, also after an error (``state.error``)."""
+
+
+class VerifyData(Hook):
+    """Read every sample once before training (``--verify-data``); the bad ones are dropped (``--skip-bad``)."""
+
+    def before_train(self, state: RunState) -> None:
+        for dataset in state.run.datasets():
+            bad = dataset.verify()
+            if bad and is_main_process():
+                print(f"verify: dropped {bad} bad sample(s) of {dataset.split!r} (--skip-bad)")
+
+
+class Checkpointer(Hook):
+    """The checkpoint after every epoch, and ``model_best.pth`` when the epoch has the best ``(pixAcc + mIoU) / 2``
+    so far; the other rules save through :meth:`save` (an interrupt, a failed evaluation)."""
+
+    def before_train(self, state: RunState) -> None:
+        if is_main_process():
+            remove_stale_temp_files(state.run.output_dir)
+            if state.checkpoint is not None:
+                restore_best(state.run.output_dir, state.checkpoint)
+
+    def after_epoch(self, state: RunState) -> None:
+        score = (state.stats.get("pixAcc", 0.0) + state.stats.get("mIoU", 0.0)) / 2
+        state.is_best = score > state.best[0]
+        if state.is_best:
+            state.best = (score, state.epoch)
+        self.save(state, state.epoch, metrics=state.result, is_best=state.is_best, log_row=state.row())
+
+    def save(self, state: RunState, epoch: int, *, iteration: int = 0, metrics: Optional[Mapping[str, Any]] = None,
+             is_best: bool = False, log_row: Optional[Mapping[str, Any]] = None) -> str:
+        """Write the checkpoint of ``epoch`` (``iteration`` steps into the next one; every rank calls it, the main
+        process writes); a diverged state is refused, keeping the last good file.
+
+        Raises:
+            RunFailed: the state holds NaN/inf (names the tensor and what was kept).
+        """
+        run = state.run
+        path = os.path.join(run.output_dir, CHECKPOINT_NAME)
+        model, optimizer = full_state(run.model, run.optimizer)  # every rank: fsdp / zero1 gather onto rank 0
+        if not is_main_process():
+            return path
+        saved = training_state(model, optimizer, run.scheduler, run.scaler, epoch=epoch, iteration=iteration,
+                               best_pred=state.best[0], best_epoch=state.best[1], args=run.options,
+                               metrics=metrics or {}, log_row=log_row)
+        try:
+            return save_checkpoint(saved, run.output_dir, is_best)
+        except NonFiniteError as err:
+            where = (f"epoch {epoch + 1} by iteration {iteration}" if iteration
+                     else f"epoch {epoch} by iteration {len(run.train_loader)}, its last")
+            raise RunFailed(f"training diverged in {where} (iterations counted from 1): {err.tensor} (try a lower "
+                            f"--lr or --clip-grad); {kept(run.output_dir)}") from None
+
+
+def kept(output_dir: str) -> str:
+    """What a diverged run leaves behind."""
+    path = os.path.join(output_dir, CHECKPOINT_NAME)
+    return f"the last good checkpoint {path} is kept" if os.path.isfile(path) else "no checkpoint was written"
+
+
+class StopOnSignal(Hook):
+    """Ctrl-C, SIGTERM or SIGHUP: finish the current iteration, save a resumable checkpoint and stop
+    (:class:`~encoding.errors.RunInterrupted`, exit status 128 + signal). Under ``torchrun`` every rank stops at the
+    same iteration (:meth:`~.loop.GracefulInterrupt.poll` agrees across processes) and the main process saves."""
+
+    def __init__(self, checkpointer: Checkpointer) -> None:
+        self.checkpointer = checkpointer
+        self.signals = GracefulInterrupt()
+
+    def before_train(self, state: RunState) -> None:
+        self.signals.__enter__()
+
+    def after_step(self, state: RunState) -> None:
+        if self.signals.poll():
+            path = self.checkpointer.save(state, state.epoch - 1, iteration=state.iteration)
+            raise self.stopped(f"in epoch {state.epoch} after iteration {state.iteration}; saved {path} (continue "
+                               f"with --resume {path})")
+
+    def after_epoch(self, state: RunState) -> None:
+        if state.epoch + 1 < state.run.epochs and self.signals.poll():  # under DDP, evaluation is not interrupted
+            path = os.path.join(state.run.output_dir, CHECKPOINT_NAME)
+            raise self.stopped(f"after epoch {state.epoch}; saved {path} (continue with --resume {path})")
+
+    def after_train(self, state: RunState) -> None:
+        self.signals.__exit__(None, None, None)
+
+    def stopped(self, where: str) -> RunInterrupted:
+        """The exception that ends the run after a signal, ``where`` saying what was saved."""
+        signum = self.signals.signum
+        by = "" if signum in (None, signal.SIGINT) else f" by {signal.Signals(signum).name}"
+        return RunInterrupted(f"interrupted{by} {where}", self.signals.exit_status)
+
+
+class Evaluation(Hook):
+    """Score the model on the validation loader after every epoch (``state.result``; ``pixAcc`` and ``mIoU`` join
+    ``state.stats``). An interrupt or a failure during the evaluation saves the trained epoch first."""
+
+    def __init__(self, checkpointer: Checkpointer, stop: StopOnSignal) -> None:
+        self.checkpointer, self.stop = checkpointer, stop
+
+    def after_epoch(self, state: RunState) -> None:
+        run, epoch = state.run, state.epoch
+        if not run.validate:
+            return
+        try:
+            state.result = evaluate(run.model, run.val_loader, run.metric, run.input_device, run.amp_dtype,
+                                    stop=None if run.distributed else self.stop.signals.requested, epoch=epoch)
+        except Interrupted:
+            path = self.checkpointer.save(state, epoch)
+            raise self.stop.stopped(f"while evaluating epoch {epoch}; its training is saved in {path} (continue "
+                                    f"with --resume {path})") from None
+        except Exception as err:  # the trained epoch is saved before the failure is reported
+            path = self.checkpointer.save(state, epoch)
+            raise RunFailed(f"evaluation after epoch {epoch} failed ({err}); the trained epoch is saved in "
+                            f"{path}") from err
+        state.stats.update(pixAcc=state.result["pixAcc"], mIoU=state.result["mIoU"])
+
+
+class SkippedSamples(Hook):
+    """Log how many bad samples the datasets skipped (``skipped``; ``--skip-bad``)."""
+
+    def after_epoch(self, state: RunState) -> None:
+        state.stats["skipped"] = sum(d.num_skipped for d in state.run.datasets())
+
+
+class EpochLog(Hook):
+    """The epoch's row (:meth:`RunState.row`) in ``log.csv`` and ``log.jsonl``, and TensorBoard / W&B when the run's
+    ``log_options`` ask (:class:`~encoding.utils.logger.EpochLogger`); a resumed log ends at its checkpoint."""
+
+    def __init__(self) -> None:
+        self.log: Optional[EpochLogger] = None
+
+    def before_train(self, state: RunState) -> None:
+        self.log = EpochLogger(state.run.output_dir, **state.run.log_options)
+        if is_main_process() and state.checkpoint is not None:
+            self.log.resume_after(*state.checkpoint.log_resume())
+
+    def after_epoch(self, state: RunState) -> None:
+        self.log.write(state.epoch, **state.row())
+
+    def after_train(self, state: RunState) -> None:
+        if self.log is not None:
+            self.log.close()
+
+
+class Previews(Hook):
+    """Every ``run.log_images`` epochs (and after the last), preview images of validation predictions go to
+    TensorBoard / W&B (:func:`~.previews.validation_previews`); nothing without such a sink."""
+
+    def __init__(self, log: EpochLog) -> None:
+        self.log = log
+
+    def after_epoch(self, state: RunState) -> None:
+        run, epoch, log = state.run, state.epoch, self.log.log
+        if log.sinks and run.log_images and (epoch % run.log_images == 0 or epoch + 1 == run.epochs):
+            val = run.datasets()[1]
+            palette = getattr(type(val), "PALETTE", run.options["dataset"])
+            log.images(epoch, validation_previews(run.model, val, palette))
+
+
+class ConsoleLine(Hook):
+    """One line per epoch on stdout (main process): ``epoch N: loss ..., lr ..., pixAcc ..., mIoU ...``."""
+
+    def after_epoch(self, state: RunState) -> None:
+        if is_main_process():
+            print(f"epoch {state.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in state.stats.items()))
+
+
+class CurvePlot(Hook):
+    """``curves.png`` beside ``log.csv`` when the run ends without an error (:func:`~encoding.utils.plot.write_curves`)."""
+
+    def __init__(self, log: EpochLog) -> None:
+        self.log = log
+
+    def after_train(self, state: RunState) -> None:
+        log = self.log.log
+        if state.error is None and is_main_process() and log is not None and log.csv_path:
+            write_curves(log.csv_path)
+
+
+def default_hooks(run: "TrainingRun", *, verify_data: bool = False, user: Sequence[Hook] = ()) -> List[Hook]:
+    """The rules of ``run`` as hooks, in their order, with the ``user`` hooks before the stop on a signal."""
+    checkpointer, log = Checkpointer(), EpochLog()
+    stop = StopOnSignal(checkpointer)
+    hooks: List[Hook] = [VerifyData()] if verify_data else []
+    hooks += [Evaluation(checkpointer, stop)] + ([SkippedSamples()] if run.count_skipped else [])
+    return hooks + [checkpointer, log, Previews(log), ConsoleLine(), CurvePlot(log), *user, stop]
