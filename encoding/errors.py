@@ -14,7 +14,8 @@ This module imports nothing of the package (a leaf): every module may import it.
 """
 from __future__ import annotations
 
-__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "EncodingError", "RunInterrupted"]
+__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "EncodingError", "UsageError", "MissingDependency",
+           "RunInterrupted"]
 
 #: Exit status of a run that failed (diverged, an unreadable file met during the run...).
 EXIT_FAILURE = 1
@@ -31,6 +32,20 @@ class EncodingError(Exception):
     user and configuration errors)."""
 
     exit_status: int = EXIT_FAILURE
+
+
+class UsageError(ValueError, EncodingError):
+    """A value the user handed (an argument, an option, a file name) that cannot be used: the message names it;
+    exit status 2. Also a ``ValueError``: it is a bad argument value."""
+
+    exit_status = EXIT_USAGE
+
+
+class MissingDependency(ImportError, EncodingError):
+    """An optional library that a requested feature needs is not installed (the message says what to install);
+    exit status 2."""
+
+    exit_status = EXIT_USAGE
 
 
 class RunInterrupted(SystemExit):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from typing import List
 
+from ..errors import EncodingError
+
 __all__ = [
     "DatasetError", "default_root", "read_split_file",
     "ADE20K_DIR", "VOC_DIR", "SBD_DIR", "SBD_MAT_DIR", "SBD_PNG_DIR", "CONTEXT_DIR", "CONTEXT_MASK_DIR",
@@ -24,7 +26,7 @@ __all__ = [
 ]
 
 
-class DatasetError(ValueError):
+class DatasetError(ValueError, EncodingError):
     """A dataset file is missing, unreadable or inconsistent.
 
     Attributes:

@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .. import builders
+from ..errors import UsageError
 from ..datasets import datasets as DATASETS
 from ..models import get_segmentation_model
 from ..parallel import resolve_devices
@@ -60,11 +61,9 @@ def parse_device_ids(text: Optional[str]) -> Optional[List[Any]]:
     return [int(item) if item.strip().isdigit() else item.strip() for item in text.split(",") if item.strip()]
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError):
     """An option value the run cannot use, found before any work: one line naming the option and the value (exit
     status 2 on the command line, as an argument error)."""
-
-    exit_status = 2
 
 
 def check_network(dataset: str, model: str, backbone: str, *, aux: bool = False, se_loss: bool = False,
@@ -348,7 +347,7 @@ def _made_dirs(directory: str) -> Iterator[None]:
 
 def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Dataset]] = None, *,
                  hooks: Sequence[Hook] = ()) -> Dict[str, Any]:
-    """Train (or, with ``eval``, evaluate) the run of ``config`` (with the caller's ``hooks``, :func:`~.run.train`);
+    """Train (or, with ``eval``, evaluate) the run of ``config`` (with the caller's ``hooks``: :func:`~.run.train`);
     returns the last evaluation result.
 
     The checkpoint of ``resume`` is read once, before anything else: a run that already completed ``epochs`` says so

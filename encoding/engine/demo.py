@@ -15,6 +15,7 @@ from PIL import Image
 from torch import nn
 
 from ..datasets import datasets as DATASETS
+from ..errors import UsageError
 from ..utils.files import atomic_write
 from ..utils.palette import colorize
 from ..datasets.transforms import denormalize
@@ -30,12 +31,13 @@ def demo_outputs(paths: Sequence[str], out_dir: str, overwrite: bool = False) ->
     inputs' common folder, and their extension if they still collide, so that no output overwrites another.
 
     Raises:
-        ValueError: an input given twice, or an output that exists (unless ``overwrite``); the message names it.
+        UsageError: an input given twice (a ``ValueError``).
+        FileExistsError: an output exists (unless ``overwrite``); the message names it.
     """
     absolute = [os.path.abspath(p) for p in paths]
     for i, path in enumerate(absolute):
         if path in absolute[:i]:
-            raise ValueError(f"image given twice: {paths[i]}")
+            raise UsageError(f"image given twice: {paths[i]}")
     stems = [os.path.splitext(os.path.basename(p))[0] for p in absolute]
     common = os.path.commonpath([os.path.dirname(p) for p in absolute]) if absolute else ""
     names = [os.path.join(os.path.relpath(os.path.dirname(p), common), stem) if stems.count(stem) > 1 else stem
@@ -46,7 +48,7 @@ def demo_outputs(paths: Sequence[str], out_dir: str, overwrite: bool = False) ->
                for name in names]
     existing = [path for pair in outputs for path in pair if os.path.exists(path)]
     if existing and not overwrite:
-        raise ValueError(f"{existing[0]} exists ({len(existing)} of the outputs do): pass --overwrite to replace "
+        raise FileExistsError(f"{existing[0]} exists ({len(existing)} of the outputs do): pass --overwrite to replace "
                          "them, or another --out-dir")
     return outputs
 

@@ -8,13 +8,14 @@ stops with an error (``state.error`` then holds it). Each call gets the :class:`
 * :class:`VerifyData`: read every sample once before training (``--verify-data``);
 * :class:`Evaluation`: score the model after every epoch (an evaluation that fails saves the trained epoch first);
 * :class:`SkippedSamples`: log how many bad samples the datasets skipped (``--skip-bad``);
+* the user's hooks (``train(run, hooks=[...])``, ``run_training(config, hooks=[...])``): they see the evaluation,
+  and the numbers they add to ``state.stats`` are saved and logged with the epoch;
 * :class:`Checkpointer`: write the checkpoint atomically after every epoch, and ``model_best.pth`` when the epoch
   has the best ``(pixAcc + mIoU) / 2`` so far (before the log row); a state holding NaN/inf is never saved;
 * :class:`EpochLog`: the epoch's row in ``log.csv`` / ``log.jsonl`` (and TensorBoard / W&B);
 * :class:`Previews`: preview images of validation predictions for TensorBoard / W&B;
 * :class:`ConsoleLine`: one line per epoch on stdout;
 * :class:`CurvePlot`: ``curves.png`` from ``log.csv`` after the last epoch;
-* the user's hooks (``train(run, hooks=[...])``, ``run_training(config, hooks=[...])``);
 * :class:`StopOnSignal`: Ctrl-C, SIGTERM or SIGHUP saves a resumable checkpoint after the current iteration
   (:class:`~encoding.errors.RunInterrupted`, exit status 128 + signal); last, so every other hook saw the step.
 """
@@ -23,7 +24,7 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import EncodingError, RunInterrupted
 from ..utils.checkpoint import CHECKPOINT_NAME, NonFiniteError, save_checkpoint
@@ -35,9 +36,6 @@ from .loop import GracefulInterrupt, Interrupted, evaluate
 from .previews import validation_previews
 from .sharding import full_state
 from .state import Checkpoint, restore_best, training_state
-
-if TYPE_CHECKING:  # the run imports the hooks
-    from .run import TrainingRun
 
 __all__ = ["RunFailed", "RunState", "Hook", "VerifyData", "Evaluation", "SkippedSamples", "Checkpointer", "EpochLog",
            "Previews", "ConsoleLine", "CurvePlot", "StopOnSignal", "default_hooks"]
@@ -65,7 +63,7 @@ class RunState:
         error: the exception that is stopping the run, in ``after_train``; ``None`` otherwise.
     """
 
-    run: "TrainingRun"
+    run: Any  # the TrainingRun (.run imports this module)
     checkpoint: Optional[Checkpoint] = None
     epoch: int = 0
     iteration: int = 0
@@ -271,7 +269,8 @@ class ConsoleLine(Hook):
 
 
 class CurvePlot(Hook):
-    """``curves.png`` beside ``log.csv`` when the run ends without an error (:func:`~encoding.utils.plot.write_curves`)."""
+    """``curves.png`` beside ``log.csv`` when the run ends without an error
+    (:func:`~encoding.utils.plot.write_curves`)."""
 
     def __init__(self, log: EpochLog) -> None:
         self.log = log
@@ -282,10 +281,11 @@ class CurvePlot(Hook):
             write_curves(log.csv_path)
 
 
-def default_hooks(run: "TrainingRun", *, verify_data: bool = False, user: Sequence[Hook] = ()) -> List[Hook]:
-    """The rules of ``run`` as hooks, in their order, with the ``user`` hooks before the stop on a signal."""
+def default_hooks(run: Any, *, verify_data: bool = False, user: Sequence[Hook] = ()) -> List[Hook]:
+    """The rules of ``run`` as hooks, in their order, with the ``user`` hooks after the evaluation and before the
+    checkpoint: what they add to ``state.stats`` is saved and logged with the epoch."""
     checkpointer, log = Checkpointer(), EpochLog()
     stop = StopOnSignal(checkpointer)
     hooks: List[Hook] = [VerifyData()] if verify_data else []
-    hooks += [Evaluation(checkpointer, stop)] + ([SkippedSamples()] if run.count_skipped else [])
-    return hooks + [checkpointer, log, Previews(log), ConsoleLine(), CurvePlot(log), *user, stop]
+    hooks += [Evaluation(checkpointer, stop)] + ([SkippedSamples()] if run.count_skipped else []) + list(user)
+    return hooks + [checkpointer, log, Previews(log), ConsoleLine(), CurvePlot(log), stop]

@@ -27,6 +27,7 @@ from .. import builders
 from ..datasets import datasets as DATASETS
 from ..datasets.base import BaseDataset
 from ..datasets.transforms import image_transform
+from ..errors import UsageError
 from ..models import get_segmentation_model
 from ..parallel import DataParallelModel
 from ..utils.dist import get_rank, get_world_size, init_distributed_mode
@@ -259,7 +260,7 @@ def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -
     """
     c = config
     if c.save_pred and c.mode == "val":  # a mask saved under an image's name has that image's size
-        raise ValueError("save_pred writes whole-image predictions: use mode 'testval' or 'test', not 'val' "
+        raise UsageError("save_pred writes whole-image predictions: use mode 'testval' or 'test', not 'val' "
                          "(resized centre crops)")
     distributed = init_distributed_mode()
     placement = builders.select_devices(parse_device_ids(c.device_ids), use_cuda=not c.no_cuda,

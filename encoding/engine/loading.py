@@ -18,6 +18,7 @@ from torch import nn
 from .. import builders
 from ..datasets import datasets as DATASETS
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
+from ..errors import UsageError
 from ..models import get_model, pretrained_model_list
 from ..models.registry import PRESETS
 from . import state
@@ -61,7 +62,7 @@ class ModelInfo:
             ValueError: unknown dataset (the message lists the valid ones).
         """
         if dataset not in DATASETS:
-            raise ValueError(f"unknown dataset {dataset!r}; valid datasets: {', '.join(DATASETS)}")
+            raise UsageError(f"unknown dataset {dataset!r}; valid datasets: {', '.join(DATASETS)}")
         data = DATASETS[dataset]
         return cls(dataset, tuple(data.CLASSES), tuple(tuple(c) for c in data.PALETTE),
                    base_size=options.get("base_size") or data.BASE_SIZE,
@@ -89,7 +90,7 @@ def model_info(model: nn.Module) -> ModelInfo:
     """
     info = getattr(model, "info", None)
     if not isinstance(info, ModelInfo):
-        raise ValueError(f"{type(model).__name__} carries no ModelInfo: load it with encoding.load_model, or set "
+        raise UsageError(f"{type(model).__name__} carries no ModelInfo: load it with encoding.load_model, or set "
                          "model.info = encoding.engine.loading.ModelInfo.of_dataset(NAME)")
     return info
 
@@ -118,12 +119,12 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
     Raises:
         FileNotFoundError: ``source`` is neither a file nor a preset name.
         CheckpointError: an unreadable or unsafe file, or weights that do not match the network.
-        ValueError: an unknown option, or a file that records no network options (the message names the file).
-        RuntimeError: published weights that are not cached while offline (one line, naming where to put them).
+        UsageError: an unknown option, or a file that records no network options (the message names the file).
+        WeightsUnavailable: published weights that are not cached while offline (one line, naming where to put them).
     """
     unknown = sorted(set(options) - set(NETWORK_OPTIONS))
     if unknown:
-        raise ValueError(f"load_model: unknown option(s) {', '.join(unknown)}; valid: {', '.join(NETWORK_OPTIONS)}")
+        raise UsageError(f"load_model: unknown option(s) {', '.join(unknown)}; valid: {', '.join(NETWORK_OPTIONS)}")
     given = {k: v for k, v in options.items() if v is not None}
     path = os.fspath(source)
     if not os.path.isfile(path) and path.lower() in PRESETS:
@@ -136,7 +137,7 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
     network = {**recorded, **given}
     missing = [k for k in ("dataset", "model", "backbone") if not network.get(k)]
     if missing:
-        raise ValueError(f"{path!r} records no {', '.join(missing)}: pass them, e.g. load_model(path, "
+        raise UsageError(f"{path!r} records no {', '.join(missing)}: pass them, e.g. load_model(path, "
                          "dataset='pascal_voc', model='fcn', backbone='resnet50')")
     info = ModelInfo.of_dataset(**network)
     model = builders.build_model(network["model"], network["dataset"], backbone=network["backbone"],
@@ -152,7 +153,7 @@ def _load_preset(name: str, device: Optional[Union[str, torch.device]], weights:
                  options: Dict[str, Any]) -> nn.Module:
     """A preset of :data:`~encoding.models.model_list` with its published weights, or those of ``weights``."""
     if weights is None and name not in pretrained_model_list():
-        raise ValueError(f"no published weights for the preset {name!r}: pass weights='path/to/model.pth' "
+        raise UsageError(f"no published weights for the preset {name!r}: pass weights='path/to/model.pth' "
                          f"(presets with published weights: {', '.join(pretrained_model_list())})")
     preset = PRESETS[name]
     model = get_model(name, pretrained=weights if weights is not None else True)

@@ -168,8 +168,8 @@ def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_d
     """Run the epochs from ``run.start`` to ``run.epochs``, calling the hooks; returns the last evaluation result.
 
     The rules of the run are hooks (:func:`.hooks.default_hooks`: evaluation, checkpoint and best model, logs,
-    previews, curves, the stop on a signal); ``hooks`` adds the caller's own, called after the built-in ones and
-    before the stop on a signal. Each hook gets ``before_train``, then per epoch ``before_epoch``, ``after_step``
+    previews, curves, the stop on a signal); ``hooks`` adds the caller's own, called after the evaluation and before
+    the checkpoint (what they add to ``state.stats`` is saved and logged). Each hook gets ``before_train``, then per epoch ``before_epoch``, ``after_step``
     after every step and ``after_epoch``, and ``after_train`` (also when the run stops with an error).
 
     Args:

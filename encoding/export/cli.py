@@ -7,9 +7,8 @@ import sys
 from typing import List, Optional
 
 from ..engine.loading import load_model
-from ..utils.checkpoint import CheckpointError
 from ..utils.cli import OneLineParser, positive_int, run_cli
-from .core import FORMATS, SUFFIXES, ExportError, export_model
+from .core import FORMATS, SUFFIXES, export_model
 
 __all__ = ["build_parser", "main", "cli"]
 
@@ -43,9 +42,9 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
 
 
 def cli(argv: Optional[List[str]] = None) -> int:
-    """``main`` for the command line: known failures become one line on stderr; returns the exit status."""
-    return run_cli("python -m encoding.export", main, argv,
-                   (CheckpointError, ExportError, ValueError, RuntimeError, OSError))
+    """``main`` for the command line: an ``EncodingError`` is one line on stderr, a bug keeps its traceback
+    (``--traceback`` shows them all); returns the exit status."""
+    return run_cli("python -m encoding.export", main, argv)
 
 
 if __name__ == "__main__":

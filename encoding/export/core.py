@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from ..errors import EncodingError
 from ..engine.loading import ModelInfo, model_info
 from ..utils.files import atomic_write
 from ..utils.metrics import main_output
@@ -38,7 +39,7 @@ UNEXPORTABLE: Dict[str, str] = {}
 INPUT_NAME, OUTPUT_NAME = "image", "logits"
 
 
-class ExportError(RuntimeError):
+class ExportError(RuntimeError, EncodingError):
     """A network torch cannot export (the message gives torch's reason), or an export that cannot be written."""
 
 

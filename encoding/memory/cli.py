@@ -15,12 +15,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from ..utils.cli import OneLineParser, positive_int
+from ..utils.cli import OneLineParser, positive_int, run_cli
 from .planner import parse_memory
 from .program import BACKENDS, DEFAULT_STRATEGIES, STRATEGIES
 from .report import format_report, memory_report, write_chart, write_json
 
-__all__ = ["parse_memory", "build_parser", "parse_args", "main"]
+__all__ = ["parse_memory", "build_parser", "parse_args", "main", "cli"]
 
 #: The memory size of ``--memory-limit`` when it is not given and ``--max-batch`` needs one.
 DEFAULT_MEMORY_LIMIT = "11GiB"
@@ -172,3 +172,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if write_chart(report, args.chart_path):
         print(f"wrote {args.chart_path}")
     return report
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+    """``main`` for the command line: an ``EncodingError`` is one line on stderr, a bug keeps its traceback
+    (``--traceback`` shows them all); returns the exit status."""
+    return run_cli("python -m encoding.memory", main, argv)

@@ -15,11 +15,12 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
+from ..errors import EncodingError
 from ..utils.checkpoint import load_model_state, read_state_dict
 from .hf_segformer import hf_download_hint, read_segformer_weights
 
-__all__ = ["Pretrained", "TORCHVISION_WEIGHTS", "fetch_torchvision_weights", "load_backbone_weights",
-           "load_pretrained"]
+__all__ = ["Pretrained", "TORCHVISION_WEIGHTS", "WeightsUnavailable", "fetch_torchvision_weights",
+           "load_backbone_weights", "load_pretrained"]
 
 #: What ``pretrained`` / ``pretrained_backbone`` accept: ``False``, ``True`` (torchvision's weights) or a file path.
 Pretrained = Union[bool, str, os.PathLike]
@@ -37,7 +38,7 @@ def fetch_torchvision_weights(weights: torchvision.models.WeightsEnum) -> Dict[s
     """The state dict of torchvision ``weights``, from the torch hub cache or downloaded into it.
 
     Raises:
-        RuntimeError: the file is not cached and cannot be downloaded (offline); the message names the URL and the
+        WeightsUnavailable: the file is not cached and cannot be downloaded (offline); the message names the URL and the
             cache path where the file can be placed by hand.
     """
     filename = os.path.basename(weights.url)
@@ -45,10 +46,14 @@ def fetch_torchvision_weights(weights: torchvision.models.WeightsEnum) -> Dict[s
     try:
         return weights.get_state_dict(progress=False, check_hash=True, map_location="cpu", weights_only=True)
     except OSError as err:  # URLError, HTTPError, timeouts, DNS failures
-        raise RuntimeError(
+        raise WeightsUnavailable(
             f"could not download torchvision weights {weights} from {weights.url} ({err}). When offline, put the "
             f"file at {cached} (or set TORCH_HOME), or pass a local file as pretrained='path/to/weights.pth'."
         ) from err
+
+
+class WeightsUnavailable(RuntimeError, EncodingError):
+    """Published weights that are not cached and cannot be downloaded (the message says where to put them)."""
 
 
 def load_backbone_weights(backbone: nn.Module, name: str, pretrained: Pretrained) -> None:

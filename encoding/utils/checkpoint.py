@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..errors import EncodingError
 from .dist import is_fully_sharded
 from .files import atomic_write
 
@@ -55,14 +56,14 @@ _STATEFUL_KEYS = ("optimizer", "scheduler", "scaler")
 PathLike = Union[str, os.PathLike]
 
 
-class CheckpointError(RuntimeError, ValueError):
+class CheckpointError(RuntimeError, ValueError, EncodingError):
     """A checkpoint or weights file could not be used: corrupt, unsafe, foreign, or not matching the model.
 
     Also a ``ValueError``: bad weights are a bad argument value (``pretrained="file.pth"``).
     """
 
 
-class NonFiniteError(FloatingPointError):
+class NonFiniteError(FloatingPointError, EncodingError):
     """The state to save holds NaN or infinite values (the training diverged); nothing was written.
 
     Attributes:

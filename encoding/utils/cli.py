@@ -1,52 +1,77 @@
 """Command-line helpers of the scripts: one-line errors, checked numbers, and the runner that reports failures.
 
 :class:`OneLineParser` reports a bad option in one line (``prog: error: ...``, exit status 2); :func:`run_cli` runs
-a script's ``main`` and turns its known failures into one line on stderr (exit status 1) and Ctrl-C into status 130.
+a script's ``main`` and turns its :class:`~encoding.errors.EncodingError` (and ``OSError``) into one line on stderr
+with the error's exit status, Ctrl-C into status 130, and keeps the whole traceback of anything else (a bug).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import Any, Callable, List, NoReturn, Optional
+import traceback
+from typing import Any, Callable, List, NoReturn, Optional, Tuple
 
+from ..errors import EXIT_FAILURE, EXIT_INTERRUPTED, EncodingError, RunInterrupted
 from .dist import end_worker, is_launched_worker
 
-__all__ = ["EXIT_INTERRUPTED", "OneLineParser", "run_cli", "positive_int", "positive_float", "non_negative_int",
-           "non_negative_float", "scales", "unit_float"]
+__all__ = ["EXIT_INTERRUPTED", "TRACEBACK_ENV", "TRACEBACK_FLAG", "OneLineParser", "run_cli", "traceback_requested",
+           "positive_int", "positive_float", "non_negative_int", "non_negative_float", "scales", "unit_float"]
 
-#: Exit status after an interrupt (128 + SIGINT), as shells report it.
-EXIT_INTERRUPTED = 130
+#: The option that shows the traceback of a one-line error (every script; :func:`run_cli` takes it out of argv).
+TRACEBACK_FLAG = "--traceback"
+#: ``ENCODING_TRACEBACK=1`` does the same for every script.
+TRACEBACK_ENV = "ENCODING_TRACEBACK"
 
 
-def run_cli(prog: str, main: Callable[..., Any], argv: Optional[List[str]], known: tuple,
+def run_cli(prog: str, main: Callable[..., Any], argv: Optional[List[str]], known: tuple = (),
             interrupted: str = "interrupted", **kwargs: Any) -> int:
-    """Run ``main(argv, **kwargs)``: the ``known`` failures become one line on stderr (``prog: error: ...``, exit
-    status 1), Ctrl-C prints ``prog: interrupted`` (status 130); a ``SystemExit`` carrying a ``message`` (a run
-    interrupted after saving its work) prints it and exits with its code. Returns the exit status (0 on success).
+    """Run ``main(argv, **kwargs)`` and return the exit status (0 on success).
 
-    Under ``torchrun`` the process ends here with that status (:func:`~encoding.utils.dist.end_worker`), past the
-    interpreter's teardown."""
-    status = _run(prog, main, argv, known, interrupted, **kwargs)
+    * an :class:`~encoding.errors.EncodingError` or an ``OSError`` (a file), or one of the ``known`` types, is one
+      line on stderr (``prog: error: ...``) and its ``exit_status`` (2: a user or configuration error; 1: the run
+      failed, an ``OSError``);
+    * :class:`~encoding.errors.RunInterrupted` (a run interrupted after saving its work) prints its message and exits
+      with its code; Ctrl-C elsewhere prints ``prog: <interrupted>`` (status 130);
+    * any other exception is a bug: its whole traceback is printed (status 1), never cut to one line.
+
+    ``--traceback`` in ``argv`` (taken out before ``main`` sees it) or ``ENCODING_TRACEBACK=1`` prints the traceback
+    of the one-line errors too. Under ``torchrun`` the process ends here with the status
+    (:func:`~encoding.utils.dist.end_worker`), past the interpreter's teardown."""
+    show, argv = traceback_requested(argv)
+    status = _run(prog, main, argv, (EncodingError, OSError, *known), interrupted, show, **kwargs)
     if is_launched_worker():
         end_worker(status)
     return status
 
 
-def _run(prog: str, main: Callable[..., Any], argv: Optional[List[str]], known: tuple, interrupted: str,
+def traceback_requested(argv: Optional[List[str]]) -> Tuple[bool, List[str]]:
+    """``(whether the traceback of one-line errors is wanted, argv without --traceback)``: :data:`TRACEBACK_FLAG`
+    in ``argv`` (default: ``sys.argv[1:]``) or :data:`TRACEBACK_ENV` set to anything but ``0``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    show = TRACEBACK_FLAG in argv or os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
+    return show, [arg for arg in argv if arg != TRACEBACK_FLAG]
+
+
+def _run(prog: str, main: Callable[..., Any], argv: List[str], known: tuple, interrupted: str, show: bool,
          **kwargs: Any) -> int:
     try:
         main(argv, **kwargs)
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: {interrupted}\n")
         return EXIT_INTERRUPTED
-    except known as err:
-        sys.stderr.write(f"{prog}: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}\n")
-        return getattr(err, "exit_status", 1)  # 2: an option value the run cannot use
-    except SystemExit as stop:
-        if not hasattr(stop, "message"):
-            raise
+    except RunInterrupted as stop:
         sys.stderr.write(f"{prog}: {stop.message}\n")
         return int(stop.code)
+    except known as err:
+        if show:
+            traceback.print_exc()
+        sys.stderr.write(f"{prog}: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}\n")
+        return getattr(err, "exit_status", EXIT_FAILURE)
+    except Exception:  # a bug: its whole story
+        traceback.print_exc()
+        sys.stderr.write(f"{prog}: unexpected error (a bug: please report it with the traceback above)\n")
+        return EXIT_FAILURE
     return 0
 
 

@@ -15,13 +15,14 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from ..errors import UsageError
 from .files import atomic_write
 
 __all__ = ["ConfigFileError", "read_config", "config_argv", "parse_config", "expand_config", "write_config"]
 
 
-class ConfigFileError(ValueError):
-    """A configuration file that cannot be used: one line naming the file (and the key or value)."""
+class ConfigFileError(UsageError):
+    """A configuration file that cannot be used: one line naming the file (and the key or value, exit status 2)."""
 
 
 def read_config(path: str) -> Dict[str, Any]:

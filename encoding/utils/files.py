@@ -31,6 +31,7 @@ import tempfile
 import uuid
 from typing import Iterator, Optional, Tuple, Union
 
+from ..errors import EncodingError
 from .progress import progress_bar as tqdm
 
 from .rundir import pid_alive
@@ -52,7 +53,7 @@ CHUNK = 1 << 20
 _ALGORITHMS_BY_LENGTH = {32: "md5", 40: "sha1", 64: "sha256"}
 
 
-class ChecksumError(RuntimeError):
+class ChecksumError(RuntimeError, EncodingError):
     """A file's checksum differs from the expected one.
 
     Attributes:

@@ -13,14 +13,16 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
+from ..errors import MissingDependency
+
 __all__ = ["MonitorUnavailable", "INSTALL", "require", "TensorBoardSink", "WandbSink", "scalars_of"]
 
 #: What to install for each sink (the option ``--<name>`` of ``train.py`` asks for it).
 INSTALL = {"tensorboard": "pip install -e .[monitor]", "wandb": "pip install wandb"}
 
 
-class MonitorUnavailable(ImportError):
-    """The library of a requested sink is not installed (the message says what to install)."""
+class MonitorUnavailable(MissingDependency):
+    """The library of a requested sink is not installed (the message says what to install, exit status 2)."""
 
 
 def require(name: str) -> None:

@@ -32,6 +32,8 @@ import threading
 import time
 from typing import List, Optional, Tuple
 
+from ..errors import EncodingError
+
 try:
     import fcntl
 except ImportError:  # Windows: no flock; the lock file is then advisory only
@@ -44,7 +46,7 @@ LOCK_NAME = ".lock"
 _TEMP_FILE = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
 
 
-class RunDirLocked(RuntimeError):
+class RunDirLocked(RuntimeError, EncodingError):
     """The run directory is held by another live process, or cannot be written."""
 
 

@@ -16,11 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from options import parse_args  # noqa: E402
 
 from encoding.builders import select_devices  # noqa: E402
-from encoding.datasets import DatasetError  # noqa: E402
 from encoding.datasets.base import check_image  # noqa: E402
 from encoding.engine.demo import demo_outputs, segment_files  # noqa: E402
 from encoding.engine.inference import EvaluationConfig, evaluation_module  # noqa: E402
-from encoding.utils import CheckpointError  # noqa: E402
 from encoding.utils.cli import run_cli  # noqa: E402
 
 
@@ -40,8 +38,9 @@ def main(argv=None) -> list:
 
 
 def cli(argv=None) -> int:
-    """``main`` for the command line: known failures become one line on stderr; returns the exit status."""
-    return run_cli("demo.py", main, argv, (CheckpointError, DatasetError, ValueError, RuntimeError, OSError))
+    """``main`` for the command line: an ``EncodingError`` is one line on stderr, a bug keeps its traceback
+    (``--traceback`` shows them all); returns the exit status."""
+    return run_cli("demo.py", main, argv)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ loss reduction, SyncBatchNorm across replicas); under torchrun each process owns
 Parse the options (``options.py``), then the library runs them (:func:`encoding.engine.run_training`): the run
 directory is locked; a checkpoint is written atomically after every epoch (never with NaN/inf inside); Ctrl-C
 saves a resumable mid-epoch checkpoint and exits with 130; resuming continues bitwise where the run stopped
-(docs/training.md, "Reliability"). Errors end the run with one line on stderr and exit status 1.
+(docs/training.md, "Reliability"). Errors end the run with one line on stderr and exit status 1 (2: a bad
+option); --traceback shows their trace.
 """
 import os
 import sys
@@ -19,30 +20,26 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from options import parse_args  # noqa: E402
 
-from encoding.datasets import DatasetError  # noqa: E402
-from encoding.engine import RunFailed, TrainingConfig, run_training  # noqa: E402
-from encoding.engine.config import ConfigError  # noqa: E402
-from encoding.utils import CheckpointError  # noqa: E402
+from encoding.engine import TrainingConfig, run_training  # noqa: E402
 from encoding.utils.cli import run_cli  # noqa: E402
-from encoding.utils.rundir import RunDirLocked  # noqa: E402
 
 
 def main(argv=None, datasets=None) -> dict:
     """Run ``train.py`` with ``argv`` (on ``(train, val)`` ``datasets`` when given); returns the last evaluation.
 
     Raises:
-        ConfigError (exit status 2), RunFailed, RunDirLocked, CheckpointError, DatasetError, OSError: reported in
-            one line by :func:`cli`.
+        EncodingError (ConfigError: exit status 2; RunFailed, RunDirLocked, CheckpointError, DatasetError: 1),
+            OSError: reported in one line by :func:`cli`.
         RunInterrupted: Ctrl-C; a resumable checkpoint was written (a ``SystemExit`` with status 130).
     """
     return run_training(TrainingConfig(**vars(parse_args(argv))), datasets)
 
 
 def cli(argv=None, datasets=None) -> int:
-    """``main`` for the command line: known failures become one line on stderr; returns the exit status."""
-    return run_cli("train.py", main, argv, (ConfigError, RunFailed, RunDirLocked, CheckpointError, DatasetError,
-                                                  OSError),
-                   interrupted="interrupted before training started; nothing was saved", datasets=datasets)
+    """``main`` for the command line: an ``EncodingError`` is one line on stderr, a bug keeps its traceback
+    (``--traceback`` shows them all); returns the exit status."""
+    return run_cli("train.py", main, argv, interrupted="interrupted before training started; nothing was saved",
+                   datasets=datasets)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
-from ..layout import SHAPES_DEFAULT_NUM_TRAIN, SHAPES_DEFAULT_NUM_VAL, SHAPES_DEFAULT_SEED, DatasetError
-from ...utils.files import ChecksumError
-from .download import DownloadError
+from ...errors import EXIT_FAILURE, EncodingError
+from ...utils.cli import traceback_requested
+from ..layout import SHAPES_DEFAULT_NUM_TRAIN, SHAPES_DEFAULT_NUM_VAL, SHAPES_DEFAULT_SEED
 from .steps import (CITYS_INSTRUCTIONS, prepare_ade20k, prepare_citys, prepare_coco, prepare_pascal,
                     prepare_pcontext, prepare_shapes)
 
@@ -143,25 +144,31 @@ def checksum_overrides(items: Sequence[str]) -> Dict[str, Optional[str]]:
     return out
 
 
-def run_step(step: Callable[[], Any]) -> int:
-    """Run a prepare step: print ``ready: <path>`` for each result, or a one-line error and return 1."""
+def run_step(step: Callable[[], Any], show_traceback: bool = False) -> int:
+    """Run a prepare step: print ``ready: <path>`` for each result and return 0; an
+    :class:`~encoding.errors.EncodingError` or an ``OSError`` prints ``error: <message>`` (its traceback too with
+    ``show_traceback``) and returns its exit status; anything else (a bug) keeps its traceback."""
     try:
         result = step()
-    except (ChecksumError, DownloadError, DatasetError, FileNotFoundError, ImportError, ValueError) as e:
+    except (EncodingError, OSError) as e:
+        if show_traceback:
+            traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return getattr(e, "exit_status", EXIT_FAILURE)
     for path in result if isinstance(result, (list, tuple)) else [result]:
         print(f"ready: {path}")
     return 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Prepare the dataset named by the first argument; returns the exit status (2: Cityscapes instructions)."""
+    """Prepare the dataset named by the first argument; returns the exit status (2: Cityscapes instructions).
+    ``--traceback`` (or ``ENCODING_TRACEBACK=1``) shows the traceback of an error."""
+    show, argv = traceback_requested(argv)
     args = build_parser().parse_args(argv)
     if args.name == "citys" and args.zips is None:
         print(CITYS_INSTRUCTIONS)
         return 2
-    return run_step(lambda: PREPARERS[args.name].run(args))
+    return run_step(lambda: PREPARERS[args.name].run(args), show)
 
 
 def script_main(name: str) -> Callable[[Optional[List[str]]], int]:

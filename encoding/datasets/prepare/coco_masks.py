@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 from PIL import Image
+from ...errors import MissingDependency
 from ...utils.progress import progress_bar as tqdm
 
 from ..layout import COCO_MASK_DIR, COCO_VOC_CATEGORY_IDS, DatasetError
@@ -27,7 +28,7 @@ def _import_coco_api():
     try:
         from pycocotools.coco import COCO
     except ImportError as e:
-        raise ImportError("building the COCO (VOC classes) masks needs pycocotools: pip install pycocotools "
+        raise MissingDependency("building the COCO (VOC classes) masks needs pycocotools: pip install pycocotools "
                           "(only once: the masks are then saved as PNGs and read without it)") from e
     return COCO
 

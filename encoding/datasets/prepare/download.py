@@ -34,6 +34,8 @@ import zipfile
 import zlib
 from typing import List, Mapping, NamedTuple, Optional, Sequence
 
+from ...errors import EncodingError
+from ..layout import DatasetError
 from ...utils.progress import progress_bar as tqdm
 
 from ...utils.files import (CHUNK, ChecksumError, atomic_write, check_checksum, makedirs, parse_checksum, staged_dir,
@@ -42,7 +44,7 @@ from ...utils.files import (CHUNK, ChecksumError, atomic_write, check_checksum, 
 __all__ = ["DownloadError", "ChecksumError", "download", "extract", "Resource", "fetch_resources"]
 
 
-class DownloadError(RuntimeError):
+class DownloadError(RuntimeError, EncodingError):
     """A file could not be fetched (network failure, HTTP error, missing local file)."""
 
 
@@ -180,13 +182,13 @@ def _archive_kind(archive: str) -> str:
         return "zip"
     if tarfile.is_tarfile(archive):
         return "tar"
-    raise ValueError(f"{archive}: not a zip or tar archive (or it is corrupt)")
+    raise DatasetError(archive, "not a zip or tar archive (or it is corrupt)")
 
 
 def _check_member(name: str, archive: str) -> None:
     normalised = os.path.normpath(name)
     if os.path.isabs(name) or normalised == ".." or normalised.startswith(".." + os.sep):
-        raise ValueError(f"{archive}: refusing to extract {name!r}, which points outside the destination")
+        raise DatasetError(archive, f"refusing to extract {name!r}, which points outside the destination")
 
 
 def _extract_all(archive: str, kind: str, dest: str) -> None:

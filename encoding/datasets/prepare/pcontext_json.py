@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping
 
 import numpy as np
 from PIL import Image
+from ...errors import MissingDependency
 from ...utils.progress import progress_bar as tqdm
 
 from ..layout import CONTEXT_CATEGORY_IDS, CONTEXT_LIST_DIR, CONTEXT_MASK_DIR, DatasetError
@@ -28,7 +29,7 @@ def _mask_api() -> Any:
     try:
         from pycocotools import mask
     except ImportError as e:
-        raise ImportError("converting PASCAL-Context's annotations needs pycocotools: pip install pycocotools (or "
+        raise MissingDependency("converting PASCAL-Context's annotations needs pycocotools: pip install pycocotools (or "
                           "the 'prepare' extra); only once: the masks are then saved as PNGs and read without it") from e
     return mask
 

@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 from PIL import Image
+from ...errors import MissingDependency
 from ...utils.progress import progress_bar as tqdm
 
 from ..layout import SBD_MAT_DIR, SBD_PNG_DIR, DatasetError, read_split_file
@@ -28,7 +29,7 @@ def read_sbd_segmentation(path: str) -> np.ndarray:
     try:
         from scipy.io import loadmat
     except ImportError as e:
-        raise ImportError("converting SBD's .mat labels needs SciPy: pip install scipy (or the 'prepare' extra); "
+        raise MissingDependency("converting SBD's .mat labels needs SciPy: pip install scipy (or the 'prepare' extra); "
                           "only once: the labels are then saved as PNGs and read without it") from e
     try:
         content = loadmat(path, squeeze_me=True, struct_as_record=False)
