@@ -17,5 +17,5 @@ from .predict import inference_module, segment
 
 __all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch", "evaluate", "evaluate_images",
            "predicted_labels", "Interrupted", "GracefulInterrupt", "TrainingRun", "RunFailed", "RunInterrupted",
-           "Hook", "RunState", "train", "TrainingConfig", "build_training", "run_training", "ModelInfo", "load_model", "model_info",
-           "inference_module", "segment"]
+           "Hook", "RunState", "train", "TrainingConfig", "build_training", "run_training", "ModelInfo", "load_model",
+           "model_info", "inference_module", "segment"]

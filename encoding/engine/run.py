@@ -159,6 +159,7 @@ def _train_epoch(run: TrainingRun, state: RunState, hooks: Sequence[Hook]) -> No
 
 
 def _call(hooks: Sequence[Hook], event: str, state: RunState) -> None:
+    """Call ``event`` on every hook, in order."""
     for hook in hooks:
         getattr(hook, event)(state)
 
@@ -169,8 +170,9 @@ def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_d
 
     The rules of the run are hooks (:func:`.hooks.default_hooks`: evaluation, checkpoint and best model, logs,
     previews, curves, the stop on a signal); ``hooks`` adds the caller's own, called after the evaluation and before
-    the checkpoint (what they add to ``state.stats`` is saved and logged). Each hook gets ``before_train``, then per epoch ``before_epoch``, ``after_step``
-    after every step and ``after_epoch``, and ``after_train`` (also when the run stops with an error).
+    the checkpoint (what they add to ``state.stats`` is saved and logged). Each hook gets ``before_train``, then per
+    epoch ``before_epoch``, ``after_step`` after every step and ``after_epoch``, and ``after_train`` (also when the
+    run stops with an error).
 
     Args:
         run: the run (its ``start`` set by :func:`resume`).

@@ -29,7 +29,7 @@ def _import_coco_api():
         from pycocotools.coco import COCO
     except ImportError as e:
         raise MissingDependency("building the COCO (VOC classes) masks needs pycocotools: pip install pycocotools "
-                          "(only once: the masks are then saved as PNGs and read without it)") from e
+                                "(only once: the masks are then saved as PNGs and read without it)") from e
     return COCO
 
 

@@ -29,8 +29,9 @@ def _mask_api() -> Any:
     try:
         from pycocotools import mask
     except ImportError as e:
-        raise MissingDependency("converting PASCAL-Context's annotations needs pycocotools: pip install pycocotools (or "
-                          "the 'prepare' extra); only once: the masks are then saved as PNGs and read without it") from e
+        raise MissingDependency("converting PASCAL-Context's annotations needs pycocotools: pip install "
+                                "pycocotools (or the 'prepare' extra); only once: the masks are then saved as PNGs "
+                                "and read without it") from e
     return mask
 
 

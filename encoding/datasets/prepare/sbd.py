@@ -30,7 +30,7 @@ def read_sbd_segmentation(path: str) -> np.ndarray:
         from scipy.io import loadmat
     except ImportError as e:
         raise MissingDependency("converting SBD's .mat labels needs SciPy: pip install scipy (or the 'prepare' extra); "
-                          "only once: the labels are then saved as PNGs and read without it") from e
+                                "only once: the labels are then saved as PNGs and read without it") from e
     try:
         content = loadmat(path, squeeze_me=True, struct_as_record=False)
     except FileNotFoundError:
