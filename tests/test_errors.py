@@ -131,3 +131,19 @@ def test_prepare_shows_the_trace_on_request(tmp_path, capsys, monkeypatch):
     assert err.startswith("error: ") and "Traceback" not in err
     assert prepare.main(argv + ["--traceback"]) == 1
     assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_train_py_shows_the_trace_of_its_error_on_request(how, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("ENCODING_TRACEBACK", raising=False)
+    broken = tmp_path / "broken.pth"
+    broken.write_bytes(b"not a checkpoint")
+    argv = ["--output-dir", str(tmp_path / "out"), "--workers", "0", "--resume", str(broken)]
+    if how == "flag":
+        argv.insert(0, "--traceback")  # anywhere on the command line
+    else:
+        monkeypatch.setenv("ENCODING_TRACEBACK", "1")
+    assert load_script("train").cli(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "CheckpointError" in err
+    assert err.strip().splitlines()[-1].startswith("train.py: error: ") and "broken.pth" in err
