@@ -2,7 +2,7 @@
 
 :func:`validation_previews` gives, for the first ``count`` validation samples, one ``H x W x 3`` ``uint8`` picture:
 the image, the image blended with its mask and the image blended with the prediction, side by side (the dataset's
-palette; ignored pixels show the image). The run logs them every ``log_images`` epochs (:func:`.run.train`).
+palette; ignored pixels show the image). The run logs them every ``log_images`` epochs (:class:`.hooks.Previews`).
 """
 from __future__ import annotations
 
