@@ -2,12 +2,12 @@
 
 :class:`TrainingConfig` holds a run's options as typed fields (the names of ``train.py``'s options; the
 checkpoint records them). :func:`build_training` builds a :class:`~.run.TrainingRun` from it with
-:mod:`encoding.builders`; :func:`run_training` is what ``train.py`` does after parsing: read the checkpoint once,
+:mod:`encoding.engine.builders`; :func:`run_training` is what ``train.py`` does after parsing: read the checkpoint once,
 lock the run directory, build, train (or evaluate) and report.
 
 Device policy:
     * launched by ``torchrun``: one device per process (nccl on CUDA, gloo on CPU), ``DistributedDataParallel``
-      or the sharded ``strategy`` (:data:`~encoding.builders.STRATEGIES`);
+      or the sharded ``strategy`` (:data:`~encoding.engine.builders.STRATEGIES`);
     * otherwise: one process drives ``device_ids`` (default: every CUDA device, or the CPU) through
       :class:`~encoding.parallel.DataParallelModel` + :class:`~encoding.parallel.DataParallelCriterion`.
 """
@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 from torch.utils.data import Dataset
 
-from .. import builders
+from . import builders
 from ..datasets import datasets as DATASETS
 from ..models import get_segmentation_model
 from ..parallel import resolve_devices
@@ -276,7 +276,7 @@ def saved_config(config: TrainingConfig) -> Dict[str, Any]:
 
 def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, Dataset]] = None,
                    checkpoint: Optional[state.Checkpoint] = None) -> TrainingRun:
-    """Build the run of ``config`` with :mod:`encoding.builders`, restored from ``checkpoint`` when given.
+    """Build the run of ``config`` with :mod:`encoding.engine.builders`, restored from ``checkpoint`` when given.
 
     Args:
         datasets: ``(train, val)`` datasets to train on instead of building ``config.dataset``'s.

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from torch.utils.data import DataLoader, Dataset
 
-from .. import builders
+from . import builders
 from ..datasets import datasets as DATASETS
 from ..datasets.base import BaseDataset
 from ..datasets.transforms import image_transform

@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from .. import builders
+from . import builders
 from ..datasets import datasets as DATASETS
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ..models import get_model, pretrained_model_list

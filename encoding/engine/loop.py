@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from ..utils.progress import progress_bar as tqdm
 
-from ..builders import param_groups  # the optimizer's groups are built there; the engine exports them too
+from .builders import param_groups  # the optimizer's groups are built there; the engine exports them too
 from ..parallel import DataParallelModel
 from ..utils.dist import is_dist_avail_and_initialized, is_fully_sharded, is_main_process, reduce_across_processes
 from ..utils.logger import MetricLogger, SmoothedValue

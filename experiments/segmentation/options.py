@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
-from encoding.builders import LOSSES, OPTIMIZERS, STRATEGIES
+from encoding.engine.builders import LOSSES, OPTIMIZERS, STRATEGIES
 from encoding.engine.config import (AMP_DTYPES, DIST_TIMEOUT_S, ConfigError, TrainingConfig, check_devices,
                                     check_network, check_split, check_training)
 from encoding.engine.recipes import fill_from_recipe, read_recipe

@@ -33,16 +33,16 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from .datasets import get_segmentation_dataset, list_collate
-from .datasets.class_weights import resolve_class_weights
-from .models import SegmentationModel, get_segmentation_model
-from .nn.loss import SegmentationLosses  # the core class (PE layouts: encoding.legacy)
-from .nn.losses import LOSSES
-from .nn.syncbn import SyncBatchNorm
-from .parallel import DataParallelCriterion, DataParallelModel, resolve_devices
-from .utils.determinism import EpochSampler, SeededSamples, seed_worker
-from .utils.dist import ShardSampler, fsdp_units, get_local_rank, get_world_size
-from .utils.lr_scheduler import IterationLR
+from ..datasets import get_segmentation_dataset, list_collate
+from ..datasets.class_weights import resolve_class_weights
+from ..models import SegmentationModel, get_segmentation_model
+from ..nn.loss import SegmentationLosses  # the core class (PE layouts: encoding.legacy)
+from ..nn.losses import LOSSES
+from ..nn.syncbn import SyncBatchNorm
+from ..parallel import DataParallelCriterion, DataParallelModel, resolve_devices
+from ..utils.determinism import EpochSampler, SeededSamples, seed_worker
+from ..utils.dist import ShardSampler, fsdp_units, get_local_rank, get_world_size
+from ..utils.lr_scheduler import IterationLR
 
 __all__ = ["Placement", "Loaders", "select_devices", "build_model", "build_criterion", "build_loaders",
            "build_eval_loader", "OPTIMIZERS", "param_groups", "build_optimizer", "build_scheduler", "STRATEGIES",
@@ -350,7 +350,7 @@ def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
         return ddp, criterion
     if balance == "memory":  # simulate this run's own loss on each device
-        from .memory import MemoryBalancer
+        from ..memory import MemoryBalancer
         balance = MemoryBalancer(criterion)
     return (DataParallelModel(model, placement.device_ids, balance=balance),
             DataParallelCriterion(criterion, placement.device_ids))
