@@ -14,8 +14,9 @@ Subpackages:
         and inference (``load_model`` / ``segment``, also at the top level).
     export: a trained network as an ONNX file or a torch.export program, with its metadata
         (``python -m encoding.export``).
-    legacy: PyTorch-Encoding / vacancy / mmcv names and conventions on the core, bound where users import them
-        (``legacy.ALIASES``; installed last, by this module).
+    legacy: PyTorch-Encoding / vacancy / mmcv names and conventions on the core, each old name declared beside its
+        object with the module where users import it (imported last, by this module). PE's module paths
+        ``encoding.functions`` and ``encoding.transforms`` load when imported (``import encoding.transforms``).
 """
 from .version import __version__
 from . import utils, parallel, nn, datasets, models
@@ -23,10 +24,7 @@ from . import memory  # fills encoding.parallel's planner registry (DataParallel
 from . import engine
 from .engine import load_model, segment  # a trained network back from its checkpoint; its labels of an image
 from . import export  # python -m encoding.export: ONNX / torch.export files with their metadata
-from . import functions, transforms  # PyTorch-Encoding's functional forms and classification transforms
-from . import legacy  # old names and conventions on top of the core (last: it builds on everything above)
+from . import legacy  # old names declared on top of the core (last: it builds on everything above)
 
-legacy.install()
-
-__all__ = ["__version__", "parallel", "nn", "models", "datasets", "utils", "memory", "engine",
-           "functions", "transforms", "legacy", "export", "load_model", "segment"]
+__all__ = ["__version__", "parallel", "nn", "models", "datasets", "utils", "memory", "engine", "legacy", "export",
+           "load_model", "segment"]

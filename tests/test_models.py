@@ -152,6 +152,10 @@ def test_registering_an_architecture_defines_its_builder():
         build_it = getattr(encoding.models, f"get_{name}")
         assert build_it.__name__ == f"get_{name}" and build_it.__doc__.startswith(arch.title)
         assert type(build_it(backbone="resnet18", nclass=NCLASS)) is arch.model
+    # each builder is a statement static tools see (no globals().update), and public
+    package = ast.parse(open(encoding.models.__file__, encoding="utf-8").read())
+    assigned = {t.id for n in package.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    assert {f"get_{name}" for name in ARCHITECTURES} <= assigned & set(encoding.models.__all__)
     tree = ast.parse(open(registry.__file__, encoding="utf-8").read())
     typing_only = {id(n) for block in tree.body
                    if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING" for n in ast.walk(block)}
@@ -502,7 +506,7 @@ def test_pe_attribute_names_are_the_same_modules():
 
 
 def test_pe_tuple_outputs_adapter():
-    from encoding.legacy import pe_tuple, tuple_outputs
+    from encoding.legacy.outputs import pe_tuple, tuple_outputs
     torch.manual_seed(0)
     model = build("encnet", aux=True, se_loss=True).eval()
     x = torch.randn(2, 3, 32, 32)

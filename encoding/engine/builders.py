@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from ..datasets import get_segmentation_dataset, list_collate
 from ..datasets.class_weights import resolve_class_weights
 from ..models import SegmentationModel, get_segmentation_model
-from ..nn.loss import SegmentationLosses  # the core class (PE layouts: encoding.legacy)
+from ..nn.loss import SegmentationLosses
 from ..nn.losses import LOSSES
 from ..nn.syncbn import SyncBatchNorm
 from ..parallel import DataParallelCriterion, DataParallelModel, resolve_devices

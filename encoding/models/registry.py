@@ -2,9 +2,9 @@
 of ``encoding``).
 
 Each ``encoding/models/<arch>.py`` registers its head factory with :func:`register_architecture`; registering also
-adds the PyTorch-Encoding presets ``<arch>_<backbone>_<dataset>`` (see :data:`model_list`) and defines the public
-builder ``encoding.models.get_<arch>`` (:func:`encoding.models.factory.builder` makes it, for every registered
-architecture, when :mod:`encoding.models` is imported). The registry only describes architectures;
+adds the PyTorch-Encoding presets ``<arch>_<backbone>_<dataset>`` (see :data:`model_list`); the public builder
+``encoding.models.get_<arch>`` is one line of ``encoding/models/__init__.py``
+(:func:`encoding.models.factory.builder`). The registry only describes architectures;
 :mod:`~encoding.models.factory` builds them.
 """
 from __future__ import annotations
