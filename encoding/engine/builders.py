@@ -40,6 +40,7 @@ from ..nn.loss import SegmentationLosses
 from ..nn.losses import LOSSES
 from ..nn.syncbn import SyncBatchNorm
 from ..parallel import DataParallelCriterion, DataParallelModel, resolve_devices
+from ..registry import Registry
 from ..utils.determinism import EpochSampler, SeededSamples, seed_worker
 from ..utils.dist import ShardSampler, fsdp_units, get_local_rank, get_world_size
 from ..utils.lr_scheduler import IterationLR
@@ -133,11 +134,9 @@ def build_criterion(nclass: int, *, aux: bool = False, aux_weight: float = 0.4, 
             cached; :mod:`encoding.datasets.class_weights`), a file of ``nclass`` numbers, or the numbers.
         train_dataset: the training set that ``auto`` / ``median`` count.
     """
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
     weight = (torch.as_tensor(class_weights, dtype=torch.float64) if isinstance(class_weights, (list, tuple))
               else resolve_class_weights(class_weights, train_dataset, nclass))
-    criterion = LOSSES[loss](se_loss=se_loss, se_weight=se_weight, nclass=nclass, aux=aux, aux_weight=aux_weight,
+    criterion = LOSSES.get(loss)(se_loss=se_loss, se_weight=se_weight, nclass=nclass, aux=aux, aux_weight=aux_weight,
                              ignore_index=-1, weight=None if weight is None else weight.float())
     return criterion if device is None else criterion.to(device)
 
@@ -277,8 +276,10 @@ def build_scheduler(optimizer: torch.optim.Optimizer, mode: str, lr: float, epoc
                        head_multiplier=head_lr_mult)
 
 
-#: ``wrap_model(strategy=...)`` choices under ``torchrun`` (``train.py --strategy``).
-STRATEGIES = ("ddp", "fsdp", "zero1")
+#: ``wrap_model(strategy=...)`` choices under ``torchrun`` (``train.py --strategy``): name -> what wraps the model.
+STRATEGIES: Registry[str] = Registry("strategy", {"ddp": "DistributedDataParallel",
+                                                  "fsdp": "FSDP2 fully_shard",
+                                                  "zero1": "DistributedDataParallel + ZeroRedundancyOptimizer"})
 
 
 def strategy_problem(strategy: str, amp: str = "none", distributed: Optional[bool] = None) -> Optional[str]:
@@ -290,7 +291,7 @@ def strategy_problem(strategy: str, amp: str = "none", distributed: Optional[boo
         distributed: launched by ``torchrun`` (default: ``RANK`` / ``WORLD_SIZE`` in the environment).
     """
     if strategy not in STRATEGIES:
-        return f"--strategy {strategy}: unknown strategy; valid: {', '.join(STRATEGIES)}"
+        return f"--strategy {strategy}: {STRATEGIES.unknown(strategy)}"
     distributed = ("RANK" in os.environ and "WORLD_SIZE" in os.environ) if distributed is None else distributed
     if strategy != "ddp" and not distributed:
         return (f"--strategy {strategy} shards the run over torchrun processes: start it with torchrun "
