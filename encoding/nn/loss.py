@@ -8,7 +8,7 @@ one call, so on a single device the losses are ordinary ``nn.Module`` criteria.
 
 They are PyTorch-Encoding's classes too (one class each, whatever the import path): besides the call
 ``criterion(output_dict_or_tensor, target)`` they take PE's argument layouts, an ``(out[, se][, aux])`` tuple or list
-with the target, or the flat ``criterion(out, se, aux, target)`` (:func:`loss_inputs` turns them into the first).
+with the target, or the flat ``criterion(out, se, aux, target)`` (:func:`~encoding.nn.loss.loss_inputs` turns them into the first).
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ class SegmentationLosses(nn.Module):
         where used, ``"aux"`` / ``"se"`` (extra keys are ignored), or the bare ``out`` tensor. PyTorch-Encoding's
         layouts are accepted too: an ``(out[, se][, aux])`` tuple or list (the SE logits before the auxiliary
         output, as PE's EncNet returns them) with the target, or the flat ``criterion(out, se, aux, target)``
-        (:func:`loss_inputs`).
+        (:func:`~encoding.nn.loss.loss_inputs`).
 
     Shape:
         - out, aux: ``B x nclass x H x W`` logits (any number of spatial dimensions, matching the target).
