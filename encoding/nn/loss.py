@@ -8,7 +8,8 @@ one call, so on a single device the losses are ordinary ``nn.Module`` criteria.
 
 They are PyTorch-Encoding's classes too (one class each, whatever the import path): besides the call
 ``criterion(output_dict_or_tensor, target)`` they take PE's argument layouts, an ``(out[, se][, aux])`` tuple or list
-with the target, or the flat ``criterion(out, se, aux, target)`` (:func:`~encoding.nn.loss.loss_inputs` turns them into the first).
+with the target, or the flat ``criterion(out, se, aux, target)`` (:func:`~encoding.nn.loss.loss_inputs` turns them
+into the first).
 """
 from __future__ import annotations
 
