@@ -32,7 +32,8 @@ DECLARED: Dict[str, Dict[str, Any]] = {}
 
 
 def _warning(name: str, where: tuple, new: str) -> str:
-    return f"{' / '.join(f'{w}.{name}' for w in where)} is an old (PyTorch-Encoding) name; use {new}"
+    return (f"{' / '.join(f'{w}.{name}' for w in where)} is an old name (kept for PyTorch-Encoding / "
+            f"Synchronized-BatchNorm / mmcv code); use {new}")
 
 
 def _deprecate(obj: T, message: str) -> T:
