@@ -12,7 +12,7 @@ that is predicted but absent from the target still counts (its IoU is 0).
 
 The table is rendered by :func:`format_table` (:mod:`encoding.utils.table`); PyTorch-Encoding's functional
 helpers (``batch_pix_accuracy``, ``batch_intersection_union``, ``pixel_accuracy``, ``intersection_and_union``) are
-defined in :mod:`encoding.legacy` and bound here by its alias table (``legacy.ALIASES``).
+declared for this module beside their definitions in ``encoding/legacy/metrics.py``.
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ dataset name or an explicit sequence of RGB triples. The names are those :func:`
 :mod:`encoding.datasets` registers its registry (:data:`encoding.datasets.datasets`) when it is imported, so this
 module imports no dataset; ``"detail"``, PyTorch-Encoding's name of the VOC colour map, means ``pcontext``.
 :func:`colorize` stores the mask as a PIL ``"P"`` image whose index 255 is the ignore colour, so saved PNGs keep the
-class ids as pixel values. PyTorch-Encoding's ``get_mask_pallete`` lives with the other old names
-(``encoding.legacy``).
+class ids as pixel values. PyTorch-Encoding's ``get_mask_pallete`` is declared for this module
+in ``encoding/legacy/helpers.py``.
 """
 from __future__ import annotations
 
