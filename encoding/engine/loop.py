@@ -271,10 +271,10 @@ def predicted_labels(outputs: Any) -> List[Tensor]:
         outputs: logits ``B x C x H x W``, a model output dict (its ``"out"``), or the ungathered per-replica list of
             :class:`~encoding.parallel.DataParallelModel` (only the small label maps leave each device).
     """
-    from ..utils.metrics import main_output  # the metric's idea of "the main output", in one place
+    from ..utils.metrics import labels_of, main_output  # the metric's idea of "the main output", in one place
 
     replicas = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-    return [labels for out in replicas for labels in main_output(out).argmax(1).cpu().unbind(0)]
+    return [labels for out in replicas for labels in labels_of(main_output(out)).cpu().unbind(0)]
 
 
 @torch.inference_mode()

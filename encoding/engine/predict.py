@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..datasets.base import BaseDataset
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD, image_transform
 from ..models import MultiEvalModule, SlidingWindow
-from ..utils.metrics import main_output
+from ..utils.metrics import labels_of, main_output
 from .loading import ModelInfo, model_info
 
 __all__ = ["INFERENCE_MODES", "to_batch", "inference_module", "segment"]
@@ -133,5 +133,6 @@ def segment(model: nn.Module, image: ImageLike, *, mode: str = "whole", window: 
         device = next(model.parameters()).device
     module = inference_module(model, mode=mode, window=window, stride=stride, scales=scales, flip=flip,
                               info=info if isinstance(info, ModelInfo) else None)
-    labels = main_output(module(batch.to(device))).argmax(1).cpu()
+    threshold = info.options.get("threshold", 0.5) if isinstance(info, ModelInfo) else 0.5
+    labels = labels_of(main_output(module(batch.to(device))), threshold).cpu()
     return labels if isinstance(image, Tensor) and image.dim() == 4 else labels[0]

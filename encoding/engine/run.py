@@ -229,7 +229,7 @@ def _log_epoch(run: TrainingRun, log: EpochLogger, epoch: int, row: Mapping[str,
     log.write(epoch, **row)
     if log.sinks and run.log_images and (epoch % run.log_images == 0 or epoch + 1 == run.epochs):
         val = run.datasets()[1]
-        log.images(epoch, validation_previews(run.model, val, getattr(type(val), "PALETTE", run.options["dataset"])))
+        log.images(epoch, validation_previews(run.model, val, run.options.get("palette") or run.options["dataset"]))
 
 
 def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_data: bool = False) -> Dict[str, Any]:

@@ -33,6 +33,8 @@ __all__ = [
     "confusion_matrix",
     "scores_from_confusion",
     "binary_scores",
+    "binary_labels",
+    "labels_of",
     "format_table",
 ]
 
@@ -94,6 +96,11 @@ def binary_labels(logits: Tensor, threshold: float = 0.5) -> Tensor:
     """int64 ``1`` where ``sigmoid(logits) > threshold``, else ``0`` (the labels of a one-channel binary output)."""
     return (torch.sigmoid(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits)
             > threshold).long()
+
+
+def labels_of(logits: Tensor, threshold: float = 0.5) -> Tensor:
+    """The labels of ``B x C x H x W`` logits: the argmax over ``C``, or :func:`binary_labels` of one channel."""
+    return binary_labels(logits[:, 0], threshold) if logits.shape[1] == 1 else logits.argmax(1)
 
 
 def _bad_values(values: Tensor, limit: int = 10) -> str:

@@ -136,6 +136,21 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                         "drop the bad ones)")
     p.add_argument("--skip-bad", action="store_true",
                    help="skip unreadable or inconsistent samples with a warning instead of stopping")
+    _add_data_options(p)
+
+
+def _add_data_options(p: argparse.ArgumentParser) -> None:
+    """Own data (``--dataset folder``) and binary segmentation (docs/own-data.md)."""
+    p.add_argument("--val-fraction", type=positive_float, default=0.1,
+                   help="folder dataset without a val split: the seeded hold-out share (listed in the run directory)")
+    p.add_argument("--unknown-labels", choices=["error", "ignore"], default="error",
+                   help="folder dataset: a mask value outside the classes stops the scan (error), or is ignored")
+    p.add_argument("--binary", action="store_true",
+                   help="binary segmentation: one foreground channel (masks with two values, or --binary-class)")
+    p.add_argument("--binary-class", default=None, metavar="NAME",
+                   help="binary segmentation of the class NAME of any dataset against everything else")
+    p.add_argument("--threshold", type=positive_float, default=0.5,
+                   help="binary: the foreground probability threshold of predictions and scores")
 
 
 def _add_test_options(p: argparse.ArgumentParser) -> None:
@@ -267,9 +282,15 @@ def _parse_inference(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         saved = _saved_model_options(args)
     except (ValueError, OSError) as err:
         parser.error(str(err).splitlines()[0])
-    for name in MODEL_OPTIONS:
-        if getattr(args, name) is None and saved.get(name) is not None:
+    for name in MODEL_OPTIONS + ("data_root",):  # a folder dataset's root comes with its checkpoint
+        if getattr(args, name, False) is None and saved.get(name) is not None:
             setattr(args, name, saved[name])
+    if saved.get("dataset_class"):  # a user's dataset class, importable from the path its checkpoint recorded
+        from encoding.datasets.metadata import resolve_dataset
+        try:
+            resolve_dataset(args.dataset, saved["dataset_class"])
+        except ValueError as err:
+            parser.error(str(err))
     args.dataset = args.dataset or "shapes"
     if args.torchvision_weights and args.model is None:
         args.model, args.backbone = "fcn", args.backbone or "resnet50"
@@ -316,5 +337,5 @@ def _saved_model_options(args: argparse.Namespace) -> Dict[str, Any]:
                 "aux": preset["aux"], "se_loss": preset["se_loss"]}
     if args.resume:
         from encoding.engine.state import saved_options
-        return saved_options(args.resume, MODEL_OPTIONS)
+        return saved_options(args.resume, MODEL_OPTIONS + ("data_root", "dataset_class"))
     return {}
