@@ -26,8 +26,8 @@ from PIL import Image
 from ..utils.files import atomic_write
 from ..utils.palette import generated_palette
 from .base import BaseDataset, INVALID_LABEL
-from .folder_meta import color_lookup, read_class_file, read_mask
-from .layout import DatasetError, read_split_file
+from .folder_meta import DataError, color_lookup, read_class_file, read_mask
+from .layout import read_split_file
 from .scan import FolderScan, check_scan, scan_pairs
 from .transforms import LABEL_IGNORE
 
@@ -54,7 +54,7 @@ def _by_stem(folder: str) -> Dict[str, str]:
                 continue
             key = os.path.relpath(os.path.join(base, stem), folder)
             if key in found:
-                raise DatasetError(os.path.join(base, name), f"has the same stem as {found[key]}: one file per "
+                raise DataError(os.path.join(base, name), f"has the same stem as {found[key]}: one file per "
                                                              "sample")
             found[key] = os.path.join(base, name)
     return found
@@ -63,7 +63,7 @@ def _by_stem(folder: str) -> Dict[str, str]:
 def _pairs(image_dir: str, mask_dir: str) -> List[Pair]:
     """The image/mask pairs of two folders, matched by stem; unpaired files are an error listing them."""
     if not os.path.isdir(mask_dir):
-        raise DatasetError(mask_dir, f"mask folder is missing (the images are in {image_dir})")
+        raise DataError(mask_dir, f"mask folder is missing (the images are in {image_dir})")
     images, masks = _by_stem(image_dir), _by_stem(mask_dir)
     lonely = [images[k] for k in images if k not in masks] + [masks[k] for k in masks if k not in images]
     if lonely:
@@ -72,9 +72,9 @@ def _pairs(image_dir: str, mask_dir: str) -> List[Pair]:
         parts = ([f"{len(no_mask)} image(s) without a mask in {mask_dir}: {', '.join(no_mask[:5])}"] if no_mask
                  else []) + ([f"{len(no_image)} mask(s) without an image in {image_dir}: "
                               f"{', '.join(no_image[:5])}"] if no_image else [])
-        raise DatasetError(lonely[0], "unpaired: " + "; ".join(parts))
+        raise DataError(lonely[0], "unpaired: " + "; ".join(parts))
     if not images:
-        raise DatasetError(image_dir, "holds no image file")
+        raise DataError(image_dir, "holds no image file")
     return [(images[k], masks[k]) for k in sorted(images)]
 
 
@@ -91,14 +91,14 @@ def _listed(root: str, split_file: str) -> List[Pair]:
         stem = os.path.splitext(parts[0])[0] if parts[0] not in images else parts[0]
         if stem not in images or stem not in masks:
             side = "an image in images/" if stem not in images else "a mask in masks/"
-            raise DatasetError(split_file, f"lists {parts[0]!r}, which has no {side}")
+            raise DataError(split_file, f"lists {parts[0]!r}, which has no {side}")
         pairs.append((images[stem], masks[stem]))
     for image, mask in pairs:
         for path, kind in ((image, "image"), (mask, "mask")):
             if not os.path.isfile(path):
-                raise DatasetError(path, f"{kind} file is missing (listed in {split_file})")
+                raise DataError(path, f"{kind} file is missing (listed in {split_file})")
     if not pairs:
-        raise DatasetError(split_file, "split file is empty")
+        raise DataError(split_file, "split file is empty")
     return pairs
 
 
@@ -112,7 +112,7 @@ def find_splits(root: str) -> Tuple[str, Dict[str, List[Pair]]]:
     if os.path.isdir(join(root, "splits")):
         names = sorted(n[:-4] for n in os.listdir(join(root, "splits")) if n.endswith(".txt"))
         if not names:
-            raise DatasetError(join(root, "splits"), "holds no <split>.txt list file")
+            raise DataError(join(root, "splits"), "holds no <split>.txt list file")
         return "splits", {n: _listed(root, join(root, "splits", n + ".txt")) for n in names}
     split_dirs = [n for n in ("train", "val", "test") if os.path.isdir(join(root, n, "images"))]
     if split_dirs:
@@ -122,7 +122,7 @@ def find_splits(root: str) -> Tuple[str, Dict[str, List[Pair]]]:
         return "mmsegmentation", {n: _pairs(join(root, "img_dir", n), join(root, "ann_dir", n)) for n in names}
     if os.path.isdir(join(root, "images")):
         return "images + masks", {"all": _pairs(join(root, "images"), join(root, "masks"))}
-    raise DatasetError(root, "is not a folder dataset: expected images/ + masks/, train/ and val/ each holding "
+    raise DataError(root, "is not a folder dataset: expected images/ + masks/, train/ and val/ each holding "
                              "images/ + masks/, img_dir/ + ann_dir/ (mmsegmentation), or splits/{train,val}.txt "
                              "(see docs/own-data.md)")
 
@@ -139,11 +139,11 @@ def hold_out(pairs: List[Pair], fraction: float, seed: int, root: str,
         names = read_split_file(holdout_file)
         missing = [n for n in names if n not in by_name]
         if missing:
-            raise DatasetError(holdout_file, f"lists {missing[0]!r}, which is not in {root} any more; delete the "
+            raise DataError(holdout_file, f"lists {missing[0]!r}, which is not in {root} any more; delete the "
                                              "file to draw a new hold-out")
     else:
         if not 0.0 < fraction < 1.0 or len(pairs) < 2:
-            raise DatasetError(root, f"has no val split and {len(pairs)} sample(s): a hold-out needs 2 or more "
+            raise DataError(root, f"has no val split and {len(pairs)} sample(s): a hold-out needs 2 or more "
                                      f"samples and 0 < --val-fraction < 1 (got {fraction})")
         order = sorted(by_name)
         random.Random(seed).shuffle(order)
@@ -178,10 +178,10 @@ class FolderSegmentation(BaseDataset):
                  val_fraction: float = 0.1, holdout_file: Optional[str] = None, holdout_seed: int = 0,
                  unknown_labels: str = "error", scan_cache: bool = True, **kwargs: Any) -> None:
         if root is None:
-            raise DatasetError("--data-root", "the folder dataset needs the folder: --data-root DIR (root= in Python)")
+            raise DataError("--data-root", "the folder dataset needs the folder: --data-root DIR (root= in Python)")
         root = os.path.abspath(os.path.expanduser(root))
         if not os.path.isdir(root):
-            raise DatasetError(root, "folder dataset not found")
+            raise DataError(root, "folder dataset not found")
         self.layout, splits = find_splits(root)
         self.holdout: Optional[List[str]] = None
         if "val" not in splits:

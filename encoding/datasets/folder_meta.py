@@ -26,9 +26,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
-from .layout import DatasetError
+from .layout import DatasetError as _BaseDatasetError
 
-__all__ = ["CLASS_FILES", "ClassSpec", "read_class_file", "read_mask", "pack_colors", "color_lookup", "format_colors"]
+__all__ = ["DataError", "CLASS_FILES", "ClassSpec", "read_class_file", "read_mask", "pack_colors", "color_lookup", "format_colors"]
+
+class DataError(_BaseDatasetError):
+    """A problem of a user's folder dataset found before training (one line naming the file; exit status 2)."""
+
+    exit_status = 2
+
+
+DatasetError = DataError  # every error raised here is a DataError
 
 #: The class files looked for in a folder dataset's root, in this order.
 CLASS_FILES = ("classes.yaml", "classes.yml", "classes.json", "classes.txt")

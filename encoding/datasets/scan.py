@@ -26,8 +26,8 @@ from PIL import Image
 
 from ..utils.files import atomic_write
 from .base import check_image
-from .folder_meta import ClassSpec, color_lookup, format_colors, read_mask
-from .layout import DatasetError
+from .folder_meta import ClassSpec, DataError, color_lookup, format_colors, read_mask
+from .layout import DatasetError as _BaseDatasetError
 
 __all__ = ["SCAN_CACHE", "UNKNOWN_LABELS", "FolderScan", "scan_pairs", "check_scan"]
 
@@ -51,7 +51,7 @@ def _record(image: str, mask: str) -> Dict[str, Any]:
         with Image.open(image) as im:
             record["image_size"] = list(im.size)
         kind, values = read_mask(mask)
-    except DatasetError as err:
+    except _BaseDatasetError as err:
         record["error"] = [err.path, err.problem]
         return record
     found, counts = np.unique(values, return_counts=True)
@@ -140,7 +140,7 @@ def _resolve(records: List[Dict[str, Any]], spec: Optional[ClassSpec]) -> Tuple[
         return spec, False
     colored = next((r for r in records if r.get("kind") == "color"), None)
     if colored is not None:
-        raise DatasetError(colored["mask"], "is an RGB colour mask: colour masks need the class colours in a class "
+        raise DataError(colored["mask"], "is an RGB colour mask: colour masks need the class colours in a class "
                                             "file (classes.yaml / .json / .txt next to the images)")
     values = sorted({v for r in records for v in r.get("values", ())})
     if values and set(values) <= {0, 255} and 255 in values:
@@ -148,7 +148,7 @@ def _resolve(records: List[Dict[str, Any]], spec: Optional[ClassSpec]) -> Tuple[
     top = max([v for v in values if v != 255], default=0)
     if top > 253:
         mask = next(r["mask"] for r in records if top in r.get("values", ()))
-        raise DatasetError(mask, f"holds label value {top}: more than 254 classes (or add a class file)")
+        raise DataError(mask, f"holds label value {top}: more than 254 classes (or add a class file)")
     return ClassSpec(tuple(f"class_{i}" for i in range(top + 1)), source="scan"), False
 
 
@@ -204,5 +204,5 @@ def check_scan(records: Dict[str, Dict[str, Any]], spec: Optional[ClassSpec], un
     if problems:
         path, problem, _ = problems[0]
         more = f" (and {len(problems) - 1} more bad files)" if len(problems) > 1 else ""
-        raise DatasetError(path, problem + more)
+        raise DataError(path, problem + more)
     return result
