@@ -96,7 +96,8 @@ def register_palettes(registry: Mapping[str, Any]) -> None:
     Args:
         registry: e.g. :data:`encoding.datasets.datasets` (which registers itself when imported).
     """
-    _SOURCES.update((name.lower(), source) for name, source in registry.items())
+    _SOURCES.update((name.lower(), source) for name, source in registry.items()
+                    if getattr(source, "PALETTE", None) is not None)  # a folder dataset's colours are its own
     PALETTE_NAMES[:] = list(_SOURCES) + [alias for alias in _ALIASES if alias not in _SOURCES]
 
 
