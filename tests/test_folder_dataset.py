@@ -96,6 +96,9 @@ def test_binary_masks_and_the_binary_run_report_foreground_scores(scripts, tmp_p
     assert data.CLASSES == ("background", "foreground") and sorted(data[0][1].unique().tolist()) == [0, 1]
     result = _train(scripts, root, tmp_path / "runs", "--binary", "--loss", "dice")
     assert {"fgIoU", "fgDice", "precision", "recall"} <= set(result)
+    assert "fgIoU" in capsys.readouterr().out  # in the summary line of the table
+    row = json.loads((tmp_path / "runs" / "folder" / "unet" / "default" / "log.jsonl").read_text().splitlines()[-1])
+    assert row["fgIoU"] == pytest.approx(result["fgIoU"])
     model = encoding.load_model(str(tmp_path / "runs" / "folder" / "unet" / "default" / "checkpoint.pth"))
     assert model.info.binary and model(torch.zeros(1, 3, 16, 16))["out"].shape[1] == 1
     assert set(encoding.segment(model, os.path.join(root, "val", "images", "img06.jpg")).unique().tolist()) <= {0, 1}

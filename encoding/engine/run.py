@@ -212,7 +212,7 @@ def _epoch(run: TrainingRun, epoch: int, best: tuple, interrupt: GracefulInterru
         if run.validate:
             result = evaluate(run.model, run.val_loader, run.metric, run.input_device, run.amp_dtype,
                               stop=None if run.distributed else interrupt.requested, epoch=epoch)
-            stats.update(pixAcc=result["pixAcc"], mIoU=result["mIoU"])
+            stats.update({k: result[k] for k in ("pixAcc", "mIoU", "fgIoU") if k in result})  # fgIoU: binary
     except Interrupted:
         path = _save(run, epoch, best, {})
         raise RunInterrupted(f"interrupted{_by(interrupt)} while evaluating epoch {epoch}; its training is saved in "
