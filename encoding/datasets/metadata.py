@@ -19,8 +19,8 @@ from .transforms import IGNORE_INDEX
 
 __all__ = ["METADATA_KEYS", "dataset_metadata", "class_path", "resolve_dataset", "BinaryTarget", "binary_class_id"]
 
-#: The keys :func:`dataset_metadata` adds to a checkpoint's options.
-METADATA_KEYS = ("classes", "palette", "ignore_index", "dataset_class")
+#: The keys :func:`dataset_metadata` adds to a checkpoint's options (and a dataset object's sizes).
+METADATA_KEYS = ("classes", "palette", "ignore_index", "dataset_class", "base_size", "crop_size")
 
 
 def class_path(cls: type) -> str:
@@ -40,8 +40,9 @@ def binary_class_id(classes: Sequence[str], name: str) -> int:
 
 
 def dataset_metadata(dataset: Any, binary_class: Optional[str] = None) -> Dict[str, Any]:
-    """The classes, colours, raw ignore value and class path of ``dataset`` (a dataset object or class), as
-    recorded in a checkpoint; with ``binary_class`` the two classes ``background`` and that class."""
+    """The classes, colours, raw ignore value and class path of ``dataset`` (a dataset object or class), and a
+    dataset object's ``base_size`` / ``crop_size`` (the sizes it trained at), as recorded in a checkpoint; with
+    ``binary_class`` the two classes ``background`` and that class."""
     classes = [str(c) for c in getattr(dataset, "CLASSES", ())]
     palette = [list(c) for c in palette_of(dataset)]
     if len(classes) != len(palette):
@@ -50,8 +51,9 @@ def dataset_metadata(dataset: Any, binary_class: Optional[str] = None) -> Dict[s
         color = palette[binary_class_id(classes, binary_class)]
         classes, palette = ["background", binary_class], [[0, 0, 0], color if any(color) else [255, 255, 255]]
     cls = dataset if isinstance(dataset, type) else type(dataset)
+    sizes = {k: getattr(dataset, k) for k in ("base_size", "crop_size") if isinstance(getattr(dataset, k, None), int)}
     return {"classes": classes, "palette": palette, "ignore_index": getattr(dataset, "ignore_value", None),
-            "dataset_class": class_path(cls)}
+            "dataset_class": class_path(cls), **sizes}
 
 
 def resolve_dataset(name: str, dataset_class: Optional[str] = None) -> Type[Any]:

@@ -96,7 +96,7 @@ def inference_module(model: nn.Module, *, mode: str = "whole", window: Optional[
     if scales:
         info = info or model_info(model)
         window = window or info.crop_size
-        return MultiEvalModule(model, info.num_classes, base_size=info.base_size, crop_size=window, scales=scales,
+        return MultiEvalModule(model, info.out_channels, base_size=info.base_size, crop_size=window, scales=scales,
                                flip=flip, stride_rate=min((stride or window * 2 / 3) / window, 1.0),
                                mean=info.mean, std=info.std)
     if mode == "slide":
