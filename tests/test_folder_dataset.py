@@ -217,6 +217,12 @@ def test_user_dataset_classes_work_end_to_end(tmp_path, monkeypatch):
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=str(tmp_path),
                           env={**os.environ, "PYTHONPATH": ROOT})
     assert proc.returncode == 0 and "('a', 'b', 'c') 20" in proc.stdout, proc.stderr
+    # test.py in a new process that never registered the class: it is imported from the path the checkpoint records
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "segmentation", "test.py"), "--resume",
+                           str(ckpt), "--workers", "0", "--out-dir", str(tmp_path / "eval")], capture_output=True,
+                          text=True, cwd=str(tmp_path),
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])})
+    assert proc.returncode == 0 and "on mine 'val'" in proc.stdout, proc.stderr
 
 
 def test_run_training_with_datasets_builds_for_them(tmp_path, capsys):
