@@ -10,6 +10,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from encoding.builders import LOSSES, OPTIMIZERS, STRATEGIES
+from encoding.datasets.metadata import resolve_dataset
 from encoding.engine.config import (AMP_DTYPES, DIST_TIMEOUT_S, ConfigError, TrainingConfig, check_devices,
                                     check_network, check_split, check_training)
 from encoding.engine.recipes import fill_from_recipe, read_recipe
@@ -141,16 +142,11 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
 
 def _add_data_options(p: argparse.ArgumentParser) -> None:
     """Own data (``--dataset folder``) and binary segmentation (docs/own-data.md)."""
-    p.add_argument("--val-fraction", type=positive_float, default=0.1,
-                   help="folder dataset without a val split: the seeded hold-out share (listed in the run directory)")
-    p.add_argument("--unknown-labels", choices=["error", "ignore"], default="error",
-                   help="folder dataset: a mask value outside the classes stops the scan (error), or is ignored")
-    p.add_argument("--binary", action="store_true",
-                   help="binary segmentation: one foreground channel (masks with two values, or --binary-class)")
-    p.add_argument("--binary-class", default=None, metavar="NAME",
-                   help="binary segmentation of the class NAME of any dataset against everything else")
-    p.add_argument("--threshold", type=positive_float, default=0.5,
-                   help="binary: the foreground probability threshold of predictions and scores")
+    p.add_argument("--val-fraction", type=positive_float, default=0.1, help="folder without val: hold-out share")
+    p.add_argument("--unknown-labels", choices=["error", "ignore"], default="error", help="values of no class")
+    p.add_argument("--binary", action="store_true", help="one foreground channel (masks with two values)")
+    p.add_argument("--binary-class", default=None, metavar="NAME", help="binary: class NAME against the rest")
+    p.add_argument("--threshold", type=positive_float, default=0.5, help="binary: foreground probability threshold")
 
 
 def _add_test_options(p: argparse.ArgumentParser) -> None:
@@ -285,12 +281,10 @@ def _parse_inference(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     for name in MODEL_OPTIONS + ("data_root",):  # a folder dataset's root comes with its checkpoint
         if getattr(args, name, False) is None and saved.get(name) is not None:
             setattr(args, name, saved[name])
-    if saved.get("dataset_class"):  # a user's dataset class, importable from the path its checkpoint recorded
-        from encoding.datasets.metadata import resolve_dataset
-        try:
-            resolve_dataset(args.dataset, saved["dataset_class"])
-        except ValueError as err:
-            parser.error(str(err))
+    try:  # a user's dataset class, imported from the path its checkpoint recorded
+        _ = saved.get("dataset_class") and resolve_dataset(args.dataset, saved["dataset_class"])
+    except ValueError as err:
+        parser.error(str(err))
     args.dataset = args.dataset or "shapes"
     if args.torchvision_weights and args.model is None:
         args.model, args.backbone = "fcn", args.backbone or "resnet50"
