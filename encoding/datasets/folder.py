@@ -184,6 +184,8 @@ class FolderSegmentation(BaseDataset):
             raise DataError(root, "folder dataset not found")
         self.layout, splits = find_splits(root)
         self.holdout: Optional[List[str]] = None
+        if "train" not in splits and "all" not in splits:
+            raise DataError(root, f"has no train split ({self.layout} layout with {', '.join(sorted(splits))})")
         if "val" not in splits:
             pool = splits.pop("all", None) or splits.pop("train")
             splits["train"], splits["val"] = hold_out(pool, val_fraction, holdout_seed, root, holdout_file)

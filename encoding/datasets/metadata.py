@@ -76,6 +76,8 @@ def resolve_dataset(name: str, dataset_class: Optional[str] = None) -> Type[Any]
                 target = getattr(target, part)
         except (ImportError, AttributeError) as err:
             raise ValueError(f"dataset {name!r}: cannot import its class {dataset_class} ({err})") from None
+        if any(target is registered for registered in datasets.values()):  # a built-in class, another name
+            raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(sorted(datasets))}")
         from ..utils.palette import register_palettes
         datasets[key] = target
         if getattr(target, "PALETTE", None) is not None:

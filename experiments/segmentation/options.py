@@ -282,7 +282,7 @@ def _parse_inference(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         if getattr(args, name, False) is None and saved.get(name) is not None:
             setattr(args, name, saved[name])
     try:  # a user's dataset class, imported from the path its checkpoint recorded
-        _ = saved.get("dataset_class") and resolve_dataset(args.dataset, saved["dataset_class"])
+        _ = saved.get("dataset") == args.dataset and resolve_dataset(args.dataset, saved.get("dataset_class"))
     except ValueError as err:
         parser.error(str(err))
     args.dataset = args.dataset or "shapes"
