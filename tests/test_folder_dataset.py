@@ -237,3 +237,21 @@ def test_run_training_with_datasets_builds_for_them(tmp_path, capsys):
     assert (tmp_path / "runs" / "folder").is_dir() and not (tmp_path / "runs" / "shapes").exists()
     text = (tmp_path / "runs" / "folder" / "unet" / "default" / "config.yaml").read_text()
     assert re.search(r'^dataset: "?folder"?$', text, re.M) and "shapes" not in text
+
+
+def test_previews_draw_with_the_recorded_colours(tmp_path):
+    from encoding.engine.config import TrainingConfig, build_training
+    from encoding.engine.previews import validation_previews
+    from encoding.utils.palette import overlay
+    root = make_folder(str(tmp_path / "d"), "splitdirs", encoding="color", classes=CLASSES_YAML)
+    config = TrainingConfig(dataset="folder", data_root=root, base_size=24, crop_size=16, batch_size=4, workers=0,
+                            output_dir=str(tmp_path / "runs"))
+    run = build_training(config)
+    assert run.options["palette"] == [list(c) for c in COLORS] and run.class_names == ["bg", "red", "blue"]
+    val = run.datasets()[1]
+    previews = validation_previews(run.model, val, run.options["palette"], count=1)
+    image, mask = val[0][:2]
+    shown = previews["val/0"][:, :image.shape[-1]]
+    want = np.asarray(overlay(shown, mask.numpy(), COLORS))
+    assert (previews["val/0"][:, image.shape[-1]:2 * image.shape[-1]] == want).all()  # red where the mask is red
+    assert (mask == 1).any() and not (want == np.asarray(overlay(shown, mask.numpy(), "shapes"))).all()
