@@ -102,6 +102,12 @@ def test_binary_masks_and_the_binary_run_report_foreground_scores(scripts, tmp_p
     model = encoding.load_model(str(tmp_path / "runs" / "folder" / "unet" / "default" / "checkpoint.pth"))
     assert model.info.binary and model(torch.zeros(1, 3, 16, 16))["out"].shape[1] == 1
     assert set(encoding.segment(model, os.path.join(root, "val", "images", "img06.jpg")).unique().tolist()) <= {0, 1}
+    ckpt = str(tmp_path / "runs" / "folder" / "unet" / "default" / "checkpoint.pth")
+    scores = scripts["test"].main(["--resume", ckpt, "--workers", "0", "--save-pred", str(tmp_path / "preds"),
+                                   "--out-dir", str(tmp_path / "eval")])
+    assert "fgIoU" in json.loads((tmp_path / "eval" / "metrics.json").read_text()) and "fgIoU" in scores
+    saved = np.array(Image.open(tmp_path / "preds" / "img06.png"))
+    assert saved.shape == (20, 24) and set(np.unique(saved).tolist()) <= {0, 1}
     multi = make_folder(str(tmp_path / "multi"), "splitdirs", classes=CLASSES_YAML)
     result = _train(scripts, multi, tmp_path / "runs2", "--binary-class", "red")
     assert "fgIoU" in result

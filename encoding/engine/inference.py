@@ -234,7 +234,7 @@ class EvaluationJob:
     def write_predictions(self, outputs: Any, batch: Any) -> None:
         """``on_outputs`` hook of the evaluation loops: save the batch's predictions (with ``save_pred``)."""
         if self.writer is not None:
-            self.writer(predicted_labels(outputs), list(batch[-1]))
+            self.writer(predicted_labels(outputs, self.metric.threshold), list(batch[-1]))
 
     def describe(self) -> str:
         """A one-line summary of the job for the log."""
