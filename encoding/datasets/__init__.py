@@ -13,6 +13,7 @@ name            class                           NUM_CLASS
 ``citys``       :class:`CitySegmentation`       19
 ``coco``        :class:`COCOSegmentation`       21
 ``shapes``      :class:`ShapesSegmentation`     7 (embedded, generated locally)
+``folder``      :class:`FolderSegmentation`     a user's folder (``classes.yaml`` or the scan of its masks)
 ==============  ==============================  =========
 
 Example:
@@ -32,6 +33,7 @@ from .pcontext import ContextSegmentation
 from .cityscapes import CitySegmentation
 from .coco import COCOSegmentation
 from .shapes import ShapesSegmentation
+from .folder import FolderSegmentation
 from .prepare import prepare_ade20k, prepare_citys, prepare_coco, prepare_pascal, prepare_pcontext, prepare_shapes
 from ..registry import Registry
 from ..utils.palette import register_palettes
@@ -56,6 +58,7 @@ __all__ = [
     "CitySegmentation",
     "COCOSegmentation",
     "ShapesSegmentation",
+    "FolderSegmentation",
     "prepare_ade20k",
     "prepare_pascal",
     "prepare_pcontext",
@@ -73,6 +76,7 @@ datasets: Registry[Type[BaseDataset]] = Registry("dataset", {
     "citys": CitySegmentation,
     "coco": COCOSegmentation,
     "shapes": ShapesSegmentation,
+    "folder": FolderSegmentation,
 })
 register_palettes(datasets)  # colorize(mask, "ade20k") and the other palette names read the classes' colours
 

@@ -105,7 +105,8 @@ def select_devices(device_ids: Optional[Sequence[Union[int, str, torch.device]]]
 def build_model(name: str, dataset: str, *, backbone: str = "resnet50", aux: bool = False, se_loss: bool = False,
                 pretrained_backbone: Union[bool, str, os.PathLike] = False, output_stride: Optional[int] = None,
                 sync_bn: bool = False, device: Optional[torch.device] = None,
-                checkpoint: Union[bool, str] = False, head_options: Optional[dict] = None) -> SegmentationModel:
+                checkpoint: Union[bool, str] = False, head_options: Optional[dict] = None,
+                nclass: Optional[int] = None) -> SegmentationModel:
     """A segmentation model (see :func:`~encoding.models.get_segmentation_model`) on ``device``.
 
     Args:
@@ -113,8 +114,9 @@ def build_model(name: str, dataset: str, *, backbone: str = "resnet50", aux: boo
         device: move the model there (``None``: leave it on the CPU).
         checkpoint: activation checkpointing policy: ``False``, ``"backbone"`` or ``"all"``.
         head_options: options of the architecture's head factory, e.g. ``{"channels": 64}`` for ``deeplabv3plus``.
+        nclass: output channels (default: the dataset's class count; 1 for a binary network).
     """
-    model = get_segmentation_model(name, dataset=dataset, backbone=backbone, aux=aux, se_loss=se_loss,
+    model = get_segmentation_model(name, dataset=dataset, backbone=backbone, aux=aux, se_loss=se_loss, nclass=nclass,
                                    pretrained_backbone=pretrained_backbone, output_stride=output_stride,
                                    norm_layer=SyncBatchNorm if sync_bn else nn.BatchNorm2d, checkpoint=checkpoint,
                                    **(head_options or {}))
@@ -151,7 +153,8 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
                   train_limit: Optional[int] = None, val_limit: Optional[int] = None, distributed: bool = False,
                   seed: int = 0, pin_memory: bool = False, skip_bad: bool = False,
                   scale_range: Optional[Tuple[float, float]] = None,
-                  datasets: Optional[Tuple[Dataset, Dataset]] = None) -> Loaders:
+                  datasets: Optional[Tuple[Dataset, Dataset]] = None,
+                  dataset_options: Optional[Dict[str, Any]] = None) -> Loaders:
     """Training (``train`` mode, shuffled) and validation (``val`` mode) loaders of a registered dataset.
 
     The training order and each sample's augmentation depend only on ``(seed, epoch, sample)``
@@ -172,9 +175,10 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
         datasets: ``(train, val)`` dataset objects to load instead of building ``dataset``'s (e.g. a small
             generated set in a test); the options that build a dataset (root, splits, sizes, skip_bad, scale_range)
             are then the caller's.
+        dataset_options: more keywords of the dataset class (e.g. the ``folder`` dataset's ``val_fraction``).
     """
     if datasets is None:
-        sizes = dict(base_size=base_size, crop_size=crop_size, skip_bad=skip_bad)
+        sizes = dict(base_size=base_size, crop_size=crop_size, skip_bad=skip_bad, **(dataset_options or {}))
         datasets = (get_segmentation_dataset(dataset, root=root, split=train_split, mode="train",
                                              scale_range=scale_range, **sizes),
                     get_segmentation_dataset(dataset, root=root, split=val_split, mode="val", **sizes))
@@ -194,7 +198,7 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
 def build_eval_loader(dataset: str, *, split: str = "val", mode: str = "val", batch_size: int = 16,
                       root: Optional[str] = None, base_size: Optional[int] = None, crop_size: Optional[int] = None,
                       workers: int = 2, limit: Optional[int] = None, distributed: bool = False,
-                      data: Optional[Dataset] = None) -> DataLoader:
+                      data: Optional[Dataset] = None, dataset_options: Optional[Dict[str, Any]] = None) -> DataLoader:
     """An evaluation loader that also yields each sample's file name (last element of every batch).
 
     Args:
@@ -207,7 +211,7 @@ def build_eval_loader(dataset: str, *, split: str = "val", mode: str = "val", ba
     """
     if data is None:
         data = get_segmentation_dataset(dataset, root=root, split=split, mode=mode, base_size=base_size,
-                                        crop_size=crop_size, return_name=True)
+                                        crop_size=crop_size, return_name=True, **(dataset_options or {}))
     data = _limit(data, limit)
     return DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=workers,
                       sampler=ShardSampler(data) if distributed else None,

@@ -10,10 +10,11 @@ PyTorch-Encoding's, vacancy's and mmcv's names are declared for this module besi
 ``(output_dict_or_tensor, target)`` and PyTorch-Encoding's argument layouts. Dice, Focal and Lovász-Softmax (and
 ``LOSSES``, the registry of ``train.py --loss``) are :mod:`encoding.nn.losses`'.
 """
-from . import blocks, encoding, loss, losses, recompute, syncbn
+from . import binary, blocks, encoding, loss, losses, recompute, syncbn
 from .blocks import NormLayer, SeparableConv2d, conv_norm_act, resize
 from .encoding import Encoding
 from .loss import OhemCrossEntropy, SegmentationLosses
+from .binary import BINARY_LOSSES, BinaryBCELoss, BinaryDiceLoss, BinaryFocalLoss
 from .losses import LOSSES, DiceLoss, FocalLoss, LovaszSoftmaxLoss
 from .recompute import (CHECKPOINT_POLICIES, checkpoint_module, checkpoint_segmentation_model, disable_checkpointing,
                         enable_checkpointing, is_checkpointed, is_recomputing, replay_in_recomputation)
@@ -24,6 +25,7 @@ __all__ = [
     "SyncBatchNorm", "SyncBatchNormAct", "convert_sync_batchnorm",
     # losses
     "SegmentationLosses", "OhemCrossEntropy", "DiceLoss", "FocalLoss", "LovaszSoftmaxLoss", "LOSSES",
+    "BinaryBCELoss", "BinaryDiceLoss", "BinaryFocalLoss", "BINARY_LOSSES",
     # the Encoding layer and small blocks
     "Encoding", "NormLayer", "resize", "conv_norm_act", "SeparableConv2d",
     # activation checkpointing
