@@ -194,8 +194,8 @@ class StopOnSignal(Hook):
 
 
 class Evaluation(Hook):
-    """Score the model on the validation loader after every epoch (``state.result``; ``pixAcc`` and ``mIoU`` join
-    ``state.stats``). An interrupt or a failure during the evaluation saves the trained epoch first."""
+    """Score the model on the validation loader after every epoch (``state.result``; ``pixAcc``, ``mIoU`` (and a
+    binary run's ``fgIoU``) join ``state.stats``). An interrupt or a failure during the evaluation saves the trained epoch first."""
 
     def __init__(self, checkpointer: Checkpointer, stop: StopOnSignal) -> None:
         self.checkpointer, self.stop = checkpointer, stop
@@ -215,7 +215,8 @@ class Evaluation(Hook):
             path = self.checkpointer.save(state, epoch)
             raise RunFailed(f"evaluation after epoch {epoch} failed ({err}); the trained epoch is saved in "
                             f"{path}") from err
-        state.stats.update(pixAcc=state.result["pixAcc"], mIoU=state.result["mIoU"])
+        scores = ("pixAcc", "mIoU", "fgIoU")  # fgIoU: a binary run's
+        state.stats.update({k: state.result[k] for k in scores if k in state.result})
 
 
 class SkippedSamples(Hook):
@@ -255,9 +256,8 @@ class Previews(Hook):
     def after_epoch(self, state: RunState) -> None:
         run, epoch, log = state.run, state.epoch, self.log.log
         if log.sinks and run.log_images and (epoch % run.log_images == 0 or epoch + 1 == run.epochs):
-            val = run.datasets()[1]
-            palette = getattr(type(val), "PALETTE", run.options["dataset"])
-            log.images(epoch, validation_previews(run.model, val, palette))
+            palette = run.options.get("palette") or run.options["dataset"]
+            log.images(epoch, validation_previews(run.model, run.datasets()[1], palette))
 
 
 class ConsoleLine(Hook):
