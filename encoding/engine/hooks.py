@@ -195,7 +195,8 @@ class StopOnSignal(Hook):
 
 class Evaluation(Hook):
     """Score the model on the validation loader after every epoch (``state.result``; ``pixAcc``, ``mIoU`` (and a
-    binary run's ``fgIoU``) join ``state.stats``). An interrupt or a failure during the evaluation saves the trained epoch first."""
+    binary run's ``fgIoU``) join ``state.stats``). An interrupt or a failure during the evaluation saves the trained
+    epoch first."""
 
     def __init__(self, checkpointer: Checkpointer, stop: StopOnSignal) -> None:
         self.checkpointer, self.stop = checkpointer, stop
