@@ -13,6 +13,7 @@ Needs ``segmentation-models-pytorch`` (in the ``test`` extras).
     python benchmarks/bench_peers.py                               # 2 x 3 x 128 x 128, 5 rounds
     python benchmarks/bench_peers.py --models deeplabv3plus --rounds 3
     python benchmarks/bench_peers.py --smp-like                   # our heads' smp-like options (see docs/models.md)
+    python benchmarks/bench_peers.py --models fcfpn --profile 12  # + torch.profiler's top operators of each side
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from encoding.models.flops import count_flops
 #: our architecture -> (smp class name, smp keyword arguments, our smp-like head options).
 PAIRS: Dict[str, Tuple[str, dict, dict]] = {
     "deeplabv3plus": ("DeepLabV3Plus", {"encoder_output_stride": 16}, {"separable": True}),
-    "fcfpn": ("FPN", {}, {"fuse_channels": 128}),
+    "fcfpn": ("FPN", {}, {"fpn_dim": 128, "fuse_channels": 64}),
     "upernet": ("UPerNet", {}, {"fuse_channels": 256}),
 }
 
@@ -66,6 +67,14 @@ def images_per_second(step: Callable[[], None], batch: int, iters: int) -> float
     return iters * batch / (time.perf_counter() - start)
 
 
+def profile(step: Callable[[], None], rows: int) -> str:
+    """``torch.profiler``'s table of one train step: the ``rows`` operators with the most self CPU time."""
+    from torch.profiler import ProfilerActivity
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+
+
 def parameters(model: nn.Module) -> float:
     """Millions of parameters."""
     return sum(p.numel() for p in model.parameters()) / 1e6
@@ -87,6 +96,9 @@ def compare(name: str, args: argparse.Namespace) -> Dict[str, object]:
         for side in ("ours", "smp"):
             rounds[side].append(images_per_second(steps[side], args.batch, args.iters))
     ratios = [o / s for o, s in zip(rounds["ours"], rounds["smp"])]
+    for side in ("ours", "smp") if args.profile else ():
+        print(f"\n{name}, {side}: one train step, top {args.profile} operators by self CPU time\n"
+              f"{profile(steps[side], args.profile)}")
     gflops = {side: count_flops(model, (args.size, args.size)) / 1e9 for side, model in (("ours", ours),
                                                                                           ("smp", theirs))}
     ratio = statistics.median(ratios)
@@ -119,6 +131,8 @@ def main(argv=None) -> None:
     parser.add_argument("--iters", type=int, default=2, help="train steps per side and round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                        help="also print torch.profiler's top ROWS operators of one step of each side")
     parser.add_argument("--smp-like", action="store_true",
                         help="build ours with the head options closest to smp's (PAIRS in this file)")
     args = parser.parse_args(argv)
