@@ -105,7 +105,9 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
 
     Args:
         source: a checkpoint file (its recorded options rebuild the network; its weights are read with
-            ``weights_only=True``), or a preset name of :data:`encoding.models.model_list` (e.g.
+            ``weights_only=True``), a :func:`~encoding.engine.hub.save_pretrained` folder or a Hugging Face Hub id
+            ``user/repo`` (safetensors, nothing unpickled; :func:`~encoding.engine.hub.load_pretrained`), or a
+            preset name of :data:`encoding.models.model_list` (e.g.
             ``"fcn_resnet50_voc"``: the published weights, or ``weights``).
         device: where to put the model (default: the CPU).
         weights: a preset's weights from a local file instead of the published ones.
@@ -128,6 +130,9 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
     path = os.fspath(source)
     if not os.path.isfile(path) and path.lower() in PRESETS:
         return _load_preset(path.lower(), device, weights, given)
+    shared = _load_shared(path, device, given)
+    if shared is not None:
+        return shared
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such checkpoint file or preset name: {path!r} (presets: "
                                 "encoding.models.model_list)")
@@ -146,6 +151,19 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
                                  if network.get("head_channels") else None)
     checkpoint.restore_weights(model)
     return _with_info(model, info, device)
+
+
+def _load_shared(path: str, device: Optional[Union[str, torch.device]], options: Dict[str, Any]
+                 ) -> Optional[nn.Module]:
+    """A :func:`~encoding.engine.hub.save_pretrained` folder or a Hub id ``user/repo``; ``None`` for anything else."""
+    from . import hub  # hub builds on this module
+
+    if not hub.is_pretrained_source(path):
+        return None
+    if options:
+        raise ValueError(f"load_model({path!r}): a shared model records its network; options "
+                         f"{', '.join(sorted(options))} apply to checkpoint files")
+    return hub.load_pretrained(path, device=device)
 
 
 def _load_preset(name: str, device: Optional[Union[str, torch.device]], weights: Optional[Union[str, os.PathLike]],
