@@ -27,8 +27,9 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from encoding.memory import plan  # noqa: E402
-from encoding.memory.program import default_optimizer  # noqa: E402
+from encoding.memory import learn_workspaces, plan  # noqa: E402
+from encoding.memory.program import StepSpec, default_optimizer  # noqa: E402
+from encoding.memory.tracker import Workspaces  # noqa: E402
 
 _MARK = "bench_plan_foreign.step"
 
@@ -73,11 +74,21 @@ def real_peak(build: Callable[[], nn.Module], criterion: Callable[..., Any], sam
 
 
 def planned_peak(build: Callable[[], nn.Module], criterion: Callable[..., Any],
-                 sample: Callable[[int], Tuple[Any, Any]], batch: int, output_key: Optional[str] = None) -> int:
-    """The planner's peak of the same step on one device (CPU granularity)."""
+                 sample: Callable[[int], Tuple[Any, Any]], batch: int, output_key: Optional[str] = None,
+                 workspaces: Optional[Workspaces] = None) -> int:
+    """The planner's peak of the same step on one device (CPU granularity), calibrated with ``workspaces``."""
     result = plan(build(), criterion, sample=sample, batch=batch, num_devices=1, output_key=output_key,
-                  round_to=1, backend="gloo")
+                  round_to=1, backend="gloo", workspaces=workspaces)
     return result.peaks["balanced"][0]
+
+
+def calibrate(case: Dict[str, Any]) -> Workspaces:
+    """The CPU kernels' workspaces of ``case`` (``--calibrate``'s real steps of 1, T and T + 1 samples)."""
+    sample, key = case["sample"], case["output_key"]
+    loss = case["criterion"] if key is None else (lambda output, target: case["criterion"](output[key], target))
+    spec = StepSpec(build_model=case["build"], make_inputs=lambda n: ((sample(n)[0],), {}),
+                    make_target=lambda n: sample(n)[1], criterion=loss)
+    return learn_workspaces(spec)
 
 
 def classifier_case(small: bool) -> Dict[str, Any]:
@@ -112,11 +123,17 @@ def segmentation_case(small: bool) -> Dict[str, Any]:
                 criterion=nn.CrossEntropyLoss(ignore_index=255), output_key="out")
 
 
-def compare(case: Dict[str, Any], batch: int) -> Tuple[int, int, float]:
-    """``(planned, real, relative error)`` of ``case`` at ``batch``."""
+def compare(case: Dict[str, Any], batch: int, workspaces: Optional[Workspaces] = None) -> Dict[str, float]:
+    """Real, planned and calibrated peaks (bytes) of ``case`` at ``batch``, and the relative errors."""
     args = (case["build"], case["criterion"], case["sample"], batch, case["output_key"])
-    planned, real = planned_peak(*args), real_peak(*args)
-    return planned, real, (planned - real) / real
+    real = real_peak(*args)
+    row = {"real": real, "planned": planned_peak(*args)}
+    if workspaces is not None:
+        row["calibrated"] = planned_peak(*args, workspaces=workspaces)
+    for name in ("planned", "calibrated"):
+        if name in row:
+            row[name + "_error"] = (row[name] - real) / real
+    return row
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -125,11 +142,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--batches", default="2,4", help="comma-separated batch sizes (default 2,4; deeplabv3 trains on 2 or more)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    print(f"{'model':32s} {'batch':>5s} {'planned MiB':>12s} {'real MiB':>10s} {'error':>8s}")
+    print(f"{'model':30s} {'batch':>5s} {'real MiB':>9s} {'planned':>9s} {'error':>8s} {'calibrated':>10s} "
+          f"{'error':>8s}")
     for case in (classifier_case(args.small), segmentation_case(args.small)):
+        workspaces = calibrate(case)
         for batch in (int(b) for b in args.batches.split(",")):
-            planned, real, error = compare(case, batch)
-            print(f"{case['name']:32s} {batch:5d} {planned / 2**20:12.2f} {real / 2**20:10.2f} {error:+8.2%}")
+            r = compare(case, batch, workspaces)
+            print(f"{case['name']:30s} {batch:5d} {r['real'] / 2**20:9.2f} {r['planned'] / 2**20:9.2f} "
+                  f"{r['planned_error']:+8.2%} {r['calibrated'] / 2**20:10.2f} {r['calibrated_error']:+8.2%}",
+                  flush=True)
 
 
 if __name__ == "__main__":

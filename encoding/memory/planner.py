@@ -22,7 +22,7 @@ from .advice import Advice, advise
 from .balance import _fake_copy, _KeyedLoss, strategy_peaks
 from .program import BACKENDS, STRATEGIES, StepSpec, default_optimizer
 from .simulate import Simulator
-from .tracker import CUDA_BLOCK, MIB
+from .tracker import CUDA_BLOCK, MIB, Workspaces
 
 __all__ = ["AMP_DTYPES", "MemoryPlan", "plan", "parse_memory", "loop_name"]
 
@@ -182,7 +182,7 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
          strategies: Sequence[str] = ("balanced",), keep_outputs: bool = False, amp: Optional[str] = None,
          checkpoint: str = "none", memory_limit: Union[str, int, None] = None, in_channels: int = 3,
          optimizer: Callable[[List[Tensor]], torch.optim.Optimizer] = default_optimizer,
-         round_to: int = CUDA_BLOCK, backend: str = "nccl") -> MemoryPlan:
+         round_to: int = CUDA_BLOCK, backend: str = "nccl", workspaces: Optional[Workspaces] = None) -> MemoryPlan:
     """Simulate a training step of ``model`` (on fake tensors: nothing is allocated, the model is not changed)
     under each strategy on ``num_devices`` devices.
 
@@ -214,6 +214,8 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
         optimizer: ``params -> optimizer`` (default: SGD with momentum and weight decay).
         round_to: allocation granularity (512: CUDA's blocks; 1: the CPU's).
         backend: ``"nccl"`` (GPUs) or ``"gloo"`` (CPU processes): what the collectives of ``fsdp`` ranks hold.
+        workspaces: kernels' workspaces learned from real steps
+            (:func:`~encoding.memory.profiler.learn_workspaces`) added to the peaks; default none.
 
     Raises:
         ValueError: an unknown strategy, policy or ``amp``, a batch smaller than the devices, a bad limit.
@@ -244,7 +246,7 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
 
     if backend not in BACKENDS:
         raise ValueError(f"plan: backend={backend!r}; valid: {', '.join(BACKENDS)}")
-    simulator = Simulator(spec_for(crop or 0, checkpoint), round_to, backend=backend)
+    simulator = Simulator(spec_for(crop or 0, checkpoint), round_to, backend=backend, workspaces=workspaces)
     result = MemoryPlan({}, {}, batch, crop, num_devices, keep_outputs, amp, checkpoint, limit)
     for strategy in strategies:
         result.splits[strategy], result.peaks[strategy] = strategy_peaks(simulator, strategy, batch, num_devices)
