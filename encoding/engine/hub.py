@@ -22,7 +22,7 @@ from torch import nn
 from ..models import get_segmentation_model
 from ..models.external import ExternalModel, parse_model_spec
 from ..utils.files import atomic_write, makedirs
-from .loading import ModelInfo, model_info
+from .loading import SOURCE_READERS, ModelInfo, model_info
 
 __all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "save_pretrained", "load_pretrained", "push_to_hub", "is_pretrained_source"]
 
@@ -180,3 +180,6 @@ def push_to_hub(model: nn.Module, repo_id: str, *, private: bool = False, token:
     with tempfile.TemporaryDirectory() as folder:
         save_pretrained(model, folder, metrics=metrics, config=config)
         return str(api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message))
+
+
+SOURCE_READERS.append((is_pretrained_source, load_pretrained))  # encoding.load_model(folder | "user/repo")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -153,17 +153,21 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
     return _with_info(model, info, device)
 
 
+#: Readers of shared models (``(accepts(source), load(source, device=...))``) that :func:`load_model` asks before
+#: reading a checkpoint file: :mod:`encoding.engine.hub` registers its folders and Hub ids.
+SOURCE_READERS: List[Tuple[Callable[[str], bool], Callable[..., nn.Module]]] = []
+
+
 def _load_shared(path: str, device: Optional[Union[str, torch.device]], options: Dict[str, Any]
                  ) -> Optional[nn.Module]:
-    """A :func:`~encoding.engine.hub.save_pretrained` folder or a Hub id ``user/repo``; ``None`` for anything else."""
-    from . import hub  # hub builds on this module
-
-    if not hub.is_pretrained_source(path):
-        return None
-    if options:
-        raise ValueError(f"load_model({path!r}): a shared model records its network; options "
-                         f"{', '.join(sorted(options))} apply to checkpoint files")
-    return hub.load_pretrained(path, device=device)
+    """The model of the first :data:`SOURCE_READERS` entry that accepts ``path``; ``None`` when none does."""
+    for accepts, load in SOURCE_READERS:
+        if accepts(path):
+            if options:
+                raise ValueError(f"load_model({path!r}): a shared model records its network; options "
+                                 f"{', '.join(sorted(options))} apply to checkpoint files")
+            return load(path, device=device)
+    return None
 
 
 def _load_preset(name: str, device: Optional[Union[str, torch.device]], weights: Optional[Union[str, os.PathLike]],
