@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tupl
 
 import torch
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
 from ..nn.recompute import CHECKPOINT_POLICIES, checkpoint_segmentation_model, disable_checkpointing
 from .advice import Advice, advise
@@ -249,7 +250,12 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
     simulator = Simulator(spec_for(crop or 0, checkpoint), round_to, backend=backend, workspaces=workspaces)
     result = MemoryPlan({}, {}, batch, crop, num_devices, keep_outputs, amp, checkpoint, limit)
     for strategy in strategies:
-        result.splits[strategy], result.peaks[strategy] = strategy_peaks(simulator, strategy, batch, num_devices)
+        try:
+            result.splits[strategy], result.peaks[strategy] = strategy_peaks(simulator, strategy, batch, num_devices)
+        except (DynamicOutputShapeException, DataDependentOutputException) as err:
+            raise ValueError(f"plan: {type(model).__name__} has output shapes that depend on the values ({err}: e.g. "
+                             "a detector's box filtering and NMS), which fake tensors cannot simulate; measure it "
+                             "with encoding.memory.measure_program_cpu") from None
     if limit is not None and sample is None:
         segmentation = hasattr(getattr(model, "backbone", None), "stages")  # the policies need its blocks
         result.advice = advise(spec_for, strategies, num_devices, batch, crop, limit, round_to,
