@@ -100,3 +100,21 @@ def test_hub_repository_from_an_offline_cache(tmp_path):
     missing = subprocess.run([sys.executable, "-c", script, "x", "y"], env=env, capture_output=True, text=True,
                              timeout=600)
     assert missing.returncode != 0 and "someone/shapes-fcn" in missing.stderr
+
+
+def test_transformers_model_shares_without_its_source_folder(tmp_path):
+    """A transformers:PATH model: config.json carries the Hugging Face config, so the folder it was built from is
+    not needed to load the shared model."""
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+    torch.manual_seed(0)
+    config = SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16],
+                             patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
+                             decoder_hidden_size=16, num_labels=7)
+    SegformerForSemanticSegmentation(config).save_pretrained(tmp_path / "segformer")
+    spec = f"transformers:{tmp_path / 'segformer'}"
+    model = get_segmentation_model(spec, dataset="shapes").eval()
+    model.info = ModelInfo.of_dataset("shapes", model=spec, backbone="")
+    save_pretrained(model, tmp_path / "shared")
+    shutil.rmtree(tmp_path / "segformer")
+    loaded = encoding.load_model(str(tmp_path / "shared"))
+    assert torch.equal(encoding.segment(loaded, _image()), encoding.segment(model, _image()))
