@@ -136,3 +136,12 @@ def test_factory_spec_trains_tests_reloads_exports_and_plans(tmp_path, factory_m
     planned = encoding.memory.plan(model, nn.CrossEntropyLoss(), crop=32, batch=2, num_devices=1,
                                    output_key="out", round_to=1)
     assert planned.peaks["balanced"][0] > 0
+
+
+def test_memory_tool_plans_a_spec(tmp_path):
+    from encoding.memory.cli import main as memory_main
+    report = memory_main(["--model", "torchvision:lraspp_mobilenet_v3_large", "--dataset", "shapes", "--simulate",
+                          "2", "--crop-size", "48", "--strategies", "balanced", "--out-dir", str(tmp_path)])
+    assert report["config"]["model"] == "torchvision:lraspp_mobilenet_v3_large"
+    peaks = report["strategies"]["balanced"]["peak_mib"]
+    assert len(peaks) == 2 and all(p > 0 for p in peaks)
