@@ -105,7 +105,12 @@ def _snapshot(repo_id: str, revision: Optional[str]) -> str:
     except ImportError:
         raise ImportError(f"reading {repo_id!r} from the Hugging Face Hub needs huggingface_hub: "
                           "pip install encoding[hub]") from None
-    return snapshot_download(repo_id, revision=revision, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME])
+    try:
+        return snapshot_download(repo_id, revision=revision, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME])
+    except Exception as err:  # offline and not cached, no such repository, no network: one line naming it
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise FileNotFoundError(f"{repo_id!r} is no file or folder here, and the Hugging Face Hub repository of "
+                                f"that name cannot be read ({type(err).__name__}: {reason})") from None
 
 
 def _build(info: ModelInfo, data: Dict[str, Any]) -> nn.Module:
@@ -137,6 +142,7 @@ def load_pretrained(source: Union[str, os.PathLike], *, device: Optional[Union[s
     Raises:
         ValueError: a folder that is not a shared model, or weights that do not fit the network (one line, naming
             the folder).
+        FileNotFoundError: a Hub id that cannot be read (offline and not cached, no such repository).
     """
     source = os.fspath(source)
     folder = source if os.path.isdir(source) else _snapshot(source, revision)
