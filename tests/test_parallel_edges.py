@@ -151,3 +151,20 @@ def test_inexact_advice_fits_the_output():
     assert "torch loss module" in classifier and "ignore_index=255" not in classifier
     segmentation = advice(torch.randn(5, 3, 4, 4), torch.randn(5, 3, 4, 4))
     assert "output_key='out'" in segmentation
+
+
+def test_criterion_targets_and_explicit_splits_know_the_batch():
+    """Split sizes given (the criterion's targets, chunk_sizes) fix the batch: a lone list of three batched targets
+    (refused without them: it reads either way) is split along dim 0, and a detector's lists still go per sample."""
+    x = torch.arange(4.0).view(2, 2)
+    with pytest.raises(ValueError, match="PerSample"):
+        scatter(([x, x + 1, x + 2],), CPU2)
+    parts = scatter(([x, x + 1, x + 2],), CPU2, split_sizes=[1, 1])
+    assert [[t.shape for t in p[0]] for p in parts] == [[(1, 2)] * 3] * 2
+    model = _detector().train()
+    images, targets = _detection_batch()
+    wrapped = DataParallelModel(model, CPU2, chunk_sizes=[1, 2])
+    outputs = wrapped(images, targets)
+    assert outputs.split_sizes == [1, 2]
+    torch.testing.assert_close(outputs[1]["loss_classifier"],
+                               copy.deepcopy(model)(images[1:], targets[1:])["loss_classifier"], **TOL)

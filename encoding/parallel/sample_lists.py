@@ -91,8 +91,15 @@ def _decide(path: str, items: list, kind: str, batch: Optional[int], lengths: Se
     return False  # neither reading fits: the size check names every leaf
 
 
-def resolve_sample_lists(tree: Any, dim: int = 0, name: str = "inputs") -> Any:
+def resolve_sample_lists(tree: Any, dim: int = 0, name: str = "inputs", batch_size: Optional[int] = None) -> Any:
     """``tree`` with every plain list that holds one entry per sample wrapped in :class:`PerSample`.
+
+    Args:
+        tree: the call's arguments.
+        dim: the batch dimension.
+        name: the root's name in error messages.
+        batch_size: the batch size when the caller knows it (e.g. the model's split sizes, for the criterion's
+            targets); otherwise the call's batched tensors (or a list of dicts) decide it.
 
     Raises:
         ValueError: a list of tensors reads as samples and as batched tensors alike (the message names
@@ -104,12 +111,12 @@ def resolve_sample_lists(tree: Any, dim: int = 0, name: str = "inputs") -> Any:
         return tree
     outside: Set[int] = set()
     _outside_sizes(tree, name, dim, outside)
-    batch = next(iter(outside)) if len(outside) == 1 else None
     if len(outside) > 1:
         return tree  # the size check reports the conflict
     dict_lists = [items for _, items in found if _kind(items) == "dicts"]
     samples_call = not outside and bool(dict_lists)
-    if samples_call:
+    batch = next(iter(outside), batch_size)
+    if batch is None and samples_call:
         batch = len(dict_lists[0])
     lengths = {len(items) for _, items in found}
     all_inner = set().union(*(_inner_sizes(p, items, dim) for p, items in found))

@@ -49,10 +49,16 @@ def batch_size_of(obj: Any, dim: int = 0, name: str = "inputs") -> Optional[int]
         The batch size, or ``None`` when ``obj`` holds nothing to split.
 
     Raises:
-        ValueError: when the leaves would split differently, naming each offending path and its size.
+        ValueError: when the leaves would split differently, naming each offending path and its size, or a list
+            reads both as samples and as batched tensors (the message names ``PerSample``).
     """
+    return _batch_size(resolve_sample_lists(obj, dim, name), dim, name)
+
+
+def _batch_size(obj: Any, dim: int, name: str) -> Optional[int]:
+    """:func:`batch_size_of` of a structure whose lists of samples are resolved already."""
     sizes: Dict[str, int] = {}
-    for path, leaf in iter_leaves(resolve_sample_lists(obj, dim, name), name):
+    for path, leaf in iter_leaves(obj, name):
         size = leaf_batch_size(path, leaf, dim)
         if size is not None:
             sizes[path] = size
@@ -110,8 +116,8 @@ def scatter(inputs: Any, devices: Sequence[DeviceLike], dim: int = 0,
 def _scatter_tree(tree: Any, devices: Sequence[DeviceLike], dim: int, split_sizes: Optional[Sequence[int]],
                   name: str) -> Tuple[List[Any], List[Optional[int]]]:
     devices = resolve_devices(devices)
-    tree = resolve_sample_lists(tree, dim, name)
-    sizes = _check_sizes(batch_size_of(tree, dim, name), devices, split_sizes)
+    tree = resolve_sample_lists(tree, dim, name, None if split_sizes is None else sum(split_sizes))
+    sizes = _check_sizes(_batch_size(tree, dim, name), devices, split_sizes)
     parts = transpose_map(lambda leaf: _split_leaf(leaf, devices[:len(sizes)], sizes, dim), tree, len(sizes))
     return parts, sizes
 
