@@ -97,3 +97,12 @@ def test_dict_inputs_and_per_sample_lists():
     small, large = (plan(PerImage(), nn.CrossEntropyLoss(), sample=sample, batch=b, num_devices=1, round_to=1)
                     for b in (2, 8))
     assert large.peaks["balanced"][0] > small.peaks["balanced"][0] > 0
+
+
+def test_dict_output_without_output_key_is_one_clear_error():
+    """Before: a raw TypeError from inside the loss (the dict output reached CrossEntropyLoss)."""
+    from torchvision.models.segmentation import lraspp_mobilenet_v3_large
+    model = lraspp_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=3)
+    with pytest.raises(ValueError, match="output_key='out'"):
+        plan(model, nn.CrossEntropyLoss(), crop=32, batch=2, num_devices=1)
+    assert plan(model, nn.CrossEntropyLoss(), crop=32, batch=2, num_devices=1, output_key="out").peaks["balanced"]

@@ -252,6 +252,12 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
     for strategy in strategies:
         try:
             result.splits[strategy], result.peaks[strategy] = strategy_peaks(simulator, strategy, batch, num_devices)
+        except TypeError as err:
+            if output_key is not None:
+                raise
+            raise ValueError(f"plan: the criterion failed on the model's output ({str(err).splitlines()[0]}); a "
+                             "model that returns a dict or tuple (torchvision's {'out', 'aux'}) needs "
+                             "output_key='out' (and aux_weight= for the auxiliary loss)") from None
         except (DynamicOutputShapeException, DataDependentOutputException) as err:
             raise ValueError(f"plan: {type(model).__name__} has output shapes that depend on the values ({err}: e.g. "
                              "a detector's box filtering and NMS), which fake tensors cannot simulate; measure it "
