@@ -126,7 +126,7 @@ def _build(info: ModelInfo, data: Dict[str, Any]) -> nn.Module:
     head = {"channels": options["head_channels"]} if options.get("head_channels") else {}
     return get_segmentation_model(name, dataset=info.dataset, backbone=options.get("backbone") or "resnet50",
                                   aux=bool(options.get("aux")), se_loss=bool(options.get("se_loss")),
-                                  nclass=info.num_classes, output_stride=options.get("output_stride"), **head)
+                                  nclass=info.out_channels, output_stride=options.get("output_stride"), **head)
 
 
 def load_pretrained(source: Union[str, os.PathLike], *, device: Optional[Union[str, torch.device]] = None,
