@@ -119,3 +119,13 @@ def test_transformers_model_shares_without_its_source_folder(tmp_path):
     shutil.rmtree(tmp_path / "segformer")
     loaded = encoding.load_model(str(tmp_path / "shared"))
     assert torch.equal(encoding.segment(loaded, _image()), encoding.segment(model, _image()))
+
+
+def test_binary_network_round_trip(tmp_path):
+    torch.manual_seed(0)
+    model = get_segmentation_model("fcn", dataset="shapes", backbone="vgg_tiny", nclass=1).eval()
+    model.info = ModelInfo("my_masks", ("background", "foreground"), ((0, 0, 0), (255, 255, 255)), binary=True,
+                           threshold=0.4, options={"model": "fcn", "backbone": "vgg_tiny"})
+    loaded = encoding.load_model(str(save_pretrained(model, tmp_path / "shared")))
+    assert loaded.info == model.info and loaded.info.out_channels == 1
+    assert torch.equal(encoding.segment(loaded, _image()), encoding.segment(model, _image()))
