@@ -19,6 +19,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 from torch import nn
 
+from ..errors import MissingDependency, UsageError
 from ..models import get_segmentation_model
 from ..models.external import ExternalModel, parse_model_spec
 from ..utils.files import atomic_write, makedirs
@@ -36,7 +37,7 @@ def _safetensors() -> Any:
     try:
         import safetensors.torch
     except ImportError:
-        raise ImportError("sharing models needs safetensors: pip install encoding[hub]") from None
+        raise MissingDependency("sharing models needs safetensors: pip install encoding[hub]") from None
     return safetensors.torch
 
 
@@ -103,8 +104,8 @@ def _snapshot(repo_id: str, revision: Optional[str]) -> str:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise ImportError(f"reading {repo_id!r} from the Hugging Face Hub needs huggingface_hub: "
-                          "pip install encoding[hub]") from None
+        raise MissingDependency(f"reading {repo_id!r} from the Hugging Face Hub needs huggingface_hub: "
+                                "pip install encoding[hub]") from None
     try:
         return snapshot_download(repo_id, revision=revision, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME])
     except Exception as err:  # offline and not cached, no such repository, no network: one line naming it
@@ -117,7 +118,7 @@ def _build(info: ModelInfo, data: Dict[str, Any]) -> nn.Module:
     options = info.options
     name = options.get("model")
     if not name:
-        raise ValueError("config.json names no model")
+        raise UsageError("config.json names no model")
     hf_config = data.get("transformers_config")
     if hf_config is not None and parse_model_spec(name).kind == "transformers":
         from transformers import AutoConfig, AutoModelForSemanticSegmentation
@@ -151,9 +152,9 @@ def load_pretrained(source: Union[str, os.PathLike], *, device: Optional[Union[s
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not a shared encoding model ({err})") from None
+        raise UsageError(f"{path}: not a shared encoding model ({err})") from None
     if data.get("format") != _FORMAT:
-        raise ValueError(f"{path}: not a shared encoding model (format {data.get('format')!r})")
+        raise UsageError(f"{path}: not a shared encoding model (format {data.get('format')!r})")
     fields = data["info"]
     info = ModelInfo(**{**fields, "classes": tuple(fields["classes"]), "mean": tuple(fields["mean"]),
                         "std": tuple(fields["std"]), "palette": tuple(tuple(c) for c in fields["palette"])})
@@ -162,7 +163,7 @@ def load_pretrained(source: Union[str, os.PathLike], *, device: Optional[Union[s
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:
-        raise ValueError(f"{folder}: the weights do not fit {info.options.get('model')}: "
+        raise UsageError(f"{folder}: the weights do not fit {info.options.get('model')}: "
                          f"{str(err).splitlines()[0]}") from None
     model.info = info
     return (model if device is None else model.to(device)).eval()
@@ -180,7 +181,7 @@ def push_to_hub(model: nn.Module, repo_id: str, *, private: bool = False, token:
     try:
         from huggingface_hub import HfApi
     except ImportError:
-        raise ImportError("push_to_hub needs huggingface_hub: pip install encoding[hub]") from None
+        raise MissingDependency("push_to_hub needs huggingface_hub: pip install encoding[hub]") from None
     api = HfApi(token=token)
     api.create_repo(repo_id, private=private, exist_ok=True)
     with tempfile.TemporaryDirectory() as folder:

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import UsageError
+
 __all__ = ["ModelSpec", "is_model_spec", "parse_model_spec", "segmentation_output", "ExternalModel",
            "build_external_model"]
 
@@ -51,11 +53,11 @@ def parse_model_spec(spec: str) -> ModelSpec:
     """
     prefix, _, target = spec.partition(":")
     if not prefix or not target:
-        raise ValueError(f"model spec {spec!r}: expected torchvision:NAME, transformers:PATH or module:factory")
+        raise UsageError(f"model spec {spec!r}: expected torchvision:NAME, transformers:PATH or module:factory")
     if prefix in ("torchvision", "transformers"):
         return ModelSpec(prefix, target)
     if not all(part.isidentifier() for part in prefix.split(".")) or not target.isidentifier():
-        raise ValueError(f"model spec {spec!r}: a factory is written package.module:function")
+        raise UsageError(f"model spec {spec!r}: a factory is written package.module:function")
     return ModelSpec("factory", spec)
 
 
@@ -122,7 +124,7 @@ def _torchvision(name: str, num_classes: int, aux: bool, pretrained_backbone: An
     try:
         builder = models.get_model_builder(name)
     except ValueError:
-        raise ValueError(f"model spec torchvision:{name}: torchvision has no model {name!r}") from None
+        raise UsageError(f"model spec torchvision:{name}: torchvision has no model {name!r}") from None
     params = inspect.signature(builder).parameters
     options: Dict[str, Any] = {"weights": None, "num_classes": num_classes}
     if "weights_backbone" in params:
@@ -130,14 +132,14 @@ def _torchvision(name: str, num_classes: int, aux: bool, pretrained_backbone: An
     if "aux_loss" in params:
         options["aux_loss"] = aux
     elif aux:
-        raise ValueError(f"model spec torchvision:{name}: this builder has no auxiliary head (drop --aux)")
+        raise UsageError(f"model spec torchvision:{name}: this builder has no auxiliary head (drop --aux)")
     return builder(**{**options, **kwargs})
 
 
 def _transformers(path: str, num_classes: int, **kwargs: Any) -> nn.Module:
     from transformers import AutoConfig, AutoModelForSemanticSegmentation
     if not os.path.isdir(path):
-        raise ValueError(f"model spec transformers:{path}: no such folder (a save_pretrained folder of a "
+        raise UsageError(f"model spec transformers:{path}: no such folder (a save_pretrained folder of a "
                          "semantic-segmentation model)")
     config = AutoConfig.from_pretrained(path, num_labels=num_classes, **kwargs)
     if torch.empty(0).device.type == "meta":  # a shape check: no weights read
@@ -150,10 +152,10 @@ def _factory(spec: str, num_classes: int, **kwargs: Any) -> nn.Module:
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as err:
-        raise ValueError(f"model spec {spec}: cannot import it ({err})") from None
+        raise UsageError(f"model spec {spec}: cannot import it ({err})") from None
     net = factory(num_classes=num_classes, **kwargs)
     if not isinstance(net, nn.Module):
-        raise ValueError(f"model spec {spec}: the factory returned a {type(net).__name__}, not an nn.Module")
+        raise UsageError(f"model spec {spec}: the factory returned a {type(net).__name__}, not an nn.Module")
     return net
 
 
@@ -180,7 +182,7 @@ def build_external_model(spec: str, num_classes: int, *, aux: bool = False, pret
     if parsed.kind == "torchvision":
         net = _torchvision(parsed.target, num_classes, aux, pretrained_backbone, **kwargs)
     elif aux:
-        raise ValueError(f"model spec {spec}: --aux is for torchvision's segmentation builders")
+        raise UsageError(f"model spec {spec}: --aux is for torchvision's segmentation builders")
     elif parsed.kind == "transformers":
         net = _transformers(parsed.target, num_classes, **kwargs)
     else:
