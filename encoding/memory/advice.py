@@ -186,20 +186,24 @@ def largest_fitting(peak: Callable[[int], int], start: int, limit: int, step: in
 
 def confirm_boundary(peak: Callable[[int], int], value: int, limit: int, step: int = 1) -> int:
     """``value`` (a multiple of ``step``) moved to the boundary and confirmed by ``peak``: the result fits (or is
-    ``0``) and one ``step`` more does not. A search whose line was exact moves nothing and costs two ``peak`` calls.
-
-    Raises:
-        RuntimeError: the boundary is more than :data:`_MAX_STEPS` steps away (the search is wrong, not rounding).
+    ``0``: not even ``step`` fits) and one ``step`` more does not. A search whose line was exact costs two ``peak``
+    calls; one that missed gallops (doubling its step) to a bracket and bisects it.
     """
-    for _ in range(_MAX_STEPS):
-        if value > 0 and peak(value) > limit:
-            value -= step
-        elif peak(value + step) <= limit:
-            value += step
-        else:
-            return value
-    raise RuntimeError(f"the memory search's answer {value} is more than {_MAX_STEPS} steps of {step} from the "
-                       "boundary of what fits")
+    gap = step
+    if value == 0 or peak(value) <= limit:
+        low, high = value, value + step
+        while peak(high) <= limit:
+            low, gap = high, gap * 2
+            high = low + gap
+    else:
+        low, high = value - step, value
+        while low > 0 and peak(low) > limit:
+            high, gap = low, gap * 2
+            low = max(0, high - gap)
+    while high - low > step:
+        mid = max(low + step, (low + high) // 2 // step * step)
+        low, high = (mid, high) if peak(mid) <= limit else (low, mid)
+    return low
 
 
 def _on_grid(target: float, axis: Callable[[int], float], step: int) -> int:

@@ -131,6 +131,8 @@ def max_batch(simulator: Simulator, strategy: str, num_devices: int, limit_bytes
     def per_device(share: int) -> int:  # the even batch of `share` samples per device
         return heaviest(share * num_devices)
 
+    if strategy == "balanced-auto" and num_devices > 1:
+        return min(cap, _auto_max_batch(simulator, num_devices, limit_bytes))
     share = confirm_boundary(per_device, largest_fitting(per_device, 1, limit_bytes), limit_bytes)
     share = min(share, cap // num_devices)
     low, high = share * num_devices, (share + 1) * num_devices
@@ -142,6 +144,26 @@ def max_batch(simulator: Simulator, strategy: str, num_devices: int, limit_bytes
         mid = (low + high) // 2
         low, high = (mid, high) if fits(mid) else (low, mid)
     return low
+
+
+def _auto_max_batch(simulator: Simulator, num_devices: int, limit_bytes: int) -> int:
+    """``balanced-auto``'s largest batch: :func:`plan_split` finds a split that fits whenever one exists, and one
+    exists for ``b0 + (num_devices - 1) * b`` samples exactly when device 0 fits ``b0`` and any other device ``b``:
+    the largest of each (confirmed: one more does not fit), not a search over batches (each of which would plan a
+    split)."""
+    from .advice import confirm_boundary, largest_fitting
+
+    def cost(source: bool, share: int) -> int:  # as plan_split sees a device of a batch of num_devices or more
+        return simulator.peak(DeviceProgram("balanced", share, share, source, num_devices if source else 1))
+
+    if cost(True, 0) > limit_bytes:  # device 0 holds the module and its optimizer state even without samples
+        return 0
+    shares = []
+    for source in (True, False):
+        def peak(share: int, source: bool = source) -> int:
+            return cost(source, share)
+        shares.append(confirm_boundary(peak, largest_fitting(peak, 1, limit_bytes), limit_bytes))
+    return shares[0] + (num_devices - 1) * shares[1]
 
 
 # ------------------------------------------------------------------------------------------------ DataParallelModel
