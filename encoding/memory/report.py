@@ -201,10 +201,11 @@ def format_advice(report: Dict[str, Any]) -> str:
     lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) if i < 4 else cell
                        for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths[:4]))
-    reserve = f", {c['reserve']} of it reserved" if c.get("reserve") else ""
+    reserve = f", {c['reserve']} of it reserved" if str(c.get("reserve", "0B")).upper() not in ("0", "0B") else ""
     head = f"advice: what fits {c['memory_limit']} per device{reserve} ({c['devices']} device(s))"
     if not any(a["max_batch"] or a["max_crop"] for a in report["advice"]):
-        return (f"{head}: nothing fits {c['memory_limit']} per device{reserve}: not one sample per device at crop "
+        return (f"advice: nothing fits {c['memory_limit']} per device{reserve} ({c['devices']} device(s)): not one "
+                f"sample per device at crop "
                 f"{c['crop_size']}, nor a batch of {c['batch_size']} at any crop down to 8 pixels, under any "
                 "strategy and checkpointing policy")
     return head + "\n" + "\n".join(lines)
