@@ -217,8 +217,12 @@ def test_every_advised_value_fits_and_one_more_does_not():
         return segmentation_spec("fcn", "resnet18", NCLASS, crop, aux=True,
                                  checkpoint=False if policy == "none" else policy)
 
+    simulators = {}  # the test's own, one per (crop, policy): none shared with the advice's
+
     def heaviest(strategy, crop, policy, share):
-        return max(Simulator(spec(crop, policy), 512).peaks(strategy, [share] * 2))
+        if (crop, policy) not in simulators:
+            simulators[crop, policy] = Simulator(spec(crop, policy), 512)
+        return max(simulators[crop, policy].peaks(strategy, [share] * 2))
 
     limit = heaviest("ddp", 32, "none", 3) + MIB
     rows = advise(spec, ["gather", "balanced", "ddp", "fsdp", "zero1"], 2, 4, 32, limit, 512,
