@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .. import builders
+from ..config import NETWORK_OPTIONS  # the training options that define the network (the fields marked network)
 from ..datasets import datasets as DATASETS
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ..models import get_model, pretrained_model_list
@@ -23,10 +24,6 @@ from ..models.registry import PRESETS
 from . import state
 
 __all__ = ["ModelInfo", "NETWORK_OPTIONS", "load_model", "model_info"]
-
-#: The training options that define the network (and the sizes its inputs were trained at).
-NETWORK_OPTIONS = ("dataset", "model", "backbone", "aux", "se_loss", "head_channels", "output_stride", "base_size",
-                   "crop_size")
 
 
 @dataclass(frozen=True)
