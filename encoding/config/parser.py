@@ -54,7 +54,8 @@ def _arguments(f: Field, o: Option, script: str) -> Tuple[List[str], Dict[str, A
     if not flags[0].startswith("-"):  # a positional: always given
         kwargs.pop("default")
         kwargs["type"] = None
-    elif kwargs["help"] != argparse.SUPPRESS and default not in (None, False, ()) and not _filled(o, script):
+    elif kwargs["help"] != argparse.SUPPRESS and default not in (None, False, ()) and not _filled(o, script) \
+            and "default" not in kwargs["help"]:
         kwargs["help"] += f" [{_shown(default)}]"
     if kwargs.get("type") is None:
         kwargs.pop("type", None)
