@@ -484,7 +484,8 @@ def test_site_builds_with_warnings_as_errors(built_site):
         assert html.is_file(), f"{rel(page)} was not built (is it in a toctree?)"
 
 
-@pytest.mark.parametrize("package", ["parallel", "memory", "nn", "models", "datasets", "utils", "engine", "builders"])
+@pytest.mark.parametrize("package", ["parallel", "memory", "nn", "models", "datasets", "utils", "engine", "builders",
+                                     "config"])
 def test_api_pages_document_all_public_names(built_site, package):
     module = importlib.import_module(f"encoding.{package}")
     html = (built_site / "api" / f"{package}.html").read_text(encoding="utf-8")

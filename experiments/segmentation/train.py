@@ -17,7 +17,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from options import training_config  # noqa: E402
+from options import parse_args, training_config  # noqa: E402,F401  (parse_args: tests and users of train.py)
 
 from encoding.datasets import DatasetError  # noqa: E402
 from encoding.engine import RunFailed, run_training  # noqa: E402
