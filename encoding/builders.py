@@ -225,7 +225,7 @@ def param_groups(model: nn.Module) -> List[Dict[str, Any]]:
     """Optimizer parameter groups: the backbone first, then everything else (the heads).
 
     :class:`~encoding.utils.lr_scheduler.IterationLR` gives group 0 the base learning rate and later groups
-    ``head_multiplier`` times it (10x: the PyTorch-Encoding convention for pretrained backbones and new heads). A
+    ``head_lr_mult`` times it (10x: the PyTorch-Encoding convention for pretrained backbones and new heads). A
     model without a ``backbone`` attribute gives a single group.
 
     Args:
@@ -276,7 +276,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, mode: str, lr: float, epoc
     """The per-iteration schedule of ``optimizer`` (:class:`~encoding.utils.lr_scheduler.IterationLR`): it sets the
     rates of iteration 0 now; ``scheduler.step()`` after each ``optimizer.step()`` moves to the next iteration."""
     return IterationLR(optimizer, mode, lr, epochs, iters_per_epoch, lr_step=lr_step, warmup_epochs=warmup_epochs,
-                       head_multiplier=head_lr_mult)
+                       head_lr_mult=head_lr_mult)
 
 
 def strategy_problem(strategy: str, amp: str = "none", distributed: Optional[bool] = None) -> Optional[str]:

@@ -167,3 +167,23 @@ def test_recompute_is_the_option_and_checkpoint_its_old_spelling(capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         encoding.builders.build_model("fcn", "shapes", backbone="resnet18", recompute="all")
+
+
+def test_head_lr_mult_is_the_one_name_of_the_head_factor():
+    import torch
+    from encoding.utils.lr_scheduler import IterationLR
+
+    def optimizer():
+        return torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(1))]},
+                                {"params": [torch.nn.Parameter(torch.zeros(1))]}], lr=0.1)
+
+    new = IterationLR(optimizer(), "poly", 0.01, 2, 5, head_lr_mult=3.0)
+    assert [g["lr"] for g in new.optimizer.param_groups] == pytest.approx([0.01, 0.03])
+    with pytest.warns(FutureWarning, match="head_multiplier= is now head_lr_mult="):
+        old = IterationLR(optimizer(), "poly", 0.01, 2, 5, head_multiplier=3.0)
+    assert old.head_lr_mult == 3.0
+    saved = dict(new.state_dict(), head_multiplier=3.0)  # a checkpoint written before the rename resumes
+    del saved["head_lr_mult"]
+    fresh = IterationLR(optimizer(), "poly", 0.01, 2, 5, head_lr_mult=1.0)
+    fresh.load_state_dict(saved)
+    assert fresh.head_lr_mult == 3.0

@@ -1,7 +1,6 @@
 """Issue 27 item 1: ``train.py --config FILE`` (YAML or JSON, keys = option names, typed by the script's parser, the
 command line wins), the run's saved ``config.yaml`` that repeats it, and the dataset recipes as configuration files.
 """
-import argparse
 import json
 import os
 import sys

@@ -20,7 +20,7 @@ from typing import Optional, Tuple, Union
 
 from ..nn.losses import LOSSES
 from ..utils.cli import non_negative_float, non_negative_int, positive_float, positive_int, scales, unit_float
-from .fields import ALL, EVAL, option
+from .fields import EVAL, option
 
 __all__ = ["AMP_CHOICES", "OPTIMIZERS", "STRATEGIES", "RECOMPUTE", "DIST_TIMEOUT_S", "AUX_WEIGHT_LIBRARY",
            "ModelOptions", "DataOptions", "OptimOptions", "DeviceOptions", "RunOptions", "WeightOptions",

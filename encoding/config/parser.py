@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from dataclasses import MISSING, Field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from dataclasses import Field
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 from ..utils.cli import OneLineParser
 from .fields import SCRIPTS, Option, cli_name, option_fields

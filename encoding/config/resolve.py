@@ -37,11 +37,11 @@ from ..datasets import datasets as DATASETS
 from ..utils.configfile import ConfigFileError, parse_config, read_config
 from .errors import ConfigError
 from .evaluation import evaluation_rules, weights_layer
-from .fields import cli_name, defaults as field_defaults
+from .fields import cli_name
 from .groups import (DataOptions, DemoOptions, DeviceOptions, EvalOptions, GROUPS, ModelOptions, OptimOptions,
                      RunOptions, WeightOptions)
 from .parser import build_parser, option_specs, warn_old_spellings
-from .recipes import RECIPE_KEYS, SIZE_KEYS, builtin_recipe, read_recipe, recipe_source
+from .recipes import SIZE_KEYS, builtin_recipe, read_recipe, recipe_source
 from .training import TrainingConfig
 
 __all__ = ["ORDER", "RULES", "Settings", "resolve", "parse_layers"]
@@ -209,11 +209,6 @@ def _settings(script: str, values: Dict[str, Any], sources: Dict[str, str]) -> S
         own = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}
         groups[name] = cls(**own)
     return Settings(script=script, sources=MappingProxyType(dict(sources)), **groups)
-
-
-def option_default(name: str) -> Any:
-    """The default of the option field ``name``."""
-    return field_defaults(*GROUPS.values())[name]
 
 
 def describe_sources(sources: Mapping[str, str]) -> List[str]:

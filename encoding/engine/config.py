@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .. import builders
-from ..config import AMP_CHOICES, DIST_TIMEOUT_S, ConfigError, Settings, TrainingConfig
+from ..config import AMP_CHOICES, DIST_TIMEOUT_S, ConfigError, Settings, TrainingConfig  # noqa: F401 (their old home)
 from ..config.fields import renamed_keyword
 from ..config.parser import option_specs
 from ..config.resolve import describe_sources
@@ -37,7 +37,7 @@ from ..utils.determinism import enable_determinism
 from ..utils.dist import get_rank, init_distributed_mode, is_main_process
 from ..utils.metrics import SegmentationMetric
 from ..utils.monitor import MonitorUnavailable, require
-from ..utils.rundir import run_directory, run_lock
+from ..utils.rundir import run_lock
 from ..utils.table import format_table
 from . import state
 from .run import TrainingRun, base_dataset, resume, train
