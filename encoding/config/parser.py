@@ -85,11 +85,14 @@ def build_parser(script: str = "train") -> argparse.ArgumentParser:
     Raises:
         ValueError: an unknown script.
     """
-    specs = list(option_specs(script))
     parser = OneLineParser(prog=f"{script}.py", description=TITLES[script])
-    for f, o in specs:
-        flags, kwargs = _arguments(f, o, script)
-        parser.add_argument(*flags, **kwargs)
+    for name, group in GROUPS.items():  # one --help section per group of fields
+        specs = [(f, o) for f, o in option_fields(group) if script in o.scripts]
+        summary = (group.__doc__ or "").strip().splitlines()[0].replace("``", "").rstrip(".")
+        section = parser.add_argument_group(f"{name}: {summary}") if specs else None
+        for f, o in specs:
+            flags, kwargs = _arguments(f, o, script)
+            section.add_argument(*flags, **kwargs)
     if script == "train":
         parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS, help=CONFIG_HELP)
     return parser
