@@ -153,11 +153,15 @@ def test_config_yaml_says_where_each_value_came_from():
 
 # --- the recomputation option's new name -------------------------------------------------------------------------
 
-def test_recompute_is_the_option_and_checkpoint_its_old_spelling(capsys):
+def test_recompute_is_the_option_and_checkpoint_its_old_spelling(capsys, tmp_path):
     assert resolve("train", ["--recompute", "backbone"]).model.recompute == "backbone"
     with pytest.warns(FutureWarning, match="--checkpoint is now --recompute"):
         assert resolve("train", ["--checkpoint", "all"]).model.recompute == "all"
     assert "note: --checkpoint is now --recompute" in capsys.readouterr().err
+    old_file = tmp_path / "config.yaml"  # a run's config.yaml written before the rename
+    old_file.write_text("checkpoint: backbone\n")
+    with pytest.warns(FutureWarning, match=f"--checkpoint is now --recompute \\(in {old_file}\\)"):
+        assert resolve("train", ["--config", str(old_file)]).model.recompute == "backbone"
     with pytest.warns(FutureWarning, match=r"TrainingConfig\(checkpoint=...\) is now TrainingConfig\(recompute"):
         assert TrainingConfig(checkpoint="all").recompute == "all"
     with pytest.warns(FutureWarning, match=r"check_network\(checkpoint=...\) is now check_network\(recompute"):
