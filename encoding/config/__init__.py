@@ -7,7 +7,8 @@
 * :mod:`.recipes`: the per-dataset recipe files;
 * :mod:`.resolve`: :func:`resolve`, the one order (defaults < recipe < checkpoint's network < config file < command
   line; then the documented rules) returning frozen :class:`Settings` that record where each value came from;
-* :mod:`.training`: :class:`TrainingConfig`, the flat view of ``train.py``'s settings that the engine runs.
+* :mod:`.training`: ``TrainingConfig``, the flat view of ``train.py``'s settings that the engine runs (importable
+  from here; documented with the engine, :class:`encoding.engine.TrainingConfig`).
 
 A leaf: nothing here imports :mod:`encoding.engine` (the engine imports this).
 """
@@ -20,10 +21,10 @@ from .parser import build_parser, option_specs
 from .recipes import RECIPE_KEYS, builtin_recipe, read_recipe
 from .evaluation import NETWORK_OPTIONS
 from .resolve import ORDER, RULES, Settings, resolve
-from .training import TrainingConfig
+from .training import TrainingConfig  # noqa: F401 (documented with encoding.engine)
 
 __all__ = ["ConfigError", "SCRIPTS", "Option", "option", "AMP_CHOICES", "AUX_WEIGHT_LIBRARY", "DIST_TIMEOUT_S",
            "GROUPS", "OPTIMIZERS", "RECOMPUTE", "STRATEGIES", "DataOptions", "DemoOptions", "DeviceOptions",
            "EvalOptions", "ModelOptions", "OptimOptions", "RunOptions", "WeightOptions", "build_parser",
            "option_specs", "RECIPE_KEYS", "builtin_recipe", "read_recipe", "NETWORK_OPTIONS", "ORDER", "RULES",
-           "Settings", "resolve", "TrainingConfig"]
+           "Settings", "resolve"]
