@@ -191,3 +191,13 @@ def test_head_lr_mult_is_the_one_name_of_the_head_factor():
     fresh = IterationLR(optimizer(), "poly", 0.01, 2, 5, head_lr_mult=1.0)
     fresh.load_state_dict(saved)
     assert fresh.head_lr_mult == 3.0
+
+
+def test_read_recipe_needs_no_parser_and_the_old_call_still_works(tmp_path):
+    from encoding.config import read_recipe
+
+    (tmp_path / "ade20k.yaml").write_text(ADE)
+    recipe = read_recipe(str(tmp_path), "ade20k")
+    assert (recipe["model"], recipe["lr"], recipe["weight_decay"]) == ("encnet", 0.004, 0.0)
+    with pytest.warns(FutureWarning, match=r"read_recipe\(parser, directory, dataset\) is now"):
+        assert read_recipe(build_parser("train"), str(tmp_path), "ade20k") == recipe
