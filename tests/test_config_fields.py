@@ -67,7 +67,7 @@ def test_the_config_package_imports_no_engine():
             tree = ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())
             modules = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
             modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-            assert not [m for m in modules if "engine" in m or "builders" in m], name
+            assert not [m for m in modules if "engine" in m], name
 
 
 # --- the order: one test per source ----------------------------------------------------------------------------
@@ -141,7 +141,7 @@ def test_each_conditional_default_is_one_rule_with_its_source(tmp_path):
 def test_the_aux_weight_split_is_stated_once():
     assert TrainingConfig.aux_weight == 0.2 and AUX_WEIGHT_LIBRARY == 0.4
     import inspect
-    assert inspect.signature(encoding.builders.build_criterion).parameters["aux_weight"].default == AUX_WEIGHT_LIBRARY
+    assert inspect.signature(encoding.engine.builders.build_criterion).parameters["aux_weight"].default == AUX_WEIGHT_LIBRARY
 
 
 def test_config_yaml_says_where_each_value_came_from():
@@ -167,10 +167,10 @@ def test_recompute_is_the_option_and_checkpoint_its_old_spelling(capsys, tmp_pat
     with pytest.warns(FutureWarning, match=r"check_network\(checkpoint=...\) is now check_network\(recompute"):
         check_network("shapes", "fcn", "resnet18", checkpoint="backbone")
     with pytest.warns(FutureWarning, match=r"build_model\(checkpoint=...\)"):
-        encoding.builders.build_model("fcn", "shapes", backbone="resnet18", checkpoint="backbone")
+        encoding.engine.builders.build_model("fcn", "shapes", backbone="resnet18", checkpoint="backbone")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        encoding.builders.build_model("fcn", "shapes", backbone="resnet18", recompute="all")
+        encoding.engine.builders.build_model("fcn", "shapes", backbone="resnet18", recompute="all")
 
 
 def test_head_lr_mult_is_the_one_name_of_the_head_factor():

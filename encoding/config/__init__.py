@@ -14,7 +14,8 @@ A leaf: nothing here imports :mod:`encoding.engine` (the engine imports this).
 """
 from .errors import ConfigError
 from .fields import SCRIPTS, Option, option
-from .groups import (AMP_CHOICES, AUX_WEIGHT_LIBRARY, DIST_TIMEOUT_S, GROUPS, OPTIMIZERS, RECOMPUTE, STRATEGIES,
+from .groups import (AMP_CHOICES, AUX_WEIGHT_LIBRARY, BUILTIN_SIZES, DIST_TIMEOUT_S, GROUPS, OPTIMIZERS, RECOMPUTE,
+                     STRATEGIES,
                      DataOptions, DemoOptions, DeviceOptions, EvalOptions, ModelOptions, OptimOptions, RunOptions,
                      WeightOptions)
 from .parser import build_parser, option_specs
@@ -23,7 +24,7 @@ from .evaluation import NETWORK_OPTIONS
 from .resolve import ORDER, RULES, Settings, resolve
 from .training import TrainingConfig  # noqa: F401 (documented with encoding.engine)
 
-__all__ = ["ConfigError", "SCRIPTS", "Option", "option", "AMP_CHOICES", "AUX_WEIGHT_LIBRARY", "DIST_TIMEOUT_S",
+__all__ = ["ConfigError", "BUILTIN_SIZES", "SCRIPTS", "Option", "option", "AMP_CHOICES", "AUX_WEIGHT_LIBRARY", "DIST_TIMEOUT_S",
            "GROUPS", "OPTIMIZERS", "RECOMPUTE", "STRATEGIES", "DataOptions", "DemoOptions", "DeviceOptions",
            "EvalOptions", "ModelOptions", "OptimOptions", "RunOptions", "WeightOptions", "build_parser",
            "option_specs", "RECIPE_KEYS", "builtin_recipe", "read_recipe", "NETWORK_OPTIONS", "ORDER", "RULES",

@@ -7,7 +7,7 @@ same and a test keeps them equal). Adding an option is adding a field here: the 
 :class:`~encoding.engine.config.TrainingConfig` and ``config.yaml`` follow.
 
 Defaults that differ between layers on purpose (PyTorch-Encoding's own split), stated here once:
-    * ``aux_weight``: ``0.2`` here (PE's ``train.py``), ``0.4`` in :func:`encoding.builders.build_criterion` and
+    * ``aux_weight``: ``0.2`` here (PE's ``train.py``), ``0.4`` in :func:`encoding.engine.builders.build_criterion` and
       :class:`encoding.nn.SegmentationLosses` (PE's library default): :data:`AUX_WEIGHT_LIBRARY`;
     * ``head_lr_mult``: ``1`` here, ``10`` with ``--pretrained-backbone`` (:func:`~.resolve.resolve`'s rule), and
       ``10`` in :class:`encoding.utils.lr_scheduler.IterationLR` (PE's scheduler default).
@@ -22,7 +22,7 @@ from ..nn.losses import LOSSES
 from ..utils.cli import non_negative_float, non_negative_int, positive_float, positive_int, scales, unit_float
 from .fields import EVAL, option
 
-__all__ = ["AMP_CHOICES", "OPTIMIZERS", "STRATEGIES", "RECOMPUTE", "DIST_TIMEOUT_S", "AUX_WEIGHT_LIBRARY",
+__all__ = ["BUILTIN_SIZES", "AMP_CHOICES", "OPTIMIZERS", "STRATEGIES", "RECOMPUTE", "DIST_TIMEOUT_S", "AUX_WEIGHT_LIBRARY",
            "ModelOptions", "DataOptions", "OptimOptions", "DeviceOptions", "RunOptions", "WeightOptions",
            "EvalOptions", "DemoOptions", "GROUPS"]
 
@@ -40,7 +40,11 @@ RECOMPUTE = ("none", "backbone", "all")
 #: for the largest recipes: tens of seconds on a slow shared disk), so 10 minutes leaves ten times that and is
 #: torch's own NCCL default.
 DIST_TIMEOUT_S = 600.0
-#: The auxiliary loss weight of :func:`encoding.builders.build_criterion` and ``SegmentationLosses`` (PE's library
+#: The image sizes of the built-in run (``shapes``, its recipe ``shapes.yaml`` too), where the fields (and
+#: :class:`~encoding.engine.config.TrainingConfig`) leave them ``None`` (another dataset's ``None`` sizes are its own
+#: ``BASE_SIZE`` / ``CROP_SIZE`` / ``SCALE_RANGE``).
+BUILTIN_SIZES = {"base_size": 72, "crop_size": 64, "scale_range": (1.0, 1.0)}
+#: The auxiliary loss weight of :func:`encoding.engine.builders.build_criterion` and ``SegmentationLosses`` (PE's library
 #: default); ``train.py`` uses :attr:`OptimOptions.aux_weight` (PE's ``train.py``: 0.2).
 AUX_WEIGHT_LIBRARY = 0.4
 
@@ -83,12 +87,12 @@ class DataOptions:
                           network=True)
     data_root: Optional[str] = option(None, "data root (default: $ENCODING_DATA or ~/.encoding/data)",
                                       scripts=("train", "test"))
-    base_size: Optional[int] = option(72, "default: the recipe's, else the dataset's", parse=positive_int,
+    base_size: Optional[int] = option(None, "default: the recipe's, else the dataset's", parse=positive_int,
                                       network=True, recipe=True)
-    crop_size: Optional[int] = option(64, "default: the recipe's, else the dataset's", parse=positive_int,
+    crop_size: Optional[int] = option(None, "default: the recipe's, else the dataset's", parse=positive_int,
                                       network=True, recipe=True)
     scale_range: Optional[Tuple[float, float]] = option(
-        (1.0, 1.0), "relative range of the training long side around --base-size (default: the recipe's, else the "
+        None, "relative range of the training long side around --base-size (default: the recipe's, else the "
         "dataset's, 0.5,2.0 for the real datasets)", parse=scales, metavar="MIN,MAX", recipe=True, scripts=TRAIN)
     train_split: str = option("train", "the split to train on", scripts=TRAIN)
     val_split: str = option("val", "the split to validate on", scripts=TRAIN)
@@ -101,6 +105,12 @@ class DataOptions:
                                "--skip-bad: drop the bad ones)", scripts=TRAIN)
     skip_bad: bool = option(False, "skip unreadable or inconsistent samples with a warning instead of stopping",
                             scripts=TRAIN)
+    # own data and binary segmentation (docs/own-data.md)
+    val_fraction: float = option(0.1, "folder without val: hold-out share", parse=positive_float, scripts=TRAIN)
+    unknown_labels: str = option("error", "values of no class", choices=("error", "ignore"), scripts=TRAIN)
+    binary: bool = option(False, "one foreground channel (masks with two values)", scripts=TRAIN)
+    binary_class: Optional[str] = option(None, "binary: class NAME against the rest", metavar="NAME", scripts=TRAIN)
+    threshold: float = option(0.5, "binary: foreground probability threshold", parse=positive_float, scripts=TRAIN)
 
 
 @dataclass(frozen=True)

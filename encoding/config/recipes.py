@@ -19,7 +19,7 @@ from typing import Any, Dict, Optional
 from ..utils.configfile import ConfigFileError, config_argv
 from .errors import ConfigError
 from .fields import defaults, option_fields
-from .groups import GROUPS
+from .groups import BUILTIN_SIZES, GROUPS
 from .parser import build_parser
 
 __all__ = ["RECIPE_KEYS", "SIZE_KEYS", "REQUIRED_KEYS", "recipe_path", "read_flat", "builtin_recipe", "read_recipe"]
@@ -65,7 +65,7 @@ def read_flat(path: str) -> Dict[str, Any]:
 def builtin_recipe(dataset: str) -> Dict[str, Any]:
     """The recipe of a dataset without a file: the option fields' defaults (the built-in ``shapes`` run), with the
     dataset's own image sizes (``None``) when it is another dataset."""
-    values = defaults(*GROUPS.values())
+    values = {**defaults(*GROUPS.values()), **BUILTIN_SIZES}
     own_sizes = dataset != values["dataset"]
     return {key: None if own_sizes and key in SIZE_KEYS else values[key] for key in RECIPE_KEYS}
 

@@ -9,7 +9,8 @@ import argparse
 import os
 from typing import List, Optional
 
-from encoding.config import ConfigError, Settings, TrainingConfig, build_parser, resolve
+from encoding.config import ConfigError, Settings, build_parser, resolve
+from encoding.config.training import TrainingConfig
 from encoding.config.evaluation import NETWORK_OPTIONS
 from encoding.engine.config import check_settings
 
@@ -22,8 +23,14 @@ MODEL_OPTIONS = NETWORK_OPTIONS
 
 
 def _saved_options(path: str, names: tuple) -> dict:
+    """What ``--resume``'s checkpoint recorded: the network, and a folder dataset's root; a user's dataset class is
+    imported from the path the checkpoint recorded (registered under its own dataset name)."""
+    from encoding.datasets.metadata import resolve_dataset
     from encoding.engine.state import saved_options  # read only by test.py / demo.py, with --resume
-    return saved_options(path, names)
+    saved = saved_options(path, tuple(names) + ("data_root", "dataset_class"))
+    if saved.get("dataset"):
+        resolve_dataset(saved["dataset"], saved.get("dataset_class"))
+    return {k: v for k, v in saved.items() if k != "dataset_class"}
 
 
 def settings(argv: Optional[List[str]] = None, script: str = "train") -> Settings:
