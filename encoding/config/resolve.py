@@ -140,6 +140,8 @@ def resolve(script: str = "train", argv: Optional[Sequence[str]] = None, *, reci
     layers: List[Layer] = [("default", _defaults(script))]
     saved = weights_layer(script, given, read_saved)
     dataset = given.get("dataset") or saved[1].get("dataset") or layers[0][1]["dataset"]
+    if dataset not in DATASETS:
+        raise ConfigError(f"--dataset {dataset}: unknown dataset; valid: {', '.join(sorted(DATASETS))}")
     recipe = read_recipe(recipes, dataset) if recipes else builtin_recipe(dataset)
     layers.append((recipe_source(recipes, dataset), _recipe_values(recipe, given, saved[1])))
     layers += [saved, (f"config file {path}", filed), ("command line", cli)]
@@ -190,7 +192,7 @@ def _rules(script: str, values: Dict[str, Any], sources: Dict[str, str], recipe:
     for name in MODEL_SPECIFIC:
         if name not in sources:  # no source: the model's own
             values[name] = None
-    data = DATASETS.get(values["dataset"])
+    data = DATASETS[values["dataset"]]
     for name in (n for n in SIZE_KEYS if n in values and values[n] is None and data is not None):
         own = getattr(data, name.upper(), None)
         if own is not None:
