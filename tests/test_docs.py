@@ -177,12 +177,17 @@ def _check_names(ns: argparse.Namespace, what: str) -> None:
     """Dataset, model and backbone names of a parsed command exist in their registries."""
     from encoding.datasets import datasets
     from encoding.models import ARCHITECTURES, backbone_list
+    from encoding.models.external import is_model_spec, parse_model_spec
+    from torchvision.models import list_models
 
     registries = {"dataset": set(datasets), "model": set(ARCHITECTURES),
                   "backbone": set(backbone_list())}
     for attr, names in registries.items():
         value = getattr(ns, attr, None)
-        if isinstance(value, str):
+        if attr == "model" and is_model_spec(value):  # torchvision:NAME, transformers:PATH, module:factory
+            spec = parse_model_spec(value)
+            assert spec.kind != "torchvision" or spec.target in list_models(), f"{what}: no torchvision {value!r}"
+        elif isinstance(value, str):
             assert value in names, f"{what}: --{attr} {value!r} is not one of {sorted(names)}"
 
 

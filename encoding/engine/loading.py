@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -125,7 +125,9 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
 
     Args:
         source: a checkpoint file (its recorded options rebuild the network; its weights are read with
-            ``weights_only=True``), or a preset name of :data:`encoding.models.model_list` (e.g.
+            ``weights_only=True``), a :func:`~encoding.engine.hub.save_pretrained` folder or a Hugging Face Hub id
+            ``user/repo`` (safetensors, nothing unpickled; :func:`~encoding.engine.hub.load_pretrained`), or a
+            preset name of :data:`encoding.models.model_list` (e.g.
             ``"fcn_resnet50_voc"``: the published weights, or ``weights``).
         device: where to put the model (default: the CPU).
         weights: a preset's weights from a local file instead of the published ones.
@@ -148,6 +150,9 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
     path = os.fspath(source)
     if not os.path.isfile(path) and path.lower() in PRESETS:
         return _load_preset(path.lower(), device, weights, given)
+    shared = _load_shared(path, device, given)
+    if shared is not None:
+        return shared
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such checkpoint file or preset name: {path!r} (presets: "
                                 "encoding.models.model_list)")
@@ -166,6 +171,23 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
                                  if network.get("head_channels") else None, nclass=info.out_channels)
     checkpoint.restore_weights(model)
     return _with_info(model, info, device)
+
+
+#: Readers of shared models (``(accepts(source), load(source, device=...))``) that :func:`load_model` asks before
+#: reading a checkpoint file: :mod:`encoding.engine.hub` registers its folders and Hub ids.
+SOURCE_READERS: List[Tuple[Callable[[str], bool], Callable[..., nn.Module]]] = []
+
+
+def _load_shared(path: str, device: Optional[Union[str, torch.device]], options: Dict[str, Any]
+                 ) -> Optional[nn.Module]:
+    """The model of the first :data:`SOURCE_READERS` entry that accepts ``path``; ``None`` when none does."""
+    for accepts, load in SOURCE_READERS:
+        if accepts(path):
+            if options:
+                raise ValueError(f"load_model({path!r}): a shared model records its network; options "
+                                 f"{', '.join(sorted(options))} apply to checkpoint files")
+            return load(path, device=device)
+    return None
 
 
 def _load_preset(name: str, device: Optional[Union[str, torch.device]], weights: Optional[Union[str, os.PathLike]],

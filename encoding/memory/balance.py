@@ -132,12 +132,17 @@ def max_batch(simulator: Simulator, strategy: str, num_devices: int, limit_bytes
 
 # ------------------------------------------------------------------------------------------------ DataParallelModel
 def _fake_copy(module: nn.Module, fake_mode: Any) -> nn.Module:
-    """A deep copy of ``module`` whose parameters and buffers are fake tensors of the same shapes."""
+    """A deep copy of ``module`` whose parameters, buffers and other tensor attributes (e.g. a detector's anchors
+    held in a list) are fake tensors of the same shapes."""
     memo: Dict[int, Any] = {}
     for p in module.parameters():
         memo[id(p)] = nn.Parameter(fake_mode.from_tensor(p.detach()), requires_grad=p.requires_grad)
     for b in module.buffers():
         memo[id(b)] = fake_mode.from_tensor(b)
+    for sub in module.modules():
+        for _, leaf in iter_leaves(list(sub.__dict__.values())):
+            if isinstance(leaf, Tensor) and id(leaf) not in memo:
+                memo[id(leaf)] = fake_mode.from_tensor(leaf)
     return copy.deepcopy(module, memo)
 
 
