@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from . import builders
+from ..config import NETWORK_OPTIONS  # the training options that define the network (the fields marked network)
 from ..datasets.metadata import resolve_dataset
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ..errors import UsageError
@@ -26,9 +27,6 @@ from . import state
 
 __all__ = ["ModelInfo", "NETWORK_OPTIONS", "DATA_OPTIONS", "load_model", "model_info"]
 
-#: The training options that define the network (and the sizes its inputs were trained at).
-NETWORK_OPTIONS = ("dataset", "model", "backbone", "aux", "se_loss", "head_channels", "output_stride", "base_size",
-                   "crop_size")
 #: What a checkpoint records about its data (:func:`encoding.datasets.metadata.dataset_metadata`) and the binary
 #: options: :class:`ModelInfo` takes them from the checkpoint, so no dataset class is needed to use the model.
 DATA_OPTIONS = ("classes", "palette", "ignore_index", "dataset_class", "binary", "binary_class", "threshold",

@@ -24,6 +24,10 @@ __all__ = ["parse_memory", "build_parser", "parse_args", "main", "cli"]
 
 #: The memory size of ``--memory-limit`` when it is not given and ``--max-batch`` needs one.
 DEFAULT_MEMORY_LIMIT = "11GiB"
+#: What ``--advise`` keeps free of every device's ``--memory-limit`` by default: the CUDA context (300-500 MiB)
+#: and the caching allocator's fragmentation, which the simulation of allocations does not see. Provisional: to be
+#: replaced by what ``benchmarks/gpu_proof.py`` measures on a GPU (see docs/memory.md).
+DEFAULT_RESERVE = "512MiB"
 
 
 # ------------------------------------------------------------------------------------------------ options
@@ -72,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory per device with its unit (11GiB, 11000MiB, 12GB; a bare number is an error): "
                         f"--max-batch and --advise search under it (default there: {DEFAULT_MEMORY_LIMIT}), the "
                         "chart draws it as a line")
+    p.add_argument("--reserve", default=DEFAULT_RESERVE, metavar="SIZE",
+                   help="what --advise keeps free of --memory-limit for the CUDA context and fragmentation, which "
+                        f"the simulation does not count (default: {DEFAULT_RESERVE}, provisional; 0B: none)")
     p.add_argument("--json", default=None, metavar="PATH", help="JSON report (default: OUT_DIR/memory_balance.json)")
     p.add_argument("--chart", default=None, metavar="PATH", help="PNG chart (default: OUT_DIR/memory_balance.png)")
     p.add_argument("--out-dir", default="runs/memory", help="where the report files go (default: runs/memory); "
@@ -126,11 +133,22 @@ def _complete(args: argparse.Namespace) -> None:
         args.memory_limit_bytes = None if args.memory_limit is None else parse_memory(args.memory_limit)
     except ValueError as exc:
         raise ValueError(f"--memory-limit: {exc}") from None
+    args.reserve_bytes = _reserve(args.reserve)
     args.num_devices = count
     args.json_path = args.json or os.path.join(args.out_dir, "memory_balance.json")
     args.chart_path = args.chart or os.path.join(args.out_dir, "memory_balance.png")
     _check_writable("--json" if args.json else "--out-dir", args.json_path)
     _check_writable("--chart" if args.chart else "--out-dir", args.chart_path)
+
+
+def _reserve(text: str) -> int:
+    """``--reserve``: a memory size, or zero (``0B``, ``0``)."""
+    if text.strip().upper() in ("0", "0B"):
+        return 0
+    try:
+        return parse_memory(text)
+    except ValueError as exc:
+        raise ValueError(f"--reserve: {exc}") from None
 
 
 def _check_writable(option: str, path: str) -> None:

@@ -18,9 +18,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from options import parse_args  # noqa: E402
+from options import parse_args, training_config  # noqa: E402,F401  (parse_args: tests and users of train.py)
 
-from encoding.engine import TrainingConfig, run_training  # noqa: E402
+from encoding.engine import run_training  # noqa: E402
 from encoding.utils.cli import run_cli  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def main(argv=None, datasets=None) -> dict:
             OSError: reported in one line by :func:`cli`.
         RunInterrupted: Ctrl-C; a resumable checkpoint was written (a ``SystemExit`` with status 130).
     """
-    return run_training(TrainingConfig(**vars(parse_args(argv))), datasets)
+    return run_training(training_config(argv), datasets)
 
 
 def cli(argv=None, datasets=None) -> int:
