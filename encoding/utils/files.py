@@ -29,7 +29,7 @@ import shutil
 import stat
 import tempfile
 import uuid
-from typing import Iterator, Optional, Tuple, Union
+from typing import Iterator, Optional, Sequence, Tuple, Union
 
 from .progress import progress_bar as tqdm
 
@@ -43,6 +43,8 @@ __all__ = [
     "verify_checksum",
     "staged_dir",
     "atomic_write",
+    "atomic_path",
+    "refuse_own_input",
     "makedirs",
 ]
 
@@ -170,6 +172,67 @@ def atomic_write(path: str, data: Union[bytes, str]) -> str:
         raise
     _fsync_dir(directory)
     return path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """For writers that take a file name (``torch.export.save``, ``onnx.save``, ``savefig``): yields a temporary path
+    in ``path``'s folder; when the block succeeds the file there is fsynced and renamed over ``path``, otherwise it is
+    removed (``path`` keeps its old content). The folder is created.
+
+    Raises:
+        OSError: the folder cannot be made or the file not renamed (the message names ``path``).
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(err, OSError) and err.errno is not None:
+            raise type(err)(err.errno, f"cannot write {path}: {err.strerror}", path) from None
+        raise
+    _fsync_dir(directory)
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def refuse_own_input(outputs: Union[str, Sequence[str]], inputs: Union[str, Sequence[Optional[str]]],
+                     option: str = "output") -> None:
+    """Refuse to write over a file the same command reads, or twice to one file.
+
+    Args:
+        outputs: the file(s) a command is about to write.
+        inputs: the file(s) it reads (``None`` entries are ignored).
+        option: how to name the outputs in the message (e.g. ``"--output"``).
+
+    Raises:
+        ValueError: one line naming the path: an output is an input, a directory, or two outputs are one file.
+    """
+    outputs = [outputs] if isinstance(outputs, (str, os.PathLike)) else list(outputs)
+    inputs = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    for i, out in enumerate(outputs):
+        if os.path.isdir(out):
+            raise ValueError(f"{option} {out}: is a directory; give a file path")
+        for src in (p for p in inputs if p is not None):
+            if _same_file(os.fspath(out), os.fspath(src)):
+                raise ValueError(f"{option} {out}: that is the input file {src}; writing it would destroy it "
+                                 "(give another path)")
+        for other in outputs[:i]:
+            if _same_file(os.fspath(out), os.fspath(other)):
+                raise ValueError(f"{option} {out}: two of the files written would be the same file {other}")
 
 
 def _remove_tree(path: str) -> None:
