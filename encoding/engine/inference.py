@@ -36,7 +36,7 @@ from ..utils.palette import colorize, get_palette, overlay
 from .config import AMP_DTYPES, parse_device_ids
 from .loading import NETWORK_OPTIONS, ModelInfo, load_model
 from .loop import predicted_labels
-from .predict import inference_module
+from .predict import check_windows, inference_module
 
 __all__ = ["read_image", "PredictionWriter", "prediction_filename", "save_png", "overlay_with_legend",
            "background_ids", "EvaluationConfig", "EvaluationJob", "evaluation_module", "build_evaluation"]
@@ -258,6 +258,7 @@ def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -
         data: the dataset to evaluate (built with ``return_name=True``) instead of ``config.dataset``'s split.
     """
     c = config
+    check_windows(c.window, c.stride)  # before any work: a stride past the window leaves pixels no window covers
     if c.save_pred and c.mode == "val":  # a mask saved under an image's name has that image's size
         raise ValueError("save_pred writes whole-image predictions: use mode 'testval' or 'test', not 'val' "
                          "(resized centre crops)")
