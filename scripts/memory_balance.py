@@ -6,7 +6,9 @@ Same as `python -m encoding.memory [options]`; see `--help` for the options and 
 Example:
     python scripts/memory_balance.py --model fcn --backbone resnet50 --simulate 4 --max-batch   # no GPU needed
 """
-from encoding.memory.cli import main
+import sys
+
+from encoding.memory.cli import cli
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

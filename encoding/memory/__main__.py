@@ -1,5 +1,7 @@
 """``python -m encoding.memory``: the memory tool (options: ``python -m encoding.memory --help``)."""
-from .cli import main
+import sys
+
+from .cli import cli
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from ..utils.cli import OneLineParser, positive_int
+from ..utils.cli import OneLineParser, positive_int, run_cli
 from .planner import parse_memory
 from .program import BACKENDS, DEFAULT_STRATEGIES, STRATEGIES
 from .report import format_report, memory_report, write_chart, write_json
 
-__all__ = ["parse_memory", "build_parser", "parse_args", "main"]
+__all__ = ["parse_memory", "build_parser", "parse_args", "main", "cli"]
 
 #: The memory size of ``--memory-limit`` when it is not given and ``--max-batch`` needs one.
 DEFAULT_MEMORY_LIMIT = "11GiB"
@@ -110,6 +111,7 @@ def _complete(args: argparse.Namespace) -> None:
     if args.dataset not in datasets:
         raise ValueError(f"--dataset: unknown {args.dataset!r}; valid: {', '.join(datasets)}")
     args.nclass = datasets[args.dataset].NUM_CLASS if args.nclass is None else args.nclass
+    _check_network(args)
     args.crop_size = datasets[args.dataset].CROP_SIZE if args.crop_size is None else args.crop_size
     if args.batch_size is None:
         args.batch_size = 2 * count
@@ -133,9 +135,25 @@ def _complete(args: argparse.Namespace) -> None:
     _check_writable("--chart" if args.chart else "--out-dir", args.chart_path)
 
 
+def _check_network(args: argparse.Namespace) -> None:
+    """Fail before any work on a model / backbone the simulation cannot build (built on the ``meta`` device: no
+    memory, no weights)."""
+    from ..models import get_segmentation_model
+
+    try:
+        with torch.device("meta"):
+            get_segmentation_model(args.model, backbone=args.backbone, nclass=args.nclass, aux=args.aux,
+                                   se_loss=args.se_loss, checkpoint=False if args.checkpoint == "none"
+                                   else args.checkpoint)
+    except (ValueError, KeyError, TypeError, NotImplementedError, RuntimeError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"--model {args.model} --backbone {args.backbone}: {reason}") from None
+
+
 def _check_writable(option: str, path: str) -> None:
     """Fail before any work when ``path`` cannot be written: it is a directory, a file stands where its folder
-    would be, or the nearest existing folder is not writable."""
+    would be, or no file can be made in the nearest existing folder (tried: permissions alone do not tell, e.g.
+    under ``/proc`` or on a read-only mount)."""
     if os.path.isdir(path):
         raise ValueError(f"{option}: {path!r} is a directory; give a file path")
     folder = os.path.dirname(os.path.abspath(path))
@@ -146,6 +164,12 @@ def _check_writable(option: str, path: str) -> None:
         raise ValueError(f"{option}: cannot write {path!r}: {existing!r} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{option}: cannot write {path!r}: the folder {existing!r} is not writable")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise ValueError(f"{option}: cannot write {path!r}: no file can be made in {existing!r} "
+                         f"({err.strerror or type(err).__name__})") from None
 
 
 def _cuda_devices(text: str) -> List[int]:
@@ -172,3 +196,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if write_chart(report, args.chart_path):
         print(f"wrote {args.chart_path}")
     return report
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+    """``main`` for the command line: a bad option is one line (exit status 2, before any work); a report that
+    cannot be written (disk full) one line too (status 1). Returns the exit status."""
+    return run_cli("python -m encoding.memory", main, argv, (OSError,))
