@@ -307,3 +307,49 @@ def test_load_model_refuses_edited_recorded_options_in_one_line(tmp_path):
     assert "model_best.pth" in str(err.value)
     with pytest.raises(ValueError, match="source must be"):
         load_model(3)
+
+
+# ----------------------------------------------------------------------------- 3: another world size mid-epoch
+def _mid_epoch_checkpoint(path, world_size, iteration=7):
+    from encoding.engine.state import training_state
+
+    model = get_segmentation_model("unet", dataset="shapes", backbone="vgg_tiny")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    state = training_state(model, optimizer, None, None, epoch=-1, iteration=iteration, best_pred=0.0, best_epoch=-1,
+                           args=dict(dataset="shapes", model="unet", backbone="vgg_tiny", batch_size=4,
+                                     train_limit=None, optimizer="adamw"), metrics={})
+    state["world_size"] = world_size  # the 2-rank run that saved it
+    save_checkpoint(state, str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("saved, now", [(2, 1), (2, 3), (1, 2)])
+def test_mid_epoch_checkpoint_resumed_with_another_world_size_is_refused_before_work(saved, now, tmp_path, capsys,
+                                                                                     monkeypatch):
+    from conftest import TINY, load_script
+
+    from encoding.engine import config as engine_config
+
+    path = _mid_epoch_checkpoint(tmp_path / "checkpoint.pth", saved)
+    if now > 1:
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", str(now))
+    else:
+        monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(engine_config, "build_training", lambda *a, **k: pytest.fail("work started"))
+    status = load_script("train").cli(TINY + ["--epochs", "2", "--resume", path, "--output-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1
+    assert f"with {saved} process(es), this run has {now}" in err
+
+
+def test_checkpoints_record_the_world_size_and_epoch_ends_resume_anywhere(tmp_path):
+    from encoding.engine.state import read, training_state
+
+    model = torch.nn.Linear(2, 2)
+    state = training_state(model, torch.optim.SGD(model.parameters(), lr=0.1), None, None, epoch=0, iteration=0,
+                           best_pred=0.0, best_epoch=-1, args={}, metrics={})
+    assert state["world_size"] == 1
+    save_checkpoint(state, str(tmp_path / "c.pth"))
+    assert read(str(tmp_path / "c.pth")).world_size_problem(3) is None  # an epoch's end: any world size
+    assert read(_mid_epoch_checkpoint(tmp_path / "m.pth", 2)).world_size_problem(2) is None

@@ -189,6 +189,8 @@ def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint) -> None
         raise ConfigError(f"--optimizer {config.optimizer}: {path} was trained with --optimizer "
                           f"{saved['optimizer']} and a resume continues its optimizer state; pass --optimizer "
                           f"{saved['optimizer']}, or --ft to start a new optimizer from its weights")
+    if problem := checkpoint.world_size_problem(state.launched_world_size()):
+        raise ConfigError(problem)
     iteration = int(checkpoint.data.get("iteration", 0))
     for name in ("batch_size", "train_limit"):
         if iteration and name in saved and saved[name] != getattr(config, name):

@@ -5,7 +5,8 @@ A run's checkpoint (written atomically by :func:`encoding.utils.save_checkpoint`
 * ``model``, ``optimizer``, ``scheduler``, ``scaler``: state dicts (full and ordinary under every strategy:
   :mod:`.sharding`);
 * ``epoch``: the last complete epoch; ``iteration``: training iterations of the *next* epoch already done (a
-  checkpoint saved on Ctrl-C), else 0;
+  checkpoint saved on Ctrl-C), else 0; ``world_size``: the processes of the run (a mid-epoch checkpoint continues
+  only with as many: :meth:`Checkpoint.world_size_problem`);
 * ``best_pred`` / ``best_epoch``: the best score so far, ``(pixAcc + mIoU) / 2``, and the epoch that scored it;
 * ``args``: the run's options (a plain dict: ``test.py`` / ``demo.py`` rebuild the network from it);
 * ``rng``: the global RNG states (dropout continues where it stopped); ``log_row``: the epoch's log row (the log
@@ -26,6 +27,7 @@ from torch import nn
 
 from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, load_model_state
 from ..utils.determinism import rng_state
+from ..utils.dist import get_world_size
 from ..utils.files import atomic_write
 from .sharding import load_optimizer_state
 
@@ -67,6 +69,20 @@ class Checkpoint(NamedTuple):
         """Whether the checkpoint already completed ``epochs`` epochs (nothing left to train)."""
         return self.done >= epochs and not self.data.get("iteration", 0)
 
+    def world_size_problem(self, world_size: int) -> Optional[str]:
+        """Why a run of ``world_size`` processes cannot continue this checkpoint (``None``: it can).
+
+        A checkpoint saved in the middle of an epoch stopped after ``iteration`` batches of each of its ranks'
+        shards; another world size shards the epoch otherwise, so samples would be trained twice or skipped.
+        At an epoch boundary any world size continues exactly. (Files written before the world size was recorded
+        are not checked.)"""
+        saved, iteration = self.data.get("world_size"), int(self.data.get("iteration", 0) or 0)
+        if not iteration or saved is None or int(saved) == world_size:
+            return None
+        return (f"{self.path} stopped after iteration {iteration} of epoch {self.done} with {saved} process(es), "
+                f"this run has {world_size}: the epoch's remaining samples are sharded over {saved}; resume it "
+                f"with {saved} process(es) (torchrun --nproc-per-node {saved}), or continue from an epoch's end")
+
     def restore_weights(self, model: nn.Module) -> None:
         """Load the model weights only (fine-tuning, evaluating).
 
@@ -105,6 +121,11 @@ class Checkpoint(NamedTuple):
         return self.data.get("epoch", -1), self.data.get("log_row")
 
 
+def launched_world_size() -> int:
+    """The processes of this run: ``torchrun``'s ``WORLD_SIZE`` (known before the process group starts), else 1."""
+    return int(os.environ.get("WORLD_SIZE", "1")) if "RANK" in os.environ else 1
+
+
 def read(path: PathLike, allow_foreign: bool = False) -> Checkpoint:
     """Read a checkpoint file (on the CPU, ``weights_only``): the one read of a resumed run.
 
@@ -125,7 +146,8 @@ def training_state(model: Union[nn.Module, Mapping[str, Any]], optimizer: Union[
     done too), RNG states included; written by :func:`encoding.utils.save_checkpoint`. ``model`` and ``optimizer``
     are the objects or their full state dicts (a sharded run's, :func:`.sharding.full_state`)."""
     return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "epoch": epoch,
-            "iteration": iteration, "best_pred": best_pred, "best_epoch": best_epoch, "args": dict(args),
+            "iteration": iteration, "world_size": get_world_size(), "best_pred": best_pred,
+            "best_epoch": best_epoch, "args": dict(args),
             "rng": rng_state(), "log_row": dict(log_row or {}),
             "metrics": {k: metrics[k] for k in ("pixAcc", "mIoU") if k in metrics}}
 
