@@ -353,3 +353,72 @@ def test_checkpoints_record_the_world_size_and_epoch_ends_resume_anywhere(tmp_pa
     save_checkpoint(state, str(tmp_path / "c.pth"))
     assert read(str(tmp_path / "c.pth")).world_size_problem(3) is None  # an epoch's end: any world size
     assert read(_mid_epoch_checkpoint(tmp_path / "m.pth", 2)).world_size_problem(2) is None
+
+
+# ------------------------------------------------------------------------------------- 10, 13: class weights
+def test_missing_class_weights_file_is_refused_before_the_dataset_is_generated(tmp_path, capsys, monkeypatch):
+    from conftest import TINY, load_script
+
+    from encoding.engine import config as engine_config
+
+    monkeypatch.setattr(engine_config, "build_training", lambda *a, **k: pytest.fail("work started"))
+    root = tmp_path / "data"
+    train = load_script("train")
+    for spec, says in ((tmp_path / "nope.txt", "No such file"), (tmp_path / "three.txt", "holds 3 class weights"),
+                       (tmp_path, "not auto/enet/median")):
+        if spec.name == "three.txt":
+            spec.write_text("1 2 3")
+        with pytest.raises(SystemExit) as stop:  # refused while the options are parsed
+            train.cli(TINY + ["--class-weights", str(spec), "--data-root", str(root), "--output-dir",
+                              str(tmp_path / "runs")])
+        status = stop.value.code
+        err = capsys.readouterr().err
+        assert status == 2 and err.count("\n") == 1 and says in err and f"--class-weights {spec}" in err
+    assert not root.exists()  # no dataset generated
+
+
+@pytest.mark.parametrize("edit", [lambda e: e.update(pixels=e["pixels"][:-1]),
+                                  lambda e: e.update(pixels=["x"] * len(e["pixels"])),
+                                  lambda e: e.update(pixels=[-5] * len(e["pixels"])),
+                                  lambda e: e.update(image_pixels=None),
+                                  lambda e: e.update(pixels=[0] * len(e["pixels"]))])
+def test_an_edited_label_count_cache_entry_is_counted_again(edit, tmp_path):
+    from conftest import tiny_shapes_pair
+
+    from encoding.datasets.class_weights import CACHE_FILE, label_counts
+    from encoding.nn import SegmentationLosses
+
+    train, _ = tiny_shapes_pair(str(tmp_path / "data"), num_val=2)
+    first = label_counts(train, progress=False)
+    cache = os.path.join(train.dataset_dir if hasattr(train, "dataset_dir") else
+                         train.dataset.dataset_dir, CACHE_FILE)
+    with open(cache) as f:
+        entries = json.load(f)
+    (key,) = entries
+    edit(entries[key])
+    with open(cache, "w") as f:
+        json.dump(entries, f)
+    with pytest.warns(UserWarning, match="edited or corrupt entry"):
+        again = label_counts(train, progress=False)
+    assert again["cached"] is False and again["pixels"] == first["pixels"]
+    from encoding.datasets.class_weights import class_weights
+    SegmentationLosses(nclass=len(first["pixels"]), weight=class_weights(again).float())
+
+
+@pytest.mark.parametrize("value, says", [("inf", "finite"), ("1e15", "at most"), ("nan", "> 0"), ("-inf", "> 0")])
+def test_absurd_dist_timeout_is_one_line(value, says, tmp_path, capsys):
+    from conftest import TINY, load_script
+
+    with pytest.raises(SystemExit) as stop:
+        load_script("train").cli(TINY + [f"--dist-timeout={value}", "--output-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "--dist-timeout" in err and says in err
+    from encoding.utils.dist import init_distributed_mode
+    if value == "1e15":
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+        try:
+            with pytest.raises(ValueError, match="timeout_s 1e\\+15: must be"):
+                init_distributed_mode(timeout_s=1e15)
+        finally:
+            for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+                os.environ.pop(name)

@@ -24,12 +24,13 @@ from torch.utils.data import Dataset
 
 from .. import builders
 from ..datasets import datasets as DATASETS
+from ..datasets.class_weights import class_weights_problem
 from ..models import get_segmentation_model
 from ..parallel import resolve_devices
 from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME
 from ..utils.configfile import write_config
 from ..utils.determinism import enable_determinism
-from ..utils.dist import get_rank, init_distributed_mode, is_main_process
+from ..utils.dist import get_rank, init_distributed_mode, is_main_process, timeout_problem
 from ..utils.metrics import SegmentationMetric
 from ..utils.monitor import MonitorUnavailable, require
 from ..utils.rundir import run_directory, run_lock
@@ -151,6 +152,9 @@ def check_training(config: "TrainingConfig") -> None:
     if not c.no_val:
         check_split(c.dataset, c.val_split, "--val-split")
     check_devices(c.device_ids)
+    if problem := class_weights_problem(c.class_weights, DATASETS[c.dataset].NUM_CLASS) or \
+            timeout_problem(c.dist_timeout):
+        raise ConfigError(problem)
     if problem := builders.strategy_problem(c.strategy, c.amp):
         raise ConfigError(problem)
     _check_schedule(c)
