@@ -200,13 +200,13 @@ def atomic_path(path: str) -> Iterator[str]:
     _fsync_dir(directory)
 
 
-def _same_file(a: str, b: str) -> bool:
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
+def _identity(path: str) -> Optional[Tuple[int, int]]:
+    """``(device, inode)`` of an existing file (hard links to one file share it), else ``None``."""
     try:
-        return os.path.samefile(a, b)
+        st = os.stat(path)
     except OSError:
-        return False
+        return None
+    return st.st_dev, st.st_ino
 
 
 def refuse_own_input(outputs: Union[str, Sequence[str]], inputs: Union[str, Sequence[Optional[str]]],
@@ -223,16 +223,20 @@ def refuse_own_input(outputs: Union[str, Sequence[str]], inputs: Union[str, Sequ
     """
     outputs = [outputs] if isinstance(outputs, (str, os.PathLike)) else list(outputs)
     inputs = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
-    for i, out in enumerate(outputs):
+    read = {os.path.realpath(os.fspath(p)): os.fspath(p) for p in inputs if p is not None}
+    identities = {_identity(p): p for p in read.values() if _identity(p) is not None}
+    written: dict = {}
+    for out in map(os.fspath, outputs):
         if os.path.isdir(out):
             raise ValueError(f"{option} {out}: is a directory; give a file path")
-        for src in (p for p in inputs if p is not None):
-            if _same_file(os.fspath(out), os.fspath(src)):
-                raise ValueError(f"{option} {out}: that is the input file {src}; writing it would destroy it "
-                                 "(give another path)")
-        for other in outputs[:i]:
-            if _same_file(os.fspath(out), os.fspath(other)):
-                raise ValueError(f"{option} {out}: two of the files written would be the same file {other}")
+        real, identity = os.path.realpath(out), _identity(out)
+        source = read.get(real) or (identities.get(identity) if identity is not None else None)
+        if source is not None:
+            raise ValueError(f"{option} {out}: that is the input file {source}; writing it would destroy it "
+                             "(give another path)")
+        if real in written:
+            raise ValueError(f"{option} {out}: two of the files written would be the same file {written[real]}")
+        written[real] = out
 
 
 def _remove_tree(path: str) -> None:
