@@ -73,6 +73,21 @@ def test_export_is_atomic_on_a_full_disk(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.export, "save", real_save)
 
 
+def test_a_dynamic_export_wrong_at_another_size_is_not_written(tmp_path, monkeypatch):
+    """Without the exportable pooling (the old trace), PSPNet's dynamic ONNX file is wrong at other sizes: the check
+    at another size refuses it in one line and writes nothing."""
+    from encoding.export import ExportError, core, export_model
+
+    torch.manual_seed(0)
+    model = get_segmentation_model("psp", dataset="shapes", backbone="vgg_tiny", output_stride=16).eval()
+    model.info = ModelInfo.of_dataset("shapes", model="psp")
+    monkeypatch.setattr(core, "exportable_pooling", lambda m: m)
+    with pytest.raises(ExportError, match="--dynamic") as err:
+        export_model(model, str(tmp_path / "m.onnx"), "onnx", (64, 96), dynamic=True)
+    assert "\n" not in str(err.value) and "nothing was written" in str(err.value)
+    assert os.listdir(tmp_path) == []
+
+
 # ------------------------------------------------------------------------------------ 4, 8: slide inference
 class _Logits(torch.nn.Module):
     """A stand-in network: 5 classes of logits at its input's size."""

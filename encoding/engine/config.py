@@ -23,8 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .. import builders
-from ..datasets import datasets as DATASETS
-from ..datasets.class_weights import class_weights_problem
+from ..datasets import class_weights as weights, datasets as DATASETS
 from ..models import get_segmentation_model
 from ..parallel import resolve_devices
 from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME
@@ -152,10 +151,8 @@ def check_training(config: "TrainingConfig") -> None:
     if not c.no_val:
         check_split(c.dataset, c.val_split, "--val-split")
     check_devices(c.device_ids)
-    if problem := class_weights_problem(c.class_weights, DATASETS[c.dataset].NUM_CLASS) or \
-            timeout_problem(c.dist_timeout):
-        raise ConfigError(problem)
-    if problem := builders.strategy_problem(c.strategy, c.amp):
+    if problem := builders.strategy_problem(c.strategy, c.amp) or timeout_problem(c.dist_timeout) or \
+            weights.class_weights_problem(c.class_weights, DATASETS[c.dataset].NUM_CLASS):
         raise ConfigError(problem)
     _check_schedule(c)
     try:
@@ -193,8 +190,7 @@ def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint) -> None
         raise ConfigError(f"--optimizer {config.optimizer}: {path} was trained with --optimizer "
                           f"{saved['optimizer']} and a resume continues its optimizer state; pass --optimizer "
                           f"{saved['optimizer']}, or --ft to start a new optimizer from its weights")
-    if problem := checkpoint.world_size_problem(state.launched_world_size()):
-        raise ConfigError(problem)
+    checkpoint.check_world_size(state.launched_world_size())
     iteration = int(checkpoint.data.get("iteration", 0))
     for name in ("batch_size", "train_limit"):
         if iteration and name in saved and saved[name] != getattr(config, name):

@@ -31,7 +31,8 @@ from ..utils.dist import get_world_size
 from ..utils.files import atomic_write
 from .sharding import load_optimizer_state
 
-__all__ = ["Checkpoint", "ResumePoint", "read", "training_state", "restore_best", "saved_options"]
+__all__ = ["Checkpoint", "ResumePoint", "ResumeRefused", "read", "training_state", "restore_best", "saved_options",
+           "launched_world_size"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -54,6 +55,12 @@ class ResumePoint(NamedTuple):
     rng: Optional[dict] = None
 
 
+class ResumeRefused(CheckpointError):
+    """A checkpoint this run cannot continue as asked (one line; scripts exit with status 2, before any work)."""
+
+    exit_status = 2
+
+
 class Checkpoint(NamedTuple):
     """A run's checkpoint file, read once (:func:`read`): its path and its content."""
 
@@ -68,6 +75,11 @@ class Checkpoint(NamedTuple):
     def finished(self, epochs: int) -> bool:
         """Whether the checkpoint already completed ``epochs`` epochs (nothing left to train)."""
         return self.done >= epochs and not self.data.get("iteration", 0)
+
+    def check_world_size(self, world_size: int) -> None:
+        """Raise :class:`ResumeRefused` with :meth:`world_size_problem`'s reason, if any."""
+        if problem := self.world_size_problem(world_size):
+            raise ResumeRefused(problem)
 
     def world_size_problem(self, world_size: int) -> Optional[str]:
         """Why a run of ``world_size`` processes cannot continue this checkpoint (``None``: it can).
