@@ -544,3 +544,29 @@ def test_writers_refuse_their_own_input(tmp_path, capsys):
     log.write_text("epoch,loss\n0,1.0\n1,0.5\n")
     assert plot_main([str(log), "--out", str(log)]) == 1
     assert "input file" in capsys.readouterr().err and log.read_text().startswith("epoch,loss")
+
+
+def test_predictions_are_never_written_into_the_evaluated_dataset(tmp_path):
+    from conftest import tiny_shapes_pair
+    from torch.utils.data import Subset
+
+    from encoding.engine.inference import _check_prediction_dir
+
+    _, val = tiny_shapes_pair(str(tmp_path / "data"), num_val=2)
+    masks = os.path.join(val.dataset_dir, "SegmentationClass")
+    for inside in (val.dataset_dir, masks):
+        with pytest.raises(ValueError, match="inside the dataset folder"):
+            _check_prediction_dir(inside, Subset(val, [0]))
+    _check_prediction_dir(str(tmp_path / "preds"), val)  # elsewhere: fine
+
+
+def test_dynamic_export_cli_checks_the_file_at_another_size(tmp_path, recwarn):
+    ckpt = _checkpoint(tmp_path / "model_best.pth", "psp")
+    output = tmp_path / "psp.pt2"
+    assert export_cli(["--resume", ckpt, "--format", "exported", "--output", str(output), "--dynamic"]) == 0
+    image = torch.randn(2, 3, 72, 104)
+    from encoding import load_model
+    with torch.no_grad():
+        eager = load_model(ckpt)(image)["out"]
+    assert (torch.export.load(str(output)).module()(image) - eager).abs().max().item() <= 1e-4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_best.pth", "psp.json", "psp.pt2"]

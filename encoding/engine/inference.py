@@ -246,6 +246,20 @@ class EvaluationJob:
                 f"samples, mode {c.mode}, {how}), {where}")
 
 
+def _check_prediction_dir(out_dir: str, dataset: Any) -> None:
+    """Refuse a ``save_pred`` folder inside the evaluated dataset's folder: the predictions (``<stem>.png``) would
+    replace its masks (``SegmentationClass/<stem>.png``) or images."""
+    while not hasattr(dataset, "dataset_dir") and isinstance(getattr(dataset, "dataset", None), Dataset):
+        dataset = dataset.dataset
+    folder = getattr(dataset, "dataset_dir", None)
+    if not isinstance(folder, str):
+        return
+    folder, target = os.path.realpath(folder), os.path.realpath(out_dir)
+    if target == folder or target.startswith(folder + os.sep):
+        raise ValueError(f"--save-pred {out_dir}: inside the dataset folder {folder}, whose files the predictions "
+                         "could replace; give a folder outside it")
+
+
 def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -> EvaluationJob:
     """Build the :class:`EvaluationJob` of ``config``.
 
@@ -280,6 +294,8 @@ def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -
     loader = builders.build_eval_loader(c.dataset, split=c.split, mode=c.mode, batch_size=batch_size,
                                         root=c.data_root, base_size=c.base_size, crop_size=c.crop_size,
                                         workers=c.workers, limit=c.limit, distributed=distributed, data=data)
+    if c.save_pred:
+        _check_prediction_dir(c.save_pred, loader.dataset)
     return EvaluationJob(
         config=c, model=model, loader=loader,
         metric=SegmentationMetric(dataset_class.NUM_CLASS, ignore_index=-1, device=device),

@@ -185,7 +185,8 @@ def atomic_path(path: str) -> Iterator[str]:
     """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    stem, suffix = os.path.splitext(os.path.basename(path))  # the suffix kept last: writers check it (.pt2)
+    tmp = os.path.join(directory, f".{stem}.{uuid.uuid4().hex}.tmp{suffix}")
     try:
         yield tmp
         with open(tmp, "rb+") as f:
