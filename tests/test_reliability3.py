@@ -235,6 +235,7 @@ def test_hostile_config_files_are_one_line(name, content, says, tmp_path, train_
     (["--model", "psp", "--backbone", "mit_b0"], "--model psp --backbone mit_b0"),
     (["--out-dir", "/proc/encoding-test"], "cannot write '/proc/encoding-test/memory_balance.json'"),
     (["--json", "/proc/encoding-test.json"], "--json"),
+    (["--json", "same.out", "--chart", "same.out"], "same file"),
 ])
 def test_memory_tool_bad_options_are_one_line_before_any_work(argv, says, tmp_path, capsys, monkeypatch):
     from encoding.memory import cli, report

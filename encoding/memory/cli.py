@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from ..utils.cli import OneLineParser, positive_int, run_cli
+from ..utils.files import refuse_own_input
 from .planner import parse_memory
 from .program import BACKENDS, DEFAULT_STRATEGIES, STRATEGIES
 from .report import format_report, memory_report, write_chart, write_json
@@ -133,6 +134,7 @@ def _complete(args: argparse.Namespace) -> None:
     args.chart_path = args.chart or os.path.join(args.out_dir, "memory_balance.png")
     _check_writable("--json" if args.json else "--out-dir", args.json_path)
     _check_writable("--chart" if args.chart else "--out-dir", args.chart_path)
+    refuse_own_input([args.json_path, args.chart_path], [], "--json / --chart")  # one file for both: one would go
 
 
 def _check_network(args: argparse.Namespace) -> None:
