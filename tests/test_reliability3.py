@@ -571,3 +571,18 @@ def test_dynamic_export_cli_checks_the_file_at_another_size(tmp_path, recwarn):
         eager = load_model(ckpt)(image)["out"]
     assert (torch.export.load(str(output)).module()(image) - eager).abs().max().item() <= 1e-4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model_best.pth", "psp.json", "psp.pt2"]
+
+
+@pytest.mark.parametrize("key, value", [("iteration", "7"), ("world_size", 0), ("epoch", 2.5), ("args", [1, 2]),
+                                        ("best_epoch", True)])
+def test_edited_training_state_counts_are_one_line(key, value, tmp_path):
+    from encoding.engine.state import read
+    from encoding.utils.checkpoint import CheckpointError
+
+    path = _mid_epoch_checkpoint(tmp_path / "checkpoint.pth", 2)
+    data = torch.load(path, weights_only=True)
+    data[key] = value
+    torch.save(data, path)
+    with pytest.raises(CheckpointError, match=key) as err:
+        read(path)
+    assert "\n" not in str(err.value)

@@ -145,9 +145,27 @@ def read(path: PathLike, allow_foreign: bool = False) -> Checkpoint:
         allow_foreign: also accept a plain state dict or a PyTorch-Encoding checkpoint (weights only).
 
     Raises:
-        FileNotFoundError, CheckpointError: see :func:`~encoding.utils.load_checkpoint`.
+        FileNotFoundError, CheckpointError: see :func:`~encoding.utils.load_checkpoint`; also a count of the
+            training state (``epoch``, ``iteration``, ``world_size``, ``best_epoch``) or ``args`` of the wrong type
+            (an edited file), in one line.
     """
-    return Checkpoint(os.fspath(path), load_checkpoint(path, map_location="cpu", allow_foreign=allow_foreign))
+    data = load_checkpoint(path, map_location="cpu", allow_foreign=allow_foreign)
+    _check_counts(data, os.fspath(path))
+    return Checkpoint(os.fspath(path), data)
+
+
+#: The counts of the training state -> their smallest valid value.
+_COUNTS = {"epoch": -1, "iteration": 0, "world_size": 1, "best_epoch": -1}
+
+
+def _check_counts(data: Mapping[str, Any], path: str) -> None:
+    for key, smallest in _COUNTS.items():
+        value = data.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < smallest):
+            raise CheckpointError(f"{path!r}: {key} must be an int >= {smallest}, got {str(repr(value))[:60]} "
+                                  "(an edited or foreign file)")
+    if data.get("args") is not None and not isinstance(data["args"], Mapping):
+        raise CheckpointError(f"{path!r}: args must be a mapping of options, got {type(data['args']).__name__}")
 
 
 def training_state(model: Union[nn.Module, Mapping[str, Any]], optimizer: Union[torch.optim.Optimizer, Mapping],
