@@ -8,25 +8,23 @@ Subpackages:
         balances it (``balance="memory"``) and the memory tool (``python -m encoding.memory``).
     datasets: segmentation datasets (``get_segmentation_dataset``) including the embedded ``shapes`` dataset.
     utils: metrics, learning-rate schedules, palettes, checkpoints, distributed helpers and logging.
-    builders: small typed builders (devices, model, criterion, loaders, optimizer + schedule, dp/ddp wrapping).
-    engine: the loops (``train_one_epoch`` / ``evaluate``), the run (``engine.run``: resume, best model, the save /
-        interrupt / non-finite rules; ``engine.state``: the checkpoint schema), ``run_training`` and inference
-        (``load_model`` / ``segment``, also at the top level).
+    engine: small typed builders (``engine.builders``: devices, model, criterion, loaders, optimizer + schedule,
+        dp/ddp wrapping), the loops (``train_one_epoch`` / ``evaluate``), the run (``engine.run``: resume, best
+        model, the save / interrupt / non-finite rules; ``engine.state``: the checkpoint schema), ``run_training``
+        and inference (``load_model`` / ``segment``, also at the top level).
     export: a trained network as an ONNX file or a torch.export program, with its metadata
         (``python -m encoding.export``).
-    legacy: PyTorch-Encoding / vacancy / mmcv names and conventions on the core, bound where users import them
-        (``legacy.ALIASES``; installed last, by this module).
+    legacy: PyTorch-Encoding / vacancy / mmcv names and conventions on the core, each old name declared beside its
+        object with the module where users import it (imported last, by this module). PE's module paths
+        ``encoding.functions`` and ``encoding.transforms`` load when imported (``import encoding.transforms``).
 """
 from .version import __version__
 from . import utils, parallel, nn, datasets, models
 from . import memory  # fills encoding.parallel's planner registry (DataParallelModel(balance="memory"))
-from . import engine, builders
+from . import engine
 from .engine import load_model, segment  # a trained network back from its checkpoint; its labels of an image
 from . import export  # python -m encoding.export: ONNX / torch.export files with their metadata
-from . import functions, transforms  # PyTorch-Encoding's functional forms and classification transforms
-from . import legacy  # old names and conventions on top of the core (last: it builds on everything above)
+from . import legacy  # old names declared on top of the core (last: it builds on everything above)
 
-legacy.install()
-
-__all__ = ["__version__", "parallel", "nn", "models", "datasets", "utils", "memory", "engine", "builders",
-           "functions", "transforms", "legacy", "export", "load_model", "segment"]
+__all__ = ["__version__", "parallel", "nn", "models", "datasets", "utils", "memory", "engine", "legacy", "export",
+           "load_model", "segment"]

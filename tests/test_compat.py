@@ -289,8 +289,14 @@ def test_transforms_map_onto_torchvision():
 
 
 def test_top_level_package_exposes_functions_and_transforms():
+    """PE's module paths load when imported (``import encoding`` alone does not: tests/test_compat_conventions.py)."""
+    import encoding.transforms
+    from encoding.legacy import functions as moved, transforms as moved_transforms
+
     assert encoding.functions is functions
     assert hasattr(encoding, "transforms")
+    assert functions.batchnormtrain is moved.batchnormtrain and functions.scaled_l2 is moved.scaled_l2
+    assert encoding.transforms.get_transform is moved_transforms.get_transform
 
 
 # ------------------------------------------------------- PE's later names (issue 23 item 9), PE's documented maths

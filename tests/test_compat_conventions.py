@@ -1,10 +1,15 @@
-"""encoding.legacy: PyTorch-Encoding conventions implemented once, bound where PE users import them (one table)."""
+"""encoding.legacy: PyTorch-Encoding conventions implemented once, each old name declared beside its object."""
 import ast
 import importlib
+import os
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import encoding
 from encoding import legacy
@@ -25,27 +30,72 @@ def test_every_pe_name_resolves_to_the_legacy_object():
     for name in ("LR_Scheduler", "LR_Scheduler_Head", "batch_pix_accuracy", "batch_intersection_union",
                  "pixel_accuracy", "intersection_and_union", "get_mask_pallete", "mkdir", "check_sha1"):
         assert getattr(encoding.utils, name) is getattr(legacy, name), name
-    assert encoding.nn.DistSyncBatchNorm is encoding.nn.SyncBatchNorm
-    assert encoding.datasets.get_dataset is encoding.datasets.get_segmentation_dataset
+    # a core object under an old name is a thin layer that warns (the core object itself is untouched)
+    assert encoding.nn.DistSyncBatchNorm.__mro__[1] is encoding.nn.SyncBatchNorm
+    assert encoding.datasets.get_dataset.__wrapped__ is encoding.datasets.get_segmentation_dataset
     assert encoding.utils.mkdir is legacy.mkdir and encoding.utils.check_sha1 is legacy.check_sha1
     with pytest.raises(AttributeError, match="no attribute 'bogus'"):
         encoding.utils.bogus  # noqa: B018
 
 
-def test_install_is_idempotent_and_never_hides_a_core_object(monkeypatch):
-    legacy.install()
-    legacy.install()
+def test_declaring_is_idempotent_and_never_hides_a_core_object():
+    from encoding.legacy.declare import old_name
+
+    assert old_name("encoding.nn")(legacy.View) is legacy.View  # the same declaration again: nothing changes
     assert encoding.nn.BatchNorm2d is legacy.BatchNorm2d
-    # the loss classes are the one replacement allowed: a core class by its subclass (PE layouts on top)
-    assert issubclass(encoding.nn.SegmentationLosses, core_loss.SegmentationLosses)
-    assert issubclass(encoding.nn.OhemCrossEntropy, core_loss.OhemCrossEntropy)
+    # one loss class each: encoding.nn's is the core class, which takes PE's layouts itself
+    assert encoding.nn.SegmentationLosses is core_loss.SegmentationLosses is legacy.SegmentationLosses
+    assert encoding.nn.OhemCrossEntropy is core_loss.OhemCrossEntropy
     assert issubclass(encoding.nn.OhemCrossEntropy, encoding.nn.SegmentationLosses)
     core_bn = encoding.nn.SyncBatchNorm
-    for bad in ({"SyncBatchNorm": legacy.BatchNorm1d}, {"Encoding": len}):  # a subclass of another name, a function
-        monkeypatch.setitem(legacy.ALIASES, "encoding.nn", {"View": legacy.View, **bad})
+    for name, bad in (("SyncBatchNorm", legacy.BatchNorm1d), ("Encoding", len)):  # a subclass, a function
         with pytest.raises(RuntimeError, match="would hide it"):
-            legacy.install()
+            old_name("encoding.nn", name=name)(bad)
     assert encoding.nn.SyncBatchNorm is core_bn and encoding.nn.Encoding is legacy.EncodingDrop.__mro__[1]
+    assert "SyncBatchNorm" not in legacy.ALIASES["encoding.nn"]
+
+
+def test_old_names_warn_naming_the_new_spelling_when_used():
+    target = torch.zeros(1, 2, 2, dtype=torch.long)
+    uses = [
+        (lambda: encoding.nn.BatchNorm2d(3), "encoding.nn.BatchNorm2d", "encoding.nn.SyncBatchNorm"),
+        (lambda: encoding.nn.DistSyncBatchNorm(3), "encoding.nn.DistSyncBatchNorm", "encoding.nn.SyncBatchNorm"),
+        (lambda: encoding.nn.PyramidPooling(8, nn.BatchNorm2d), "encoding.nn.PyramidPooling",
+         "encoding.models.PyramidPooling"),
+        (lambda: encoding.utils.batch_pix_accuracy(torch.zeros(1, 2, 2, 2), target), "batch_pix_accuracy",
+         "encoding.utils.SegmentationMetric"),
+        (lambda: encoding.datasets.get_dataset("bogus"), "encoding.datasets.get_dataset",
+         "encoding.datasets.get_segmentation_dataset"),
+    ]
+    for use, old, new in uses:
+        with pytest.warns(FutureWarning) as caught:
+            try:
+                use()
+            except ValueError:  # get_dataset("bogus"): the warning comes first, then the core's error
+                pass
+        message = str(caught[0].message)
+        assert old in message and f"use {new}" in message, message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        encoding.nn.SyncBatchNorm(3)
+        encoding.nn.SegmentationLosses()(torch.zeros(1, 2, 2, 2), target)
+        encoding.nn.View(-1)  # a PE layer with no new spelling: declared, no warning
+
+
+def test_import_encoding_loads_no_tool_module_and_no_legacy_room():
+    """``import encoding`` imports the declaring modules of encoding.legacy (the alias table) and the memory planner
+    core, never the memory tool's advice / planner / report / CLI nor PE's functions / transforms / outputs."""
+    code = ("import sys, encoding; print(' '.join(m for m in sys.modules if m.startswith('encoding')))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                env={**os.environ, "PYTHONWARNINGS": "error::FutureWarning"}).stdout.split())
+    lazy = {"encoding.memory.advice", "encoding.memory.planner", "encoding.memory.report", "encoding.memory.cli",
+            "encoding.legacy.functions", "encoding.legacy.transforms", "encoding.legacy.outputs",
+            "encoding.functions", "encoding.transforms"}
+    assert "encoding.legacy.declare" in loaded and "encoding.memory.balance" in loaded
+    assert not lazy & loaded, sorted(lazy & loaded)
+    import encoding.memory
+
+    assert callable(encoding.memory.main) and callable(encoding.memory.plan)
 
 
 def test_no_module_level_getattr_in_the_package():
@@ -84,14 +134,16 @@ def test_pe_loss_layouts_are_adapted_to_the_core_call():
         torch.testing.assert_close(criterion(*call), core, rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"\(out, aux\)"):
         legacy.loss_inputs((out, target), se_loss=False, aux=True)
-    # the core class takes the core call only; encoding.nn's (the legacy subclass) every layout, with equal values
+    # one class: the core class takes every layout, with equal values; anything else is refused
     core = core_loss.SegmentationLosses(se_loss=True, aux=True)
-    torch.testing.assert_close(core({"out": out, "aux": aux, "se": se}, target), criterion(out, se, aux, target),
+    assert type(criterion) is type(core)
+    torch.testing.assert_close(core({"out": out, "aux": aux, "se": se}, target), core(out, se, aux, target),
                                rtol=0, atol=0)
-    with pytest.raises(TypeError, match="dict or a tensor"):
-        core((out, se, aux), target)
+    torch.testing.assert_close(core((out, se, aux), target), core(out, se, aux, target), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="dict, a tensor or an"):
+        core("out", target)
     with pytest.raises(TypeError, match=r"expects \(output, target\)"):
-        core(out, se, aux, target)
+        core(out, "se", aux, target)
 
 
 def test_metric_targets_are_scattered_like_the_outputs(monkeypatch):

@@ -1,4 +1,4 @@
-"""encoding.engine / encoding.builders and the training script, end to end on a tiny generated `shapes` dataset
+"""encoding.engine / encoding.engine.builders and the training script, end to end on a tiny generated `shapes` dataset
 (the ``tiny_shapes`` pair of conftest.py, handed to the run)."""
 import csv
 import math
@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-import encoding.builders
 from conftest import TINY, load_script
+from encoding.engine import builders
 from encoding.engine import TrainingConfig, backward_step, build_training, evaluate, param_groups, train_one_epoch
 from encoding.models import get_segmentation_model
 from encoding.nn import SyncBatchNorm
@@ -137,19 +137,19 @@ def test_balance_option_reaches_the_dp_wrapper(tiny_shapes, tmp_path):
 
 
 def test_builders_compose_without_an_options_namespace(tiny_shapes):
-    placement = encoding.builders.select_devices(["cpu", "cpu"])
+    placement = builders.select_devices(["cpu", "cpu"])
     assert placement.synced and placement.input_device is None
-    loaders = encoding.builders.build_loaders("shapes", batch_size=4, workers=0, datasets=tiny_shapes)
-    model = encoding.builders.build_model("fcn", "shapes", backbone="resnet18", aux=True, sync_bn=placement.synced)
-    criterion = encoding.builders.build_criterion(7, aux=True)
-    optimizer = encoding.builders.build_optimizer(model, 0.01)
-    scheduler = encoding.builders.build_scheduler(optimizer, "poly", 0.01, 1, len(loaders.train), head_lr_mult=1.0)
-    model, criterion = encoding.builders.wrap_model(model, criterion, placement)
+    loaders = builders.build_loaders("shapes", batch_size=4, workers=0, datasets=tiny_shapes)
+    model = builders.build_model("fcn", "shapes", backbone="resnet18", aux=True, sync_bn=placement.synced)
+    criterion = builders.build_criterion(7, aux=True)
+    optimizer = builders.build_optimizer(model, 0.01)
+    scheduler = builders.build_scheduler(optimizer, "poly", 0.01, 1, len(loaders.train), head_lr_mult=1.0)
+    model, criterion = builders.wrap_model(model, criterion, placement)
     stats = train_one_epoch(model, criterion, optimizer, loaders.train, scheduler, 0)
     assert math.isfinite(stats["loss"]) and len(loaders.val.dataset) == 4
-    ddp = encoding.builders.Placement([], torch.device("cpu"), torch.device("cpu"), True)
+    ddp = builders.Placement([], torch.device("cpu"), torch.device("cpu"), True)
     with pytest.raises(ValueError, match="balance applies to DataParallelModel"):
-        encoding.builders.wrap_model(nn.Conv2d(3, 2, 1), nn.CrossEntropyLoss(), ddp, balance="memory")
+        builders.wrap_model(nn.Conv2d(3, 2, 1), nn.CrossEntropyLoss(), ddp, balance="memory")
 
 
 def test_training_with_balance_memory_plans_from_the_runs_own_loss(shapes_root, tmp_path):

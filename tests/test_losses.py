@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import Subset
 
 from conftest import TINY, load_script, tiny_shapes_pair
-from encoding.builders import build_criterion
+from encoding.engine.builders import build_criterion
 from encoding.datasets import class_weights as cw
 from encoding.datasets.layout import DatasetError
 from encoding.engine.config import TrainingConfig, build_training

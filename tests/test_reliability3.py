@@ -292,8 +292,8 @@ def test_load_model_checks_edited_options_against_the_stored_shapes_before_build
     torch.save(data, path)
     built = []
     real = loading._build
-    monkeypatch.setattr(loading, "_build", lambda network: built.append(str(torch.get_default_device()))
-                        or real(network))
+    monkeypatch.setattr(loading, "_build", lambda network, nclass: built.append(str(torch.get_default_device()))
+                        or real(network, nclass))
     with pytest.raises(CheckpointError, match="shape mismatch") as err:
         load_model(path)
     assert "\n" not in str(err.value) and "model_best.pth" in str(err.value)

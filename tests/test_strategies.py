@@ -14,7 +14,7 @@ import torch
 import torch.multiprocessing as mp
 
 from conftest import SCRIPTS, TINY, load_script, tiny_eval_set
-from encoding import builders
+from encoding.engine import builders
 from encoding.engine.loop import autocast_context, backward_step
 from encoding.engine.sharding import full_state
 from encoding.engine.state import Checkpoint

@@ -13,6 +13,7 @@ name            class                           NUM_CLASS
 ``citys``       :class:`CitySegmentation`       19
 ``coco``        :class:`COCOSegmentation`       21
 ``shapes``      :class:`ShapesSegmentation`     7 (embedded, generated locally)
+``folder``      :class:`FolderSegmentation`     a user's folder (``classes.yaml`` or the scan of its masks)
 ==============  ==============================  =========
 
 Example:
@@ -20,7 +21,7 @@ Example:
     >>> train = get_segmentation_dataset("shapes", split="train")            # doctest: +SKIP
     >>> val = get_segmentation_dataset("shapes", split="val", mode="testval")  # doctest: +SKIP
 """
-from typing import Any, Dict, Optional, Type
+from typing import Any, Optional, Type
 
 from .base import BaseDataset, DatasetError, MODES, default_root
 from .transforms import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD
@@ -32,7 +33,9 @@ from .pcontext import ContextSegmentation
 from .cityscapes import CitySegmentation
 from .coco import COCOSegmentation
 from .shapes import ShapesSegmentation
+from .folder import FolderSegmentation
 from .prepare import prepare_ade20k, prepare_citys, prepare_coco, prepare_pascal, prepare_pcontext, prepare_shapes
+from ..registry import Registry
 from ..utils.palette import register_palettes
 
 __all__ = [
@@ -55,6 +58,7 @@ __all__ = [
     "CitySegmentation",
     "COCOSegmentation",
     "ShapesSegmentation",
+    "FolderSegmentation",
     "prepare_ade20k",
     "prepare_pascal",
     "prepare_pcontext",
@@ -63,8 +67,8 @@ __all__ = [
     "prepare_shapes",
 ]
 
-#: Dataset registry: PyTorch-Encoding name -> dataset class.
-datasets: Dict[str, Type[BaseDataset]] = {
+#: Dataset registry: PyTorch-Encoding name -> dataset class (``datasets.register(name, cls)`` adds one).
+datasets: Registry[Type[BaseDataset]] = Registry("dataset", {
     "ade20k": ADE20KSegmentation,
     "pascal_voc": VOCSegmentation,
     "pascal_aug": VOCAugSegmentation,
@@ -72,7 +76,8 @@ datasets: Dict[str, Type[BaseDataset]] = {
     "citys": CitySegmentation,
     "coco": COCOSegmentation,
     "shapes": ShapesSegmentation,
-}
+    "folder": FolderSegmentation,
+})
 register_palettes(datasets)  # colorize(mask, "ade20k") and the other palette names read the classes' colours
 
 
@@ -91,8 +96,8 @@ def get_segmentation_dataset(name: str, root: Optional[str] = None, split: str =
     Raises:
         ValueError: unknown name (the message lists the valid ones).
     """
-    key = name.lower()
-    if key not in datasets:
-        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(sorted(datasets))}")
-    return datasets[key](root=root, split=split, mode=mode, transform=transform, **kwargs)
+    cls = datasets.get(name.lower(), None)
+    if cls is None:
+        raise ValueError(datasets.unknown(name))
+    return cls(root=root, split=split, mode=mode, transform=transform, **kwargs)
 

@@ -169,10 +169,10 @@ def read_class_weights(path: Union[str, os.PathLike]) -> Tensor:
     return weight
 
 
-def class_weights_problem(spec: Union[None, str, os.PathLike], nclass: int) -> Optional[str]:
+def class_weights_problem(spec: Union[None, str, os.PathLike], nclass: Optional[int]) -> Optional[str]:
     """Why ``--class-weights spec`` cannot be used with ``nclass`` classes (``None``: it can, or it is computed from
-    the data): a FILE that is missing, unreadable, not numbers, or not ``nclass`` of them. Asked before any data is
-    read or generated.
+    the data): a FILE that is missing, unreadable, not numbers, or not ``nclass`` of them (not counted when
+    ``nclass`` is ``None``: a class count known only from the data). Asked before any data is read or generated.
     """
     if spec is None or str(spec) in CLASS_WEIGHT_METHODS:
         return None
@@ -180,7 +180,7 @@ def class_weights_problem(spec: Union[None, str, os.PathLike], nclass: int) -> O
         weight = read_class_weights(spec)
     except DatasetError as err:
         return f"--class-weights {spec}: {err.problem.splitlines()[0]}"
-    if weight.numel() != nclass:
+    if nclass is not None and weight.numel() != nclass:
         return f"--class-weights {spec}: holds {weight.numel()} class weights; the dataset has {nclass} classes"
     return None
 

@@ -2,12 +2,12 @@
 
 :class:`TrainingConfig` holds a run's options as typed fields (the names of ``train.py``'s options; the
 checkpoint records them). :func:`build_training` builds a :class:`~.run.TrainingRun` from it with
-:mod:`encoding.builders`; :func:`run_training` is what ``train.py`` does after parsing: read the checkpoint once,
+:mod:`encoding.engine.builders`; :func:`run_training` is what ``train.py`` does after parsing: read the checkpoint once,
 lock the run directory, build, train (or evaluate) and report.
 
 Device policy:
     * launched by ``torchrun``: one device per process (nccl on CUDA, gloo on CPU), ``DistributedDataParallel``
-      or the sharded ``strategy`` (:data:`~encoding.builders.STRATEGIES`);
+      or the sharded ``strategy`` (:data:`~encoding.engine.builders.STRATEGIES`);
     * otherwise: one process drives ``device_ids`` (default: every CUDA device, or the CPU) through
       :class:`~encoding.parallel.DataParallelModel` + :class:`~encoding.parallel.DataParallelCriterion`.
 """
@@ -16,13 +16,13 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.utils.data import Dataset
 
-from .. import builders
+from . import builders
 from ..datasets import class_weights as weights, datasets as DATASETS
 from ..models import get_segmentation_model
 from ..parallel import resolve_devices
@@ -35,6 +35,8 @@ from ..utils.monitor import MonitorUnavailable, require
 from ..utils.rundir import run_directory, run_lock
 from ..utils.table import format_table
 from . import state
+from .data import (ConfigError, check_data_options, check_split, data_metadata, dataset_name, dataset_options, image_sizes,
+                   run_criterion)
 from .run import TrainingRun, base_dataset, resume, train
 
 __all__ = ["AMP_DTYPES", "CONFIG_NAME", "parse_device_ids", "ConfigError", "check_network", "check_devices",
@@ -60,16 +62,9 @@ def parse_device_ids(text: Optional[str]) -> Optional[List[Any]]:
     return [int(item) if item.strip().isdigit() else item.strip() for item in text.split(",") if item.strip()]
 
 
-class ConfigError(ValueError):
-    """An option value the run cannot use, found before any work: one line naming the option and the value (exit
-    status 2 on the command line, as an argument error)."""
-
-    exit_status = 2
-
-
 def check_network(dataset: str, model: str, backbone: str, *, aux: bool = False, se_loss: bool = False,
                   output_stride: Optional[int] = None, head_channels: Optional[int] = None,
-                  checkpoint: Any = False) -> None:
+                  checkpoint: Any = False, nclass: Optional[int] = None) -> None:
     """Refuse a dataset or network the builders cannot make: the network is built on the ``meta`` device (no
     memory, no weights, no download), so every late error of the model's constructors is found now.
 
@@ -82,7 +77,8 @@ def check_network(dataset: str, model: str, backbone: str, *, aux: bool = False,
     try:
         with torch.device("meta"):
             get_segmentation_model(model, dataset=dataset, backbone=backbone, aux=aux, se_loss=se_loss,
-                                   output_stride=output_stride, checkpoint=checkpoint, **options)
+                                   output_stride=output_stride, checkpoint=checkpoint,
+                                   nclass=nclass or DATASETS[dataset].NUM_CLASS or 2, **options)
     except (ValueError, KeyError, TypeError, NotImplementedError) as err:
         given = f"--model {model} --backbone {backbone}" + (f" --output-stride {output_stride}" if output_stride
                                                             else "")
@@ -110,19 +106,6 @@ def check_devices(text: Optional[str]) -> None:
         raise ConfigError(f"--device-ids {text}: a CUDA device is listed twice (only 'cpu' may repeat)")
 
 
-def check_split(dataset: str, split: str, option: str, *, masks: bool = True) -> None:
-    """Refuse a split the dataset does not have, or (``masks``) one without masks (``test``) where masks are needed.
-
-    Raises:
-        ConfigError: naming the option and the valid splits.
-    """
-    valid = getattr(DATASETS[dataset], "SPLITS", ())
-    scored = [s for s in valid if s != "test"] if masks else list(valid)
-    if split not in scored:
-        why = "has no masks to train or validate on" if split in valid else "is not a split of " + dataset
-        raise ConfigError(f"{option} {split}: {why}; valid: {', '.join(scored)}")
-
-
 def _check_schedule(c: "TrainingConfig") -> None:
     if not c.warmup_epochs < c.epochs:
         raise ConfigError(f"--warmup-epochs {c.warmup_epochs} must be below --epochs {c.epochs}")
@@ -136,7 +119,7 @@ def _started(run_dir: str) -> List[str]:
     return [name for name in names if os.path.exists(os.path.join(run_dir, name))]
 
 
-def check_training(config: "TrainingConfig") -> None:
+def check_training(config: "TrainingConfig", given_datasets: bool = False) -> None:
     """Refuse every option value of ``config`` that the run could only fail on later, before any directory is made
     or any data generated: dataset, splits, network, devices and schedule. It reads no file: whether the run
     directory already holds a run is :func:`check_run_dir`'s question, asked when the run starts.
@@ -145,14 +128,18 @@ def check_training(config: "TrainingConfig") -> None:
         ConfigError: one line naming the option and the value.
     """
     c = config
-    check_network(c.dataset, c.model, c.backbone, aux=c.aux, se_loss=c.se_loss, output_stride=c.output_stride,
-                  head_channels=c.head_channels, checkpoint=False if c.checkpoint == "none" else c.checkpoint)
-    check_split(c.dataset, c.train_split, "--train-split")
-    if not c.no_val:
-        check_split(c.dataset, c.val_split, "--val-split")
+    if not given_datasets or c.dataset in DATASETS:
+        check_network(c.dataset, c.model, c.backbone, aux=c.aux, se_loss=c.se_loss, output_stride=c.output_stride,
+                      head_channels=c.head_channels, checkpoint=False if c.checkpoint == "none" else c.checkpoint,
+                      nclass=1 if c.binary or c.binary_class else None)
+    for split, option in [] if given_datasets else [(c.train_split, "--train-split")] + (
+            [] if c.no_val else [(c.val_split, "--val-split")]):
+        check_split(c.dataset, split, option)
+    check_data_options(c)
     check_devices(c.device_ids)
     if problem := builders.strategy_problem(c.strategy, c.amp) or timeout_problem(c.dist_timeout) or \
-            weights.class_weights_problem(c.class_weights, DATASETS[c.dataset].NUM_CLASS):
+            weights.class_weights_problem(c.class_weights, None if c.binary or c.binary_class or c.dataset not in
+                                          DATASETS else DATASETS[c.dataset].NUM_CLASS):
         raise ConfigError(problem)
     _check_schedule(c)
     try:
@@ -216,8 +203,8 @@ class TrainingConfig:
     se_loss: bool = False
     head_channels: Optional[int] = None
     output_stride: Optional[int] = 8
-    base_size: Optional[int] = 72
-    crop_size: Optional[int] = 64
+    base_size: Optional[int] = None  # None: the recipe's (data.BUILTIN_SIZES for shapes), else the dataset's
+    crop_size: Optional[int] = None
     workers: int = 2
     amp: str = "none"
     no_cuda: bool = False
@@ -229,7 +216,7 @@ class TrainingConfig:
     se_weight: float = 0.2
     loss: str = "ce"
     class_weights: Optional[str] = None
-    scale_range: Optional[Tuple[float, float]] = (1.0, 1.0)
+    scale_range: Optional[Tuple[float, float]] = None
     train_split: str = "train"
     val_split: str = "val"
     epochs: int = 8
@@ -263,6 +250,12 @@ class TrainingConfig:
     tensorboard: bool = False
     wandb: bool = False
     log_images: int = 5
+    # own data and binary segmentation (issue 34): the folder dataset's options, one foreground channel
+    val_fraction: float = 0.1
+    unknown_labels: str = "error"
+    binary: bool = False
+    binary_class: Optional[str] = None
+    threshold: float = 0.5
 
     @property
     def run_dir(self) -> str:
@@ -278,7 +271,7 @@ def saved_config(config: TrainingConfig) -> Dict[str, Any]:
 
 def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, Dataset]] = None,
                    checkpoint: Optional[state.Checkpoint] = None) -> TrainingRun:
-    """Build the run of ``config`` with :mod:`encoding.builders`, restored from ``checkpoint`` when given.
+    """Build the run of ``config`` with :mod:`encoding.engine.builders`, restored from ``checkpoint`` when given.
 
     Args:
         datasets: ``(train, val)`` datasets to train on instead of building ``config.dataset``'s.
@@ -297,18 +290,19 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
     device = placement.model_device
     loaders = builders.build_loaders(
         c.dataset, batch_size=c.batch_size, test_batch_size=c.test_batch_size, root=c.data_root,
-        train_split=c.train_split, val_split=c.val_split, base_size=c.base_size, crop_size=c.crop_size,
-        workers=c.workers, train_limit=c.train_limit, val_limit=c.val_limit, distributed=distributed, seed=c.seed,
-        pin_memory=device.type == "cuda", skip_bad=c.skip_bad, scale_range=c.scale_range, datasets=datasets)
-    class_names = list(type(base_dataset(loaders.train)).CLASSES)
+        train_split=c.train_split, val_split=c.val_split, workers=c.workers, train_limit=c.train_limit,
+        val_limit=c.val_limit, distributed=distributed, seed=c.seed, pin_memory=device.type == "cuda",
+        skip_bad=c.skip_bad, datasets=datasets, dataset_options=dataset_options(c), **image_sizes(c))
+    train_data, binary = base_dataset(loaders.train), c.binary or c.binary_class is not None
+    meta = data_metadata(c, train_data, base_dataset(loaders.val), binary)
+    class_names = meta["classes"]
     model = builders.build_model(c.model, c.dataset, backbone=c.backbone, aux=c.aux, se_loss=c.se_loss,
                                  pretrained_backbone=c.pretrained, output_stride=c.output_stride,
                                  sync_bn=placement.synced, device=device,
                                  checkpoint=False if c.checkpoint == "none" else c.checkpoint,
-                                 head_options={"channels": c.head_channels} if c.head_channels else None)
-    criterion = builders.build_criterion(len(class_names), aux=c.aux, aux_weight=c.aux_weight, se_loss=c.se_loss,
-                                         se_weight=c.se_weight, device=device, loss=c.loss,
-                                         class_weights=c.class_weights, train_dataset=loaders.train.dataset)
+                                 head_options={"channels": c.head_channels} if c.head_channels else None,
+                                 nclass=1 if binary else len(class_names))
+    criterion = run_criterion(c, len(class_names), binary, device, loaders.train.dataset)
     model, criterion = builders.wrap_model(model, criterion, placement, strategy=c.strategy,
                                            balance=None if c.balance == "none" else c.balance)
     optimizer = builders.build_optimizer(model, c.lr, kind=c.optimizer, momentum=c.momentum,
@@ -322,8 +316,10 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
                    weights_only=c.ft or c.eval, start_epoch=c.start_epoch)
     return TrainingRun(model=model, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
                        train_loader=loaders.train, val_loader=loaders.val,
-                       metric=SegmentationMetric(len(class_names), ignore_index=-1, device=device),
-                       class_names=class_names, output_dir=c.run_dir, options=asdict(c), epochs=c.epochs,
+                       metric=SegmentationMetric(len(class_names), ignore_index=-1, device=device, binary=binary,
+                                                 threshold=c.threshold),
+                       class_names=class_names, output_dir=c.run_dir, options={**asdict(c), **meta},
+                       epochs=c.epochs,
                        input_device=placement.input_device, device_ids=placement.device_ids,
                        distributed=distributed, amp_dtype=amp_dtype, scaler=scaler, clip_grad=c.clip_grad,
                        validate=not c.no_val, count_skipped=c.skip_bad, start=start, samplers=loaders.samplers,
@@ -363,7 +359,9 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
         RunInterrupted: Ctrl-C; a resumable checkpoint was written (a ``SystemExit`` with status 130).
     """
     started = time.perf_counter()
-    check_training(config)
+    if datasets is not None:  # the run is named after the datasets given, not config.dataset
+        config = replace(config, dataset=dataset_name(datasets[0]))
+    check_training(config, given_datasets=datasets is not None)
     check_run_dir(config)
     if config.deterministic:
         enable_determinism()

@@ -14,11 +14,11 @@ import torch
 from PIL import Image
 from torch import nn
 
-from ..datasets import datasets as DATASETS
 from ..utils.files import atomic_write, refuse_own_input
 from ..utils.palette import colorize
 from ..datasets.transforms import denormalize
 from .inference import overlay_with_legend, read_image
+from .loading import ModelInfo
 from .predict import segment
 
 __all__ = ["demo_outputs", "segment_files", "write_pngs"]
@@ -74,12 +74,17 @@ def write_pngs(files: Sequence[Tuple[str, Image.Image]]) -> None:
 def segment_files(model: nn.Module, paths: Sequence[str], outputs: Sequence[Tuple[str, str]], dataset: str,
                   device: torch.device, alpha: float = 0.5, blend_background: bool = False) -> Iterator[List[str]]:
     """Segment the images one at a time (memory independent of their number) and write each one's mask and
-    overlay (:func:`write_pngs`); yields the names of the classes present in each image after writing it."""
-    class_names = list(DATASETS[dataset].CLASSES)
+    overlay (:func:`write_pngs`); yields the names of the classes present in each image after writing it. The
+    class names and colours are the model's (:class:`~.loading.ModelInfo`, from its checkpoint), else
+    ``dataset``'s."""
+    info = getattr(model, "info", None)
+    if info is None:
+        info = ModelInfo.of_dataset(dataset)
+    class_names, palette = list(info.classes), info.palette
     for path, (mask_path, overlay_path) in zip(paths, outputs):
         image = read_image(path)
         labels = segment(model, image, device=device)
-        picture = overlay_with_legend(denormalize(image), labels, dataset, class_names, alpha, blend_background)
+        picture = overlay_with_legend(denormalize(image), labels, palette, class_names, alpha, blend_background)
         del image
-        write_pngs([(mask_path, colorize(labels, dataset)), (overlay_path, picture)])
+        write_pngs([(mask_path, colorize(labels, palette)), (overlay_path, picture)])
         yield [class_names[c] for c in labels.unique().tolist()]

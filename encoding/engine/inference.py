@@ -23,8 +23,8 @@ from torch import Tensor, nn
 
 from torch.utils.data import DataLoader, Dataset
 
-from .. import builders
-from ..datasets import datasets as DATASETS
+from . import builders
+from ..datasets.metadata import resolve_dataset
 from ..datasets.base import BaseDataset
 from ..datasets.transforms import image_transform
 from ..models import get_segmentation_model
@@ -34,6 +34,7 @@ from ..utils.files import atomic_write
 from ..utils.metrics import SegmentationMetric
 from ..utils.palette import colorize, get_palette, overlay
 from .config import AMP_DTYPES, parse_device_ids
+from .data import binary_targets, eval_dataset_options
 from .loading import NETWORK_OPTIONS, ModelInfo, load_model
 from .loop import predicted_labels
 from .predict import check_windows, inference_module
@@ -114,7 +115,7 @@ def overlay_with_legend(image: Any, labels: Any, dataset: str, class_names: Sequ
     Args:
         image: PIL image, ``H x W x 3`` uint8 array or ``3 x H x W`` tensor in ``[0, 1]``.
         labels: ``H x W`` class ids.
-        dataset: dataset name (its palette).
+        dataset: dataset name (its palette), or the palette itself (one ``(r, g, b)`` per class).
         class_names: name of every class id.
         alpha: weight of the mask colours.
         blend_background: blend the ``background`` class too (its colour is black in the VOC colours: the whole
@@ -126,7 +127,7 @@ def overlay_with_legend(image: Any, labels: Any, dataset: str, class_names: Sequ
     blended = overlay(image, labels, dataset, alpha, unblended=() if blend_background else background_ids(class_names))
     ids = np.asarray(labels).reshape(-1)
     present = [int(c) for c in np.unique(ids) if 0 <= c < len(class_names)]
-    palette, row = get_palette(dataset), 16
+    palette, row = get_palette(dataset) if isinstance(dataset, str) else dataset, 16
     legend = Image.new("RGB", (blended.width, row * len(present) + 4), (255, 255, 255))
     draw, font = ImageDraw.Draw(legend), _font(row - 4)
     for i, cls in enumerate(present):
@@ -233,7 +234,7 @@ class EvaluationJob:
     def write_predictions(self, outputs: Any, batch: Any) -> None:
         """``on_outputs`` hook of the evaluation loops: save the batch's predictions (with ``save_pred``)."""
         if self.writer is not None:
-            self.writer(predicted_labels(outputs), list(batch[-1]))
+            self.writer(predicted_labels(outputs, self.metric.threshold), list(batch[-1]))
 
     def describe(self) -> str:
         """A one-line summary of the job for the log."""
@@ -281,8 +282,10 @@ def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -
                                         distributed=distributed)
     device = placement.model_device
     devices = list(placement.device_ids) or [device]
-    model = evaluation_module(c.network(device), c)
-    dataset_class = DATASETS[c.dataset]
+    network = c.network(device)
+    info = network.info
+    resolve_dataset(c.dataset, info.options.get("dataset_class"))  # a user's dataset class, from the checkpoint
+    model = evaluation_module(network, c)
     if c.mode == "val":
         batch_size = c.test_batch_size
         if not distributed:
@@ -293,12 +296,15 @@ def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -
                             else os.path.join("runs", c.dataset, c.model, "eval"))
     loader = builders.build_eval_loader(c.dataset, split=c.split, mode=c.mode, batch_size=batch_size,
                                         root=c.data_root, base_size=c.base_size, crop_size=c.crop_size,
-                                        workers=c.workers, limit=c.limit, distributed=distributed, data=data)
+                                        workers=c.workers, limit=c.limit, distributed=distributed, data=data,
+                                        dataset_options=eval_dataset_options(c.dataset, c.resume, info))
+    binary_targets(loader.dataset, info)
     if c.save_pred:
         _check_prediction_dir(c.save_pred, loader.dataset)
     return EvaluationJob(
         config=c, model=model, loader=loader,
-        metric=SegmentationMetric(dataset_class.NUM_CLASS, ignore_index=-1, device=device),
-        class_names=list(dataset_class.CLASSES), devices=devices, input_device=placement.input_device,
+        metric=SegmentationMetric(len(info.classes), ignore_index=-1, device=device, binary=info.binary,
+                                  threshold=info.threshold),
+        class_names=list(info.classes), devices=devices, input_device=placement.input_device,
         out_dir=out_dir, amp_dtype=AMP_DTYPES[c.amp],
-        writer=PredictionWriter(c.save_pred, c.dataset) if c.save_pred else None)  # each rank: its shard
+        writer=PredictionWriter(c.save_pred, info.palette) if c.save_pred else None)  # each rank: its shard

@@ -15,19 +15,24 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from .. import builders
-from ..datasets import datasets as DATASETS
+from . import builders
+from ..datasets.metadata import resolve_dataset
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ..models import get_model, pretrained_model_list
 from ..models.registry import PRESETS
 from ..utils.checkpoint import CheckpointError, check_state_fits
+from ..utils.palette import generated_palette, palette_of
 from . import state
 
-__all__ = ["ModelInfo", "NETWORK_OPTIONS", "load_model", "model_info", "check_network_options"]
+__all__ = ["ModelInfo", "NETWORK_OPTIONS", "DATA_OPTIONS", "load_model", "model_info", "check_network_options"]
 
 #: The training options that define the network (and the sizes its inputs were trained at).
 NETWORK_OPTIONS = ("dataset", "model", "backbone", "aux", "se_loss", "head_channels", "output_stride", "base_size",
                    "crop_size")
+#: What a checkpoint records about its data (:func:`encoding.datasets.metadata.dataset_metadata`) and the binary
+#: options: :class:`ModelInfo` takes them from the checkpoint, so no dataset class is needed to use the model.
+DATA_OPTIONS = ("classes", "palette", "ignore_index", "dataset_class", "binary", "binary_class", "threshold",
+                "unknown_labels")
 _NAMES, _SWITCHES = ("dataset", "model", "backbone"), ("aux", "se_loss")
 
 
@@ -39,7 +44,7 @@ def check_network_options(options: Dict[str, Any], where: str) -> None:
         ValueError: one line naming ``where`` (the file or ``load_model``), the option and its value.
     """
     for key, value in options.items():
-        if value is None:
+        if value is None or key not in NETWORK_OPTIONS:
             continue
         if key in _NAMES:
             ok = isinstance(value, str) and value != ""
@@ -58,9 +63,11 @@ class ModelInfo:
     normalisation and the sizes of its training recipe.
 
     Attributes:
-        dataset: the dataset name (:data:`encoding.datasets.datasets`).
+        dataset: the dataset name (:data:`encoding.datasets.datasets`, or a user's dataset).
         classes: the name of every class id.
         palette: one ``(r, g, b)`` per class id.
+        ignore_index: the raw mask value of ignored pixels in the training data (``None``: not recorded).
+        binary: one foreground channel: label 1 where ``sigmoid(logit) > threshold``.
         mean, std: the per-channel normalisation of the inputs (images in ``[0, 1]``).
         base_size, crop_size: the long side images were scaled around, and the training crop.
         options: the network's options (model, backbone, aux, ...), as :func:`load_model` built it.
@@ -74,22 +81,37 @@ class ModelInfo:
     base_size: Optional[int] = None
     crop_size: Optional[int] = None
     options: Dict[str, Any] = field(default_factory=dict)
+    ignore_index: Optional[int] = None
+    binary: bool = False
+    threshold: float = 0.5
 
     @classmethod
     def of_dataset(cls, dataset: str, **options: Any) -> "ModelInfo":
-        """The info of a network trained on ``dataset`` (its classes, palette, base and crop sizes unless given in
-        ``options``).
+        """The info of a network trained on ``dataset``: the ``classes`` / ``palette`` / ``ignore_index`` a
+        checkpoint recorded (:data:`DATA_OPTIONS`), else the registered class's (a generated palette for
+        ``PALETTE = None``); its base and crop sizes unless given in ``options``.
 
         Raises:
-            ValueError: unknown dataset (the message lists the valid ones).
+            ValueError: an unknown dataset without recorded classes (the message lists the valid ones).
         """
-        if dataset not in DATASETS:
-            raise ValueError(f"unknown dataset {dataset!r}; valid datasets: {', '.join(DATASETS)}")
-        data = DATASETS[dataset]
-        return cls(dataset, tuple(data.CLASSES), tuple(tuple(c) for c in data.PALETTE),
-                   base_size=options.get("base_size") or data.BASE_SIZE,
-                   crop_size=options.get("crop_size") or data.CROP_SIZE,
-                   options={k: v for k, v in options.items() if k in NETWORK_OPTIONS and k != "dataset"})
+        data = None
+        if not options.get("classes"):
+            data = resolve_dataset(dataset, options.get("dataset_class"))
+        classes = tuple(options.get("classes") or data.CLASSES)
+        palette = options.get("palette") or (palette_of(data) if data is not None else generated_palette(len(classes)))
+        binary = bool(options.get("binary") or options.get("binary_class"))
+        return cls(dataset, classes, tuple(tuple(int(v) for v in c) for c in palette),
+                   base_size=options.get("base_size") or getattr(data, "BASE_SIZE", None),
+                   crop_size=options.get("crop_size") or getattr(data, "CROP_SIZE", None),
+                   options={k: v for k, v in options.items() if k in NETWORK_OPTIONS + DATA_OPTIONS and k not in (
+                       "dataset", "classes", "palette")},
+                   ignore_index=options.get("ignore_index"), binary=binary,
+                   threshold=float(options.get("threshold") or 0.5))
+
+    @property
+    def out_channels(self) -> int:
+        """The network's output channels: 1 for a binary network, else the number of classes."""
+        return 1 if self.binary else len(self.classes)
 
     @property
     def num_classes(self) -> int:
@@ -160,7 +182,8 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
                                 "encoding.models.model_list)")
     checkpoint = state.read(path, allow_foreign=True)
     args = checkpoint.data.get("args")
-    recorded = {k: v for k, v in (args if isinstance(args, dict) else {}).items() if k in NETWORK_OPTIONS}
+    recorded = {k: v for k, v in (args if isinstance(args, dict) else {}).items()
+                if k in NETWORK_OPTIONS + DATA_OPTIONS}
     network = {**recorded, **given}
     missing = [k for k in ("dataset", "model", "backbone") if not network.get(k)]
     if missing:
@@ -168,20 +191,20 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
                          "dataset='pascal_voc', model='fcn', backbone='resnet50')")
     check_network_options(network, repr(path))
     info = ModelInfo.of_dataset(**network)
-    model = _fitting_network(network, checkpoint.data["model"], path)
+    model = _fitting_network(network, info.out_channels, checkpoint.data["model"], path)
     checkpoint.restore_weights(model)
     return _with_info(model, info, device)
 
 
-def _build(network: Dict[str, Any]) -> nn.Module:
+def _build(network: Dict[str, Any], nclass: int) -> nn.Module:
     return builders.build_model(network["model"], network["dataset"], backbone=network["backbone"],
                                 aux=bool(network.get("aux")), se_loss=bool(network.get("se_loss")),
                                 output_stride=network.get("output_stride"),
                                 head_options={"channels": network["head_channels"]}
-                                if network.get("head_channels") else None)
+                                if network.get("head_channels") else None, nclass=nclass)
 
 
-def _fitting_network(network: Dict[str, Any], weights: Any, path: str) -> nn.Module:
+def _fitting_network(network: Dict[str, Any], nclass: int, weights: Any, path: str) -> nn.Module:
     """The network ``network`` names, built only once its ``meta`` twin (no memory) has the keys and shapes of the
     stored ``weights``: an edited option (``head_channels=10**7``) is refused before anything is allocated.
 
@@ -190,14 +213,14 @@ def _fitting_network(network: Dict[str, Any], weights: Any, path: str) -> nn.Mod
     """
     try:
         with torch.device("meta"):
-            twin = _build(network)
+            twin = _build(network, nclass)
     except (ValueError, KeyError, TypeError, NotImplementedError) as err:
         raise ValueError(f"{path!r} records network options that cannot be built: "
                          f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
     if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
         raise CheckpointError(f"{path!r}: its 'model' entry is not a state dict")
     check_state_fits(twin, weights, source=repr(path))
-    return _build(network)
+    return _build(network, nclass)
 
 
 def _load_preset(name: str, device: Optional[Union[str, torch.device]], weights: Optional[Union[str, os.PathLike]],

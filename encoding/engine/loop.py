@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from ..utils.progress import progress_bar as tqdm
 
-from ..builders import param_groups  # the optimizer's groups are built there; the engine exports them too
+from .builders import param_groups  # the optimizer's groups are built there; the engine exports them too
 from ..parallel import DataParallelModel
 from ..utils.dist import is_dist_avail_and_initialized, is_fully_sharded, is_main_process, reduce_across_processes
 from ..utils.logger import MetricLogger, SmoothedValue
@@ -264,17 +264,18 @@ def _unscored_forwards(model: nn.Module, loader: Iterable) -> int:
     return int(reduce_across_processes(len(loader), "max")) - len(loader) if is_fully_sharded(model) else 0
 
 
-def predicted_labels(outputs: Any) -> List[Tensor]:
+def predicted_labels(outputs: Any, threshold: float = 0.5) -> List[Tensor]:
     """Per-sample predicted class maps (``H x W`` ``int64``, on the CPU) from a model's outputs.
 
     Args:
         outputs: logits ``B x C x H x W``, a model output dict (its ``"out"``), or the ungathered per-replica list of
             :class:`~encoding.parallel.DataParallelModel` (only the small label maps leave each device).
+        threshold: the foreground threshold of a one-channel (binary) output.
     """
-    from ..utils.metrics import main_output  # the metric's idea of "the main output", in one place
+    from ..utils.metrics import labels_of, main_output  # the metric's idea of "the main output", in one place
 
     replicas = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-    return [labels for out in replicas for labels in main_output(out).argmax(1).cpu().unbind(0)]
+    return [labels for out in replicas for labels in labels_of(main_output(out), threshold).cpu().unbind(0)]
 
 
 @torch.inference_mode()

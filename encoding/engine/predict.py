@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..datasets.base import BaseDataset
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD, image_transform
 from ..models import MultiEvalModule, SlidingWindow
-from ..utils.metrics import main_output
+from ..utils.metrics import labels_of, main_output
 from .loading import ModelInfo, model_info
 
 __all__ = ["INFERENCE_MODES", "InferenceOptionError", "check_windows", "to_batch", "inference_module", "segment"]
@@ -122,7 +122,7 @@ def inference_module(model: nn.Module, *, mode: str = "whole", window: Optional[
         info = info or model_info(model)
         window = window or info.crop_size
         check_windows(window, stride)
-        return MultiEvalModule(model, info.num_classes, base_size=info.base_size, crop_size=window, scales=scales,
+        return MultiEvalModule(model, info.out_channels, base_size=info.base_size, crop_size=window, scales=scales,
                                flip=flip, stride_rate=min((stride or window * 2 / 3) / window, 1.0),
                                mean=info.mean, std=info.std)
     if mode == "slide":
@@ -168,5 +168,6 @@ def segment(model: nn.Module, image: ImageLike, *, mode: str = "whole", window: 
         device = next(model.parameters()).device
     module = inference_module(model, mode=mode, window=window, stride=stride, scales=scales, flip=flip,
                               info=info if isinstance(info, ModelInfo) else None)
-    labels = main_output(module(batch.to(device))).argmax(1).cpu()
+    threshold = info.options.get("threshold", 0.5) if isinstance(info, ModelInfo) else 0.5
+    labels = labels_of(main_output(module(batch.to(device))), threshold).cpu()
     return labels if isinstance(image, Tensor) and image.dim() == 4 else labels[0]

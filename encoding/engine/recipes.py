@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 from ..utils.configfile import ConfigFileError, parse_config, read_config
 from .config import ConfigError, TrainingConfig
+from .data import BUILTIN_SIZES
 
 __all__ = ["RECIPE_KEYS", "SIZE_KEYS", "recipe_path", "builtin_recipe", "read_recipe", "fill_from_recipe"]
 
@@ -37,7 +38,7 @@ def recipe_path(directory: str, dataset: str) -> str:
 def builtin_recipe(dataset: str) -> Dict[str, Any]:
     """The recipe of a dataset without a file: :class:`~.config.TrainingConfig`'s defaults (the built-in ``shapes``
     run), with the dataset's own image sizes (``None``) when it is another dataset."""
-    defaults = {f.name: f.default for f in fields(TrainingConfig)}
+    defaults = {**{f.name: f.default for f in fields(TrainingConfig)}, **BUILTIN_SIZES}
     own_sizes = dataset != defaults["dataset"]
     return {key: None if own_sizes and key in SIZE_KEYS else defaults[key] for key in RECIPE_KEYS}
 

@@ -212,7 +212,7 @@ def _epoch(run: TrainingRun, epoch: int, best: tuple, interrupt: GracefulInterru
         if run.validate:
             result = evaluate(run.model, run.val_loader, run.metric, run.input_device, run.amp_dtype,
                               stop=None if run.distributed else interrupt.requested, epoch=epoch)
-            stats.update(pixAcc=result["pixAcc"], mIoU=result["mIoU"])
+            stats.update({k: result[k] for k in ("pixAcc", "mIoU", "fgIoU") if k in result})  # fgIoU: binary
     except Interrupted:
         path = _save(run, epoch, best, {})
         raise RunInterrupted(f"interrupted{_by(interrupt)} while evaluating epoch {epoch}; its training is saved in "
@@ -229,7 +229,7 @@ def _log_epoch(run: TrainingRun, log: EpochLogger, epoch: int, row: Mapping[str,
     log.write(epoch, **row)
     if log.sinks and run.log_images and (epoch % run.log_images == 0 or epoch + 1 == run.epochs):
         val = run.datasets()[1]
-        log.images(epoch, validation_previews(run.model, val, getattr(type(val), "PALETTE", run.options["dataset"])))
+        log.images(epoch, validation_previews(run.model, val, run.options.get("palette") or run.options["dataset"]))
 
 
 def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_data: bool = False) -> Dict[str, Any]:

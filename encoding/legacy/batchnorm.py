@@ -5,8 +5,8 @@
 * vacancy: :func:`convert_model`, :func:`patch_sync_batchnorm`.
 * mmcv / mmengine: :func:`revert_sync_batchnorm`.
 
-``encoding.nn`` resolves these names through :data:`encoding.legacy.ALIASES`; the status of each is in
-``docs/migration.md``.
+Each is declared in ``encoding.nn`` beside its definition (:func:`~encoding.legacy.declare.old_name`); the status
+of each is in ``docs/migration.md``.
 """
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..nn.syncbn import SyncBatchNorm, rebuild_batchnorm, swap_modules
 from ..parallel import DataParallelWithCallback
+from .declare import alias, old_name
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SynchronizedBatchNorm1d", "SynchronizedBatchNorm2d",
-           "SynchronizedBatchNorm3d", "convert_model", "patch_sync_batchnorm", "revert_sync_batchnorm"]
+           "SynchronizedBatchNorm3d", "convert_model", "patch_sync_batchnorm", "revert_sync_batchnorm",
+           "set_sbn_eps_mode"]
 
 
 # -- synchronized BatchNorm with a fixed input dimensionality ---------------------------------------------------------
@@ -37,27 +39,30 @@ class _FixedDimSyncBatchNorm(SyncBatchNorm):
         super()._check_input_dim(input)
 
 
+@old_name("encoding.nn", new="encoding.nn.SyncBatchNorm")
 class BatchNorm1d(_FixedDimSyncBatchNorm):
     """Synchronized BatchNorm over ``(N, C)`` or ``(N, C, L)`` input (PyTorch-Encoding's and vacancy's name)."""
 
     _dims, _torch_class = (2, 3), nn.BatchNorm1d
 
 
+@old_name("encoding.nn", new="encoding.nn.SyncBatchNorm")
 class BatchNorm2d(_FixedDimSyncBatchNorm):
     """Synchronized BatchNorm over ``(N, C, H, W)`` input (PyTorch-Encoding's and vacancy's name)."""
 
     _dims, _torch_class = (4,), nn.BatchNorm2d
 
 
+@old_name("encoding.nn", new="encoding.nn.SyncBatchNorm")
 class BatchNorm3d(_FixedDimSyncBatchNorm):
     """Synchronized BatchNorm over ``(N, C, D, H, W)`` input (PyTorch-Encoding's and vacancy's name)."""
 
     _dims, _torch_class = (5,), nn.BatchNorm3d
 
 
-SynchronizedBatchNorm1d = BatchNorm1d
-SynchronizedBatchNorm2d = BatchNorm2d
-SynchronizedBatchNorm3d = BatchNorm3d
+SynchronizedBatchNorm1d = alias(BatchNorm1d, "SynchronizedBatchNorm1d", "encoding.nn")  # vacancy's names: the
+SynchronizedBatchNorm2d = alias(BatchNorm2d, "SynchronizedBatchNorm2d", "encoding.nn")  # same classes
+SynchronizedBatchNorm3d = alias(BatchNorm3d, "SynchronizedBatchNorm3d", "encoding.nn")
 
 #: torch class -> the synchronized class with the same input check.
 _SYNC_OF = {cls._torch_class: cls for cls in (BatchNorm1d, BatchNorm2d, BatchNorm3d)}
@@ -72,6 +77,7 @@ class _BatchNormXd(_BatchNorm):
             raise ValueError(f"expected an input of shape (N, C, *), got {input.dim()}D")
 
 
+@old_name("encoding.nn", new="encoding.nn.convert_sync_batchnorm (and encoding.parallel.DataParallelModel)")
 def convert_model(module: nn.Module) -> nn.Module:
     """vacancy's ``convert_model``: ``nn.BatchNorm1d/2d/3d`` -> ``SynchronizedBatchNorm1d/2d/3d`` (same tensors and
     flags), and a ``torch.nn.DataParallel`` -> :class:`~encoding.parallel.DataParallelWithCallback` on its devices.
@@ -91,6 +97,7 @@ def convert_model(module: nn.Module) -> nn.Module:
     return swap_modules(module, to_sync)
 
 
+@old_name("encoding.nn", new="encoding.nn.convert_sync_batchnorm")
 @contextlib.contextmanager
 def patch_sync_batchnorm() -> Iterator[None]:
     """vacancy's context manager: ``nn.BatchNorm1d/2d/3d`` built inside it are synchronized ones.
@@ -109,6 +116,7 @@ def patch_sync_batchnorm() -> Iterator[None]:
         nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d = originals
 
 
+@old_name("encoding.nn")
 def revert_sync_batchnorm(module: nn.Module) -> nn.Module:
     """mmcv's ``revert_sync_batchnorm``: every synchronized BatchNorm (ours, ``torch.nn.SyncBatchNorm``) becomes a
     plain one taking over its tensors and flags — ``nn.BatchNorm1d/2d/3d`` for the fixed-dimension names, otherwise
@@ -120,3 +128,17 @@ def revert_sync_batchnorm(module: nn.Module) -> nn.Module:
         return rebuild_batchnorm(layer, getattr(layer, "_torch_class", _BatchNormXd))
 
     return swap_modules(module, to_plain)
+
+
+@old_name("encoding.nn")
+def set_sbn_eps_mode(mode: str) -> None:
+    """Synchronized-BatchNorm's switch between ``"clip"`` (divide by ``sqrt(max(var, eps))``) and ``"plus"``
+    (``sqrt(var + eps)``). ``encoding``'s BatchNorm always uses ``"plus"`` (as ``torch.nn.BatchNorm``), so only
+    ``"plus"`` is accepted.
+
+    Raises:
+        ValueError: any other mode (the message says why).
+    """
+    if mode != "plus":
+        raise ValueError(f"set_sbn_eps_mode({mode!r}): encoding's SyncBatchNorm always normalises by "
+                         "sqrt(var + eps), mode 'plus' (torch's BatchNorm); mode 'clip' is not provided")

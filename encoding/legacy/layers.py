@@ -3,7 +3,8 @@
 :class:`~encoding.nn.Encoding`); and PyTorch-Encoding's later ones: ``UpsampleConv2d``, ``Inspiration``,
 ``EncodingCosine``, ``ConvBnAct``, ``NLLMultiLabelSmooth``.
 
-``encoding.nn`` resolves these names through :data:`encoding.legacy.ALIASES` (``docs/migration.md``).
+Each is declared in ``encoding.nn`` beside its definition (:func:`~encoding.legacy.declare.old_name`;
+``docs/migration.md``).
 """
 from __future__ import annotations
 
@@ -16,14 +17,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
-from ..functions.encoding import aggregate, pairwise_cosine
 from ..nn.encoding import Encoding
+from .declare import old_name
 
 __all__ = ["GlobalAvgPool2d", "View", "Sum", "Mean", "Normalize", "ConcurrentModule", "GramMatrix", "DropBlock2D",
            "LabelSmoothing", "EncodingDrop", "UpsampleConv2d", "Inspiration", "EncodingCosine", "ConvBnAct",
            "NLLMultiLabelSmooth"]
 
 
+@old_name("encoding.nn")
 class GlobalAvgPool2d(nn.Module):
     """``(N, C, H, W)`` -> ``(N, C)``: the spatial mean."""
 
@@ -31,6 +33,7 @@ class GlobalAvgPool2d(nn.Module):
         return F.adaptive_avg_pool2d(x, 1).flatten(1)
 
 
+@old_name("encoding.nn")
 class View(nn.Module):
     """``x.view(*size)``; the size may be given as arguments or as one sequence."""
 
@@ -42,6 +45,7 @@ class View(nn.Module):
         return x.view(self.size)
 
 
+@old_name("encoding.nn")
 class Sum(nn.Module):
     """``x.sum(dim, keepdim=keep_dim)``."""
 
@@ -53,6 +57,7 @@ class Sum(nn.Module):
         return x.sum(self.dim, keepdim=self.keep_dim)
 
 
+@old_name("encoding.nn")
 class Mean(Sum):
     """``x.mean(dim, keepdim=keep_dim)``."""
 
@@ -60,6 +65,7 @@ class Mean(Sum):
         return x.mean(self.dim, keepdim=self.keep_dim)
 
 
+@old_name("encoding.nn")
 class Normalize(nn.Module):
     """``F.normalize(x, p, dim, eps=1e-8)``: unit ``L_p`` norm along ``dim``."""
 
@@ -71,6 +77,7 @@ class Normalize(nn.Module):
         return F.normalize(x, self.p, self.dim, eps=1e-8)
 
 
+@old_name("encoding.nn")
 class ConcurrentModule(nn.ModuleList):
     """Run every module on the same input and concatenate the outputs along the channels (dim 1)."""
 
@@ -81,6 +88,7 @@ class ConcurrentModule(nn.ModuleList):
         return torch.cat([module(x) for module in self], 1)
 
 
+@old_name("encoding.nn")
 class GramMatrix(nn.Module):
     """``(N, C, H, W)`` -> ``(N, C, C)``: feature correlations ``F Fᵀ / (C·H·W)`` (style losses)."""
 
@@ -89,6 +97,7 @@ class GramMatrix(nn.Module):
         return features @ features.transpose(1, 2) / features[0].numel()
 
 
+@old_name("encoding.nn")
 class DropBlock2D(nn.Module):
     """DropBlock (Ghiasi et al., 2018): in training, zero ``block_size x block_size`` squares and rescale the rest.
 
@@ -121,6 +130,7 @@ class DropBlock2D(nn.Module):
         return f"drop_prob={self.drop_prob}, block_size={self.block_size}, share_channel={self.share_channel}"
 
 
+@old_name("encoding.nn", new="torch.nn.CrossEntropyLoss(label_smoothing=smoothing)")
 class LabelSmoothing(nn.CrossEntropyLoss):
     """Cross-entropy against targets smoothed by ``smoothing``: ``(1 - s)·NLL + s·mean_c(-log p_c)``."""
 
@@ -128,6 +138,7 @@ class LabelSmoothing(nn.CrossEntropyLoss):
         super().__init__(label_smoothing=smoothing)
 
 
+@old_name("encoding.nn")
 class EncodingDrop(Encoding):
     """:class:`~encoding.nn.Encoding` whose smoothing factors are redrawn ``U(-1, 0)`` before every training forward
     and set to ``-0.5`` in eval mode (a dropout-like regulariser; the factors are not learned)."""
@@ -141,6 +152,7 @@ class EncodingDrop(Encoding):
         return super().forward(x)
 
 
+@old_name("encoding.nn")
 class UpsampleConv2d(nn.Module):
     """Upsampling without checkerboard artefacts (MSG-Net): an integer-stride convolution producing
     ``out_channels · scale_factor²`` channels, then ``F.pixel_shuffle(·, scale_factor)``.
@@ -175,6 +187,7 @@ class UpsampleConv2d(nn.Module):
         return F.pixel_shuffle(out, self.scale_factor)
 
 
+@old_name("encoding.nn")
 class Inspiration(nn.Module):
     """MSG-Net's CoMatch layer: ``Y = (W G)ᵀ X`` on the flattened ``N x C x (H·W)`` input, where ``G`` is the
     target Gram matrix set by :meth:`setTarget` (``B x C x C``, ``B`` = 1 or the batch size) and ``W``
@@ -203,6 +216,7 @@ class Inspiration(nn.Module):
         return f"N x {self.C}"
 
 
+@old_name("encoding.nn")
 class EncodingCosine(nn.Module):
     """PyTorch-Encoding's experimental encoding layer with dot-product assignments: ``A = softmax_k(x_i · c_k)``,
     ``E_k = Σ_i a_ik (x_i - c_k)``; input ``B x D x N`` or ``B x D x H x W``, output ``B x K x D``; codewords
@@ -222,11 +236,14 @@ class EncodingCosine(nn.Module):
         if x.dim() not in (3, 4) or x.shape[1] != self.D:
             raise ValueError(f"EncodingCosine: input must be B x {self.D} x N or B x {self.D} x H x W, got "
                              f"{tuple(x.shape)}")
+        from .functions.encoding import aggregate, pairwise_cosine  # PE's functional forms, loaded when used
+
         x = x.flatten(2).transpose(1, 2)
         assignments = F.softmax(pairwise_cosine(x, self.codewords), dim=2)
         return aggregate(assignments, x, self.codewords)
 
 
+@old_name("encoding.nn")
 class ConvBnAct(nn.Sequential):
     """``conv`` (``nn.Conv2d``), ``bn`` (``norm_layer(out_channels)``) and, with ``act``, ``relu``: PyTorch-Encoding's
     block with the same submodule names. Its split-attention (``radix > 0``) and rectified (``rectify=True``)
@@ -248,6 +265,7 @@ class ConvBnAct(nn.Sequential):
             self.add_module("relu", nn.ReLU())
 
 
+@old_name("encoding.nn")
 class NLLMultiLabelSmooth(nn.Module):
     """Label-smoothed cross-entropy against soft (e.g. mixup) targets. In training, with ``p = log_softmax(x)``
     over the last dimension: ``mean((1 - s)·(-Σ_c t_c p_c) + s·mean_c(-p_c))`` (computed in float32 at least);

@@ -1,8 +1,8 @@
 """PyTorch-Encoding's functional metric helpers, on :func:`~encoding.utils.metrics.confusion_matrix`.
 
 ``batch_pix_accuracy`` / ``batch_intersection_union`` use PE's label convention (``-1`` = unlabeled);
-``pixel_accuracy`` / ``intersection_and_union`` the CSAIL scene-parsing one (``0`` = unlabeled). ``encoding.utils``
-and ``encoding.utils.metrics`` resolve these names through :data:`encoding.legacy.ALIASES`.
+``pixel_accuracy`` / ``intersection_and_union`` the CSAIL scene-parsing one (``0`` = unlabeled). Each is
+declared in ``encoding.utils`` and ``encoding.utils.metrics`` beside its definition.
 """
 from __future__ import annotations
 
@@ -12,10 +12,14 @@ import numpy as np
 from torch import Tensor
 
 from ..utils.metrics import confusion_matrix, to_labels
+from .declare import old_name
 
 __all__ = ["batch_pix_accuracy", "batch_intersection_union", "pixel_accuracy", "intersection_and_union"]
 
+_NEW = "encoding.utils.SegmentationMetric (update(output, target), then get())"
 
+
+@old_name("encoding.utils", "encoding.utils.metrics", new=_NEW)
 def batch_pix_accuracy(output: Tensor, target: Tensor) -> Tuple[int, int]:
     """Correct and labeled pixel counts of a batch (PyTorch-Encoding helper).
 
@@ -33,6 +37,7 @@ def batch_pix_accuracy(output: Tensor, target: Tensor) -> Tuple[int, int]:
     return int(correct.sum()), int(labeled.sum())
 
 
+@old_name("encoding.utils", "encoding.utils.metrics", new=_NEW)
 def batch_intersection_union(output: Tensor, target: Tensor, nclass: int) -> Tuple[np.ndarray, np.ndarray]:
     """Per-class intersection and union pixel counts of a batch (PyTorch-Encoding helper).
 
@@ -51,6 +56,7 @@ def batch_intersection_union(output: Tensor, target: Tensor, nclass: int) -> Tup
     return inter.numpy().astype(np.int64), union.numpy().astype(np.int64)
 
 
+@old_name("encoding.utils", "encoding.utils.metrics", new=_NEW)
 def pixel_accuracy(im_pred: Any, im_lab: Any) -> Tuple[int, int]:
     """Correct and labeled pixel counts of one image, CSAIL scene-parsing convention (label 0 = unlabeled).
 
@@ -66,6 +72,7 @@ def pixel_accuracy(im_pred: Any, im_lab: Any) -> Tuple[int, int]:
     return int(np.sum((pred == lab) & labeled)), int(np.sum(labeled))
 
 
+@old_name("encoding.utils", "encoding.utils.metrics", new=_NEW)
 def intersection_and_union(im_pred: Any, im_lab: Any, num_class: int) -> Tuple[np.ndarray, np.ndarray]:
     """Per-class intersection and union of one image, PyTorch-Encoding's CSAIL-style helper.
 

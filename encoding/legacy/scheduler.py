@@ -1,8 +1,8 @@
 """PyTorch-Encoding's ``LR_Scheduler`` / ``LR_Scheduler_Head``: its driving style on the torch-style core.
 
 The core schedule is :class:`~encoding.utils.lr_scheduler.IterationLR` (``step()`` once per iteration); PE's call
-``scheduler(optimizer, i, epoch, best_pred)`` lives only here. ``encoding.utils`` and ``encoding.utils.lr_scheduler``
-resolve both names through :data:`encoding.legacy.ALIASES`.
+``scheduler(optimizer, i, epoch, best_pred)`` lives only here. Both names are
+declared in ``encoding.utils`` and ``encoding.utils.lr_scheduler`` beside the definition.
 """
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ from typing import Optional
 from torch.optim import Optimizer
 
 from ..utils.lr_scheduler import IterationLR, logger as _schedule_logger
+from .declare import alias, old_name
 
 __all__ = ["LR_Scheduler", "LR_Scheduler_Head"]
 
 
+@old_name("encoding.utils", "encoding.utils.lr_scheduler",
+          new="encoding.utils.IterationLR (scheduler.step() after each optimizer.step())")
 class LR_Scheduler(IterationLR):  # noqa: N801 - PyTorch-Encoding name
     """PyTorch-Encoding's scheduler: :class:`~encoding.utils.lr_scheduler.IterationLR` with an optional optimizer.
 
@@ -68,4 +71,4 @@ class LR_Scheduler(IterationLR):  # noqa: N801 - PyTorch-Encoding name
 
 
 #: PyTorch-Encoding's name for the scheduler with 10x head groups (:class:`LR_Scheduler` already does that).
-LR_Scheduler_Head = LR_Scheduler
+LR_Scheduler_Head = alias(LR_Scheduler, "LR_Scheduler_Head", "encoding.utils", "encoding.utils.lr_scheduler")

@@ -1,12 +1,13 @@
 """mmcv / mmengine's wrapper check, recognising our wrappers and torch's (see ``docs/migration.md``).
 
-``encoding.parallel.is_module_wrapper`` resolves here through :data:`encoding.legacy.ALIASES`.
+``is_module_wrapper`` is declared in ``encoding.parallel`` beside its definition.
 """
 from __future__ import annotations
 
 from torch import nn
 
 from ..parallel import DataParallelCriterion
+from .declare import old_name
 
 __all__ = ["MODULE_WRAPPERS", "is_module_wrapper"]
 
@@ -15,6 +16,7 @@ __all__ = ["MODULE_WRAPPERS", "is_module_wrapper"]
 MODULE_WRAPPERS = [nn.DataParallel, nn.parallel.DistributedDataParallel, DataParallelCriterion]
 
 
+@old_name("encoding.parallel")
 def is_module_wrapper(module: object) -> bool:
     """True when ``module`` is a data-parallel wrapper whose ``.module`` is the wrapped network (mmcv's check).
 

@@ -7,26 +7,56 @@ its peak (no GPU, nothing allocated); :func:`measure_program_cpu` and :func:`mea
 real CPU tensors and real GPUs. :func:`plan_split` / :func:`strategy_peaks` / :func:`max_batch` plan with the peaks,
 and :class:`MemoryBalancer` is ``DataParallelModel(..., balance="memory")`` (registered with
 :mod:`encoding.parallel.planners` when this package is imported). ``python -m encoding.memory`` is the command-line
-tool (:func:`main`). See ``docs/memory.md``.
+tool (:func:`main`, its options :func:`build_parser`). See ``docs/memory.md``.
 
 Modules, in dependency order: ``tracker`` (allocation counting), ``program`` (device programs), ``simulate``,
-``profiler`` (real CPU steps, calibration), ``balance``, ``spec``, ``cuda`` (real GPUs), ``report`` (table, JSON,
-chart), ``cli``.
+``profiler`` (real CPU steps, calibration), ``balance``, ``spec``, ``cuda`` (real GPUs), ``ranks``; the tool's
+``advice``, ``planner`` (:func:`plan`: ``MemoryPlan``), ``report`` (table, JSON, chart) and ``cli`` are imported
+when used (:func:`plan`, :func:`build_parser`, :func:`main`, or importing them), not by ``import encoding``.
 """
-from .advice import Advice, advise
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
+
+from torch import nn
+
 from .balance import MemoryBalancer, max_batch, plan_split, strategy_peaks
-from .cli import build_parser, main
 from .cuda import measure_strategy
-from .planner import MemoryPlan, plan
 from .profiler import learn_workspaces, measure_program_cpu
 from .ranks import measure_ranks_cpu
 from .program import DeviceProgram, StepSpec
 from .simulate import Simulator, simulate_program
 from .spec import segmentation_spec
 
+if TYPE_CHECKING:  # annotations only: the planner loads when plan() is called
+    from .planner import MemoryPlan
+
 __all__ = [
     "Simulator", "StepSpec", "DeviceProgram", "segmentation_spec", "simulate_program",
     "plan_split", "strategy_peaks", "max_batch", "MemoryBalancer",
     "measure_program_cpu", "measure_strategy", "learn_workspaces", "build_parser", "main",
-    "plan", "MemoryPlan", "Advice", "advise", "measure_ranks_cpu",
+    "plan", "measure_ranks_cpu",
 ]
+
+
+def plan(model: nn.Module, criterion: Any, **options: Any) -> "MemoryPlan":
+    """The memory plan of one training step of ``model``: :func:`encoding.memory.planner.plan` (same arguments;
+    the planner and its advice load on the first call)."""
+    from .planner import plan as make_plan
+
+    return make_plan(model, criterion, **options)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m encoding.memory``: :func:`encoding.memory.cli.build_parser` (loads the tool)."""
+    from .cli import build_parser as make_parser
+
+    return make_parser()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """``python -m encoding.memory``: :func:`encoding.memory.cli.main` (the tool loads on the first call)."""
+    from .cli import main as run
+
+    return run(argv)

@@ -6,7 +6,7 @@ Build a model with :func:`get_segmentation_model` (``"fcn"``, ``"psp"``, ``"deep
 :func:`pretrained_model_list`). Every model returns
 ``{"out": B x nclass x H x W}`` (+ ``"aux"``, + ``"se"``) at the input resolution. Each architecture lives in one
 file, ``encoding/models/<arch>.py``: its head, its model class and the head factory it registers
-(:mod:`~encoding.models.registry`); registering defines its ``get_<arch>`` builder here. The heads shared between
+(:mod:`~encoding.models.registry`); its ``get_<arch>`` builder is defined here, one line each. The heads shared between
 architectures are in :mod:`~encoding.models.heads`, the builders in :mod:`~encoding.models.factory`, pretrained
 weights in :mod:`~encoding.models.weights`.
 """
@@ -29,8 +29,18 @@ from .hf_segformer import convert_hf_segformer
 from .jpu import JPU
 from .multieval import MultiEvalModule, SlidingWindow
 
-# Registering an architecture defines its builder: get_fcn, get_psp, ... one per entry of ARCHITECTURES.
-globals().update({f"get_{name}": builder(name) for name in ARCHITECTURES})
+# The builder of each registered architecture, get_<name> (tests/test_models.py checks there is one per entry of
+# ARCHITECTURES).
+get_fcn = builder("fcn")
+get_psp = builder("psp")
+get_deeplab = builder("deeplab")
+get_encnet = builder("encnet")
+get_danet = builder("danet")
+get_upernet = builder("upernet")
+get_fcfpn = builder("fcfpn")
+get_deeplabv3plus = builder("deeplabv3plus")
+get_unet = builder("unet")
+get_segformer = builder("segformer")
 
 __all__ = ["ResNetBackbone", "MobileNetV3Backbone", "VGGTinyBackbone", "backbone_list", "get_backbone",
            "SegmentationModel",

@@ -1,10 +1,10 @@
 """The registry of segmentation architectures and of the named presets built from them (a leaf: it imports nothing
-of ``encoding``).
+of ``encoding`` but the registry helper :mod:`encoding.registry`, itself a leaf).
 
 Each ``encoding/models/<arch>.py`` registers its head factory with :func:`register_architecture`; registering also
-adds the PyTorch-Encoding presets ``<arch>_<backbone>_<dataset>`` (see :data:`model_list`) and defines the public
-builder ``encoding.models.get_<arch>`` (:func:`encoding.models.factory.builder` makes it, for every registered
-architecture, when :mod:`encoding.models` is imported). The registry only describes architectures;
+adds the PyTorch-Encoding presets ``<arch>_<backbone>_<dataset>`` (see :data:`model_list`); the public builder
+``encoding.models.get_<arch>`` is one line of ``encoding/models/__init__.py``
+(:func:`encoding.models.factory.builder`). The registry only describes architectures;
 :mod:`~encoding.models.factory` builds them.
 """
 from __future__ import annotations
@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple, Type
 
 from torch import nn
+
+from ..registry import Registry
 
 if TYPE_CHECKING:  # for the annotations only: the registry imports no module of encoding.models
     from .base import SegmentationModel
@@ -46,7 +48,7 @@ class Architecture:
 
 
 #: Registry of the segmentation models: name -> :class:`Architecture` (filled by :func:`register_architecture`).
-ARCHITECTURES: Dict[str, Architecture] = {}
+ARCHITECTURES: Registry[Architecture] = Registry("segmentation model")
 
 #: Dataset names used in preset names -> registry names of :data:`encoding.datasets.datasets`.
 PRESET_DATASETS: Dict[str, str] = {"ade": "ade20k", "pcontext": "pcontext", "voc": "pascal_voc",
@@ -90,9 +92,7 @@ def register_architecture(name: str, model: Type[SegmentationModel], *, output_s
         ValueError: ``name`` is already registered.
     """
     def decorator(head: HeadFactory) -> HeadFactory:
-        if name in ARCHITECTURES:
-            raise ValueError(f"architecture {name!r} is already registered")
-        ARCHITECTURES[name] = Architecture(model, head, output_stride, se_loss, title or model.__name__)
+        ARCHITECTURES.register(name, Architecture(model, head, output_stride, se_loss, title or model.__name__))
         for backbone in PRESET_BACKBONES:
             for short, dataset in PRESET_DATASETS.items():
                 PRESETS[f"{name}_{backbone}_{short}"] = dict(name=name, backbone=backbone, dataset=dataset,
@@ -112,6 +112,4 @@ def get_architecture(name: str) -> Architecture:
     Raises:
         ValueError: unknown name (the message lists the valid ones).
     """
-    if name not in ARCHITECTURES:
-        raise ValueError(f"unknown segmentation model {name!r}; valid models: {', '.join(ARCHITECTURES)}")
-    return ARCHITECTURES[name]
+    return ARCHITECTURES.get(name)

@@ -1,17 +1,20 @@
 """encoding.nn: synchronized BatchNorm, the Encoding layer, small generic blocks and the losses (pure PyTorch).
 
-PyTorch-Encoding's, vacancy's and mmcv's names (``BatchNorm2d``, ``SynchronizedBatchNorm2d``, ``convert_model``,
-``DistSyncBatchNorm``, the heads ``FCNHead`` / ``PSPHead`` / ... that now live in ``encoding.models``, ...) are bound
-here by :mod:`encoding.legacy` (``legacy.ALIASES``) when ``encoding`` is imported; they are not part of ``__all__``.
-So are ``SegmentationLosses`` / ``OhemCrossEntropy``: ``encoding.nn`` names ``encoding.legacy``'s subclasses, which
-also accept PyTorch-Encoding's argument layouts; the core classes, which take ``(output_dict_or_tensor, target)``,
-are :mod:`encoding.nn.loss`'s. Dice, Focal and Lovász-Softmax (and ``LOSSES``, the names of ``train.py --loss``)
-are :mod:`encoding.nn.losses`'.
+PyTorch-Encoding's, vacancy's and mmcv's names are declared for this module beside their objects and bound here when
+``encoding`` is imported (not part of ``__all__``): ``BatchNorm1d/2d/3d``, ``SynchronizedBatchNorm*``,
+``convert_model``, ``patch_sync_batchnorm``, ``revert_sync_batchnorm``, ``set_sbn_eps_mode`` in
+``encoding/legacy/batchnorm.py``; ``GlobalAvgPool2d``, ``View``, ... ``EncodingDrop`` in ``encoding/legacy/layers.py``;
+``DistSyncBatchNorm`` and the heads ``FCNHead`` / ``PSPHead`` / ... (which live in ``encoding.models``) in
+``encoding/legacy/aliases.py``. A name with a new spelling warns (``FutureWarning``) when used.
+``SegmentationLosses`` / ``OhemCrossEntropy`` are one class each (:mod:`encoding.nn.loss`), taking
+``(output_dict_or_tensor, target)`` and PyTorch-Encoding's argument layouts. Dice, Focal and Lovász-Softmax (and
+``LOSSES``, the registry of ``train.py --loss``) are :mod:`encoding.nn.losses`'.
 """
-from . import blocks, encoding, loss, losses, recompute, syncbn
+from . import binary, blocks, encoding, loss, losses, recompute, syncbn
 from .blocks import NormLayer, SeparableConv2d, conv_norm_act, resize
 from .encoding import Encoding
 from .loss import OhemCrossEntropy, SegmentationLosses
+from .binary import BINARY_LOSSES, BinaryBCELoss, BinaryDiceLoss, BinaryFocalLoss
 from .losses import LOSSES, DiceLoss, FocalLoss, LovaszSoftmaxLoss
 from .recompute import (CHECKPOINT_POLICIES, checkpoint_module, checkpoint_segmentation_model, disable_checkpointing,
                         enable_checkpointing, is_checkpointed, is_recomputing, replay_in_recomputation)
@@ -22,6 +25,7 @@ __all__ = [
     "SyncBatchNorm", "SyncBatchNormAct", "convert_sync_batchnorm",
     # losses
     "SegmentationLosses", "OhemCrossEntropy", "DiceLoss", "FocalLoss", "LovaszSoftmaxLoss", "LOSSES",
+    "BinaryBCELoss", "BinaryDiceLoss", "BinaryFocalLoss", "BINARY_LOSSES",
     # the Encoding layer and small blocks
     "Encoding", "NormLayer", "resize", "conv_norm_act", "SeparableConv2d",
     # activation checkpointing

@@ -5,10 +5,15 @@ per-replica *sums* and *normalisers* of every term, so that :class:`encoding.par
 mean over the whole batch (pixel terms over the valid pixels of all replicas, the SE term over all images) and the
 result equals the single-device loss even for uneven splits and uneven ignore masks. ``forward`` reduces the terms of
 one call, so on a single device the losses are ordinary ``nn.Module`` criteria.
+
+They are PyTorch-Encoding's classes too (one class each, whatever the import path): besides the call
+``criterion(output_dict_or_tensor, target)`` they take PE's argument layouts, an ``(out[, se][, aux])`` tuple or list
+with the target, or the flat ``criterion(out, se, aux, target)`` (:func:`~encoding.nn.loss.loss_inputs` turns them
+into the first).
 """
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -16,9 +21,45 @@ from torch import Tensor, nn
 
 from ..parallel.reduction import LossTerm, reduce_loss_terms, valid_count
 
-__all__ = ["SegmentationLosses", "OhemCrossEntropy"]
+__all__ = ["SegmentationLosses", "OhemCrossEntropy", "loss_inputs"]
 
 ModelOutput = Union[Tensor, Mapping[str, Tensor]]
+
+
+def loss_inputs(inputs: Tuple[Any, ...], se_loss: bool, aux: bool) -> Tuple[Dict[str, Tensor], Any]:
+    """PyTorch-Encoding's loss arguments as the call ``(output_dict, target)``.
+
+    Args:
+        inputs: ``(output, target)`` with ``output`` a tensor or an ``(out[, se][, aux])`` tuple/list (the SE logits
+            before the auxiliary output, as PE's EncNet returns them), or the flat ``(out[, se][, aux], target)``.
+        se_loss: whether the criterion uses the SE logits.
+        aux: whether the criterion uses the auxiliary output.
+
+    Returns:
+        ``({"out": ..., ["se": ...], ["aux": ...]}, target)``.
+
+    Raises:
+        ValueError: the number of tensors does not fit ``se_loss`` / ``aux``.
+    """
+    *preds, target = inputs
+    output = preds[0] if len(preds) == 1 else tuple(preds)
+    seq = (output,) if isinstance(output, Tensor) else tuple(output)
+    if len(seq) != 1 + int(se_loss) + int(aux):
+        layout = "(out" + (", se" if se_loss else "") + (", aux" if aux else "") + ")"
+        raise ValueError(f"with se_loss={se_loss}, aux={aux} the model output must be {layout}, "
+                         f"got {len(seq)} tensor(s)")
+    named = {"out": seq[0]}
+    if se_loss:
+        named["se"] = seq[1]
+    if aux:
+        named["aux"] = seq[-1]
+    return named, target
+
+
+def _is_pe_layout(inputs: Tuple[Any, ...]) -> bool:
+    """Whether ``inputs`` is one of PE's layouts: a tuple/list output, or the flat ``(out, ..., target)`` call."""
+    return (len(inputs) == 2 and isinstance(inputs[0], (tuple, list))) or (
+        len(inputs) > 2 and all(isinstance(x, Tensor) for x in inputs))
 
 
 class SegmentationLosses(nn.Module):
@@ -44,8 +85,9 @@ class SegmentationLosses(nn.Module):
     Inputs:
         The model output and the target, as ``criterion(output, target)``. ``output`` is a dict with ``"out"`` and,
         where used, ``"aux"`` / ``"se"`` (extra keys are ignored), or the bare ``out`` tensor. PyTorch-Encoding's
-        layouts (an ``(out[, se][, aux])`` tuple, the flat ``criterion(out, se, aux, target)``) are accepted by the
-        subclass ``encoding.legacy.SegmentationLosses``, which is what ``encoding.nn.SegmentationLosses`` names.
+        layouts are accepted too: an ``(out[, se][, aux])`` tuple or list (the SE logits before the auxiliary
+        output, as PE's EncNet returns them) with the target, or the flat ``criterion(out, se, aux, target)``
+        (:func:`~encoding.nn.loss.loss_inputs`).
 
     Shape:
         - out, aux: ``B x nclass x H x W`` logits (any number of spatial dimensions, matching the target).
@@ -119,12 +161,14 @@ class SegmentationLosses(nn.Module):
 
     # -- input handling -------------------------------------------------------------------------------------------
     def _parse(self, inputs: Tuple[Any, ...]) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Tensor]:
-        """``(out, aux, se, target)`` of the call ``(output_dict_or_tensor, target)``."""
+        """``(out, aux, se, target)`` of the call ``(output_dict_or_tensor, target)`` or a PE layout."""
+        if _is_pe_layout(inputs):
+            inputs = loss_inputs(inputs, se_loss=self.se_loss, aux=self.aux)
         if len(inputs) != 2:
             raise TypeError(f"{type(self).__name__} expects (output, target), got {len(inputs)} argument(s)")
         if not isinstance(inputs[0], (Tensor, Mapping)):
-            raise TypeError(f"the model output must be a dict or a tensor, got {type(inputs[0]).__name__} (for "
-                            f"PyTorch-Encoding's tuple layouts use encoding.nn.SegmentationLosses / OhemCrossEntropy)")
+            raise TypeError(f"the model output must be a dict, a tensor or an (out[, se][, aux]) tuple, got "
+                            f"{type(inputs[0]).__name__}")
         output, target = inputs
         if not isinstance(target, Tensor):
             raise TypeError(f"target must be a tensor, got {type(target).__name__}")

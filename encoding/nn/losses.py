@@ -13,13 +13,14 @@ lists them and the tests compare with smp numerically.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Type
+from typing import Any, Optional, Type
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..parallel.reduction import LossTerm, StatisticsTerm
+from ..registry import Registry
 from .loss import OhemCrossEntropy, SegmentationLosses
 
 __all__ = ["DiceLoss", "FocalLoss", "LovaszSoftmaxLoss", "LOSSES", "lovasz_softmax_flat"]
@@ -224,5 +225,5 @@ class LovaszSoftmaxLoss(_PixelLoss):
 
 
 #: ``train.py --loss`` name -> the criterion class (all take :class:`SegmentationLosses`' arguments).
-LOSSES: Dict[str, Type[SegmentationLosses]] = {"ce": SegmentationLosses, "ohem": OhemCrossEntropy, "dice": DiceLoss,
-                                               "focal": FocalLoss, "lovasz": LovaszSoftmaxLoss}
+LOSSES: Registry[Type[SegmentationLosses]] = Registry("loss", {
+    "ce": SegmentationLosses, "ohem": OhemCrossEntropy, "dice": DiceLoss, "focal": FocalLoss, "lovasz": LovaszSoftmaxLoss})

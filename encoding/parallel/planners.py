@@ -1,16 +1,18 @@
 """Per-device split sizes of :class:`~encoding.parallel.DataParallelModel`: explicit ones (``chunk_sizes``, checked
 by :func:`check_chunk_sizes`) or planned ones (``balance``), and the registry that names the planners.
 
-``encoding.parallel`` imports nothing else of ``encoding``: a planner such as the memory planner
+``encoding.parallel`` imports nothing else of ``encoding`` (but the registry helper :mod:`encoding.registry`): a planner such as the memory planner
 (:class:`encoding.memory.MemoryBalancer`, which simulates the wrapped module) lives in a higher layer and registers a
 factory under its name when its package is imported (``import encoding`` imports ``encoding.memory``, which
 registers ``"memory"``). ``DataParallelModel(..., balance="memory")`` then looks the name up here.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Protocol, Sequence
+from typing import Any, Callable, List, Protocol, Sequence
 
 from torch import nn
+
+from ..registry import Registry
 
 __all__ = ["Balancer", "register_balancer", "registered_balancers", "make_balancer", "check_chunk_sizes"]
 
@@ -23,7 +25,7 @@ class Balancer(Protocol):
         """Samples per device (one entry per device, zeros allowed) for this call of ``module``."""
 
 
-_BALANCERS: Dict[str, Callable[[], Balancer]] = {}
+_BALANCERS: Registry[Callable[[], Balancer]] = Registry("balancer")
 
 
 def register_balancer(name: str, factory: Callable[[], Balancer]) -> None:

@@ -11,7 +11,8 @@ Modules:
 
 PyTorch-Encoding's names (``LR_Scheduler``, ``LR_Scheduler_Head``, ``batch_pix_accuracy``, ``batch_intersection_union``,
 ``pixel_accuracy``, ``intersection_and_union``, ``get_mask_pallete``, ``download``, ``mkdir``, ``check_sha1``) are
-bound here by :mod:`encoding.legacy` (``legacy.ALIASES``) when ``encoding`` is imported, as is ``PALETTE_NAMES``.
+declared for this package beside their objects (``encoding/legacy/scheduler.py``, ``metrics.py``, ``helpers.py``,
+``aliases.py``) and bound here when ``encoding`` is imported, as is ``PALETTE_NAMES``; each warns when used.
 The other helpers stay importable from here and from their submodules; ``__all__`` lists what scripts call.
 """
 from . import checkpoint, dist, files, logger, lr_scheduler, metrics, palette, table

@@ -10,8 +10,8 @@ Everything here is safe to re-run and safe to interrupt:
   (``"md5:<hex>"``, ``"sha1:<hex>"``, ``"sha256:<hex>"`` or bare hex, see :func:`parse_checksum`).
 
 Downloading and extracting archives is a dataset-preparation step: :mod:`encoding.datasets.prepare.download`.
-PyTorch-Encoding's ``mkdir`` and ``check_sha1`` (on :func:`makedirs` and :func:`check_checksum`) are installed here by
-the table of old names (``encoding.legacy``).
+PyTorch-Encoding's ``mkdir`` and ``check_sha1`` (on :func:`makedirs` and :func:`check_checksum`) are declared for this
+module in ``encoding/legacy/helpers.py``, ``download`` in ``encoding/legacy/aliases.py``.
 
 Example:
     >>> import os, tempfile

@@ -17,7 +17,7 @@ instead. Pass ``head_multiplier=1`` for one rate everywhere.
 The core convention is torch's: :class:`IterationLR` takes the optimizer, sets the rate of iteration 0 right away,
 and ``step()`` after each ``optimizer.step()`` advances one iteration (``last_epoch`` is the last ``T`` applied).
 PyTorch-Encoding's ``LR_Scheduler`` (optimizer optional, ``scheduler(optimizer, i, epoch, best_pred)`` at every
-iteration) is built on it in :mod:`encoding.legacy` and bound here by its alias table (``legacy.ALIASES``).
+iteration) is built on it and declared for this module in ``encoding/legacy/scheduler.py``.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ that is predicted but absent from the target still counts (its IoU is 0).
 
 The table is rendered by :func:`format_table` (:mod:`encoding.utils.table`); PyTorch-Encoding's functional
 helpers (``batch_pix_accuracy``, ``batch_intersection_union``, ``pixel_accuracy``, ``intersection_and_union``) are
-defined in :mod:`encoding.legacy` and bound here by its alias table (``legacy.ALIASES``).
+declared for this module beside their definitions in ``encoding/legacy/metrics.py``.
 """
 from __future__ import annotations
 
@@ -32,6 +32,9 @@ __all__ = [
     "to_labels",
     "confusion_matrix",
     "scores_from_confusion",
+    "binary_scores",
+    "binary_labels",
+    "labels_of",
     "format_table",
 ]
 
@@ -54,13 +57,16 @@ def main_output(output: Any) -> Tensor:
     raise TypeError(f"expected a tensor, a dict with 'out' or an (out, ...) tuple, got {type(output).__name__}")
 
 
-def to_labels(preds: Tensor, target: Tensor, nclass: Optional[int] = None) -> Tuple[Tensor, bool]:
+def to_labels(preds: Tensor, target: Tensor, nclass: Optional[int] = None,
+              threshold: float = 0.5) -> Tuple[Tensor, bool]:
     """Turn logits ``[B]xCxHxW`` or labels ``[B]xHxW`` into int64 labels shaped like ``target``.
 
     Args:
         preds: logits with a class dimension, or integer labels shaped like ``target``.
         target: integer labels ``[B]xHxW`` (only its shape and dtype are used).
-        nclass: when given, the number of logit channels it must equal.
+        nclass: when given, the number of logit channels it must equal; ``nclass=2`` with ONE channel is a binary
+            network's output: label 1 where ``sigmoid(logit) > threshold``.
+        threshold: the foreground probability threshold of a binary output.
 
     Returns:
         ``(labels, from_logits)``; labels from an argmax are always in ``[0, nclass)`` and need no range check.
@@ -76,12 +82,25 @@ def to_labels(preds: Tensor, target: Tensor, nclass: Optional[int] = None) -> Tu
     if preds.dim() == target.dim() + 1:
         class_dim = 0 if target.dim() <= 2 else 1
         if preds.shape[:class_dim] + preds.shape[class_dim + 1:] == target.shape:
+            if nclass == 2 and preds.shape[class_dim] == 1:
+                return binary_labels(preds.squeeze(class_dim), threshold), True
             if nclass is not None and preds.shape[class_dim] != nclass:
                 raise ValueError(f"logits have {preds.shape[class_dim]} channels in dim {class_dim} but the metric "
                                  f"has nclass={nclass}")
             return preds.argmax(dim=class_dim), True
     raise ValueError(f"predictions of shape {tuple(preds.shape)} do not match target of shape "
                      f"{tuple(target.shape)}: expected logits [B]xCxHxW or labels [B]xHxW")
+
+
+def binary_labels(logits: Tensor, threshold: float = 0.5) -> Tensor:
+    """int64 ``1`` where ``sigmoid(logits) > threshold``, else ``0`` (the labels of a one-channel binary output)."""
+    return (torch.sigmoid(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits)
+            > threshold).long()
+
+
+def labels_of(logits: Tensor, threshold: float = 0.5) -> Tensor:
+    """The labels of ``B x C x H x W`` logits: the argmax over ``C``, or :func:`binary_labels` of one channel."""
+    return binary_labels(logits[:, 0], threshold) if logits.shape[1] == 1 else logits.argmax(1)
 
 
 def _bad_values(values: Tensor, limit: int = 10) -> str:
@@ -103,7 +122,8 @@ def _bin_codes(labels: Tensor, target: Tensor, n: int, ignore: int, check_labels
     return codes
 
 
-def confusion_matrix(preds: Tensor, target: Tensor, nclass: int, ignore_index: int = -1) -> Tensor:
+def confusion_matrix(preds: Tensor, target: Tensor, nclass: int, ignore_index: int = -1,
+                     threshold: float = 0.5) -> Tensor:
     """Confusion matrix of one batch, computed with a single ``bincount`` on the predictions' device.
 
     Ignored pixels and invalid values fall into extra bins of the same ``bincount``; the only host synchronisation
@@ -115,6 +135,7 @@ def confusion_matrix(preds: Tensor, target: Tensor, nclass: int, ignore_index: i
             predictions' device.
         nclass: number of classes ``C``.
         ignore_index: label of unscored pixels (PyTorch-Encoding convention: ``-1``).
+        threshold: the foreground threshold of a one-channel binary output (``nclass=2``).
 
     Returns:
         An ``nclass x nclass`` int64 tensor on ``preds.device``; entry ``[t, p]`` counts pixels of target class ``t``
@@ -132,7 +153,7 @@ def confusion_matrix(preds: Tensor, target: Tensor, nclass: int, ignore_index: i
     if nclass < 1:
         raise ValueError(f"nclass must be >= 1, got {nclass}")
     n, ignore = int(nclass), int(ignore_index)
-    labels, from_logits = to_labels(preds, target, n)
+    labels, from_logits = to_labels(preds, target, n, threshold)
     target = target.to(device=labels.device, dtype=torch.int64, non_blocking=True)
     codes = _bin_codes(labels, target, n, ignore, check_labels=not from_logits)
     counts = torch.bincount(codes.flatten(), minlength=n * n + 3)
@@ -196,6 +217,25 @@ def scores_from_confusion(confusion: Tensor) -> Dict[str, Any]:
     }
 
 
+def binary_scores(confusion: Tensor) -> Dict[str, float]:
+    """The foreground scores of a 2-class (background 0, foreground 1) confusion matrix.
+
+    Returns:
+        ``fgIoU`` ``TP / (TP + FP + FN)``, ``fgDice`` ``2 TP / (2 TP + FP + FN)``, ``precision`` ``TP / (TP + FP)``
+        and ``recall`` ``TP / (TP + FN)`` as Python floats (``NaN`` where the denominator is 0).
+    """
+    conf = confusion.detach().to("cpu", torch.float64)
+    if tuple(conf.shape) != (2, 2):
+        raise ValueError(f"binary scores need a 2 x 2 confusion matrix, got {tuple(conf.shape)}")
+    tp, fp, fn = float(conf[1, 1]), float(conf[0, 1]), float(conf[1, 0])
+
+    def ratio(num: float, den: float) -> float:
+        return num / den if den > 0 else math.nan
+
+    return {"fgIoU": ratio(tp, tp + fp + fn), "fgDice": ratio(2 * tp, 2 * tp + fp + fn),
+            "precision": ratio(tp, tp + fp), "recall": ratio(tp, tp + fn)}
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # The accumulating metric
 # ----------------------------------------------------------------------------------------------------------------------
@@ -221,6 +261,8 @@ class SegmentationMetric:
         ignore_index: target label of unscored pixels (default ``-1``, the PE convention).
         device: where the accumulated matrix lives (default: the device of the first predictions seen). Each update
             runs its ``bincount`` on the predictions' device and only the ``nclass x nclass`` result moves.
+        binary: a foreground / background metric (``nclass=2``): :meth:`compute` adds :func:`binary_scores`.
+        threshold: the foreground probability threshold of one-channel (binary) logits.
 
     Example:
         >>> metric = SegmentationMetric(nclass=21)
@@ -230,9 +272,13 @@ class SegmentationMetric:
         >>> print(format_table(metric.compute()))       # doctest: +SKIP
     """
 
-    def __init__(self, nclass: int, ignore_index: int = -1, device: Optional[Union[str, torch.device]] = None):
-        if int(nclass) < 1:
-            raise ValueError(f"nclass must be >= 1, got {nclass}")
+    def __init__(self, nclass: int, ignore_index: int = -1, device: Optional[Union[str, torch.device]] = None,
+                 binary: bool = False, threshold: float = 0.5):
+        if int(nclass) < 1 or (binary and int(nclass) != 2):
+            raise ValueError(f"nclass must be >= 1 (2 with binary), got {nclass}")
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"threshold must be in (0, 1), got {threshold}")
+        self.binary, self.threshold = bool(binary), float(threshold)
         self.nclass = int(nclass)
         self.ignore_index = int(ignore_index)
         self.device = torch.device(device) if device is not None else None
@@ -269,7 +315,7 @@ class SegmentationMetric:
         for preds, tgt in pairs:
             if not isinstance(tgt, Tensor):
                 raise TypeError(f"target must be a tensor, got {type(tgt).__name__}")
-            self._accumulate(confusion_matrix(preds, tgt, self.nclass, self.ignore_index))
+            self._accumulate(confusion_matrix(preds, tgt, self.nclass, self.ignore_index, self.threshold))
 
     def _accumulate(self, batch_confusion: Tensor) -> None:
         if self.confusion is None:
@@ -289,10 +335,11 @@ class SegmentationMetric:
         self.confusion = reduce_across_processes(self.confusion)
 
     def compute(self) -> Dict[str, Any]:
-        """All scores; see :func:`scores_from_confusion` for the keys."""
-        if self.confusion is None:
-            return scores_from_confusion(torch.zeros(self.nclass, self.nclass, dtype=torch.int64))
-        return scores_from_confusion(self.confusion)
+        """All scores; see :func:`scores_from_confusion` for the keys (and :func:`binary_scores` when binary)."""
+        confusion = (torch.zeros(self.nclass, self.nclass, dtype=torch.int64) if self.confusion is None
+                     else self.confusion)
+        scores = scores_from_confusion(confusion)
+        return {**scores, **binary_scores(confusion)} if self.binary else scores
 
     def get(self) -> Tuple[float, float]:
         """``(pixAcc, mIoU)`` as in PyTorch-Encoding (mIoU is NaN-aware; both are ``NaN`` before any pixel)."""

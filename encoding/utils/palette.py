@@ -6,8 +6,8 @@ dataset name or an explicit sequence of RGB triples. The names are those :func:`
 :mod:`encoding.datasets` registers its registry (:data:`encoding.datasets.datasets`) when it is imported, so this
 module imports no dataset; ``"detail"``, PyTorch-Encoding's name of the VOC colour map, means ``pcontext``.
 :func:`colorize` stores the mask as a PIL ``"P"`` image whose index 255 is the ignore colour, so saved PNGs keep the
-class ids as pixel values. PyTorch-Encoding's ``get_mask_pallete`` lives with the other old names
-(``encoding.legacy``).
+class ids as pixel values. PyTorch-Encoding's ``get_mask_pallete`` is declared for this module
+in ``encoding/legacy/helpers.py``.
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ __all__ = [
     "get_palette",
     "get_ignore_color",
     "voc_palette",
+    "generated_palette",
+    "palette_of",
     "colorize",
     "overlay",
 ]
@@ -59,6 +61,26 @@ def voc_palette(num: int = 256) -> Palette:
     return tuple(colors)
 
 
+def generated_palette(num: int) -> Palette:
+    """Distinct colours for ``num`` classes of a dataset that declares none (``PALETTE = None``, a folder dataset
+    without class colours): the first ``num`` colours of :func:`voc_palette`.
+
+    Example:
+        >>> generated_palette(3)
+        ((0, 0, 0), (128, 0, 0), (0, 128, 0))
+    """
+    return voc_palette(num)
+
+
+def palette_of(source: Any) -> Palette:
+    """The class colours of a dataset class or instance: its ``PALETTE``, or :func:`generated_palette` of its
+    ``NUM_CLASS`` / ``CLASSES`` when it declares none."""
+    palette = getattr(source, "PALETTE", None)
+    if palette is not None:
+        return tuple(tuple(int(v) for v in c) for c in palette)
+    return generated_palette(int(getattr(source, "NUM_CLASS", 0) or len(getattr(source, "CLASSES", ()))))
+
+
 #: Name -> an object carrying ``PALETTE`` and ``IGNORE_COLOR`` (a dataset class), filled by :func:`register_palettes`.
 _SOURCES: Dict[str, Any] = {}
 #: The names :func:`get_palette` and :func:`colorize` accept: the registered dataset names, then PE's ``detail``
@@ -74,7 +96,8 @@ def register_palettes(registry: Mapping[str, Any]) -> None:
     Args:
         registry: e.g. :data:`encoding.datasets.datasets` (which registers itself when imported).
     """
-    _SOURCES.update((name.lower(), source) for name, source in registry.items())
+    _SOURCES.update((name.lower(), source) for name, source in registry.items()
+                    if getattr(source, "PALETTE", None) is not None)  # a folder dataset's colours are its own
     PALETTE_NAMES[:] = list(_SOURCES) + [alias for alias in _ALIASES if alias not in _SOURCES]
 
 

@@ -6,7 +6,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["format_table", "scores_to_json"]
 
-_SUMMARY_KEYS = ("pixAcc", "mIoU", "mAcc", "fwIoU", "mDice")
+_SUMMARY_KEYS = ("pixAcc", "mIoU", "mAcc", "fwIoU", "mDice", "fgIoU", "fgDice", "precision", "recall")  # fg: binary
 
 
 def _percent(value: float, digits: int) -> str:

@@ -15,7 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from options import parse_args  # noqa: E402
 
-from encoding.builders import select_devices  # noqa: E402
+from encoding.engine.builders import select_devices  # noqa: E402
 from encoding.datasets import DatasetError  # noqa: E402
 from encoding.datasets.base import check_image  # noqa: E402
 from encoding.engine.demo import demo_outputs, segment_files  # noqa: E402

@@ -9,7 +9,8 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
-from encoding.builders import LOSSES, OPTIMIZERS, STRATEGIES
+from encoding.engine.builders import LOSSES, OPTIMIZERS, STRATEGIES
+from encoding.datasets.metadata import resolve_dataset
 from encoding.engine.config import (AMP_DTYPES, DIST_TIMEOUT_S, ConfigError, TrainingConfig, check_devices,
                                     check_network, check_split, check_training)
 from encoding.engine.recipes import fill_from_recipe, read_recipe
@@ -136,6 +137,16 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                         "drop the bad ones)")
     p.add_argument("--skip-bad", action="store_true",
                    help="skip unreadable or inconsistent samples with a warning instead of stopping")
+    _add_data_options(p)
+
+
+def _add_data_options(p: argparse.ArgumentParser) -> None:
+    """Own data (``--dataset folder``) and binary segmentation (docs/own-data.md)."""
+    p.add_argument("--val-fraction", type=positive_float, default=0.1, help="folder without val: hold-out share")
+    p.add_argument("--unknown-labels", choices=["error", "ignore"], default="error", help="values of no class")
+    p.add_argument("--binary", action="store_true", help="one foreground channel (masks with two values)")
+    p.add_argument("--binary-class", default=None, metavar="NAME", help="binary: class NAME against the rest")
+    p.add_argument("--threshold", type=positive_float, default=0.5, help="binary: foreground probability threshold")
 
 
 def _add_test_options(p: argparse.ArgumentParser) -> None:
@@ -267,9 +278,13 @@ def _parse_inference(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         saved = _saved_model_options(args)
     except (ValueError, OSError) as err:
         parser.error(str(err).splitlines()[0])
-    for name in MODEL_OPTIONS:
-        if getattr(args, name) is None and saved.get(name) is not None:
+    for name in MODEL_OPTIONS + ("data_root",):  # a folder dataset's root comes with its checkpoint
+        if getattr(args, name, False) is None and saved.get(name) is not None:
             setattr(args, name, saved[name])
+    try:  # a user's dataset class, imported from the path its checkpoint recorded
+        _ = saved.get("dataset") == args.dataset and resolve_dataset(args.dataset, saved.get("dataset_class"))
+    except ValueError as err:
+        parser.error(str(err))
     args.dataset = args.dataset or "shapes"
     if args.torchvision_weights and args.model is None:
         args.model, args.backbone = "fcn", args.backbone or "resnet50"
@@ -316,5 +331,5 @@ def _saved_model_options(args: argparse.Namespace) -> Dict[str, Any]:
                 "aux": preset["aux"], "se_loss": preset["se_loss"]}
     if args.resume:
         from encoding.engine.state import saved_options
-        return saved_options(args.resume, MODEL_OPTIONS)
+        return saved_options(args.resume, MODEL_OPTIONS + ("data_root", "dataset_class"))
     return {}

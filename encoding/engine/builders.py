@@ -33,16 +33,17 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from .datasets import get_segmentation_dataset, list_collate
-from .datasets.class_weights import resolve_class_weights
-from .models import SegmentationModel, get_segmentation_model
-from .nn.loss import SegmentationLosses  # the core class (PE layouts: encoding.legacy)
-from .nn.losses import LOSSES
-from .nn.syncbn import SyncBatchNorm
-from .parallel import DataParallelCriterion, DataParallelModel, resolve_devices
-from .utils.determinism import EpochSampler, SeededSamples, seed_worker
-from .utils.dist import ShardSampler, fsdp_units, get_local_rank, get_world_size
-from .utils.lr_scheduler import IterationLR
+from ..datasets import get_segmentation_dataset, list_collate
+from ..datasets.class_weights import resolve_class_weights
+from ..models import SegmentationModel, get_segmentation_model
+from ..nn.loss import SegmentationLosses
+from ..nn.losses import LOSSES
+from ..nn.syncbn import SyncBatchNorm
+from ..parallel import DataParallelCriterion, DataParallelModel, resolve_devices
+from ..registry import Registry
+from ..utils.determinism import EpochSampler, SeededSamples, seed_worker
+from ..utils.dist import ShardSampler, fsdp_units, get_local_rank, get_world_size
+from ..utils.lr_scheduler import IterationLR
 
 __all__ = ["Placement", "Loaders", "select_devices", "build_model", "build_criterion", "build_loaders",
            "build_eval_loader", "OPTIMIZERS", "param_groups", "build_optimizer", "build_scheduler", "STRATEGIES",
@@ -104,7 +105,8 @@ def select_devices(device_ids: Optional[Sequence[Union[int, str, torch.device]]]
 def build_model(name: str, dataset: str, *, backbone: str = "resnet50", aux: bool = False, se_loss: bool = False,
                 pretrained_backbone: Union[bool, str, os.PathLike] = False, output_stride: Optional[int] = None,
                 sync_bn: bool = False, device: Optional[torch.device] = None,
-                checkpoint: Union[bool, str] = False, head_options: Optional[dict] = None) -> SegmentationModel:
+                checkpoint: Union[bool, str] = False, head_options: Optional[dict] = None,
+                nclass: Optional[int] = None) -> SegmentationModel:
     """A segmentation model (see :func:`~encoding.models.get_segmentation_model`) on ``device``.
 
     Args:
@@ -112,8 +114,9 @@ def build_model(name: str, dataset: str, *, backbone: str = "resnet50", aux: boo
         device: move the model there (``None``: leave it on the CPU).
         checkpoint: activation checkpointing policy: ``False``, ``"backbone"`` or ``"all"``.
         head_options: options of the architecture's head factory, e.g. ``{"channels": 64}`` for ``deeplabv3plus``.
+        nclass: output channels (default: the dataset's class count; 1 for a binary network).
     """
-    model = get_segmentation_model(name, dataset=dataset, backbone=backbone, aux=aux, se_loss=se_loss,
+    model = get_segmentation_model(name, dataset=dataset, backbone=backbone, aux=aux, se_loss=se_loss, nclass=nclass,
                                    pretrained_backbone=pretrained_backbone, output_stride=output_stride,
                                    norm_layer=SyncBatchNorm if sync_bn else nn.BatchNorm2d, checkpoint=checkpoint,
                                    **(head_options or {}))
@@ -133,11 +136,9 @@ def build_criterion(nclass: int, *, aux: bool = False, aux_weight: float = 0.4, 
             cached; :mod:`encoding.datasets.class_weights`), a file of ``nclass`` numbers, or the numbers.
         train_dataset: the training set that ``auto`` / ``median`` count.
     """
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
     weight = (torch.as_tensor(class_weights, dtype=torch.float64) if isinstance(class_weights, (list, tuple))
               else resolve_class_weights(class_weights, train_dataset, nclass))
-    criterion = LOSSES[loss](se_loss=se_loss, se_weight=se_weight, nclass=nclass, aux=aux, aux_weight=aux_weight,
+    criterion = LOSSES.get(loss)(se_loss=se_loss, se_weight=se_weight, nclass=nclass, aux=aux, aux_weight=aux_weight,
                              ignore_index=-1, weight=None if weight is None else weight.float())
     return criterion if device is None else criterion.to(device)
 
@@ -152,7 +153,8 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
                   train_limit: Optional[int] = None, val_limit: Optional[int] = None, distributed: bool = False,
                   seed: int = 0, pin_memory: bool = False, skip_bad: bool = False,
                   scale_range: Optional[Tuple[float, float]] = None,
-                  datasets: Optional[Tuple[Dataset, Dataset]] = None) -> Loaders:
+                  datasets: Optional[Tuple[Dataset, Dataset]] = None,
+                  dataset_options: Optional[Dict[str, Any]] = None) -> Loaders:
     """Training (``train`` mode, shuffled) and validation (``val`` mode) loaders of a registered dataset.
 
     The training order and each sample's augmentation depend only on ``(seed, epoch, sample)``
@@ -173,9 +175,10 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
         datasets: ``(train, val)`` dataset objects to load instead of building ``dataset``'s (e.g. a small
             generated set in a test); the options that build a dataset (root, splits, sizes, skip_bad, scale_range)
             are then the caller's.
+        dataset_options: more keywords of the dataset class (e.g. the ``folder`` dataset's ``val_fraction``).
     """
     if datasets is None:
-        sizes = dict(base_size=base_size, crop_size=crop_size, skip_bad=skip_bad)
+        sizes = dict(base_size=base_size, crop_size=crop_size, skip_bad=skip_bad, **(dataset_options or {}))
         datasets = (get_segmentation_dataset(dataset, root=root, split=train_split, mode="train",
                                              scale_range=scale_range, **sizes),
                     get_segmentation_dataset(dataset, root=root, split=val_split, mode="val", **sizes))
@@ -195,7 +198,7 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
 def build_eval_loader(dataset: str, *, split: str = "val", mode: str = "val", batch_size: int = 16,
                       root: Optional[str] = None, base_size: Optional[int] = None, crop_size: Optional[int] = None,
                       workers: int = 2, limit: Optional[int] = None, distributed: bool = False,
-                      data: Optional[Dataset] = None) -> DataLoader:
+                      data: Optional[Dataset] = None, dataset_options: Optional[Dict[str, Any]] = None) -> DataLoader:
     """An evaluation loader that also yields each sample's file name (last element of every batch).
 
     Args:
@@ -208,7 +211,7 @@ def build_eval_loader(dataset: str, *, split: str = "val", mode: str = "val", ba
     """
     if data is None:
         data = get_segmentation_dataset(dataset, root=root, split=split, mode=mode, base_size=base_size,
-                                        crop_size=crop_size, return_name=True)
+                                        crop_size=crop_size, return_name=True, **(dataset_options or {}))
     data = _limit(data, limit)
     return DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=workers,
                       sampler=ShardSampler(data) if distributed else None,
@@ -277,8 +280,10 @@ def build_scheduler(optimizer: torch.optim.Optimizer, mode: str, lr: float, epoc
                        head_multiplier=head_lr_mult)
 
 
-#: ``wrap_model(strategy=...)`` choices under ``torchrun`` (``train.py --strategy``).
-STRATEGIES = ("ddp", "fsdp", "zero1")
+#: ``wrap_model(strategy=...)`` choices under ``torchrun`` (``train.py --strategy``): name -> what wraps the model.
+STRATEGIES: Registry[str] = Registry("strategy", {"ddp": "DistributedDataParallel",
+                                                  "fsdp": "FSDP2 fully_shard",
+                                                  "zero1": "DistributedDataParallel + ZeroRedundancyOptimizer"})
 
 
 def strategy_problem(strategy: str, amp: str = "none", distributed: Optional[bool] = None) -> Optional[str]:
@@ -290,7 +295,7 @@ def strategy_problem(strategy: str, amp: str = "none", distributed: Optional[boo
         distributed: launched by ``torchrun`` (default: ``RANK`` / ``WORLD_SIZE`` in the environment).
     """
     if strategy not in STRATEGIES:
-        return f"--strategy {strategy}: unknown strategy; valid: {', '.join(STRATEGIES)}"
+        return f"--strategy {strategy}: {STRATEGIES.unknown(strategy)}"
     distributed = ("RANK" in os.environ and "WORLD_SIZE" in os.environ) if distributed is None else distributed
     if strategy != "ddp" and not distributed:
         return (f"--strategy {strategy} shards the run over torchrun processes: start it with torchrun "
@@ -350,7 +355,7 @@ def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
         return ddp, criterion
     if balance == "memory":  # simulate this run's own loss on each device
-        from .memory import MemoryBalancer
+        from ..memory import MemoryBalancer
         balance = MemoryBalancer(criterion)
     return (DataParallelModel(model, placement.device_ids, balance=balance),
             DataParallelCriterion(criterion, placement.device_ids))

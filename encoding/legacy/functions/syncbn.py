@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call
 
-from ..nn.syncbn import SyncBatchNorm
+from ...nn.syncbn import SyncBatchNorm
 
 __all__ = ["sum_square", "moments", "syncbatchnorm", "inp_syncbatchnorm"]
 

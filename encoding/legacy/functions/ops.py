@@ -1,10 +1,5 @@
-"""PyTorch-Encoding's and vacancy's functional names that the core does not have: ``batchnormtrain`` and
-``NonMaxSuppression`` (``encoding.functions``), ``set_sbn_eps_mode`` (Synchronized-BatchNorm's switch, bound in
-``encoding.nn``).
-
-``encoding.functions`` / ``encoding.nn`` resolve these names through :data:`encoding.legacy.ALIASES`
-(``docs/migration.md``).
-"""
+"""PyTorch-Encoding's functional forms that the core does not have: ``batchnormtrain`` and ``NonMaxSuppression``
+(``docs/migration.md``)."""
 from __future__ import annotations
 
 from typing import Tuple
@@ -13,7 +8,7 @@ import torch
 import torchvision
 from torch import Tensor
 
-__all__ = ["batchnormtrain", "NonMaxSuppression", "set_sbn_eps_mode"]
+__all__ = ["batchnormtrain", "NonMaxSuppression"]
 
 
 def _per_channel(t: Tensor, x: Tensor) -> Tensor:
@@ -73,16 +68,3 @@ def NonMaxSuppression(boxes: Tensor, scores: Tensor, threshold: float) -> Tuple[
         positions = torch.arange(ordered.shape[0], 0, -1, device=boxes.device, dtype=ordered.dtype)
         mask[b, torchvision.ops.nms(ordered, positions, float(threshold))] = True
     return mask, indices
-
-
-def set_sbn_eps_mode(mode: str) -> None:
-    """Synchronized-BatchNorm's switch between ``"clip"`` (divide by ``sqrt(max(var, eps))``) and ``"plus"``
-    (``sqrt(var + eps)``). ``encoding``'s BatchNorm always uses ``"plus"`` (as ``torch.nn.BatchNorm``), so only
-    ``"plus"`` is accepted.
-
-    Raises:
-        ValueError: any other mode (the message says why).
-    """
-    if mode != "plus":
-        raise ValueError(f"set_sbn_eps_mode({mode!r}): encoding's SyncBatchNorm always normalises by "
-                         "sqrt(var + eps), mode 'plus' (torch's BatchNorm); mode 'clip' is not provided")

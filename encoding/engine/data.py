@@ -1,0 +1,139 @@
+"""The data side of a training run: the dataset's own options, its metadata for the checkpoint, binary targets.
+
+Everything downstream of training (``test.py``, ``demo.py``, :func:`encoding.load_model`, export, previews) takes
+the classes, colours and ignore value from the checkpoint; :func:`data_metadata` is what the run records there.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional
+
+from torch import nn
+from torch.utils.data import Subset
+
+from . import builders
+from ..datasets import datasets as DATASETS
+from ..datasets.folder import HOLDOUT_NAME
+from ..datasets.metadata import BinaryTarget, binary_class_id, binary_setup, dataset_metadata
+from ..datasets.scan import UNKNOWN_LABELS
+from ..nn.binary import BINARY_LOSSES
+from ..utils.determinism import SeededSamples
+from ..utils.dist import is_main_process
+
+__all__ = ["BUILTIN_SIZES", "ConfigError", "eval_dataset_options", "binary_targets", "check_split", "check_data_options", "dataset_options", "image_sizes", "data_metadata", "dataset_name",
+           "run_criterion"]
+
+#: The image sizes of the built-in run (``shapes``), where :class:`~.config.TrainingConfig` leaves them ``None``
+#: (another dataset's ``None`` sizes are its own ``BASE_SIZE`` / ``CROP_SIZE`` / ``SCALE_RANGE``).
+BUILTIN_SIZES = {"base_size": 72, "crop_size": 64, "scale_range": (1.0, 1.0)}
+
+
+class ConfigError(ValueError):
+    """An option value the run cannot use, found before any work: one line naming the option and the value (exit
+    status 2 on the command line, as an argument error)."""
+
+    exit_status = 2
+
+
+def check_split(dataset: str, split: str, option: str, *, masks: bool = True) -> None:
+    """Refuse a split the dataset does not have, or (``masks``) one without masks (``test``) where masks are needed.
+
+    Raises:
+        ConfigError: naming the option and the valid splits.
+    """
+    valid = getattr(DATASETS[dataset], "SPLITS", ())
+    scored = [s for s in valid if s != "test"] if masks else list(valid)
+    if split not in scored:
+        why = "has no masks to train or validate on" if split in valid else "is not a split of " + dataset
+        raise ConfigError(f"{option} {split}: {why}; valid: {', '.join(scored)}")
+
+
+def check_data_options(c: Any) -> None:
+    """Refuse the data options of a run it could only fail on later (one line, naming the option)."""
+    if c.unknown_labels not in UNKNOWN_LABELS:
+        raise ConfigError(f"--unknown-labels {c.unknown_labels}: choose one of {', '.join(UNKNOWN_LABELS)}")
+    if not 0.0 < c.val_fraction < 1.0:
+        raise ConfigError(f"--val-fraction {c.val_fraction}: must be between 0 and 1")
+    if not 0.0 < c.threshold < 1.0:
+        raise ConfigError(f"--threshold {c.threshold}: must be between 0 and 1")
+    if (c.binary or c.binary_class) and c.loss not in BINARY_LOSSES:
+        raise ConfigError(f"--loss {c.loss}: a binary run takes {', '.join(BINARY_LOSSES)}")
+    if (c.binary or c.binary_class) and (c.se_loss or c.class_weights):
+        raise ConfigError("--binary: one output channel, no --se-loss or --class-weights")
+
+
+def dataset_options(config: Any) -> Dict[str, Any]:
+    """The keywords of ``config``'s dataset class beyond the common ones: the ``folder`` dataset's hold-out
+    (``val_fraction``, seeded, listed in the run directory) and ``unknown_labels``."""
+    if config.dataset != "folder":
+        return {}
+    return {"val_fraction": config.val_fraction, "unknown_labels": config.unknown_labels,
+            "holdout_file": os.path.join(config.run_dir, HOLDOUT_NAME), "holdout_seed": config.seed}
+
+
+def image_sizes(config: Any) -> Dict[str, Any]:
+    """``base_size``, ``crop_size`` and ``scale_range`` of a run: the configured ones; where ``None``, the built-in
+    run's for ``shapes`` and the dataset's own for any other dataset (left ``None``)."""
+    return {k: getattr(config, k) if getattr(config, k) is not None or config.dataset != "shapes" else v
+            for k, v in BUILTIN_SIZES.items()}
+
+
+def run_criterion(c: Any, nclass: int, binary: bool, device: Any, train_dataset: Any) -> nn.Module:
+    """The run's criterion: a binary loss of :data:`~encoding.nn.BINARY_LOSSES` (one channel), else
+    :func:`~encoding.engine.builders.build_criterion`'s."""
+    if binary:
+        return BINARY_LOSSES[c.loss](aux=c.aux, aux_weight=c.aux_weight, ignore_index=-1).to(device)
+    return builders.build_criterion(nclass, aux=c.aux, aux_weight=c.aux_weight, se_loss=c.se_loss,
+                                    se_weight=c.se_weight, device=device, loss=c.loss,
+                                    class_weights=c.class_weights, train_dataset=train_dataset)
+
+
+def data_metadata(c: Any, train_data: Any, val_data: Any, binary: bool) -> Dict[str, Any]:
+    """The dataset's classes and colours for the checkpoint (binary: two classes, the targets mapped); a folder
+    dataset's scan summary is printed and its hold-out list written to the run directory."""
+    if binary:
+        try:
+            transform, _ = binary_setup(train_data, c.binary_class)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        if transform is not None:
+            train_data.target_transform = val_data.target_transform = transform
+    scan = getattr(train_data, "scan", None)
+    if scan is not None and is_main_process():
+        print(scan.summary())
+        if hasattr(train_data, "save_holdout") and not c.eval:
+            train_data.save_holdout(os.path.join(c.run_dir, HOLDOUT_NAME))
+    return dataset_metadata(train_data, c.binary_class)
+
+
+def eval_dataset_options(dataset: str, checkpoint: Optional[str], info: Any) -> Dict[str, Any]:
+    """The dataset keywords of an evaluation of ``checkpoint``: a ``folder`` dataset validates on the hold-out
+    its run listed next to the checkpoint, with the run's ``unknown_labels``."""
+    if dataset != "folder":
+        return {}
+    options = {"unknown_labels": info.options.get("unknown_labels") or "error"}
+    holdout = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), HOLDOUT_NAME) if checkpoint else None
+    return {**options, "holdout_file": holdout} if holdout and os.path.isfile(holdout) else options
+
+
+def binary_targets(dataset: Any, info: Any) -> None:
+    """Give the evaluated dataset the foreground / background targets of a ``--binary-class`` network."""
+    name = info.options.get("binary_class")
+    if name:
+        data = _unwrapped(dataset)
+        data.target_transform = BinaryTarget(binary_class_id(list(data.CLASSES), name))
+
+
+def _unwrapped(dataset: Any) -> Any:
+    while isinstance(dataset, (Subset, SeededSamples)):
+        dataset = dataset.dataset
+    return dataset
+
+
+def dataset_name(dataset: Any) -> str:
+    """The registry name of a dataset object's class, else its ``NAME``, else its class name in lower case."""
+    cls = type(_unwrapped(dataset))
+    for name, registered in DATASETS.items():
+        if registered is cls:
+            return name
+    return getattr(cls, "NAME", "") or cls.__name__.lower()

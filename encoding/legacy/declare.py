@@ -1,0 +1,106 @@
+"""How an old name is declared: beside its object, once, naming the module(s) where users import it.
+
+:func:`old_name` is the one mechanism (a leaf: it imports nothing of ``encoding`` but the target modules it binds
+in). Beside a PyTorch-Encoding / vacancy / mmcv object defined in :mod:`encoding.legacy`::
+
+    @old_name("encoding.nn", new="encoding.nn.SyncBatchNorm")
+    class BatchNorm2d(...): ...
+
+and for a core object under an old name (:mod:`encoding.legacy.aliases`)::
+
+    get_dataset = alias(get_segmentation_dataset, "get_dataset", "encoding.datasets",
+                        new="encoding.datasets.get_segmentation_dataset")
+
+Each declaration binds the name in its modules when the declaring module is imported (``import encoding`` imports
+them: the alias table) and records it in :data:`DECLARED`; with ``new``, using the object (calling the function,
+building an instance of the class) emits one ``FutureWarning`` naming the new spelling. No module resolves names
+lazily (no module ``__getattr__``).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import warnings
+from typing import Any, Callable, Dict, Optional, TypeVar
+
+__all__ = ["DECLARED", "old_name", "alias"]
+
+T = TypeVar("T")
+
+#: Module -> {old name: the object it names there}: every declared old name (filled by :func:`old_name`).
+DECLARED: Dict[str, Dict[str, Any]] = {}
+
+
+def _warning(name: str, where: tuple, new: str) -> str:
+    return (f"{' / '.join(f'{w}.{name}' for w in where)} is an old name (kept for PyTorch-Encoding / "
+            f"Synchronized-BatchNorm / mmcv code); use {new}")
+
+
+def _deprecate(obj: T, message: str) -> T:
+    """``obj`` (a class or a function) that emits ``FutureWarning(message)`` when used; ``__deprecated__`` holds the
+    message (PEP 702). A class warns when it is instantiated (not when a subclass is)."""
+    if isinstance(obj, type):
+        init = obj.__init__
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            if type(self) is obj:
+                warnings.warn(message, FutureWarning, stacklevel=2)
+            init(self, *args, **kwargs)
+
+        obj.__init__ = __init__  # type: ignore[misc]
+        obj.__deprecated__ = message  # type: ignore[attr-defined]
+        return obj
+
+    @functools.wraps(obj)  # type: ignore[arg-type]
+    def warned(*args: Any, **kwargs: Any) -> Any:
+        warnings.warn(message, FutureWarning, stacklevel=2)
+        return obj(*args, **kwargs)  # type: ignore[operator]
+
+    warned.__deprecated__ = message  # type: ignore[attr-defined]
+    return warned  # type: ignore[return-value]
+
+
+def old_name(*where: str, new: Optional[str] = None, name: Optional[str] = None) -> Callable[[T], T]:
+    """Decorator: bind the decorated object as ``name`` (default: its ``__name__``) in each module of ``where``.
+
+    Args:
+        *where: the modules users import the name from (``"encoding.nn"``, ...).
+        new: the spelling to use instead; given, using the object emits a ``FutureWarning`` naming it.
+        name: the old name, when it differs from the object's ``__name__``.
+
+    Raises:
+        RuntimeError: a module of ``where`` already defines a different object under that name (an old name never
+            hides a core one).
+    """
+    def declare(obj: T) -> T:
+        key = name or obj.__name__  # type: ignore[attr-defined]
+        if new is not None:
+            obj = _deprecate(obj, _warning(key, where, new))
+        for module_name in where:
+            module = importlib.import_module(module_name)
+            current = vars(module).get(key, obj)
+            if current is not obj:
+                raise RuntimeError(f"encoding.legacy: {module_name}.{key} is already {current!r}; the old name "
+                                   f"{obj!r} would hide it")
+            setattr(module, key, obj)
+            DECLARED.setdefault(module_name, {})[key] = obj
+        return obj
+    return declare
+
+
+def alias(obj: Any, name: str, *where: str, new: Optional[str] = None) -> Any:
+    """Declare the core object ``obj`` as ``name`` in each module of ``where``: a constant as is; with ``new``, a
+    function as a wrapper and a class as a subclass that warn when used (the core object itself is untouched).
+
+    Returns:
+        What was bound.
+    """
+    bound = obj
+    if new is not None:
+        if isinstance(obj, type):
+            bound = type(obj)(name, (obj,), {"__module__": where[0], "__qualname__": name, "__doc__": obj.__doc__})
+        bound = _deprecate(bound, _warning(name, where, new))
+        bound.__name__ = bound.__qualname__ = name
+        bound.__module__ = where[0]
+    return old_name(*where, name=name)(bound)
