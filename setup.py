@@ -36,7 +36,7 @@ setup(
         # transformers, ONNX export under onnxruntime, YAML configs, TensorBoard / W&B logs, losses against smp)
         "test": ["pytest", "matplotlib", "scipy", "pycocotools", "sphinx", "myst-parser", "furo",
                  "timm", "transformers", "onnx", "onnxruntime", "onnxscript", "pyyaml", "tensorboard", "wandb",
-                 "segmentation-models-pytorch"],
+                 "segmentation-models-pytorch", "huggingface_hub", "safetensors"],
         # `python -m sphinx -W -b html docs docs/_build/html`
         "docs": ["sphinx", "myst-parser", "furo"],
         "chart": ["matplotlib"],  # scripts/memory_balance.py --chart, training curves
@@ -44,6 +44,8 @@ setup(
         "config": ["pyyaml"],  # train.py --config FILE.yaml
         "monitor": ["tensorboard", "matplotlib"],  # train.py --tensorboard, the curve plot (--wandb: pip install wandb)
         "export": ["onnx", "onnxruntime", "onnxscript"],  # python -m encoding.export --format onnx
+        # save_pretrained / load_model("user/repo") / push_to_hub: whole models as safetensors on the Hugging Face Hub
+        "hub": ["huggingface_hub", "safetensors"],
         # only for `python -m encoding.datasets.prepare`: SBD's .mat labels, PASCAL-Context RLE, COCO masks
         "prepare": ["scipy", "pycocotools"],
     },

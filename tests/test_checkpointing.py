@@ -5,6 +5,7 @@ import copy
 import json
 import os
 import pickle
+import threading
 import time
 
 import pytest
@@ -16,6 +17,7 @@ from encoding.memory import DeviceProgram, StepSpec, measure_program_cpu, segmen
 from encoding.models import FCNHead, SegmentationModel, get_segmentation_model
 from encoding.nn import (SegmentationLosses, SyncBatchNorm, checkpoint_segmentation_model, disable_checkpointing,
                          is_checkpointed)
+from encoding.nn.recompute import enable_checkpointing, is_recomputing
 from encoding.parallel import DataParallelCriterion, DataParallelModel, get_replica_context
 from encoding.parallel.rng import ReplicaRandom, replica_seed
 from encoding.utils.dist import end_worker
@@ -229,6 +231,61 @@ def test_replica_random_routes_random_ops_to_its_generator():
         assert torch.equal(torch.rand(4), b)
     assert replica_seed(7, 0) == replica_seed(7, 0) != replica_seed(7, 1)
     assert 0 <= replica_seed(2 ** 62, 5) < 2 ** 63
+
+
+_INTERLEAVE = threading.Barrier(2)
+
+
+class FusedDropout(nn.Module):
+    """Dropout as CUDA runs it: the fused ``native_dropout`` (an operator without a generator argument), twice, with
+    both replicas' first draws made before either makes its second (a barrier between them, skipped when
+    recomputing): the interleaving that broke recomputation with two replicas on one CUDA device."""
+
+    def forward(self, x):
+        x = torch.native_dropout(x, 0.5, True)[0]
+        if get_replica_context() is not None and not is_recomputing():
+            _INTERLEAVE.wait(timeout=30)
+        return torch.native_dropout(x, 0.5, True)[0]
+
+
+def fused_dropout_run(checkpointed):
+    """One step of a net with :class:`FusedDropout` on two CPU replicas (the fused dropout drew from the shared
+    default generator): loss and gradients."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), FusedDropout(), nn.Linear(32, 4)).double()
+    if checkpointed:
+        enable_checkpointing(net[1])
+    criterion = DataParallelCriterion(nn.MSELoss(), device_ids=["cpu"] * 2)
+    x, y = torch.randn(6, 16, dtype=torch.float64), torch.randn(6, 4, dtype=torch.float64)
+    torch.manual_seed(3)
+    loss = criterion(DataParallelModel(net, device_ids=["cpu"] * 2)(x), y)
+    loss.backward()
+    return [loss.detach()] + [p.grad.clone() for p in net.parameters()]
+
+
+def test_fused_dropout_of_two_replicas_on_one_device_recomputes_exactly():
+    """Issue 36: each replica draws from its own generator, fused dropout included, also in the recomputation
+    (before, recomputation restored the shared generator that the other replica had drawn from meanwhile)."""
+    plain, checkpointed = fused_dropout_run(False), fused_dropout_run(True)
+    assert 0 < plain[0].item()
+    assert max((a - b).abs().max().item() for a, b in zip(plain, checkpointed)) <= TOL
+    assert all(torch.equal(a, b) for a, b in zip(plain, fused_dropout_run(False)))  # and repeatable
+
+
+def test_replica_random_routes_fused_dropout_to_its_generator():
+    x = torch.ones(1000, dtype=torch.float64, requires_grad=True)
+    with ReplicaRandom(torch.Generator().manual_seed(3)):
+        out, mask = torch.native_dropout(x, 0.5, True)
+    with ReplicaRandom(torch.Generator().manual_seed(3)):
+        torch.manual_seed(99)
+        again, mask_again = torch.native_dropout(x, 0.5, True)
+    assert torch.equal(out, again) and torch.equal(mask, mask_again) and mask.dtype == torch.bool
+    assert 300 < int(mask.sum()) < 700 and torch.equal(out, mask.double() * 2)
+    out.sum().backward()
+    assert torch.equal(x.grad, mask.double() * 2)
+    with ReplicaRandom(torch.Generator().manual_seed(3)):
+        evaluated, kept = torch.native_dropout(x, 0.5, False)
+    assert torch.equal(evaluated, x) and bool(kept.all())
 
 
 # ------------------------------------------------------------------------------------------------ the model option

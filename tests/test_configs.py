@@ -1,7 +1,6 @@
 """Issue 27 item 1: ``train.py --config FILE`` (YAML or JSON, keys = option names, typed by the script's parser, the
 command line wins), the run's saved ``config.yaml`` that repeats it, and the dataset recipes as configuration files.
 """
-import argparse
 import json
 import os
 import sys
@@ -12,6 +11,7 @@ import yaml
 from conftest import SCRIPTS, TINY, load_script
 from encoding.datasets import datasets
 from encoding.engine.config import CONFIG_NAME, ConfigError, TrainingConfig, saved_config
+from encoding.config.recipes import read_flat
 from encoding.engine.recipes import RECIPE_KEYS, builtin_recipe, read_recipe
 from encoding.engine.data import image_sizes
 from encoding.utils.configfile import read_config, write_config
@@ -81,9 +81,9 @@ def test_a_missing_file_or_pyyaml_is_one_line(tmp_path, capsys, options, monkeyp
     path = _write(tmp_path / "run.yaml", "epochs: 2\n")
     monkeypatch.setitem(sys.modules, "yaml", None)  # as without the `config` extra
     assert f"{path}: reading YAML needs PyYAML: pip install -e .[config]" in _error(capsys, options, ["--config", path])
-    err = _error(capsys, options, ["--dataset", "ade20k"])
-    assert "ade20k.yaml: reading YAML needs PyYAML" in err and "(the recipe of --dataset ade20k)" in err
-    assert options.parse_args([]).model == TrainingConfig.model  # the built-in run reads no file
+    # the recipes are flat files, read without PyYAML: the built-in run and every dataset's start need none
+    assert options.parse_args(["--dataset", "ade20k"]).model == read_recipe(CONFIGS, "ade20k")["model"]
+    assert options.parse_args([]).model == TrainingConfig.model
 
 
 def test_written_config_reads_back_with_its_values(tmp_path):
@@ -134,52 +134,48 @@ def test_a_dataset_recipe_file_is_what_its_dataset_starts_from(options, dataset)
     path = os.path.join(CONFIGS, f"{dataset}.yaml")
     assert {k.replace("-", "_") for k in read_config(path)} <= set(RECIPE_KEYS) | {"dataset"}
     assert vars(options.parse_args(["--dataset", dataset])) == vars(options.parse_args(["--config", path]))
-    recipe = read_recipe(options.build_parser("train"), CONFIGS, dataset)
+    recipe = read_recipe(CONFIGS, dataset)
+    assert {k.replace("-", "_"): v for k, v in read_config(path).items()} == {  # PyYAML reads the same
+        k.replace("-", "_"): v for k, v in read_flat(path).items()}
     args = options.parse_args(["--dataset", dataset])
     assert all(getattr(args, key) == recipe[key] for key in RECIPE_KEYS if recipe[key] is not None)
 
 
-def test_every_dataset_but_the_builtin_one_has_a_recipe_file(options):
-    assert set(RECIPE_FILES) == set(datasets) - {TrainingConfig.dataset}
-    args = options.parse_args([])  # the built-in run: TrainingConfig's defaults, no file read (no PyYAML needed)
+def test_every_dataset_has_a_recipe_file_and_the_builtin_one_is_the_defaults(options):
+    assert set(RECIPE_FILES) == set(datasets)
+    assert read_recipe(CONFIGS, TrainingConfig.dataset) == builtin_recipe(TrainingConfig.dataset)  # shapes.yaml
+    args = options.parse_args([])  # the built-in run: TrainingConfig's defaults (no PyYAML needed)
     assert {k: getattr(args, k) for k in RECIPE_KEYS} == builtin_recipe("shapes")
     effective = {**vars(TrainingConfig()), **image_sizes(TrainingConfig())}  # None sizes: the built-in run's
     assert {k: getattr(args, k) for k in RECIPE_KEYS} == {k: effective[k] for k in RECIPE_KEYS}
 
 
 def test_a_recipe_file_sets_only_recipe_keys(tmp_path, options):
-    parser = options.build_parser("train")
     _write(tmp_path / "ade20k.yaml", "dataset: ade20k\nmodel: fcn\nbackbone: resnet50\nepochs: 2\nbatch-size: 2\n"
                                      "lr: 0.1\noptimizer: sgd\nweight-decay: 0\naux: true\n")
     with pytest.raises(ConfigError, match="ade20k.yaml: the recipe of --dataset ade20k sets aux, which a recipe"):
-        read_recipe(parser, str(tmp_path), "ade20k")
+        read_recipe(str(tmp_path), "ade20k")
     _write(tmp_path / "citys.yaml", "dataset: citys\nmodel: fcn\n")
     with pytest.raises(ConfigError, match="citys.yaml: the recipe of --dataset citys lacks backbone, epochs"):
-        read_recipe(parser, str(tmp_path), "citys")
-    assert read_recipe(parser, str(tmp_path), "coco")["base_size"] is None  # no file: the dataset's own sizes
+        read_recipe(str(tmp_path), "citys")
+    assert read_recipe(str(tmp_path), "coco")["base_size"] is None  # no file: the dataset's own sizes
 
 
-def test_a_recipe_learning_rate_scales_with_the_batch_size_when_lr_is_not_given():
+def test_a_recipe_learning_rate_scales_with_the_batch_size_when_lr_is_not_given(tmp_path):
     """PyTorch-Encoding's rule: the recipe's lr is for its batch; --batch-size without --lr scales it linearly."""
-    from encoding.engine.recipes import fill_from_recipe
+    from encoding.config import resolve
 
-    recipe = {"model": "fcn", "backbone": "resnet50", "head_channels": None, "epochs": 10, "batch_size": 16,
-              "lr": 0.004}
-    names = ("model", "backbone", "epochs", "batch_size", "lr")
+    _write(tmp_path / "ade20k.yaml", "dataset: ade20k\nmodel: fcn\nbackbone: resnet50\nepochs: 10\nbatch-size: 16\n"
+                                     "lr: 0.004\noptimizer: sgd\nweight-decay: 0\n")
 
-    def options(**given):
-        base = dict(dataset="ade20k", model=None, backbone=None, head_channels=None, epochs=None, batch_size=None,
-                    lr=None)
-        return argparse.Namespace(**{**base, **given})
+    def options(*given):
+        return resolve("train", ["--dataset", "ade20k", *given], recipes=str(tmp_path)).training()
 
-    scaled = options(batch_size=8)
-    fill_from_recipe(scaled, names, lambda dataset: recipe)
+    scaled = options("--batch-size", "8")
     assert scaled.lr == pytest.approx(0.002)
     default = options()
-    fill_from_recipe(default, names, lambda dataset: recipe)
     assert (default.batch_size, default.lr) == (16, 0.004)
-    explicit = options(batch_size=8, lr=0.01)
-    fill_from_recipe(explicit, names, lambda dataset: recipe)
+    explicit = options("--batch-size", "8", "--lr", "0.01")
     assert explicit.lr == 0.01
 
 

@@ -177,12 +177,17 @@ def _check_names(ns: argparse.Namespace, what: str) -> None:
     """Dataset, model and backbone names of a parsed command exist in their registries."""
     from encoding.datasets import datasets
     from encoding.models import ARCHITECTURES, backbone_list
+    from encoding.models.external import is_model_spec, parse_model_spec
+    from torchvision.models import list_models
 
     registries = {"dataset": set(datasets), "model": set(ARCHITECTURES),
                   "backbone": set(backbone_list())}
     for attr, names in registries.items():
         value = getattr(ns, attr, None)
-        if isinstance(value, str):
+        if attr == "model" and is_model_spec(value):  # torchvision:NAME, transformers:PATH, module:factory
+            spec = parse_model_spec(value)
+            assert spec.kind != "torchvision" or spec.target in list_models(), f"{what}: no torchvision {value!r}"
+        elif isinstance(value, str):
             assert value in names, f"{what}: --{attr} {value!r} is not one of {sorted(names)}"
 
 
@@ -492,7 +497,8 @@ def test_site_builds_with_warnings_as_errors(built_site):
 
 
 @pytest.mark.parametrize("package", ["parallel", "memory", "nn", "models", "datasets", "utils", "engine",
-                                     "engine.builders"])
+                                     "engine.builders",
+                                     "config"])
 def test_api_pages_document_all_public_names(built_site, package):
     module = importlib.import_module(f"encoding.{package}")
     html = (built_site / "api" / f"{package.rsplit('.', 1)[-1]}.html").read_text(encoding="utf-8")

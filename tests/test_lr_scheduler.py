@@ -64,7 +64,8 @@ def test_head_multiplier_and_pe_call(caplog):
     opt.param_groups[1]["lr_mult"] = 3.0
     sched(opt, 0, 0)
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.01, 0.03])
-    single = LR_Scheduler("poly", 0.01, 2, 5, head_multiplier=1.0)
+    with pytest.warns(FutureWarning, match="head_multiplier= is now head_lr_mult="):  # the old name still works
+        single = LR_Scheduler("poly", 0.01, 2, 5, head_multiplier=1.0)
     opt2 = two_group_optimizer()
     single(opt2, 0, 0)
     assert [g["lr"] for g in opt2.param_groups] == [0.01, 0.01]

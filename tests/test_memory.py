@@ -362,6 +362,27 @@ def test_tool_max_batch_beyond_4096_fits_and_one_more_does_not(tmp_path):
     assert max(strategy_peaks(simulator, "balanced", best + 1, 2)[1]) > 4 * 2 ** 30
 
 
+def test_tool_max_batch_under_a_huge_limit_is_a_bounded_search(tmp_path, monkeypatch):
+    """Issue 35, item 7: --max-batch --memory-limit 1TiB finishes after a bounded number of simulations (the old
+    doubling and bisection over batches planned a split at each: it never finished); the answers are exact."""
+    from encoding.memory import simulate
+
+    calls = []
+    original = simulate.simulate_program
+    monkeypatch.setattr(simulate, "simulate_program", lambda *a, **k: calls.append(a[1]) or original(*a, **k))
+    report = cli.main(["--model", "fcn", "--backbone", "resnet18", "--crop-size", "32", "--simulate", "2",
+                       "--strategies", "ddp,balanced-auto", "--max-batch", "--memory-limit", "1TiB",
+                       "--out-dir", str(tmp_path)])
+    assert len(calls) <= 60, len(calls)
+    limit, simulator = 2 ** 40, Simulator(segmentation_spec("fcn", "resnet18", 21, 32), 512)
+    ddp, auto = (report["strategies"][s]["max_batch"] for s in ("ddp", "balanced-auto"))
+    assert ddp > 10 ** 5 and auto >= ddp
+    assert max(strategy_peaks(simulator, "ddp", ddp, 2)[1]) <= limit
+    assert max(strategy_peaks(simulator, "ddp", ddp + 1, 2)[1]) > limit
+    assert max(strategy_peaks(simulator, "balanced-auto", auto, 2)[1]) <= limit
+    assert max(strategy_peaks(simulator, "balanced-auto", auto + 1, 2)[1]) > limit
+
+
 @pytest.mark.gpu
 def test_simulation_matches_cuda_max_memory_allocated():
     from encoding.memory import measure_strategy

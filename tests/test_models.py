@@ -324,6 +324,29 @@ def test_unet_decodes_to_the_finest_stage():
         assert [m[0].out_channels for m in model.classifier.fuse] == [8, 16, 24]
 
 
+def test_lighter_head_options_separable_aspp_and_fuse_channels():
+    """``separable`` (DeepLabV3+) makes every 3x3 conv of the ASPP and decoder depthwise-separable; ``fuse_channels``
+    (FCFPN, UperNet) sets the width of the stride-4 fusing conv. Both keep the output contract and shrink the head."""
+    from encoding.models.flops import count_flops
+    x = torch.randn(2, 3, 64, 64)
+    for name, options in (("deeplabv3plus", dict(separable=True)), ("fcfpn", dict(fuse_channels=128)),
+                          ("upernet", dict(fuse_channels=256))):
+        plain, light = build(name), build(name, **options)
+        outputs = light(x)
+        assert outputs["out"].shape == (2, NCLASS, 64, 64)
+        outputs["out"].mean().backward()
+        assert all(p.grad is not None for p in light.parameters())
+        heads = [sum(p.numel() for p in m.head_parameters()) for m in (plain, light)]
+        assert heads[1] < 0.75 * heads[0], (name, heads)
+        assert count_flops(light, (64, 64)) < count_flops(plain, (64, 64))
+    head = build("deeplabv3plus", separable=True).classifier
+    spatial = [m for m in head.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)]
+    assert spatial and all(m.groups == m.in_channels for m in spatial)
+    assert [m.dilation[0] for m in spatial[:3]] == [6, 12, 18]
+    fuse = build("upernet", fuse_channels=96).classifier.fuse
+    assert fuse[0].out_channels == 96 and fuse[-1].in_channels == 96
+
+
 def test_pretrained_backbone_offline_error_and_cache(offline_hub):
     message = r"ResNet18_Weights.*download\.pytorch\.org.*put the file at .*hub.checkpoints"
     with pytest.raises(RuntimeError, match=message):

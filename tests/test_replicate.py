@@ -74,7 +74,10 @@ def _assert_same_replica(ours, theirs, original):
                 assert mine.__dict__[key] is mine._former_parameters[key]
                 assert not mine.__dict__[key].is_leaf and torch.equal(mine.__dict__[key], ref.__dict__[key])
         for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks"):
-            assert getattr(mine, hooks) is getattr(source, hooks) is getattr(ref, hooks)
+            # the same hooks as torch's replica, in a dictionary of the replica's own (issue 34: a replica that
+            # registers a hook must not add it to the original)
+            assert getattr(mine, hooks) == getattr(source, hooks) == getattr(ref, hooks)
+            assert getattr(mine, hooks) is not getattr(source, hooks)
         if hasattr(source, "_flat_weights_names"):  # RNNs: the flat-weight cache must hold the replica's copies
             assert all(w is getattr(mine, name) for w, name in zip(mine._flat_weights, mine._flat_weights_names))
             assert all(w is getattr(ref, name) for w, name in zip(ref._flat_weights, ref._flat_weights_names))

@@ -256,7 +256,7 @@ def test_train_script_parses_and_builds_timm_backbones(model, backbone, shapes_r
 
     args = load_script("train").parse_args(["--model", model, "--backbone", backbone, "--crop-size", "32",
                                              "--base-size", "40", "--batch-size", "2", "--workers", "0",
-                                             "--checkpoint", "backbone", "--output-dir", str(tmp_path / "runs")])
+                                             "--recompute", "backbone", "--output-dir", str(tmp_path / "runs")])
     run = build_training(TrainingConfig(**vars(args)), datasets=tiny_shapes_pair(shapes_root, 2, 2))
     body = run.model.module if hasattr(run.model, "module") else run.model
     assert isinstance(body.backbone, ResNeStBackbone if backbone == "resnest50" else TimmBackbone)

@@ -33,6 +33,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
+from ..config import AUX_WEIGHT_LIBRARY
+from ..config.fields import renamed_keyword
 from ..datasets import get_segmentation_dataset, list_collate
 from ..datasets.class_weights import resolve_class_weights
 from ..models import SegmentationModel, get_segmentation_model
@@ -105,25 +107,28 @@ def select_devices(device_ids: Optional[Sequence[Union[int, str, torch.device]]]
 def build_model(name: str, dataset: str, *, backbone: str = "resnet50", aux: bool = False, se_loss: bool = False,
                 pretrained_backbone: Union[bool, str, os.PathLike] = False, output_stride: Optional[int] = None,
                 sync_bn: bool = False, device: Optional[torch.device] = None,
-                checkpoint: Union[bool, str] = False, head_options: Optional[dict] = None,
-                nclass: Optional[int] = None) -> SegmentationModel:
+                recompute: Union[bool, str] = False, head_options: Optional[dict] = None,
+                nclass: Optional[int] = None, **old: Any) -> SegmentationModel:
     """A segmentation model (see :func:`~encoding.models.get_segmentation_model`) on ``device``.
 
     Args:
         sync_bn: use :class:`~encoding.nn.SyncBatchNorm` (several replicas or processes), else ``nn.BatchNorm2d``.
         device: move the model there (``None``: leave it on the CPU).
-        checkpoint: activation checkpointing policy: ``False``, ``"backbone"`` or ``"all"``.
+        recompute: activation recomputation policy: ``False`` (or ``"none"``), ``"backbone"`` or ``"all"``
+            (``checkpoint=``, its old name, still works with a ``FutureWarning``).
         head_options: options of the architecture's head factory, e.g. ``{"channels": 64}`` for ``deeplabv3plus``.
         nclass: output channels (default: the dataset's class count; 1 for a binary network).
     """
+    recompute = renamed_keyword(old, "checkpoint", "recompute", recompute, "build_model")
     model = get_segmentation_model(name, dataset=dataset, backbone=backbone, aux=aux, se_loss=se_loss, nclass=nclass,
                                    pretrained_backbone=pretrained_backbone, output_stride=output_stride,
-                                   norm_layer=SyncBatchNorm if sync_bn else nn.BatchNorm2d, checkpoint=checkpoint,
+                                   norm_layer=SyncBatchNorm if sync_bn else nn.BatchNorm2d,
+                                   checkpoint=False if recompute == "none" else recompute,
                                    **(head_options or {}))
     return model if device is None else model.to(device)
 
 
-def build_criterion(nclass: int, *, aux: bool = False, aux_weight: float = 0.4, se_loss: bool = False,
+def build_criterion(nclass: int, *, aux: bool = False, aux_weight: float = AUX_WEIGHT_LIBRARY, se_loss: bool = False,
                     se_weight: float = 0.2, device: Optional[torch.device] = None, loss: str = "ce",
                     class_weights: Union[None, str, os.PathLike, Sequence[float]] = None,
                     train_dataset: Optional[Dataset] = None) -> SegmentationLosses:
@@ -222,7 +227,7 @@ def param_groups(model: nn.Module) -> List[Dict[str, Any]]:
     """Optimizer parameter groups: the backbone first, then everything else (the heads).
 
     :class:`~encoding.utils.lr_scheduler.IterationLR` gives group 0 the base learning rate and later groups
-    ``head_multiplier`` times it (10x: the PyTorch-Encoding convention for pretrained backbones and new heads). A
+    ``head_lr_mult`` times it (10x: the PyTorch-Encoding convention for pretrained backbones and new heads). A
     model without a ``backbone`` attribute gives a single group.
 
     Args:
@@ -277,7 +282,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, mode: str, lr: float, epoc
     """The per-iteration schedule of ``optimizer`` (:class:`~encoding.utils.lr_scheduler.IterationLR`): it sets the
     rates of iteration 0 now; ``scheduler.step()`` after each ``optimizer.step()`` moves to the next iteration."""
     return IterationLR(optimizer, mode, lr, epochs, iters_per_epoch, lr_step=lr_step, warmup_epochs=warmup_epochs,
-                       head_multiplier=head_lr_mult)
+                       head_lr_mult=head_lr_mult)
 
 
 #: ``wrap_model(strategy=...)`` choices under ``torchrun`` (``train.py --strategy``): name -> what wraps the model.

@@ -16,13 +16,18 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import asdict, dataclass, replace
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+import sys
+from dataclasses import asdict, replace
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.data import Dataset
 
 from . import builders
+from ..config import AMP_CHOICES, DIST_TIMEOUT_S, Settings, TrainingConfig  # noqa: F401 (DIST_TIMEOUT_S: its old home)
+from ..config.fields import renamed_keyword
+from ..config.parser import option_specs
+from ..config.resolve import describe_sources
 from ..datasets import class_weights as weights, datasets as DATASETS
 from ..models import get_segmentation_model
 from ..parallel import resolve_devices
@@ -32,7 +37,7 @@ from ..utils.determinism import enable_determinism
 from ..utils.dist import get_rank, init_distributed_mode, is_main_process, timeout_problem
 from ..utils.metrics import SegmentationMetric
 from ..utils.monitor import MonitorUnavailable, require
-from ..utils.rundir import run_directory, run_lock
+from ..utils.rundir import run_lock
 from ..utils.table import format_table
 from . import state
 from .data import (ConfigError, check_data_options, check_split, data_metadata, dataset_name, dataset_options, image_sizes,
@@ -40,20 +45,17 @@ from .data import (ConfigError, check_data_options, check_split, data_metadata, 
 from .run import TrainingRun, base_dataset, resume, train
 
 __all__ = ["AMP_DTYPES", "CONFIG_NAME", "parse_device_ids", "ConfigError", "check_network", "check_devices",
-           "check_split", "check_training", "check_run_dir", "check_resume", "TrainingConfig", "saved_config",
+           "check_split", "check_training", "check_run_dir", "check_resume", "check_settings", "TrainingConfig",
+           "config_header", "saved_config",
            "build_training", "run_training"]
 
-#: ``amp`` choice -> autocast dtype (``None``: full precision).
-AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-#: ``--dist-timeout``: a collective waiting this long ends a torchrun job (torch's gloo default: 30 minutes). The
-#: longest legitimate wait between two collectives is rank 0 writing the checkpoint and the best model (about 1 GB
-#: for the largest recipes: tens of seconds on a slow shared disk), so 10 minutes leaves ten times that and is
-#: torch's own NCCL default.
-DIST_TIMEOUT_S = 600.0
+#: ``amp`` choice (:data:`encoding.config.AMP_CHOICES`) -> autocast dtype (``None``: full precision).
+AMP_DTYPES = dict(zip(AMP_CHOICES, (None, torch.bfloat16, torch.float16)))
 #: The run directory's record of the run's options: ``train.py --config RUN/config.yaml`` repeats the run.
 CONFIG_NAME = "config.yaml"
-#: What to do with a run directory rather than what the run is: not recorded in :data:`CONFIG_NAME`.
-UNRECORDED = ("resume", "overwrite", "eval")
+#: What to do with a run directory rather than what the run is: not recorded in :data:`CONFIG_NAME` (the option
+#: fields marked ``recorded=False``).
+UNRECORDED = tuple(f.name for f, o in option_specs("train") if not o.recorded)
 
 def parse_device_ids(text: Optional[str]) -> Optional[List[Any]]:
     """``"0,1"`` -> ``[0, 1]``; ``"cpu,cpu"`` -> ``["cpu", "cpu"]``; ``None``/``""`` -> ``None`` (the default)."""
@@ -64,20 +66,25 @@ def parse_device_ids(text: Optional[str]) -> Optional[List[Any]]:
 
 def check_network(dataset: str, model: str, backbone: str, *, aux: bool = False, se_loss: bool = False,
                   output_stride: Optional[int] = None, head_channels: Optional[int] = None,
-                  checkpoint: Any = False, nclass: Optional[int] = None) -> None:
+                  recompute: Any = False, nclass: Optional[int] = None, **old: Any) -> None:
     """Refuse a dataset or network the builders cannot make: the network is built on the ``meta`` device (no
     memory, no weights, no download), so every late error of the model's constructors is found now.
+
+    ``recompute``: ``False`` (or ``"none"``), ``"backbone"`` or ``"all"``; ``checkpoint=`` is its old name
+    (``FutureWarning``).
 
     Raises:
         ConfigError: naming the option(s) and the valid values.
     """
+    recompute = renamed_keyword(old, "checkpoint", "recompute", recompute, "check_network")
     if dataset not in DATASETS:
         raise ConfigError(f"--dataset {dataset}: unknown dataset; valid: {', '.join(sorted(DATASETS))}")
     options = {"channels": head_channels} if head_channels else {}
     try:
         with torch.device("meta"):
             get_segmentation_model(model, dataset=dataset, backbone=backbone, aux=aux, se_loss=se_loss,
-                                   output_stride=output_stride, checkpoint=checkpoint,
+                                   output_stride=output_stride,
+                                   checkpoint=False if recompute == "none" else recompute,
                                    nclass=nclass or DATASETS[dataset].NUM_CLASS or 2, **options)
     except (ValueError, KeyError, TypeError, NotImplementedError) as err:
         given = f"--model {model} --backbone {backbone}" + (f" --output-stride {output_stride}" if output_stride
@@ -130,7 +137,7 @@ def check_training(config: "TrainingConfig", given_datasets: bool = False) -> No
     c = config
     if not given_datasets or c.dataset in DATASETS:
         check_network(c.dataset, c.model, c.backbone, aux=c.aux, se_loss=c.se_loss, output_stride=c.output_stride,
-                      head_channels=c.head_channels, checkpoint=False if c.checkpoint == "none" else c.checkpoint,
+                      head_channels=c.head_channels, recompute=c.recompute,
                       nclass=1 if c.binary or c.binary_class else None)
     for split, option in [] if given_datasets else [(c.train_split, "--train-split")] + (
             [] if c.no_val else [(c.val_split, "--val-split")]):
@@ -187,86 +194,52 @@ def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint) -> None
                               f"{saved[name]} (the epoch's remaining samples depend on it)")
 
 
-@dataclass
-class TrainingConfig:
-    """A training run's options (``train.py``'s, filled from the recipe; see ``docs/training.md``).
+def check_settings(settings: Settings) -> None:
+    """Refuse the settings of a script that cannot work, before any work (:func:`check_training` for ``train.py``;
+    the network, split and devices of ``test.py`` / ``demo.py``); warn of a crop larger than the base size.
 
-    The defaults are the built-in run, what ``train.py`` runs without options: a U-Net on ``vgg_tiny`` learning the
-    embedded ``shapes`` dataset on a CPU in minutes (the one place of these values; the recipes of the other
-    datasets are configuration files, :mod:`encoding.engine.recipes`)."""
+    Raises:
+        ConfigError: one line naming the option and the value.
+    """
+    s = settings.options()
+    if settings.script != "train":
+        if not s["model_zoo"]:
+            check_network(s["dataset"], s["model"], s["backbone"], aux=s["aux"], se_loss=s["se_loss"],
+                          output_stride=s["output_stride"], head_channels=s["head_channels"])
+        if settings.script == "test":
+            check_split(s["dataset"], s["split"], "--split", masks=s["mode"] != "test")
+        check_devices(s.get("device_ids"))
+        return
+    if s["eval"] and not s["resume"]:
+        raise ConfigError("--eval evaluates a checkpoint: pass --resume <checkpoint.pth>")
+    if s["resume"] and not os.path.isfile(s["resume"]):
+        raise ConfigError(f"argument --resume: no such file: {s['resume']}")
+    if s["start_epoch"] >= s["epochs"]:
+        raise ConfigError(f"--start-epoch {s['start_epoch']} must be below --epochs {s['epochs']}")
+    check_training(settings.training())
+    base, crop = s["base_size"], s["crop_size"]
+    if base is not None and crop is not None and crop > base:
+        sys.stderr.write(f"warning: --crop-size {crop} is larger than --base-size {base}: training images are "
+                         "scaled around the base size, so most of each crop will be padding\n")
 
-    dataset: str = "shapes"
-    data_root: Optional[str] = None
-    model: str = "unet"
-    backbone: str = "vgg_tiny"
-    aux: bool = False
-    se_loss: bool = False
-    head_channels: Optional[int] = None
-    output_stride: Optional[int] = 8
-    base_size: Optional[int] = None  # None: the recipe's (data.BUILTIN_SIZES for shapes), else the dataset's
-    crop_size: Optional[int] = None
-    workers: int = 2
-    amp: str = "none"
-    no_cuda: bool = False
-    dist_timeout: float = DIST_TIMEOUT_S
-    device_ids: Optional[str] = None
-    seed: int = 1
-    pretrained: Union[bool, str] = False  # True: torchvision's ImageNet weights; a path: a local file
-    aux_weight: float = 0.2
-    se_weight: float = 0.2
-    loss: str = "ce"
-    class_weights: Optional[str] = None
-    scale_range: Optional[Tuple[float, float]] = None
-    train_split: str = "train"
-    val_split: str = "val"
-    epochs: int = 8
-    start_epoch: int = 0
-    batch_size: int = 16
-    test_batch_size: Optional[int] = None
-    lr: float = 0.002
-    lr_scheduler: str = "poly"
-    lr_step: int = 0
-    warmup_epochs: int = 0
-    head_lr_mult: float = 1.0
-    optimizer: str = "adamw"
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    checkpoint: str = "none"
-    clip_grad: Optional[float] = None
-    balance: str = "none"
-    strategy: str = "ddp"
-    resume: Optional[str] = None
-    ft: bool = False
-    checkname: str = "default"
-    output_dir: str = "runs"
-    overwrite: bool = False
-    eval: bool = False
-    no_val: bool = False
-    train_limit: Optional[int] = None
-    val_limit: Optional[int] = None
-    deterministic: bool = False
-    verify_data: bool = False
-    skip_bad: bool = False
-    tensorboard: bool = False
-    wandb: bool = False
-    log_images: int = 5
-    # own data and binary segmentation (issue 34): the folder dataset's options, one foreground channel
-    val_fraction: float = 0.1
-    unknown_labels: str = "error"
-    binary: bool = False
-    binary_class: Optional[str] = None
-    threshold: float = 0.5
 
-    @property
-    def run_dir(self) -> str:
-        """Where the run writes (:func:`~encoding.utils.rundir.run_directory`)."""
-        return run_directory(self.output_dir, self.dataset, self.model, self.checkname)
+def config_header(config: TrainingConfig) -> str:
+    """The comment at the top of :data:`CONFIG_NAME`: how to repeat the run, and where each value came from."""
+    lines = ["the options of this run: `train.py --config <this file>` repeats it (--resume, --overwrite and --eval "
+             "are not recorded)"]
+    recorded = saved_config(config)
+    sources = {k: v for k, v in config.sources.items() if k in recorded}
+    if sources:
+        lines += ["where each value came from (the others are the defaults; docs/configs.md, 'Where a setting comes "
+                  "from'):"] + describe_sources(sources)
+    return "\n".join(lines)
 
 
 def saved_config(config: TrainingConfig) -> Dict[str, Any]:
     """What :data:`CONFIG_NAME` records: every option but :data:`UNRECORDED` (``resume`` is kept with ``ft``: the
     weights a fine-tuning starts from are part of the run)."""
-    return {k: v for k, v in asdict(config).items() if k not in UNRECORDED or (k == "resume" and config.ft)}
+    return {k: v for k, v in asdict(config).items()
+            if k != "sources" and (k not in UNRECORDED or (k == "resume" and config.ft))}
 
 
 def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, Dataset]] = None,
@@ -299,7 +272,7 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
     model = builders.build_model(c.model, c.dataset, backbone=c.backbone, aux=c.aux, se_loss=c.se_loss,
                                  pretrained_backbone=c.pretrained, output_stride=c.output_stride,
                                  sync_bn=placement.synced, device=device,
-                                 checkpoint=False if c.checkpoint == "none" else c.checkpoint,
+                                 recompute=c.recompute,
                                  head_options={"channels": c.head_channels} if c.head_channels else None,
                                  nclass=1 if binary else len(class_names))
     criterion = run_criterion(c, len(class_names), binary, device, loaders.train.dataset)
@@ -387,8 +360,7 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
             return result
         if is_main_process():
             write_config(os.path.join(config.run_dir, CONFIG_NAME), saved_config(config),
-                         header="the options of this run: `train.py --config <this file>` repeats it (--resume, "
-                                "--overwrite and --eval are not recorded)")
+                         header=config_header(config))
         result = train(run, checkpoint if resumed else None, verify_data=config.verify_data)
     if result and is_main_process():
         print(format_table(result, run.class_names))

@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import Subset
 
 from . import builders
+from ..config import BUILTIN_SIZES, ConfigError  # noqa: F401 (their home: encoding.config)
 from ..datasets import datasets as DATASETS
 from ..datasets.folder import HOLDOUT_NAME
 from ..datasets.metadata import BinaryTarget, binary_class_id, binary_setup, dataset_metadata
@@ -23,16 +24,6 @@ from ..utils.dist import is_main_process
 __all__ = ["BUILTIN_SIZES", "ConfigError", "eval_dataset_options", "binary_targets", "check_split", "check_data_options", "dataset_options", "image_sizes", "data_metadata", "dataset_name",
            "run_criterion"]
 
-#: The image sizes of the built-in run (``shapes``), where :class:`~.config.TrainingConfig` leaves them ``None``
-#: (another dataset's ``None`` sizes are its own ``BASE_SIZE`` / ``CROP_SIZE`` / ``SCALE_RANGE``).
-BUILTIN_SIZES = {"base_size": 72, "crop_size": 64, "scale_range": (1.0, 1.0)}
-
-
-class ConfigError(ValueError):
-    """An option value the run cannot use, found before any work: one line naming the option and the value (exit
-    status 2 on the command line, as an argument error)."""
-
-    exit_status = 2
 
 
 def check_split(dataset: str, split: str, option: str, *, masks: bool = True) -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
 from . import builders
+from ..config import NETWORK_OPTIONS  # the training options that define the network (the fields marked network)
 from ..datasets.metadata import resolve_dataset
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ..models import get_model, pretrained_model_list
@@ -26,9 +27,6 @@ from . import state
 
 __all__ = ["ModelInfo", "NETWORK_OPTIONS", "DATA_OPTIONS", "load_model", "model_info", "check_network_options"]
 
-#: The training options that define the network (and the sizes its inputs were trained at).
-NETWORK_OPTIONS = ("dataset", "model", "backbone", "aux", "se_loss", "head_channels", "output_stride", "base_size",
-                   "crop_size")
 #: What a checkpoint records about its data (:func:`encoding.datasets.metadata.dataset_metadata`) and the binary
 #: options: :class:`ModelInfo` takes them from the checkpoint, so no dataset class is needed to use the model.
 DATA_OPTIONS = ("classes", "palette", "ignore_index", "dataset_class", "binary", "binary_class", "threshold",
@@ -150,7 +148,9 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
 
     Args:
         source: a checkpoint file (its recorded options rebuild the network; its weights are read with
-            ``weights_only=True``), or a preset name of :data:`encoding.models.model_list` (e.g.
+            ``weights_only=True``), a :func:`~encoding.engine.hub.save_pretrained` folder or a Hugging Face Hub id
+            ``user/repo`` (safetensors, nothing unpickled; :func:`~encoding.engine.hub.load_pretrained`), or a
+            preset name of :data:`encoding.models.model_list` (e.g.
             ``"fcn_resnet50_voc"``: the published weights, or ``weights``).
         device: where to put the model (default: the CPU).
         weights: a preset's weights from a local file instead of the published ones.
@@ -177,6 +177,9 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
     path = os.fspath(source)
     if not os.path.isfile(path) and path.lower() in PRESETS:
         return _load_preset(path.lower(), device, weights, given)
+    shared = _load_shared(path, device, given)
+    if shared is not None:
+        return shared
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such checkpoint file or preset name: {path!r} (presets: "
                                 "encoding.models.model_list)")
@@ -221,6 +224,23 @@ def _fitting_network(network: Dict[str, Any], nclass: int, weights: Any, path: s
         raise CheckpointError(f"{path!r}: its 'model' entry is not a state dict")
     check_state_fits(twin, weights, source=repr(path))
     return _build(network, nclass)
+
+
+#: Readers of shared models (``(accepts(source), load(source, device=...))``) that :func:`load_model` asks before
+#: reading a checkpoint file: :mod:`encoding.engine.hub` registers its folders and Hub ids.
+SOURCE_READERS: List[Tuple[Callable[[str], bool], Callable[..., nn.Module]]] = []
+
+
+def _load_shared(path: str, device: Optional[Union[str, torch.device]], options: Dict[str, Any]
+                 ) -> Optional[nn.Module]:
+    """The model of the first :data:`SOURCE_READERS` entry that accepts ``path``; ``None`` when none does."""
+    for accepts, load in SOURCE_READERS:
+        if accepts(path):
+            if options:
+                raise ValueError(f"load_model({path!r}): a shared model records its network; options "
+                                 f"{', '.join(sorted(options))} apply to checkpoint files")
+            return load(path, device=device)
+    return None
 
 
 def _load_preset(name: str, device: Optional[Union[str, torch.device]], weights: Optional[Union[str, os.PathLike]],

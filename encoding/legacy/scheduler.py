@@ -31,13 +31,14 @@ class LR_Scheduler(IterationLR):  # noqa: N801 - PyTorch-Encoding name
     applied), as in the core.
 
     Signature: ``LR_Scheduler(mode, base_lr, num_epochs, iters_per_epoch, lr_step=0, warmup_epochs=0, *,
-    optimizer=None, head_multiplier=10.0, power=0.9)``.
+    optimizer=None, head_lr_mult=10.0, power=0.9)``.
 
     Args:
         mode, base_lr, num_epochs, iters_per_epoch: as in :class:`~encoding.utils.lr_scheduler.IterationLR`.
         *steps: ``lr_step`` (epochs between two ×0.1 decays, ``step`` mode) and ``warmup_epochs``.
         optimizer: attach an optimizer to use the scheduler torch-style (``step()``); optional for PE style.
-        **options: ``head_multiplier`` (factor of groups after the first, default 10) and ``power`` (poly, 0.9).
+        **options: ``head_lr_mult`` (factor of groups after the first, default 10; ``head_multiplier``, its old name,
+            with a ``FutureWarning``) and ``power`` (poly, 0.9).
 
     Example:
         >>> opt = torch.optim.SGD([{"params": backbone}, {"params": head}], lr=0.01)  # doctest: +SKIP
@@ -49,7 +50,7 @@ class LR_Scheduler(IterationLR):  # noqa: N801 - PyTorch-Encoding name
 
     def __init__(self, mode: str, base_lr: float, num_epochs: int, iters_per_epoch: int, *steps: int,
                  optimizer: Optional[Optimizer] = None, **options: float) -> None:
-        # steps: (lr_step, warmup_epochs); options: head_multiplier, power -- the core's schedule arguments
+        # steps: (lr_step, warmup_epochs); options: head_lr_mult, power -- the core's schedule arguments
         self._configure(mode, base_lr, num_epochs, iters_per_epoch, *steps, **options)
         if optimizer is not None:
             self._attach(optimizer)

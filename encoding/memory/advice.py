@@ -5,7 +5,14 @@ The search does not bisect (:func:`largest_fitting`). The heaviest device's peak
 (the optimizer step's parameters, gradients and state) and a line in its share of the batch (every sample adds the
 same activations), so two simulations on the line give the answer and a third, at the answer, verifies it. Over
 the crop, activations grow with the pixels: the same search in ``crop ** 2`` (crops are multiples of
-:data:`CROP_STEP`). Device programs are cached per (crop, policy); the fake model is shared across crops.
+:data:`CROP_STEP`). Every answer is then confirmed at the boundary by simulation (:func:`confirm_boundary`): it
+fits, one more sample per device (one more crop step) does not.
+
+Device programs are cached per (crop, policy); the fake model, and the model sharded for ``fsdp``, are shared
+across crops. ``balanced`` and ``zero1`` run ``ddp``'s forward and backward (the same model on its own share) and
+differ only in what they hold around it (DDP's buckets, the optimizer state of a partition, the replicas' gradients
+arriving): their peaks are composed from ``ddp``'s simulation at each point (:class:`_Peaks`), where that is exact
+(checked where both are simulated).
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ from .program import DeviceProgram, StepSpec
 from .simulate import Simulator, new_fake_mode
 
 __all__ = ["CROP_STEP", "ADVISED_STRATEGIES", "Advice", "advise", "recommend", "heaviest_program",
-           "largest_fitting"]
+           "largest_fitting", "confirm_boundary"]
 
 #: Crops are searched in multiples of this many pixels (the output stride of the dilated backbones).
 CROP_STEP = 8
@@ -28,6 +35,8 @@ ADVISED_STRATEGIES = ("gather", "balanced", "ddp", "fsdp", "zero1")
 POLICY_ORDER = ("none", "backbone", "all")
 #: Where the verification gives up stepping down (a line that far off is a bug, not a rounding).
 _MAX_STEPS = 8
+#: Strategies whose heaviest device runs ``ddp``'s forward and backward: composed from it where exact.
+_COMPOSED = ("balanced", "zero1")
 
 
 @dataclass(frozen=True)
@@ -74,20 +83,24 @@ def heaviest_program(simulator: Simulator, strategy: str, share: int, num_device
 
 class _Peaks:
     """Heaviest-device peaks per (policy, crop, strategy, share), each simulator built once and sharing its
-    policy's fake model."""
+    policy's fake model and sharded model; ``balanced`` and ``zero1`` composed from ``ddp`` where exact."""
 
     def __init__(self, spec_for: Callable[[int, str], StepSpec], num_devices: int, round_to: int,
                  backend: str = "nccl") -> None:
         self.spec_for, self.num_devices, self.round_to, self.backend = spec_for, num_devices, round_to, backend
         self._simulators: Dict[Tuple[str, int], Simulator] = {}
-        self._models: Dict[str, Tuple[object, object]] = {}
+        self._models: Dict[str, Simulator] = {}
+        # (policy, strategy) -> (bytes live at the step's start, peak of the rest of the step above it, ddp's),
+        # or None where composing is not exact
+        self._frames: Dict[Tuple[str, str], Optional[Tuple[int, int, int]]] = {}
 
     def simulator(self, policy: str, crop: int) -> Simulator:
         key = (policy, crop)
         if key not in self._simulators:
-            fake_mode, model = self._models.get(policy, (new_fake_mode(), None))
-            sim = Simulator(self.spec_for(crop, policy), self.round_to, fake_mode, model=model, backend=self.backend)
-            self._models[policy] = (fake_mode, sim.model)
+            first = self._models.get(policy)
+            sim = Simulator(self.spec_for(crop, policy), self.round_to, first and first.fake_mode,
+                            model=first and first.model, backend=self.backend, sharded=first and first.sharded)
+            self._models.setdefault(policy, sim)
             self._simulators[key] = sim
         return self._simulators[key]
 
@@ -98,7 +111,26 @@ class _Peaks:
 
     def __call__(self, policy: str, crop: int, strategy: str, share: int) -> int:
         sim = self.simulator(policy, crop)
-        return sim.peak(heaviest_program(sim, strategy, share, self.num_devices))
+        program = heaviest_program(sim, strategy, share, self.num_devices)
+        if strategy not in _COMPOSED:
+            return sim.peak(program)
+        if (policy, strategy) not in self._frames:
+            self._frames[policy, strategy] = self._frame(sim, program, share)
+        frame = self._frames[policy, strategy]
+        ddp = sim.result(heaviest_program(sim, "ddp", share, self.num_devices)).phases
+        if frame is None or ddp is None or ddp[2] - ddp[0] != frame[2]:  # ddp's rest of the step changed
+            return sim.peak(program)
+        start, rest, _ = frame
+        return start + max(ddp[1] - ddp[0], rest)
+
+    def _frame(self, sim: Simulator, program: DeviceProgram, share: int) -> Optional[Tuple[int, int, int]]:
+        """What ``program`` holds around ``ddp``'s forward and backward, from both simulated at one point, or
+        ``None`` when their forward and backward differ (composing would not be exact)."""
+        own = sim.result(program).phases
+        ddp = sim.result(heaviest_program(sim, "ddp", share, self.num_devices)).phases
+        if own is None or ddp is None or own[1] - own[0] != ddp[1] - ddp[0]:
+            return None
+        return own[0], own[2] - own[0], ddp[2] - ddp[0]
 
 
 def largest_fitting(peak: Callable[[int], int], start: int, limit: int, step: int = 1,
@@ -150,6 +182,28 @@ def largest_fitting(peak: Callable[[int], int], start: int, limit: int, step: in
         slope = (at(b) - at(a)) / (axis(b) - axis(a))
     fitting = [v for (which, v), p in known.items() if which == 0 and p <= limit]
     return max(fitting) if fitting else 0
+
+
+def confirm_boundary(peak: Callable[[int], int], value: int, limit: int, step: int = 1) -> int:
+    """``value`` (a multiple of ``step``) moved to the boundary and confirmed by ``peak``: the result fits (or is
+    ``0``: not even ``step`` fits) and one ``step`` more does not. A search whose line was exact costs two ``peak``
+    calls; one that missed gallops (doubling its step) to a bracket and bisects it.
+    """
+    gap = step
+    if value == 0 or peak(value) <= limit:
+        low, high = value, value + step
+        while peak(high) <= limit:
+            low, gap = high, gap * 2
+            high = low + gap
+    else:
+        low, high = value - step, value
+        while low > 0 and peak(low) > limit:
+            high, gap = low, gap * 2
+            low = max(0, high - gap)
+    while high - low > step:
+        mid = max(low + step, (low + high) // 2 // step * step)
+        low, high = (mid, high) if peak(mid) <= limit else (low, mid)
+    return low
 
 
 def _on_grid(target: float, axis: Callable[[int], float], step: int) -> int:
@@ -206,14 +260,19 @@ def _line_of(strategy: str) -> str:
 
 
 def _max_share(peaks: _Peaks, policy: str, crop: int, strategy: str, share: int, limit: int) -> int:
-    return largest_fitting(lambda b: peaks(policy, crop, strategy, b), share, limit,
-                           reference=lambda b: peaks(policy, crop, _line_of(strategy), b))
+    def peak(b: int) -> int:
+        return peaks(policy, crop, strategy, b)
+    found = largest_fitting(peak, share, limit, reference=lambda b: peaks(policy, crop, _line_of(strategy), b))
+    return confirm_boundary(peak, found, limit)
 
 
 def _max_crop(peaks: _Peaks, policy: str, crop: int, strategy: str, share: int, limit: int) -> int:
+    def peak(c: int) -> int:
+        return peaks(policy, c, strategy, share)
     start = max(CROP_STEP, crop // CROP_STEP * CROP_STEP)
-    return largest_fitting(lambda c: peaks(policy, c, strategy, share), start, limit, CROP_STEP,
-                           lambda c: float(c * c), lambda c: peaks(policy, c, _line_of(strategy), share))
+    found = largest_fitting(peak, start, limit, CROP_STEP, lambda c: float(c * c),
+                            lambda c: peaks(policy, c, _line_of(strategy), share))
+    return confirm_boundary(peak, found, limit, CROP_STEP)
 
 
 def recommend(rows: List[Advice]) -> List[Advice]:

@@ -102,9 +102,11 @@ def max_batch(simulator: Simulator, strategy: str, num_devices: int, limit_bytes
               upper: Optional[int] = None) -> int:
     """The largest total batch whose heaviest device stays within ``limit_bytes`` (0 when none fits).
 
-    Doubling then bisection over the batch, with no cap: the doubling goes on until a batch does not fit (every
-    sample adds activations, so the heaviest peak eventually grows past any limit); every probe simulates the
-    programs it needs (cached; fake tensors cost the same at any size).
+    The search of the advice (:func:`~encoding.memory.advice.largest_fitting`), bounded whatever the limit: the
+    heaviest device's peak is close to affine in the samples per device, so a few simulations of the batches
+    ``share * num_devices`` give the largest such batch that fits (confirmed: the next one does not), then a
+    bisection over the at most ``num_devices`` batches between it and the next finds the answer. Fake tensors cost
+    the same at any size, so a huge limit costs no more simulations than a small one.
 
     Args:
         upper: stop the search there (the answer is then at most ``upper``: a caller that sets it must say so
@@ -113,31 +115,70 @@ def max_batch(simulator: Simulator, strategy: str, num_devices: int, limit_bytes
     Raises:
         ValueError: ``limit_bytes`` holds more than ``SEARCH_LIMIT`` (2**32) samples.
     """
-    def fits(batch: int) -> bool:
-        return max(strategy_peaks(simulator, strategy, batch, num_devices)[1]) <= limit_bytes
+    from .advice import confirm_boundary, largest_fitting
 
-    low, high = 0, max(1, num_devices)
-    while (upper is None or high <= upper) and fits(high):
-        if high >= SEARCH_LIMIT:
-            raise ValueError(f"max_batch: {high} samples fit in {limit_bytes} bytes per device; the limit is "
-                             "beyond any batch")
-        low, high = high, high * 2
-    if upper is not None:
-        high = min(high, upper + 1)
+    cap = SEARCH_LIMIT if upper is None else upper
+
+    def heaviest(batch: int) -> int:
+        if batch > SEARCH_LIMIT:
+            raise ValueError(f"max_batch: more than {SEARCH_LIMIT} samples fit in {limit_bytes} bytes per device; "
+                             "the limit is beyond any batch")
+        return max(strategy_peaks(simulator, strategy, batch, num_devices)[1])
+
+    def fits(batch: int) -> bool:
+        return batch <= cap and heaviest(batch) <= limit_bytes
+
+    def per_device(share: int) -> int:  # the even batch of `share` samples per device
+        return heaviest(share * num_devices)
+
+    if strategy == "balanced-auto" and num_devices > 1:
+        return min(cap, _auto_max_batch(simulator, num_devices, limit_bytes))
+    share = confirm_boundary(per_device, largest_fitting(per_device, 1, limit_bytes), limit_bytes)
+    share = min(share, cap // num_devices)
+    low, high = share * num_devices, (share + 1) * num_devices
+    while fits(high):  # an uneven split (balanced-auto) may fit more: gallop, doubling the step
+        low, high = high, high + 2 * (high - low)
+    if not low and not fits(1):
+        return 0
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (mid, high) if fits(mid) else (low, mid)
     return low
 
 
+def _auto_max_batch(simulator: Simulator, num_devices: int, limit_bytes: int) -> int:
+    """``balanced-auto``'s largest batch: :func:`plan_split` finds a split that fits whenever one exists, and one
+    exists for ``b0 + (num_devices - 1) * b`` samples exactly when device 0 fits ``b0`` and any other device ``b``:
+    the largest of each (confirmed: one more does not fit), not a search over batches (each of which would plan a
+    split)."""
+    from .advice import confirm_boundary, largest_fitting
+
+    def cost(source: bool, share: int) -> int:  # as plan_split sees a device of a batch of num_devices or more
+        return simulator.peak(DeviceProgram("balanced", share, share, source, num_devices if source else 1))
+
+    if cost(True, 0) > limit_bytes:  # device 0 holds the module and its optimizer state even without samples
+        return 0
+    shares = []
+    for source in (True, False):
+        def peak(share: int, source: bool = source) -> int:
+            return cost(source, share)
+        shares.append(confirm_boundary(peak, largest_fitting(peak, 1, limit_bytes), limit_bytes))
+    return shares[0] + (num_devices - 1) * shares[1]
+
+
 # ------------------------------------------------------------------------------------------------ DataParallelModel
 def _fake_copy(module: nn.Module, fake_mode: Any) -> nn.Module:
-    """A deep copy of ``module`` whose parameters and buffers are fake tensors of the same shapes."""
+    """A deep copy of ``module`` whose parameters, buffers and other tensor attributes (e.g. a detector's anchors
+    held in a list) are fake tensors of the same shapes."""
     memo: Dict[int, Any] = {}
     for p in module.parameters():
         memo[id(p)] = nn.Parameter(fake_mode.from_tensor(p.detach()), requires_grad=p.requires_grad)
     for b in module.buffers():
         memo[id(b)] = fake_mode.from_tensor(b)
+    for sub in module.modules():
+        for _, leaf in iter_leaves(list(sub.__dict__.values())):
+            if isinstance(leaf, Tensor) and id(leaf) not in memo:
+                memo[id(leaf)] = fake_mode.from_tensor(leaf)
     return copy.deepcopy(module, memo)
 
 

@@ -26,6 +26,10 @@ __all__ = ["parse_memory", "build_parser", "parse_args", "main", "cli"]
 
 #: The memory size of ``--memory-limit`` when it is not given and ``--max-batch`` needs one.
 DEFAULT_MEMORY_LIMIT = "11GiB"
+#: What ``--advise`` keeps free of every device's ``--memory-limit`` by default: the CUDA context (300-500 MiB)
+#: and the caching allocator's fragmentation, which the simulation of allocations does not see. Provisional: to be
+#: replaced by what ``benchmarks/gpu_proof.py`` measures on a GPU (see docs/memory.md).
+DEFAULT_RESERVE = "512MiB"
 
 
 # ------------------------------------------------------------------------------------------------ options
@@ -74,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory per device with its unit (11GiB, 11000MiB, 12GB; a bare number is an error): "
                         f"--max-batch and --advise search under it (default there: {DEFAULT_MEMORY_LIMIT}), the "
                         "chart draws it as a line")
+    p.add_argument("--reserve", default=DEFAULT_RESERVE, metavar="SIZE",
+                   help="what --advise keeps free of --memory-limit for the CUDA context and fragmentation, which "
+                        f"the simulation does not count (default: {DEFAULT_RESERVE}, provisional; 0B: none)")
     p.add_argument("--json", default=None, metavar="PATH", help="JSON report (default: OUT_DIR/memory_balance.json)")
     p.add_argument("--chart", default=None, metavar="PATH", help="PNG chart (default: OUT_DIR/memory_balance.png)")
     p.add_argument("--out-dir", default="runs/memory", help="where the report files go (default: runs/memory); "
@@ -129,6 +136,7 @@ def _complete(args: argparse.Namespace) -> None:
         args.memory_limit_bytes = None if args.memory_limit is None else parse_memory(args.memory_limit)
     except ValueError as exc:
         raise ValueError(f"--memory-limit: {exc}") from None
+    args.reserve_bytes = _reserve(args.reserve)
     args.num_devices = count
     args.json_path = args.json or os.path.join(args.out_dir, "memory_balance.json")
     args.chart_path = args.chart or os.path.join(args.out_dir, "memory_balance.png")
@@ -150,6 +158,16 @@ def _check_network(args: argparse.Namespace) -> None:
     except (ValueError, KeyError, TypeError, NotImplementedError, RuntimeError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"--model {args.model} --backbone {args.backbone}: {reason}") from None
+
+
+def _reserve(text: str) -> int:
+    """``--reserve``: a memory size, or zero (``0B``, ``0``)."""
+    if text.strip().upper() in ("0", "0B"):
+        return 0
+    try:
+        return parse_memory(text)
+    except ValueError as exc:
+        raise ValueError(f"--reserve: {exc}") from None
 
 
 def _check_writable(option: str, path: str) -> None:

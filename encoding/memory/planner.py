@@ -12,17 +12,18 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
 from ..nn.recompute import CHECKPOINT_POLICIES, checkpoint_segmentation_model, disable_checkpointing
 from .advice import Advice, advise
-from .balance import _fake_copy, strategy_peaks
+from .balance import _fake_copy, _KeyedLoss, strategy_peaks
 from .program import BACKENDS, STRATEGIES, StepSpec, default_optimizer
 from .simulate import Simulator
-from .tracker import CUDA_BLOCK, MIB
+from .tracker import CUDA_BLOCK, MIB, Workspaces
 
 __all__ = ["AMP_DTYPES", "MemoryPlan", "plan", "parse_memory", "loop_name"]
 
@@ -143,20 +144,66 @@ def _policy_model(model: nn.Module, policy: str) -> Callable[[], nn.Module]:
     return build
 
 
-def plan(model: nn.Module, criterion: Callable[..., Any], *, crop: int, batch: int, num_devices: int,
+def _segmentation_sample(size: int, in_channels: int) -> Tuple[Callable[[int], Tuple[tuple, dict]],
+                                                                Callable[[int], Tensor]]:
+    """The default sample: ``share`` square images and their ``int64`` label maps."""
+    return (lambda share: ((torch.zeros(share, in_channels, size, size),), {}),
+            lambda share: torch.zeros(share, size, size, dtype=torch.long))
+
+
+def _as_call(inputs: Any) -> Tuple[tuple, dict]:
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    return (tuple(inputs) if isinstance(inputs, tuple) else (inputs,)), {}
+
+
+def _custom_sample(sample: Callable[[int], Tuple[Any, Any]]) -> Tuple[Callable[[int], Tuple[tuple, dict]],
+                                                                      Callable[[int], Any]]:
+    """``make_inputs`` / ``make_target`` of ``sample(n) -> (inputs, targets)``; one call per share (the targets
+    of a detector live inside its inputs: both come from the same batch)."""
+    cache: Dict[int, Tuple[Any, Any]] = {}
+
+    def batch_of(share: int) -> Tuple[Any, Any]:
+        if share not in cache:
+            cache.clear()
+            cache[share] = sample(share)
+        return cache[share]
+
+    def make_target(share: int) -> Any:
+        targets = batch_of(share)[1]
+        cache.clear()  # the next step draws a fresh batch (no tensor of this one outlives its step)
+        return targets
+
+    return (lambda share: _as_call(batch_of(share)[0])), make_target
+
+
+def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_devices: int,
+         crop: Optional[int] = None, sample: Optional[Callable[[int], Tuple[Any, Any]]] = None,
+         output_key: Optional[Hashable] = None, aux_weight: Optional[float] = None,
          strategies: Sequence[str] = ("balanced",), keep_outputs: bool = False, amp: Optional[str] = None,
          checkpoint: str = "none", memory_limit: Union[str, int, None] = None, in_channels: int = 3,
          optimizer: Callable[[List[Tensor]], torch.optim.Optimizer] = default_optimizer,
-         round_to: int = CUDA_BLOCK, backend: str = "nccl") -> MemoryPlan:
+         round_to: int = CUDA_BLOCK, backend: str = "nccl", workspaces: Optional[Workspaces] = None) -> MemoryPlan:
     """Simulate a training step of ``model`` (on fake tensors: nothing is allocated, the model is not changed)
     under each strategy on ``num_devices`` devices.
 
     Args:
-        model: the network; its outputs (a tensor, dict or tuple) go to ``criterion`` with an ``int64`` target of
-            the input's batch and spatial size. ``checkpoint`` other than ``"none"`` needs a
-            :class:`~encoding.models.SegmentationModel`.
+        model: the network; its outputs (a tensor, dict or tuple; ``output_key`` picks one) go to ``criterion``
+            with the target of ``sample`` (default: an ``int64`` target of the input's batch and spatial size).
+            ``checkpoint`` other than ``"none"`` needs a :class:`~encoding.models.SegmentationModel`.
         criterion: ``criterion(outputs, target)``.
-        crop: square input size; batch: total batch (split evenly; ``balanced-auto`` plans its own split).
+        batch: total batch (split evenly; ``balanced-auto`` plans its own split).
+        crop: square input size of the default segmentation sample (``B x in_channels x crop x crop`` images,
+            ``B x crop x crop`` labels); not used with ``sample``.
+        sample: ``sample(n) -> (inputs, targets)``: one batch of ``n`` samples of any shape, for any model and
+            task — ``inputs`` a tensor, a tuple of positional arguments or a dict of keyword arguments (e.g. a
+            detector's ``(list_of_images, list_of_target_dicts)``), ``targets`` what ``criterion`` takes beside the
+            output (e.g. a classifier's ``(n,)`` labels; ``None`` for a model that returns its losses). It is called
+            inside the simulator, so its tensors are fake (nothing is allocated). With ``sample``, a
+            ``memory_limit`` is kept for :meth:`MemoryPlan.fits` but gives no advice (that searches crops).
+        output_key: the key (or index) of the output ``criterion`` receives (e.g. ``"out"`` for torchvision's
+            segmentation models); with ``aux_weight``, ``aux_weight * criterion(output["aux"], target)`` is added.
+        aux_weight: the weight of the auxiliary loss (needs ``output_key``).
         num_devices: devices (ranks).
         strategies: from :data:`~encoding.memory.program.STRATEGIES`.
         keep_outputs: simulate the loop that holds the outputs through backward (default: ``train.py``'s).
@@ -168,6 +215,8 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, crop: int, batch: i
         optimizer: ``params -> optimizer`` (default: SGD with momentum and weight decay).
         round_to: allocation granularity (512: CUDA's blocks; 1: the CPU's).
         backend: ``"nccl"`` (GPUs) or ``"gloo"`` (CPU processes): what the collectives of ``fsdp`` ranks hold.
+        workspaces: kernels' workspaces learned from real steps
+            (:func:`~encoding.memory.profiler.learn_workspaces`) added to the peaks; default none.
 
     Raises:
         ValueError: an unknown strategy, policy or ``amp``, a batch smaller than the devices, a bad limit.
@@ -179,25 +228,41 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, crop: int, batch: i
         raise ValueError(f"plan: checkpoint={checkpoint!r}; valid: {', '.join(CHECKPOINT_POLICIES)}")
     if amp is not None and amp not in AMP_DTYPES:
         raise ValueError(f"plan: amp={amp!r}; valid: None, {', '.join(AMP_DTYPES)}")
-    if min(crop, num_devices) < 1 or batch < num_devices:
+    if (sample is None) == (crop is None):
+        raise ValueError("plan: give crop= (the default segmentation sample) or sample= (any batch), not both")
+    if min(crop or 1, num_devices) < 1 or batch < num_devices:
         raise ValueError(f"plan: needs crop >= 1, num_devices >= 1 and batch >= num_devices, got crop={crop}, "
                          f"num_devices={num_devices}, batch={batch}")
+    if aux_weight and output_key is None:
+        raise ValueError("plan: aux_weight needs output_key (e.g. output_key='out', aux_weight=0.5)")
     limit = None if memory_limit is None else parse_memory(memory_limit)
+    loss = criterion if output_key is None else _KeyedLoss(criterion, output_key, "aux", aux_weight)
 
     def spec_for(size: int, policy: str) -> StepSpec:
-        return StepSpec(build_model=_policy_model(model, policy),
-                        make_inputs=lambda share: ((torch.zeros(share, in_channels, size, size),), {}),
-                        make_target=lambda share: torch.zeros(share, size, size, dtype=torch.long),
-                        criterion=criterion, optimizer=optimizer, amp_dtype=AMP_DTYPES.get(amp),
+        make_inputs, make_target = (_segmentation_sample(size, in_channels) if sample is None
+                                    else _custom_sample(sample))
+        return StepSpec(build_model=_policy_model(model, policy), make_inputs=make_inputs, make_target=make_target,
+                        criterion=loss, optimizer=optimizer, amp_dtype=AMP_DTYPES.get(amp),
                         keep_outputs=keep_outputs)
 
     if backend not in BACKENDS:
         raise ValueError(f"plan: backend={backend!r}; valid: {', '.join(BACKENDS)}")
-    simulator = Simulator(spec_for(crop, checkpoint), round_to, backend=backend)
+    simulator = Simulator(spec_for(crop or 0, checkpoint), round_to, backend=backend, workspaces=workspaces)
     result = MemoryPlan({}, {}, batch, crop, num_devices, keep_outputs, amp, checkpoint, limit)
     for strategy in strategies:
-        result.splits[strategy], result.peaks[strategy] = strategy_peaks(simulator, strategy, batch, num_devices)
-    if limit is not None:
+        try:
+            result.splits[strategy], result.peaks[strategy] = strategy_peaks(simulator, strategy, batch, num_devices)
+        except TypeError as err:
+            if output_key is not None:
+                raise
+            raise ValueError(f"plan: the criterion failed on the model's output ({str(err).splitlines()[0]}); a "
+                             "model that returns a dict or tuple (torchvision's {'out', 'aux'}) needs "
+                             "output_key='out' (and aux_weight= for the auxiliary loss)") from None
+        except (DynamicOutputShapeException, DataDependentOutputException) as err:
+            raise ValueError(f"plan: {type(model).__name__} has output shapes that depend on the values ({err}: e.g. "
+                             "a detector's box filtering and NMS), which fake tensors cannot simulate; measure it "
+                             "with encoding.memory.measure_program_cpu") from None
+    if limit is not None and sample is None:
         segmentation = hasattr(getattr(model, "backbone", None), "stages")  # the policies need its blocks
         result.advice = advise(spec_for, strategies, num_devices, batch, crop, limit, round_to,
                                CHECKPOINT_POLICIES if segmentation else ("none",), backend=backend)

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from ..parallel.reduction import criterion_loss_terms, reduce_loss_terms
 from ..parallel.structures import iter_leaves, transpose_map
-from .sharded import LocalShardOptimizer, rank_world, shard_model, zero_optimizer
+from .sharded import LocalShardOptimizer, is_sharded, rank_world, shard_model, zero_optimizer
 from .tracker import MIB
 
 __all__ = ["STRATEGIES", "BACKENDS", "StepSpec", "DeviceProgram", "ProgramResult", "device_programs", "run_program",
@@ -215,9 +215,11 @@ def _loss(spec: StepSpec, output: Any, target: Any, share: int) -> Tensor:
 
 
 def _step(spec: StepSpec, program: DeviceProgram, model: nn.Module, params: List[Tensor],
-          optimizer: Optional[torch.optim.Optimizer], device_type: str) -> None:
+          optimizer: Optional[torch.optim.Optimizer], device_type: str,
+          mark: Callable[[], None] = lambda: None) -> None:
     if program.share:
         _forward_backward(spec, program, model, device_type)
+    mark()  # forward and backward done: the rest (gradients arriving, optimizer step) does not depend on the input
     if program.receives_gradients:
         # the sums of every replica's gradients arrive beside replica 0's own (or alone, when device 0 sat out)
         reduced = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
@@ -283,7 +285,8 @@ def _optimizer_warmup(params: List[Tensor], optimizer: Optional[torch.optim.Opti
 def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu",
                 window: Callable[[], Any] = contextlib.nullcontext, steps: int = 1,
                 track: Callable[[List[Tensor]], None] = lambda tensors: None, real_ddp: bool = False,
-                model: Optional[nn.Module] = None, backend: str = "nccl") -> float:
+                model: Optional[nn.Module] = None, backend: str = "nccl",
+                mark: Callable[[], None] = lambda: None) -> float:
     """Run ``program``: build, one warm-up step, then ``steps`` steps each inside ``window()``.
 
     Args:
@@ -299,11 +302,14 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
             ``fsdp``'s optimizer on the ``DTensor`` parameters instead of their local shards.
         model: a model built by ``spec.build_model`` on fake tensors, reused across programs: its parameters have
             no values, so the warm-up step is reduced to what it leaves behind (the optimizer state). ``fsdp``
-            builds and shards its own and runs a full warm-up step.
+            reuses a model sharded before (:func:`~encoding.memory.sharded.is_sharded`), else builds and shards its
+            own and runs a full warm-up step.
         backend: the collective library a simulated ``fsdp`` rank stands for (its fake process group runs no
             collective): ``"nccl"`` works in place; ``"gloo"`` stages each all-gather output and reduce-scatter
             input in a buffer of its own while the collective runs (:func:`~encoding.memory.sharded.shard_model`).
             A real group (``real_ddp``) allocates what it does.
+        mark: called in each measured step when its forward and backward are done (before the gradients of other
+            replicas arrive and the optimizer steps).
 
     ``fsdp`` and ``zero1`` run in the process group of this process (its world size and rank must be the
     program's), else in a fake one of the program's size (:func:`~encoding.memory.sharded.rank_world`).
@@ -320,17 +326,18 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
     else:
         group = contextlib.nullcontext()
     with _any_batchnorm_batch(), group:
-        return _run_program(spec, program, device_type, window, steps, track, real_ddp, model, backend)
+        return _run_program(spec, program, device_type, window, steps, track, real_ddp, model, backend, mark)
 
 
 def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, window: Callable[[], Any], steps: int,
                  track: Callable[[List[Tensor]], None], real_ddp: bool, model: Optional[nn.Module],
-                 backend: str) -> float:
-    reuse = model is not None and program.strategy != "fsdp"  # sharding changes the module: fsdp builds its own
+                 backend: str, mark: Callable[[], None]) -> float:
+    # sharding changes the module: fsdp shards its own, or reuses one sharded before (is_sharded)
+    reuse = model is not None and (program.strategy != "fsdp" or is_sharded(model))
     model = model if reuse else spec.build_model()
     model.train()
     track(list(model.parameters()) + list(model.buffers()))
-    if program.strategy == "fsdp":
+    if program.strategy == "fsdp" and not reuse:
         model = shard_model(model, staged_collectives=backend == "gloo" and not real_ddp)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = None
@@ -353,7 +360,7 @@ def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, windo
     for _ in range(steps):
         with window():
             start = time.perf_counter()
-            _step(spec, program, model, params, optimizer, device_type)
+            _step(spec, program, model, params, optimizer, device_type, mark)
             seconds = time.perf_counter() - start
     del buckets
     return seconds
@@ -361,7 +368,10 @@ def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, windo
 
 @dataclass
 class ProgramResult:
-    """The peak of one device program. ``peak`` in bytes, ``seconds`` of the measured step."""
+    """The peak of one device program. ``peak`` in bytes, ``seconds`` of the measured step; ``phases`` (simulated
+    programs): the bytes live when the step starts, the peak of its forward and backward, and the peak of the rest
+    of the step (gradients arriving, optimizer step), or ``None``."""
 
     peak: int
     seconds: float
+    phases: Optional[Tuple[int, int, int]] = None

@@ -24,6 +24,11 @@ from .simulate import Simulator
 from .spec import segmentation_spec
 from .tracker import CUDA_BLOCK, MIB
 
+
+def advice_budget(args: argparse.Namespace) -> int:
+    """The bytes per device the advice may spend on allocations: ``--memory-limit`` less ``--reserve``."""
+    return max(0, args.memory_limit_bytes - getattr(args, "reserve_bytes", 0))
+
 __all__ = ["memory_report", "format_report", "format_advice", "write_json", "write_chart", "chart_figure"]
 
 
@@ -42,7 +47,7 @@ def _summary(peaks: Sequence[int], split: Sequence[int], seconds: Optional[float
 
 def _config(args: argparse.Namespace, mode: str) -> Dict[str, Any]:
     keys = ("model", "backbone", "dataset", "nclass", "batch_size", "crop_size", "aux", "se_loss", "amp",
-            "calibrate", "memory_limit", "checkpoint", "keep_outputs", "backend")
+            "calibrate", "memory_limit", "checkpoint", "keep_outputs", "backend", "reserve")
     config = {k: getattr(args, k) for k in keys}
     config["loop"] = loop_name(args.keep_outputs)
     config.update(mode=mode, devices=args.num_devices, strategies=list(args.strategies),
@@ -99,7 +104,7 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         start, stats = time.perf_counter(), {}
         report["advice"] = [row.as_dict() for row in advise(
             lambda crop, policy: segmentation_spec(**dict(spec_args, crop_size=crop, checkpoint=policy)),
-            args.strategies, args.num_devices, args.batch_size, args.crop_size, args.memory_limit_bytes,
+            args.strategies, args.num_devices, args.batch_size, args.crop_size, advice_budget(args),
             CUDA_BLOCK, stats=stats, backend=args.backend)]
         report["advise_s"] = round(time.perf_counter() - start, 2)
         _say(progress, f"advice: {stats['programs']} device programs simulated in {report['advise_s']:.1f} s")
@@ -197,7 +202,14 @@ def format_advice(report: Dict[str, Any]) -> str:
     lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) if i < 4 else cell
                        for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths[:4]))
-    return f"advice: what fits {c['memory_limit']} per device ({c['devices']} device(s))\n" + "\n".join(lines)
+    reserve = f", {c['reserve']} of it reserved" if str(c.get("reserve", "0B")).upper() not in ("0", "0B") else ""
+    head = f"advice: what fits {c['memory_limit']} per device{reserve} ({c['devices']} device(s))"
+    if not any(a["max_batch"] or a["max_crop"] for a in report["advice"]):
+        return (f"advice: nothing fits {c['memory_limit']} per device{reserve} ({c['devices']} device(s)): not one "
+                f"sample per device at crop "
+                f"{c['crop_size']}, nor a batch of {c['batch_size']} at any crop down to 8 pixels, under any "
+                "strategy and checkpointing policy")
+    return head + "\n" + "\n".join(lines)
 
 
 def _recommendation(report: Dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..utils.dist import fsdp_units
 
-__all__ = ["rank_world", "shard_model", "zero_optimizer", "zero_partitions", "LocalShardOptimizer"]
+__all__ = ["rank_world", "shard_model", "is_sharded", "zero_optimizer", "zero_partitions", "LocalShardOptimizer"]
 
 
 @contextlib.contextmanager
@@ -76,6 +76,13 @@ def shard_model(model: nn.Module, staged_collectives: bool = False) -> nn.Module
             unit.set_custom_all_gather(_StagedAllGather())
             unit.set_custom_reduce_scatter(_StagedReduceScatter())
     return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether :func:`shard_model` (``fully_shard``) sharded ``model``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
 class _StagedComm:

@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 from torch import nn
 
 from .program import DeviceProgram, ProgramResult, StepSpec, device_programs, run_program
-from .sharded import zero_partitions
+from .sharded import rank_world, shard_model, zero_partitions
 from .tracker import AllocationTracker, Workspaces
 
 __all__ = ["new_fake_mode", "simulate_program", "Simulator"]
@@ -44,13 +44,24 @@ def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, 
             (:func:`~encoding.memory.program.run_program`).
     """
     tracker = AllocationTracker(round_to, workspaces, (program.share, program.total))
+    start, marks = [0], []  # live when the measured step starts; peak of its forward and backward
+
+    @contextlib.contextmanager
+    def window() -> Iterator[None]:
+        tracker.reset_peak()
+        start[0] = tracker.live
+        marks.clear()
+        yield
+
+    def mark() -> None:
+        marks.append(tracker.peak)
+        tracker.reset_peak()
+
     with (fake_mode or new_fake_mode()), tracker:
-        @contextlib.contextmanager
-        def window() -> Iterator[None]:
-            tracker.reset_peak()
-            yield
-        seconds = run_program(spec, program, "cpu", window, track=tracker.track, model=model, backend=backend)
-    return ProgramResult(tracker.peak, seconds)
+        seconds = run_program(spec, program, "cpu", window, track=tracker.track, model=model, backend=backend,
+                              mark=mark)
+    phases = (start[0], marks[0], tracker.peak) if len(marks) == 1 else None
+    return ProgramResult(max(marks + [tracker.peak]), seconds, phases)
 
 
 class Simulator:
@@ -64,11 +75,13 @@ class Simulator:
         model: a model already built in ``fake_mode`` by a step with the same ``build_model`` (:attr:`model` of
             another simulator whose step differs only in its inputs, e.g. the crop); default: built on first use.
         backend: ``"nccl"`` (default: GPUs) or ``"gloo"`` (CPU processes), see :func:`simulate_program`.
+        sharded: the :attr:`sharded` models of another simulator of the same model, fake mode and backend (shared,
+            like ``model``); default: its own.
     """
 
     def __init__(self, spec: StepSpec, round_to: int = 1, fake_mode: Any = None,
                  workspaces: Optional[Workspaces] = None, model: Optional[nn.Module] = None,
-                 backend: str = "nccl") -> None:
+                 backend: str = "nccl", sharded: Optional[Dict[int, nn.Module]] = None) -> None:
         self.spec = spec
         self.round_to = round_to
         self.fake_mode = fake_mode if fake_mode is not None else new_fake_mode()
@@ -77,6 +90,8 @@ class Simulator:
         self._model: Optional[nn.Module] = model
         self._cache: Dict[DeviceProgram, ProgramResult] = {}
         self._zero: Dict[int, List[tuple]] = {}
+        #: world size -> the model sharded for ``fsdp`` (see :meth:`sharded_model`)
+        self.sharded: Dict[int, nn.Module] = {} if sharded is None else sharded
 
     @property
     def programs_run(self) -> int:
@@ -100,9 +115,19 @@ class Simulator:
             if key.strategy == "zero1":  # ranks that own equal partitions hold the same
                 key = dataclasses.replace(key, rank=self._zero_rank(key.replicas, key.rank))
         if key not in self._cache:
+            model = self.sharded_model(key.replicas) if key.strategy == "fsdp" else self.model
             self._cache[key] = simulate_program(self.spec, key, self.round_to, self.fake_mode, self.workspaces,
-                                                self.model, self.backend)
+                                                model, self.backend)
         return self._cache[key]
+
+    def sharded_model(self, world_size: int) -> nn.Module:
+        """A model of the step sharded for ``fsdp`` on ``world_size`` ranks (built and sharded on first use, then
+        shared by the ``fsdp`` programs: every rank holds equal shards)."""
+        if world_size not in self.sharded:
+            with rank_world(world_size, 0), self.fake_mode:
+                self.sharded[world_size] = shard_model(self.spec.build_model(),
+                                                       staged_collectives=self.backend == "gloo")
+        return self.sharded[world_size]
 
     def zero_partitions(self, world_size: int) -> List[tuple]:
         """Per rank, the sizes of the parameters it owns under ``ZeroRedundancyOptimizer`` (cached)."""

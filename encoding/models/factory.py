@@ -19,6 +19,7 @@ from torch import nn
 from ..nn.blocks import NormLayer
 from ..nn.recompute import checkpoint_segmentation_model
 from .backbone import get_backbone
+from .external import build_external_model, is_model_spec
 from .base import FeatureInfo, SegmentationModel
 from .heads import FCNHead
 from .jpu import JPU
@@ -113,6 +114,9 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
         >>> model = get_segmentation_model("encnet", dataset="pcontext", backbone="resnet50", aux=True,
         ...                                se_loss=True)
     """
+    if is_model_spec(name):  # torchvision:NAME, transformers:PATH, module:factory (encoding.models.external)
+        return build_external_model(name, nclass if nclass is not None else _nclass_of(dataset), aux=aux,
+                                    pretrained_backbone=pretrained_backbone, **head_options)
     arch = get_architecture(name)
     output_stride, jpu = _pe_options(name, head_options, output_stride, jpu)
     if nclass is None:

@@ -19,7 +19,7 @@ class FPNHead(nn.Module):
 
     The top (c4) is reduced to ``fpn_dim`` by a 3x3 conv (preceded by :class:`PyramidPooling` for UperNet); going
     down, each level adds its 1x1 lateral projection to the upsampled coarser level and is refined by a 3x3 conv;
-    all levels are upsampled to c1's size, concatenated and classified (3x3 conv to 512, dropout, 1x1).
+    all levels are upsampled to c1's size, concatenated and classified (3x3 conv to ``fuse_channels``, dropout, 1x1).
 
     Args:
         in_channels: channels of every stage, finest first (c1, c2, c3, c4).
@@ -27,6 +27,9 @@ class FPNHead(nn.Module):
         norm_layer: normalization layer class.
         fpn_dim: channels of the pyramid levels.
         pyramid_pooling: put :class:`PyramidPooling` on the top level (UperNet).
+        fuse_channels: output channels of the 3x3 conv that fuses the concatenated levels at stride 4 (512 in
+            PyTorch-Encoding; this conv is most of the head's operations: 256 halves them, as
+            segmentation_models_pytorch's ``UPerNet``).
 
     Shape:
         - Input: ``*features`` (c1..c4) with ``in_channels`` channels.
@@ -34,7 +37,7 @@ class FPNHead(nn.Module):
     """
 
     def __init__(self, in_channels: Sequence[int], out_channels: int, norm_layer: NormLayer = nn.BatchNorm2d,
-                 fpn_dim: int = 256, pyramid_pooling: bool = False) -> None:
+                 fpn_dim: int = 256, pyramid_pooling: bool = False, fuse_channels: int = 512) -> None:
         super().__init__()
         if pyramid_pooling:
             pool = PyramidPooling(in_channels[-1], norm_layer)
@@ -43,8 +46,8 @@ class FPNHead(nn.Module):
             self.top = conv_norm_act(in_channels[-1], fpn_dim, 3, norm_layer)
         self.laterals = nn.ModuleList(conv_norm_act(c, fpn_dim, 1, norm_layer) for c in in_channels[:-1])
         self.refine = nn.ModuleList(conv_norm_act(fpn_dim, fpn_dim, 3, norm_layer) for _ in in_channels[:-1])
-        self.fuse = nn.Sequential(*conv_norm_act(len(in_channels) * fpn_dim, 512, 3, norm_layer), nn.Dropout(0.1),
-                                  nn.Conv2d(512, out_channels, 1))
+        self.fuse = nn.Sequential(*conv_norm_act(len(in_channels) * fpn_dim, fuse_channels, 3, norm_layer),
+                                  nn.Dropout(0.1), nn.Conv2d(fuse_channels, out_channels, 1))
 
     def forward(self, *features: Tensor) -> Tensor:
         if len(features) != len(self.laterals) + 1:
@@ -72,13 +75,16 @@ class UperNet(FCFPN):
 
 @register_architecture("upernet", UperNet, output_stride=32)
 def upernet_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = nn.BatchNorm2d,
-                 fpn_dim: int = 256) -> nn.Module:
-    """The UperNet head for the backbone ``features`` (uses ``c1..c4``, pyramid pooling on ``c4``)."""
-    return FPNHead(features.channels, nclass, norm_layer, fpn_dim=fpn_dim, pyramid_pooling=True)
+                 fpn_dim: int = 256, fuse_channels: int = 512) -> nn.Module:
+    """The UperNet head for the backbone ``features`` (uses ``c1..c4``, pyramid pooling on ``c4``); ``fpn_dim`` and
+    ``fuse_channels`` as in :class:`FPNHead`."""
+    return FPNHead(features.channels, nclass, norm_layer, fpn_dim=fpn_dim, pyramid_pooling=True,
+                   fuse_channels=fuse_channels)
 
 
 @register_architecture("fcfpn", FCFPN, output_stride=32)
 def fcfpn_head(features: FeatureInfo, nclass: int, *, norm_layer: NormLayer = nn.BatchNorm2d,
-               fpn_dim: int = 256) -> nn.Module:
-    """The FCFPN head for the backbone ``features`` (uses ``c1..c4``)."""
-    return FPNHead(features.channels, nclass, norm_layer, fpn_dim=fpn_dim)
+               fpn_dim: int = 256, fuse_channels: int = 512) -> nn.Module:
+    """The FCFPN head for the backbone ``features`` (uses ``c1..c4``); ``fpn_dim`` and ``fuse_channels`` as in
+    :class:`FPNHead`."""
+    return FPNHead(features.channels, nclass, norm_layer, fpn_dim=fpn_dim, fuse_channels=fuse_channels)

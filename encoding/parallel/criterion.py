@@ -140,7 +140,7 @@ class DataParallelCriterion(_DataParallelBase):
         loss = reduce_loss_terms(results, output_device)
         if all(call.exact for call in calls):
             return loss
-        self._warn_inexact()
+        self._warn_inexact(outputs[0])
         if _finite(loss):
             return loss
         # a replica without a defined loss (e.g. all its targets ignored): the whole batch defines it
@@ -181,18 +181,15 @@ class DataParallelCriterion(_DataParallelBase):
                 raise ValueError(f"DataParallelCriterion: {name}={key!r} is not in the model's output, which is "
                                  f"{what or 'a ' + type(output).__name__}") from None
 
-    def _warn_inexact(self) -> None:
+    def _warn_inexact(self, output: Any) -> None:
         if self._warned:
             return
         self._warned = True
         name = getattr(self.criterion, "__name__", None) or type(self.criterion).__name__
         warnings.warn(
             f"DataParallelCriterion cannot reduce {name} exactly: each replica's loss is weighted by its share of "
-            f"the batch, which is the whole-batch loss only for a mean over samples (not when ignore_index, class "
-            f"weights or another normaliser decides the mean). For the exact loss pass a torch loss module, e.g. "
-            f"DataParallelCriterion(nn.CrossEntropyLoss(ignore_index=255), output_key='out', aux_weight=0.5) for "
-            f"a model returning {{'out', 'aux'}}, or give the criterion a loss_terms method (docs/parallel.md, "
-            f"'The exact-reduction protocol').", InexactReductionWarning, stacklevel=5)
+            f"the batch, which is the whole-batch loss only for a mean over samples. {_inexact_advice(output)}",
+            InexactReductionWarning, stacklevel=5)
 
     def _replica_device(self, output: Any, index: int) -> torch.device:
         device = device_of(output)
@@ -218,6 +215,24 @@ class DataParallelCriterion(_DataParallelBase):
                                                      None) is not None:
             return replicate(criterion, devices)
         return [criterion] * len(devices)
+
+
+def _inexact_advice(output: Any) -> str:
+    """What to do about an inexact reduction, for the kind of output the criterion received."""
+    protocol = "docs/parallel.md, 'The exact-reduction protocol'"
+    values = list(output.values()) if isinstance(output, Mapping) else None
+    if values and all(isinstance(v, Tensor) and v.dim() == 0 for v in values):
+        return ("The model computes its own losses (a dict of scalars, e.g. a torchvision detector in training "
+                "mode): each replica's values are means over its own samples, boxes or anchors, so their share-"
+                "weighted mean is what DistributedDataParallel would train on, not the whole-batch value. For the "
+                "exact value, have the model return sums and counts and give the criterion a loss_terms method "
+                f"({protocol}).")
+    if isinstance(output, Mapping) or (isinstance(output, Tensor) and output.dim() >= 3):
+        return ("For a segmentation output the exact loss comes from a torch loss module, e.g. "
+                "DataParallelCriterion(nn.CrossEntropyLoss(ignore_index=255), output_key='out', aux_weight=0.5) for "
+                f"a model returning {{'out', 'aux'}}; or give the criterion a loss_terms method ({protocol}).")
+    return ("Pass a torch loss module (nn.CrossEntropyLoss, nn.MSELoss, nn.BCEWithLogitsLoss, ...: reduced exactly, "
+            f"class weights and ignore_index included) or give the criterion a loss_terms method ({protocol}).")
 
 
 def _torch_forward(criterion: Any) -> bool:

@@ -1,6 +1,7 @@
 """Replicate a module onto several devices, with replication callbacks (``__data_parallel_replicate__``)."""
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Dict, List, Sequence
 
@@ -121,14 +122,30 @@ def _shallow_copy(module: nn.Module) -> nn.Module:
     ResNet-101 is dominated by Python overhead); classes that override it (e.g. RNNs) keep their own version."""
     if type(module)._replicate_for_data_parallel is not _MODULE_REPLICATE:
         replica = module._replicate_for_data_parallel()
+        _own_containers(replica.__dict__)
         replica.__dict__["_former_parameters"] = {}
         return replica
     replica = object.__new__(type(module))
     state = module.__dict__.copy()
-    state.update(_parameters={}, _buffers=state["_buffers"].copy(), _modules=state["_modules"].copy(),
-                 _is_replica=True, _former_parameters={})
+    _own_containers(state)
+    state.update(_parameters={}, _is_replica=True, _former_parameters={})
     object.__setattr__(replica, "__dict__", state)
     return replica
+
+
+_CONTAINERS = (dict, list, set)
+
+
+def _own_containers(state: Dict[str, object]) -> None:
+    """Give a replica its own shallow copy of every dict, list and set attribute (hook dictionaries included).
+
+    ``Module._replicate_for_data_parallel`` shares them with the original: a model that registers hooks on its first
+    call (transformers' output-capturing hooks) would then add one set per replica thread to the *original* module,
+    which breaks it. With copies, whatever a replica registers or appends stays on the replica.
+    """
+    for key, value in state.items():
+        if isinstance(value, _CONTAINERS):
+            state[key] = copy.copy(value)
 
 
 def _fill_replica(module: nn.Module, replica: nn.Module, replica_modules: List[nn.Module], index: Dict[int, int],

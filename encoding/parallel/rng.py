@@ -11,7 +11,7 @@ replica's random operators to it with :class:`ReplicaRandom`.
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -68,7 +68,8 @@ class ReplicaRandom(TorchDispatchMode):
     """Dispatch mode giving every random operator without an explicit generator ``generator`` instead.
 
     An operator is random when its schema has a ``generator`` argument (``bernoulli_`` under dropout, ``normal_``,
-    ``uniform_``, ``randperm``, ``multinomial`` ...); only those on the generator's device are routed.
+    ``uniform_``, ``randperm``, ``multinomial`` ...), or is CUDA's fused dropout (``native_dropout``, which has
+    none: it is run as a mask drawn from ``generator``); only those on the generator's device are routed.
     Dispatch modes are thread-local, so each replica thread routes to its own generator.
 
     Args:
@@ -81,11 +82,24 @@ class ReplicaRandom(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.ops.aten.native_dropout.default and _same_device(args[0].device, self.generator.device):
+            return _native_dropout(self.generator, *args, **kwargs)
         overload = _generator_overload(func)
         if (overload is not None and kwargs.get("generator") is None
                 and _same_device(_op_device(args, kwargs), self.generator.device)):
             func, kwargs = overload, dict(kwargs, generator=self.generator)
         return func(*args, **kwargs)
+
+
+def _native_dropout(generator: torch.Generator, input: torch.Tensor, p: float,
+                    train: Optional[bool]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``aten.native_dropout`` (the fused dropout CUDA runs, whose schema has no generator) drawing its mask from
+    ``generator``: the same outputs (the result and the boolean mask its backward uses)."""
+    if train is not None and not train:
+        return input.clone(), torch.ones_like(input, dtype=torch.bool)
+    keep = torch.empty_like(input).bernoulli_(1 - p, generator=generator)
+    scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
+    return input * keep * scale, keep.bool()
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

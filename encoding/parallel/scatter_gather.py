@@ -8,6 +8,7 @@ from torch import Tensor
 from torch.nn.parallel._functions import Scatter as _CudaScatter
 
 from .devices import DeviceLike, all_distinct_cuda, resolve_device, resolve_devices
+from .sample_lists import leaf_batch_size, resolve_sample_lists
 from .structures import PerSample, device_of, iter_leaves, transpose_map, zip_map
 
 __all__ = ["get_split_sizes", "batch_size_of", "scatter", "scatter_kwargs", "gather", "to_device"]
@@ -38,43 +39,42 @@ def get_split_sizes(batch_size: int, num_devices: int) -> List[int]:
     return [base + 1] * extra + [base] * (parts - extra)
 
 
-def _leaf_batch_size(path: str, leaf: Any, dim: int) -> Optional[int]:
-    if isinstance(leaf, PerSample):
-        return len(leaf)
-    if isinstance(leaf, Tensor) and leaf.dim() > 0:
-        if leaf.dim() <= dim:
-            raise ValueError(f"cannot scatter {path or 'input'} of shape {tuple(leaf.shape)} along dim {dim}")
-        return leaf.size(dim)
-    return None
-
-
 def batch_size_of(obj: Any, dim: int = 0, name: str = "inputs") -> Optional[int]:
     """The common size along ``dim`` of every tensor (and length of every :class:`PerSample`) in ``obj``.
 
-    0-dim tensors and plain values do not count (they are passed to every replica).
+    0-dim tensors and plain values do not count (they are passed to every replica). A plain list with one entry per
+    sample (a detector's images and target dicts) counts by its length (see :mod:`encoding.parallel.sample_lists`).
 
     Returns:
         The batch size, or ``None`` when ``obj`` holds nothing to split.
 
     Raises:
-        ValueError: when the leaves would split differently, naming each offending path and its size.
+        ValueError: when the leaves would split differently, naming each offending path and its size, or a list
+            reads both as samples and as batched tensors (the message names ``PerSample``).
     """
+    return _batch_size(resolve_sample_lists(obj, dim, name), dim, name)
+
+
+def _batch_size(obj: Any, dim: int, name: str) -> Optional[int]:
+    """:func:`batch_size_of` of a structure whose lists of samples are resolved already."""
     sizes: Dict[str, int] = {}
     for path, leaf in iter_leaves(obj, name):
-        size = _leaf_batch_size(path, leaf, dim)
+        size = leaf_batch_size(path, leaf, dim)
         if size is not None:
             sizes[path] = size
     if len(set(sizes.values())) > 1:
         listing = ", ".join(f"{p} has {s}" for p, s in sizes.items())
         raise ValueError(f"cannot scatter: tensors in one call would split differently along dim {dim} ({listing}); "
-                         "every batched tensor (and PerSample list) must have the same size there")
+                         "every batched tensor (and PerSample list) must have the same size there; a list with one entry "
+                         "per sample (images of different sizes, target dicts) goes in encoding.parallel.PerSample")
     return next(iter(sizes.values()), None)
 
 
 def _split_leaf(leaf: Any, devices: Sequence[torch.device], sizes: Sequence[int], dim: int) -> List[Any]:
     if isinstance(leaf, PerSample):
         bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-        return [PerSample(leaf[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        return [PerSample(to_device(item, d) for item in leaf[a:b])
+                for a, b, d in zip(bounds[:-1], bounds[1:], devices)]
     if not isinstance(leaf, Tensor):
         return [leaf] * len(devices)
     if leaf.dim() == 0:
@@ -92,7 +92,9 @@ def scatter(inputs: Any, devices: Sequence[DeviceLike], dim: int = 0,
 
     Tensors are split along ``dim`` (differentiably) and moved to the replica's device; :class:`PerSample` lists are
     sliced alike; 0-dim tensors are copied to every device; other values (``None``, numbers, strings, plain lists)
-    are passed to every replica unchanged.
+    are passed to every replica unchanged. A plain list of tensors or dicts with one entry per sample (a detector's
+    images and targets) is scattered per sample, never cut along each image's first dimension, and a list that
+    reads either way is refused (:mod:`encoding.parallel.sample_lists`).
 
     Args:
         inputs: any nesting of tuples, lists, dicts, namedtuples and dataclasses.
@@ -114,7 +116,8 @@ def scatter(inputs: Any, devices: Sequence[DeviceLike], dim: int = 0,
 def _scatter_tree(tree: Any, devices: Sequence[DeviceLike], dim: int, split_sizes: Optional[Sequence[int]],
                   name: str) -> Tuple[List[Any], List[Optional[int]]]:
     devices = resolve_devices(devices)
-    sizes = _check_sizes(batch_size_of(tree, dim, name), devices, split_sizes)
+    tree = resolve_sample_lists(tree, dim, name, None if split_sizes is None else sum(split_sizes))
+    sizes = _check_sizes(_batch_size(tree, dim, name), devices, split_sizes)
     parts = transpose_map(lambda leaf: _split_leaf(leaf, devices[:len(sizes)], sizes, dim), tree, len(sizes))
     return parts, sizes
 

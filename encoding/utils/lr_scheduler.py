@@ -10,9 +10,10 @@ With ``T`` the global iteration (``epoch * iters_per_epoch + i``), ``W = warmup_
 
 ``T - W`` is clamped to ``N``, so iterating past the end keeps ``lr`` at its final value (0 for poly/cos).
 
-Head multiplier (PE convention): parameter group 0 (the pretrained backbone) gets ``lr`` and every later group
-(the new heads) gets ``head_multiplier * lr`` (10 by default). A group with an ``"lr_mult"`` entry uses that factor
-instead. Pass ``head_multiplier=1`` for one rate everywhere.
+Head learning-rate factor (PE convention): parameter group 0 (the pretrained backbone) gets ``lr`` and every later
+group (the new heads) gets ``head_lr_mult * lr`` (10 by default; ``train.py --head-lr-mult``). A group with an
+``"lr_mult"`` entry uses that factor instead. Pass ``head_lr_mult=1`` for one rate everywhere (``head_multiplier``,
+its old name, still works with a ``FutureWarning``).
 
 The core convention is torch's: :class:`IterationLR` takes the optimizer, sets the rate of iteration 0 right away,
 and ``step()`` after each ``optimizer.step()`` advances one iteration (``last_epoch`` is the last ``T`` applied).
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from typing import Any, Dict, List, Optional
 
 from torch.optim import Optimizer
@@ -31,6 +33,8 @@ from torch.optim.lr_scheduler import LRScheduler
 __all__ = ["IterationLR"]
 
 _MODES = ("poly", "cos", "step")
+#: State-dict keys of earlier versions -> their names now (a checkpoint written before the rename resumes).
+_OLD_KEYS = {"head_multiplier": "head_lr_mult"}
 #: The logger of the schedule (PyTorch-Encoding-style drivers announce each epoch's rate on it).
 logger = logging.getLogger(__name__)
 
@@ -46,7 +50,7 @@ class IterationLR(LRScheduler):
         iters_per_epoch: iterations per epoch (``len(train_loader)``).
         lr_step: epochs between two ×0.1 decays (``step`` mode only; required there).
         warmup_epochs: epochs of linear warm-up from 0.
-        head_multiplier: factor of parameter groups after the first (PE heads: 10).
+        head_lr_mult: factor of parameter groups after the first (PE heads: 10; ``head_multiplier``: its old name).
         power: exponent of the poly schedule.
 
     Example:
@@ -56,14 +60,19 @@ class IterationLR(LRScheduler):
     """
 
     def __init__(self, optimizer: Optimizer, mode: str, base_lr: float, num_epochs: int, iters_per_epoch: int,
-                 lr_step: int = 0, warmup_epochs: int = 0, *, head_multiplier: float = 10.0,
-                 power: float = 0.9) -> None:
-        self._configure(mode, base_lr, num_epochs, iters_per_epoch, lr_step, warmup_epochs, head_multiplier, power)
+                 lr_step: int = 0, warmup_epochs: int = 0, *, head_lr_mult: float = 10.0,
+                 power: float = 0.9, **old: float) -> None:
+        self._configure(mode, base_lr, num_epochs, iters_per_epoch, lr_step, warmup_epochs, head_lr_mult, power, **old)
         self._attach(optimizer)
 
     def _configure(self, mode: str, base_lr: float, num_epochs: int, iters_per_epoch: int, lr_step: int = 0,
-                   warmup_epochs: int = 0, head_multiplier: float = 10.0, power: float = 0.9) -> None:
-        """Validate and store the schedule; no optimizer yet."""
+                   warmup_epochs: int = 0, head_lr_mult: float = 10.0, power: float = 0.9, **old: float) -> None:
+        """Validate and store the schedule; no optimizer yet (``head_multiplier``: the old name of ``head_lr_mult``)."""
+        if set(old) - {"head_multiplier"}:
+            raise TypeError(f"unexpected keyword argument {sorted(set(old) - {'head_multiplier'})[0]!r}")
+        if "head_multiplier" in old:
+            warnings.warn("head_multiplier= is now head_lr_mult=", FutureWarning, stacklevel=3)
+            head_lr_mult = old["head_multiplier"]
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
         if base_lr < 0:
@@ -81,7 +90,7 @@ class IterationLR(LRScheduler):
         self.iters_per_epoch = int(iters_per_epoch)
         self.lr_step = int(lr_step)
         self.warmup_epochs = int(warmup_epochs)
-        self.head_multiplier = float(head_multiplier)
+        self.head_lr_mult = float(head_lr_mult)
         self.power = float(power)
         self.warmup_iters = self.warmup_epochs * self.iters_per_epoch
         self.total_iters = (self.num_epochs - self.warmup_epochs) * self.iters_per_epoch
@@ -117,7 +126,7 @@ class IterationLR(LRScheduler):
     def _multiplier(self, group: Dict[str, Any], index: int) -> float:
         if "lr_mult" in group:
             return float(group["lr_mult"])
-        return 1.0 if index == 0 else self.head_multiplier
+        return 1.0 if index == 0 else self.head_lr_mult
 
     def apply(self, optimizer: Optimizer, T: int) -> float:  # noqa: N803
         """Set the rates of iteration ``T`` on ``optimizer``'s groups; return group 0's rate."""
@@ -156,6 +165,7 @@ class IterationLR(LRScheduler):
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (schedule settings and position)."""
+        state_dict = {_OLD_KEYS.get(k, k): v for k, v in state_dict.items()}  # saved before a rename
         unknown = set(state_dict) - set(self.state_dict())
         if unknown:
             raise KeyError(f"not an {type(self).__name__} state dict: unexpected keys {sorted(unknown)}")
@@ -164,4 +174,4 @@ class IterationLR(LRScheduler):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(mode={self.mode!r}, base_lr={self.base_lr}, num_epochs={self.num_epochs}, "
                 f"iters_per_epoch={self.iters_per_epoch}, lr_step={self.lr_step}, "
-                f"warmup_epochs={self.warmup_epochs}, head_multiplier={self.head_multiplier})")
+                f"warmup_epochs={self.warmup_epochs}, head_lr_mult={self.head_lr_mult})")

@@ -220,8 +220,9 @@ def remove_stale_temp_files(directory: str) -> List[str]:
 
 
 def run_directory(output_dir: str, dataset: str, model: str, checkname: str) -> str:
-    """``<output_dir>/<dataset>/<model>/<checkname>``: where a run writes its checkpoints and logs."""
-    return os.path.join(output_dir, dataset, model, checkname)
+    """``<output_dir>/<dataset>/<model>/<checkname>``: where a run writes its checkpoints and logs (a model spec such
+    as ``torchvision:deeplabv3_resnet50`` or ``transformers:PATH`` becomes one safe folder name)."""
+    return os.path.join(output_dir, dataset, re.sub(r"[^\w.+-]+", "_", model).strip("_") or "model", checkname)
 
 
 def run_lock(directory: str, enabled: bool = True) -> contextlib.AbstractContextManager:

@@ -17,10 +17,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from options import parse_args  # noqa: E402
+from options import parse_args, training_config  # noqa: E402,F401  (parse_args: tests and users of train.py)
 
 from encoding.datasets import DatasetError  # noqa: E402
-from encoding.engine import RunFailed, TrainingConfig, run_training  # noqa: E402
+from encoding.engine import RunFailed, run_training  # noqa: E402
 from encoding.engine.config import ConfigError  # noqa: E402
 from encoding.utils import CheckpointError  # noqa: E402
 from encoding.utils.cli import run_cli  # noqa: E402
@@ -35,7 +35,7 @@ def main(argv=None, datasets=None) -> dict:
             one line by :func:`cli`.
         RunInterrupted: Ctrl-C; a resumable checkpoint was written (a ``SystemExit`` with status 130).
     """
-    return run_training(TrainingConfig(**vars(parse_args(argv))), datasets)
+    return run_training(training_config(argv), datasets)
 
 
 def cli(argv=None, datasets=None) -> int:

@@ -1,0 +1,145 @@
+#!/usr/bin/env python
+"""Train-step speed of our DeepLabV3+, FPN and UPerNet (ResNet-50) against segmentation_models_pytorch's.
+
+For each pair, both models are built from scratch (no weights) with the same number of classes and trained on the
+same random batch: forward, cross-entropy, backward, SGD step (momentum 0.9). The two sides run in alternating rounds
+(ours, smp, ours, smp, ...) so that a machine shared with other work slows both alike; the ratio ours / smp is taken
+per round and the median is reported with the range of the rounds. Parameter counts and the forward GFLOPs per image
+(``torch.utils.flop_counter.FlopCounterMode``, a multiply-add counts 2) show where a difference is architecture; the
+last column, ``ratio x GFLOPs`` = (ours img/s x ours GFLOPs) / (smp img/s x smp GFLOPs), is the ratio at equal work.
+
+Needs ``segmentation-models-pytorch`` (in the ``test`` extras).
+
+    python benchmarks/bench_peers.py                               # 2 x 3 x 128 x 128, 5 rounds
+    python benchmarks/bench_peers.py --models deeplabv3plus --rounds 3
+    python benchmarks/bench_peers.py --smp-like                   # our heads' smp-like options (see docs/models.md)
+    python benchmarks/bench_peers.py --models fcfpn --profile 12  # + torch.profiler's top operators of each side
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Tuple
+
+import torch
+from torch import nn
+
+from encoding.models import get_segmentation_model
+from encoding.models.flops import count_flops
+
+#: our architecture -> (smp class name, smp keyword arguments, our smp-like head options).
+PAIRS: Dict[str, Tuple[str, dict, dict]] = {
+    "deeplabv3plus": ("DeepLabV3Plus", {"encoder_output_stride": 16}, {"separable": True}),
+    "fcfpn": ("FPN", {}, {"fpn_dim": 128, "fuse_channels": 64}),
+    "upernet": ("UPerNet", {}, {"fuse_channels": 256}),
+}
+
+
+def build_pair(name: str, nclass: int, smp_like: bool) -> Tuple[nn.Module, nn.Module]:
+    """Our model ``name`` on ResNet-50 (its default output stride) and smp's counterpart, both untrained."""
+    import segmentation_models_pytorch as smp
+    smp_class, smp_options, our_options = PAIRS[name]
+    ours = get_segmentation_model(name, backbone="resnet50", nclass=nclass, **(our_options if smp_like else {}))
+    theirs = getattr(smp, smp_class)(encoder_name="resnet50", encoder_weights=None, classes=nclass, **smp_options)
+    return ours, theirs
+
+
+def _logits(output) -> torch.Tensor:
+    return output["out"] if isinstance(output, dict) else output
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+               target: torch.Tensor) -> Callable[[], None]:
+    """One training step of ``model`` on ``(x, target)``: forward, cross-entropy, backward, optimizer step."""
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(_logits(model(x)), target).backward()
+        optimizer.step()
+    return step
+
+
+def images_per_second(step: Callable[[], None], batch: int, iters: int) -> float:
+    start = time.perf_counter()
+    for _ in range(iters):
+        step()
+    return iters * batch / (time.perf_counter() - start)
+
+
+def profile(step: Callable[[], None], rows: int) -> str:
+    """``torch.profiler``'s table of one train step: the ``rows`` operators with the most self CPU time."""
+    from torch.profiler import ProfilerActivity
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+
+
+def parameters(model: nn.Module) -> float:
+    """Millions of parameters."""
+    return sum(p.numel() for p in model.parameters()) / 1e6
+
+
+def compare(name: str, args: argparse.Namespace) -> Dict[str, object]:
+    """Alternating rounds of ours and smp's train steps for the pair ``name``; returns the row of the table."""
+    torch.manual_seed(0)
+    ours, theirs = build_pair(name, args.nclass, args.smp_like)
+    x = torch.randn(args.batch, 3, args.size, args.size)
+    target = torch.randint(0, args.nclass, (args.batch, args.size, args.size))
+    steps = {}
+    for side, model in (("ours", ours), ("smp", theirs)):
+        model.train()
+        steps[side] = train_step(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), x, target)
+        steps[side]()  # warm-up: kernel selection, allocator, optimizer state
+    rounds: Dict[str, List[float]] = {"ours": [], "smp": []}
+    for _ in range(args.rounds):
+        for side in ("ours", "smp"):
+            rounds[side].append(images_per_second(steps[side], args.batch, args.iters))
+    ratios = [o / s for o, s in zip(rounds["ours"], rounds["smp"])]
+    for side in ("ours", "smp") if args.profile else ():
+        print(f"\n{name}, {side}: one train step, top {args.profile} operators by self CPU time\n"
+              f"{profile(steps[side], args.profile)}")
+    gflops = {side: count_flops(model, (args.size, args.size)) / 1e9 for side, model in (("ours", ours),
+                                                                                          ("smp", theirs))}
+    ratio = statistics.median(ratios)
+    return {"name": name, "smp": PAIRS[name][0], "ours": statistics.median(rounds["ours"]),
+            "theirs": statistics.median(rounds["smp"]), "ratio": ratio, "low": min(ratios), "high": max(ratios),
+            "params": (parameters(ours), parameters(theirs)), "gflops": (gflops["ours"], gflops["smp"]),
+            "work_ratio": ratio * gflops["ours"] / gflops["smp"]}
+
+
+def print_table(rows: List[Dict[str, object]], args: argparse.Namespace) -> None:
+    print(f"\nTrain step (forward, cross-entropy, backward, SGD), CPU, {torch.get_num_threads()} threads, input "
+          f"{args.batch}x3x{args.size}x{args.size}, {args.nclass} classes, {args.rounds} alternating rounds x "
+          f"{args.iters} steps (median; per-round ratios in brackets){', our smp-like options' if args.smp_like else ''}"
+          ":\n")
+    print("| ours | smp | ours img/s | smp img/s | ratio (rounds) | params ours / smp (M) | "
+          "GFLOPs ours / smp | ratio x GFLOPs |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['name']} | {r['smp']} | {r['ours']:.2f} | {r['theirs']:.2f} | "
+              f"**{r['ratio']:.2f}** ({r['low']:.2f}-{r['high']:.2f}) | {r['params'][0]:.1f} / {r['params'][1]:.1f} | "
+              f"{r['gflops'][0]:.1f} / {r['gflops'][1]:.1f} | {r['work_ratio']:.2f} |")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=sorted(PAIRS), default=list(PAIRS))
+    parser.add_argument("--size", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--nclass", type=int, default=21)
+    parser.add_argument("--iters", type=int, default=2, help="train steps per side and round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                        help="also print torch.profiler's top ROWS operators of one step of each side")
+    parser.add_argument("--smp-like", action="store_true",
+                        help="build ours with the head options closest to smp's (PAIRS in this file)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print_table([compare(name, args) for name in args.models], args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,94 @@
+"""What ``test.py`` / ``demo.py`` add to :func:`~.resolve.resolve`: the weights' recorded network options (the
+``checkpoint`` source) and the rules of the evaluation modes.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+from .errors import ConfigError
+from .fields import option_fields
+from .groups import GROUPS
+
+__all__ = ["NETWORK_OPTIONS", "MULTI_SCALES", "DEFAULT_SCALES", "weights_layer", "evaluation_rules"]
+
+#: The options that define a trained network (and the sizes its inputs were trained at): the fields marked
+#: ``network``. ``test.py`` / ``demo.py`` take them from the weights when not given; a checkpoint records them.
+NETWORK_OPTIONS = tuple(f.name for f, o in option_fields(*GROUPS.values()) if o.network)
+#: PyTorch-Encoding's multi-scale evaluation scales (``--multi-scale``), per dataset.
+MULTI_SCALES = {"citys": (0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25)}
+DEFAULT_SCALES = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75)
+#: A ``--torchvision-weights`` network without ``--model`` / ``--backbone``.
+TORCHVISION_NETWORK = {"model": "fcn", "backbone": "resnet50"}
+
+
+def weights_layer(script: str, given: Dict[str, Any],
+                  read_saved: Optional[Callable[[str, Sequence[str]], Mapping[str, Any]]]) -> Tuple[str, Dict]:
+    """The ``checkpoint`` source: the network options recorded with the weights of ``test.py`` / ``demo.py``
+    (``--resume``'s checkpoint, a ``--model-zoo`` preset, torchvision's networks); nothing for ``train.py``.
+
+    Raises:
+        ConfigError: not exactly one source of weights, a missing file, an unknown preset.
+    """
+    if script == "train":
+        return "checkpoint", {}
+    if given.get("pretrained") == "torchvision":  # the old spelling of --torchvision-weights
+        given["torchvision_weights"] = True
+    sources = [flag for flag, name in (("--resume", "resume"), ("--model-zoo", "model_zoo"),
+                                       ("--torchvision-weights", "torchvision_weights")) if given.get(name)]
+    if len(sources) != 1:
+        raise ConfigError("pass exactly one of --resume <checkpoint.pth>, --model-zoo NAME or --torchvision-weights"
+                          + (f" (got {', '.join(sources)})" if sources else ""))
+    if given.get("resume"):
+        if not os.path.isfile(given["resume"]):
+            raise ConfigError(f"argument --resume: no such file: {given['resume']}")
+        saved = dict(read_saved(given["resume"], NETWORK_OPTIONS)) if read_saved else {}
+        return f"checkpoint {given['resume']}", {k: v for k, v in saved.items() if v is not None}
+    if given.get("model_zoo"):
+        return f"checkpoint model-zoo:{given['model_zoo']}", _preset(given["model_zoo"])
+    return "checkpoint torchvision", {k: v for k, v in TORCHVISION_NETWORK.items() if k != "backbone"
+                                      or "model" not in given}
+
+
+def _preset(name: str) -> Dict[str, Any]:
+    from ..models import model_list
+    from ..models.registry import PRESETS
+
+    if name.lower() not in PRESETS:
+        raise ConfigError(f"argument --model-zoo: unknown name {name!r}; e.g. {', '.join(model_list[:4])}, ... "
+                          "(encoding.models.model_list)")
+    preset = PRESETS[name.lower()]
+    return {"dataset": preset["dataset"], "model": preset["name"], "backbone": preset["backbone"],
+            "aux": preset["aux"], "se_loss": preset["se_loss"]}
+
+
+def evaluation_rules(script: str, values: Dict[str, Any], sources: Dict[str, str], rule: Callable) -> None:
+    """The rules of ``test.py`` / ``demo.py``: PE's scales of the dataset; ``test.py``'s mode, window and stride.
+
+    Raises:
+        ConfigError: options of different modes together.
+    """
+    values["torchvision_weights"] = values["torchvision_weights"] or values.get("pretrained") == "torchvision"
+    if values["scales"] is None:
+        rule(values, sources, "scales", MULTI_SCALES.get(values["dataset"], DEFAULT_SCALES),
+             f"PyTorch-Encoding's for {values['dataset']}")
+    if script != "test":
+        return
+    slide = values["mode"] == "slide"
+    if slide and values["multi_scale"] or (values["window"] or values["stride"]) and not slide:
+        raise ConfigError("--mode slide is single-scale, without --multi-scale" if slide else "--window / --stride "
+                          "are options of --mode slide")
+    if values["mode"] in (None, "slide"):
+        mode = "test" if values["split"] == "test" else "testval" if values["multi_scale"] or values["save_pred"] \
+            or slide else "val"
+        rule(values, sources, "mode", mode, "the split and the other options")
+    values["inference"] = "slide" if slide else "whole"
+    if slide and not values["window"]:
+        rule(values, sources, "window", values["crop_size"], "--crop-size")
+    if slide and not values["stride"]:
+        rule(values, sources, "stride", max(values["window"] * 2 // 3, 1), "2/3 of --window")
+    if values["mode"] == "val" and (values["multi_scale"] or values["save_pred"]):
+        raise ConfigError(f"{'--multi-scale' if values['multi_scale'] else '--save-pred'} works on whole images: use "
+                          "--mode testval (its default) or --mode test")
+    if values["test_batch_size"] is None:
+        rule(values, sources, "test_batch_size", 16, "test.py's")

@@ -1,0 +1,218 @@
+"""One place decides a run's settings: :func:`resolve` reads every source once, in one order, and says where each
+value came from.
+
+The order (a later source wins):
+
+1. **default**: the option field's default (:mod:`.groups`);
+2. **recipe**: the dataset's recipe file (:mod:`.recipes`), for the options it sets;
+3. **checkpoint** (``test.py`` / ``demo.py``): the network options recorded with the weights (``--resume``'s
+   checkpoint, a ``--model-zoo`` preset) fill the network options that the file and the command line leave unset;
+4. **config file**: ``train.py --config FILE``;
+5. **command line**;
+6. **what a resumed checkpoint fixes**: ``train.py --resume`` continues the saved optimizer and, in the middle of an
+   epoch, its batch; :func:`encoding.engine.config.check_resume` refuses another value when the run starts (the
+   checkpoint is read once, then) rather than silently replacing it.
+
+Then the rules, each applied once, here and nowhere else (:data:`RULES`):
+
+* ``lr``: a recipe's rate is for its batch: with ``--batch-size`` given and ``--lr`` not, it scales linearly
+  (PyTorch-Encoding's ``lr = recipe lr / recipe batch * batch``);
+* ``head_lr_mult``: unless given, 10 with ``--pretrained-backbone`` (PE's), else 1;
+* ``output_stride``, ``head_channels``: the recipe's only for the recipe's own model, else the model's (``None``);
+* ``base_size``, ``crop_size``, ``scale_range``: unset, the dataset's own (``BASE_SIZE``, ``CROP_SIZE``,
+  ``SCALE_RANGE`` of its class);
+* ``test_batch_size``: unset, ``--batch-size`` (``test.py``: 16);
+* ``test.py`` / ``demo.py``: ``--scales`` PE's for the dataset; ``--mode`` and the slide window (:mod:`.evaluation`).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..datasets import datasets as DATASETS
+from ..utils.configfile import ConfigFileError, parse_config, read_config
+from .errors import ConfigError
+from .evaluation import evaluation_rules, weights_layer
+from .fields import cli_name
+from .groups import (DataOptions, DemoOptions, DeviceOptions, EvalOptions, GROUPS, ModelOptions, OptimOptions,
+                     RunOptions, WeightOptions)
+from .parser import build_parser, option_specs, warn_old_spellings
+from .recipes import SIZE_KEYS, builtin_recipe, read_recipe, recipe_source
+from .training import TrainingConfig
+
+__all__ = ["ORDER", "RULES", "Settings", "resolve", "parse_layers"]
+
+#: The sources of a setting, lowest first (the names :attr:`Settings.sources` uses, besides ``rule: ...``).
+ORDER = ("default", "recipe", "checkpoint", "config file", "command line")
+#: The options whose value a rule decides when no source sets them.
+RULES = ("lr", "head_lr_mult", "output_stride", "head_channels", "base_size", "crop_size", "scale_range",
+         "test_batch_size", "scales", "mode", "window", "stride")
+#: What depends on the network: the recipe's value only for the recipe's own model.
+MODEL_SPECIFIC = ("output_stride", "head_channels")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A run's resolved settings, by group, and where each non-default value came from.
+
+    Attributes:
+        script: ``train``, ``test`` or ``demo``.
+        sources: option name -> ``"recipe <path>"``, ``"checkpoint <path>"``, ``"config file <path>"``,
+            ``"command line"`` or ``"rule: <why>"`` (an option absent here has its default).
+    """
+
+    script: str
+    model: ModelOptions
+    data: DataOptions
+    optim: OptimOptions
+    devices: DeviceOptions
+    run: RunOptions
+    weights: WeightOptions
+    eval: EvalOptions
+    demo: DemoOptions
+    sources: Mapping[str, str]
+
+    def options(self) -> Dict[str, Any]:
+        """The script's options by name (``test.py`` adds ``inference``: ``whole`` or ``slide``)."""
+        values = {f.name: getattr(getattr(self, group), f.name) for group, cls in GROUPS.items()
+                  for f in dataclasses.fields(cls)}
+        names = [f.name for f, _ in option_specs(self.script)] + (["inference"] if self.script == "test" else [])
+        return {name: values[name] for name in names}
+
+    def namespace(self) -> argparse.Namespace:
+        """:meth:`options` as an ``argparse.Namespace`` (what the scripts' ``parse_args`` returns)."""
+        return argparse.Namespace(**self.options())
+
+    def training(self) -> Any:
+        """The flat :class:`~.training.TrainingConfig` of ``train.py``'s settings, with :attr:`sources`."""
+        return TrainingConfig(**self.options(), sources=dict(self.sources))
+
+    def source(self, name: str) -> str:
+        """Where the value of ``name`` came from (``"default"`` when no source set it)."""
+        return self.sources.get(name, "default")
+
+
+Layer = Tuple[str, Dict[str, Any]]
+
+
+def parse_layers(script: str, argv: Sequence[str]) -> Tuple[Dict[str, Any], Optional[str], Dict[str, Any]]:
+    """The options the command line sets, the ``--config`` file it names and the options that file sets (only
+    what each gives: the parser leaves the rest unset).
+
+    Raises:
+        SystemExit: a bad option on the command line (argparse's one line, status 2).
+        ConfigError: a file that cannot be used (naming it).
+    """
+    parser = build_parser(script)
+    cli = vars(parser.parse_args(list(argv)))
+    path = cli.pop("config", None)
+    warn_old_spellings(script, argv)
+    if path is None:
+        return cli, None, {}
+    try:
+        filed = vars(parse_config(parser, path))
+        warn_old_spellings(script, ["--" + str(k).replace("_", "-") for k in read_config(path)], f"in {path}")
+    except ConfigFileError as err:
+        raise ConfigError(str(err)) from None
+    return cli, path, filed
+
+
+def resolve(script: str = "train", argv: Optional[Sequence[str]] = None, *, recipes: Optional[str] = None,
+            read_saved: Optional[Callable[[str, Sequence[str]], Mapping[str, Any]]] = None) -> Settings:
+    """The settings of ``script`` run with ``argv`` (default: ``sys.argv[1:]``), in the order of this module.
+
+    Args:
+        recipes: the directory of the dataset recipes (``None``: no files, the built-in recipe of each dataset).
+        read_saved: ``(checkpoint path, names) -> recorded values`` (:func:`encoding.engine.state.saved_options`):
+            how ``test.py`` / ``demo.py`` read the network options of ``--resume``.
+
+    Raises:
+        SystemExit: a bad option on the command line (status 2).
+        ConfigError: a file that cannot be used, or a value no source can give (one line).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cli, path, filed = parse_layers(script, argv)
+    given = {**filed, **cli}
+    layers: List[Layer] = [("default", _defaults(script))]
+    saved = weights_layer(script, given, read_saved)
+    dataset = given.get("dataset") or saved[1].get("dataset") or layers[0][1]["dataset"]
+    if dataset not in DATASETS:
+        raise ConfigError(f"--dataset {dataset}: unknown dataset; valid: {', '.join(sorted(DATASETS))}")
+    recipe = read_recipe(recipes, dataset) if recipes else builtin_recipe(dataset)
+    layers.append((recipe_source(recipes, dataset), _recipe_values(recipe, given, saved[1])))
+    layers += [saved, (f"config file {path}", filed), ("command line", cli)]
+    values: Dict[str, Any] = {}
+    sources: Dict[str, str] = {}
+    names = {f.name for f, _ in option_specs(script)}
+    for source, layer in layers:
+        for name, value in layer.items():
+            if name in names:
+                values[name] = value
+                if source != "default":
+                    sources[name] = source
+    _rules(script, values, sources, recipe, given)
+    return _settings(script, values, sources)
+
+
+def _defaults(script: str) -> Dict[str, Any]:
+    """Layer 1: each option's default in ``script`` (a script's own default first); a recipe's option has none
+    (``None``: the recipe layer, or the model's or the dataset's own, decides)."""
+    return {f.name: None if o.recipe else o.per_script.get(script, {}).get("default", f.default)
+            for f, o in option_specs(script)}
+
+
+def _recipe_values(recipe: Dict[str, Any], given: Dict[str, Any], saved: Dict[str, Any]) -> Dict[str, Any]:
+    """Layer 2: the values the recipe sets (``None``: left to the model or the dataset); the model-specific ones only
+    for the recipe's own model (rule)."""
+    model = given.get("model") or saved.get("model") or recipe["model"]
+    return {k: v for k, v in recipe.items()
+            if v is not None and (k not in MODEL_SPECIFIC or model == recipe["model"])}
+
+
+def _rule(values: Dict[str, Any], sources: Dict[str, str], name: str, value: Any, why: str) -> None:
+    values[name] = value
+    sources[name] = f"rule: {why}"
+
+
+def _rules(script: str, values: Dict[str, Any], sources: Dict[str, str], recipe: Dict[str, Any],
+           given: Dict[str, Any]) -> None:
+    """The documented rules of :data:`RULES`, each applied once."""
+    if script == "train":
+        if "lr" not in given and "batch_size" in given and recipe.get("lr") and recipe.get("batch_size"):
+            _rule(values, sources, "lr", recipe["lr"] * values["batch_size"] / recipe["batch_size"],
+                  f"the recipe's lr {recipe['lr']:g} x --batch-size {values['batch_size']} / {recipe['batch_size']}")
+        if "head_lr_mult" not in given and values["pretrained"]:
+            _rule(values, sources, "head_lr_mult", 10.0, "10 with --pretrained-backbone (PyTorch-Encoding's)")
+        if values["test_batch_size"] is None:
+            _rule(values, sources, "test_batch_size", values["batch_size"], "--batch-size")
+    for name in MODEL_SPECIFIC:
+        if name not in sources:  # no source: the model's own
+            values[name] = None
+    data = DATASETS[values["dataset"]]
+    for name in (n for n in SIZE_KEYS if n in values and values[n] is None and data is not None):
+        own = getattr(data, name.upper(), None)
+        if own is not None:
+            _rule(values, sources, name, tuple(own) if name == "scale_range" else own, f"{values['dataset']}'s own")
+    if script != "train":
+        evaluation_rules(script, values, sources, _rule)
+    if values.get("scale_range") and (len(values["scale_range"]) != 2
+                                      or values["scale_range"][0] > values["scale_range"][1]):
+        raise ConfigError(f"--scale-range {','.join(map(str, values['scale_range']))}: expected MIN,MAX with "
+                          "MIN <= MAX")
+
+
+def _settings(script: str, values: Dict[str, Any], sources: Dict[str, str]) -> Settings:
+    groups = {}
+    for name, cls in GROUPS.items():
+        own = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}
+        groups[name] = cls(**own)
+    return Settings(script=script, sources=MappingProxyType(dict(sources)), **groups)
+
+
+def describe_sources(sources: Mapping[str, str]) -> List[str]:
+    """``config.yaml``'s record of where each non-default value came from, one line per option."""
+    return [f"  {cli_name(name)[2:]}: {source}" for name, source in sources.items()]

@@ -1,0 +1,170 @@
+"""Issue 34, item 6: a detector's lists of images and targets, a model that installs hooks on its first call, and the
+inexact-reduction advice, each compared with the plain model on every replica's slice (float64)."""
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from encoding.parallel import DataParallelCriterion, DataParallelModel, PerSample, replicate, scatter
+from encoding.parallel.criterion import InexactReductionWarning
+
+CPU2 = ["cpu", "cpu"]
+TOL = dict(rtol=1e-6, atol=1e-6)
+
+
+def _detector():
+    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn
+    torch.manual_seed(0)
+    # every proposal and anchor is sampled (batch sizes far above their counts): the losses are deterministic
+    return fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, num_classes=3, min_size=64, max_size=96,
+        rpn_batch_size_per_image=100000, box_batch_size_per_image=100000, rpn_pre_nms_top_n_train=50,
+        rpn_post_nms_top_n_train=20, rpn_pre_nms_top_n_test=50, rpn_post_nms_top_n_test=20).double()
+
+
+def _detection_batch(n=3):
+    torch.manual_seed(1)
+    images = [torch.rand(3, 40 + 8 * i, 48, dtype=torch.float64) for i in range(n)]
+    boxes = torch.tensor([[2., 3, 20, 30], [5, 5, 30, 25], [1, 1, 10, 12]], dtype=torch.float64)
+    targets = [{"boxes": boxes + i, "labels": torch.tensor([1, 2, 1])} for i in range(n)]  # 3 boxes, 3 channels
+    return images, targets
+
+
+def test_detector_images_and_targets_are_scattered_per_sample():
+    """Before: every 3xHxW image was split along its channels (3 boxes each: no error, wrong losses)."""
+    model = _detector().train()
+    plain = copy.deepcopy(model)
+    images, targets = _detection_batch()
+    outputs = DataParallelModel(model, CPU2)(images, targets)
+    assert outputs.split_sizes == [2, 1]
+    for output, (a, b) in zip(outputs, [(0, 2), (2, 3)]):
+        expected = plain(images[a:b], targets[a:b])
+        assert output.keys() == expected.keys()
+        for key in expected:
+            torch.testing.assert_close(output[key], expected[key], **TOL)
+    criterion = DataParallelCriterion(lambda losses: sum(losses.values()), CPU2)
+    with pytest.warns(InexactReductionWarning) as record:
+        loss = criterion(outputs)
+    advice = str(record[0].message)
+    assert "computes its own losses" in advice and "CrossEntropyLoss" not in advice
+    loss.backward()
+    assert all(p.grad is not None for p in model.roi_heads.parameters())
+
+
+def test_detector_images_alone_need_per_sample():
+    """A lone list of CHW images reads as samples and as batched tensors alike: refused, naming PerSample."""
+    model = _detector().eval()
+    images, _ = _detection_batch()
+    wrapped = DataParallelModel(model, CPU2)
+    with pytest.raises(ValueError, match=r"PerSample.*tuple"):
+        wrapped(images)
+    with torch.no_grad():
+        outputs = wrapped(PerSample(images))
+        for output, (a, b) in zip(outputs, [(0, 2), (2, 3)]):
+            expected = model(images[a:b])
+            assert len(output) == len(expected) == b - a
+            for got, want in zip(output, expected):
+                for key in want:
+                    torch.testing.assert_close(got[key], want[key], **TOL)
+
+
+def test_list_rules():
+    x = torch.arange(12.0).view(6, 2)
+    # batched tensors in a list next to a batched tensor: split along dim 0, as torch does
+    parts = scatter((x, [x + 1, x + 2]), CPU2)
+    assert [p[1][0].shape[0] for p in parts] == [3, 3]
+    # a list of six samples next to a 6-sample tensor: per sample (each replica gets whole samples)
+    samples = [torch.zeros(2, 5) for _ in range(6)]
+    parts = scatter((x, samples), CPU2)
+    assert [len(p[1]) for p in parts] == [3, 3] and all(t.shape == (2, 5) for p in parts for t in p[1])
+    # a list that reads either way is refused, and the size mismatch names PerSample
+    with pytest.raises(ValueError, match="PerSample"):
+        scatter(([torch.zeros(2, 4), torch.zeros(2, 5)],), CPU2)
+    with pytest.raises(ValueError, match="PerSample"):
+        scatter((x, [torch.zeros(4, 1)] * 5), CPU2)
+    # the same call as a tuple of batched tensors is unambiguous
+    assert [p[0][1].shape[0] for p in scatter(((torch.zeros(2, 4), torch.zeros(2, 5)),), CPU2)] == [1, 1]
+
+
+def _segformer():
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+    torch.manual_seed(0)
+    config = SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16],
+                             patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
+                             decoder_hidden_size=16, num_labels=3, hidden_dropout_prob=0.0,
+                             attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0, drop_path_rate=0.0)
+    return SegformerForSemanticSegmentation(config).double()
+
+
+def _hooks(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_transformers_model_that_hooks_on_first_call_works_wrapped(train):
+    """Before: a fresh Segformer crashed (mat1 and mat2 shapes) and the original kept 24 forward hooks."""
+    model = _segformer().train(train)
+    plain = copy.deepcopy(model)
+    before = _hooks(model)
+    x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
+    outputs = DataParallelModel(model, CPU2)(pixel_values=x)
+    assert _hooks(model) == before
+    for output, (a, b) in zip(outputs, [(0, 2), (2, 3)]):
+        torch.testing.assert_close(output.logits, plain(pixel_values=x[a:b]).logits, **TOL)
+    torch.testing.assert_close(model(pixel_values=x).logits, plain(pixel_values=x).logits, **TOL)
+
+
+def test_replicas_add_nothing_to_the_original():
+    class Recorder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.seen, self.cache = [], {}
+
+        def forward(self, x):
+            if not self.lin._forward_hooks:
+                self.lin.register_forward_hook(lambda module, args, out: out * 2)
+            self.seen.append(x.shape[0])
+            self.cache[x.shape[0]] = True
+            return self.lin(x)
+
+    module = Recorder()
+    x = torch.randn(5, 2)
+    outputs = DataParallelModel(module, ["cpu"] * 3)(x)
+    assert not module.lin._forward_hooks and module.seen == [] and module.cache == {}
+    torch.testing.assert_close(torch.cat(list(outputs)), module.lin(x) * 2)
+    replicas = replicate(module, CPU2)
+    assert replicas[0].lin._forward_hooks is not module.lin._forward_hooks
+
+
+def test_inexact_advice_fits_the_output():
+    def advice(output, target):
+        criterion = DataParallelCriterion(lambda out, y: (out - y).abs().mean(), CPU2)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            criterion(DataParallelModel(nn.Identity(), CPU2)(output), target)
+        return " ".join(str(w.message) for w in record if issubclass(w.category, InexactReductionWarning))
+
+    classifier = advice(torch.randn(5, 4), torch.randn(5, 4))
+    assert "torch loss module" in classifier and "ignore_index=255" not in classifier
+    segmentation = advice(torch.randn(5, 3, 4, 4), torch.randn(5, 3, 4, 4))
+    assert "output_key='out'" in segmentation
+
+
+def test_criterion_targets_and_explicit_splits_know_the_batch():
+    """Split sizes given (the criterion's targets, chunk_sizes) fix the batch: a lone list of three batched targets
+    (refused without them: it reads either way) is split along dim 0, and a detector's lists still go per sample."""
+    x = torch.arange(4.0).view(2, 2)
+    with pytest.raises(ValueError, match="PerSample"):
+        scatter(([x, x + 1, x + 2],), CPU2)
+    parts = scatter(([x, x + 1, x + 2],), CPU2, split_sizes=[1, 1])
+    assert [[t.shape for t in p[0]] for p in parts] == [[(1, 2)] * 3] * 2
+    model = _detector().train()
+    images, targets = _detection_batch()
+    wrapped = DataParallelModel(model, CPU2, chunk_sizes=[1, 2])
+    outputs = wrapped(images, targets)
+    assert outputs.split_sizes == [1, 2]
+    torch.testing.assert_close(outputs[1]["loss_classifier"],
+                               copy.deepcopy(model)(images[1:], targets[1:])["loss_classifier"], **TOL)
