@@ -471,13 +471,17 @@ def _writes(path):
 
     found = []
 
-    def visit(node, function):
+    def visit(node, function, encoded=False):
         for child in ast.iter_child_nodes(node):
             name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            inner = encoded
             if isinstance(child, ast.Call):
                 call = ast.unparse(child.func)
                 args = [ast.unparse(a) for a in child.args]
-                if call in ("open", "io.open", "os.fdopen"):
+                inner = encoded or call.endswith("atomic_write")  # bytes made for atomic_write (safetensors.save)
+                if encoded:
+                    pass
+                elif call in ("open", "io.open", "os.fdopen"):
                     modes = child.args[1:2] + [k.value for k in child.keywords if k.arg == "mode"]
                     mode = modes[0].value if modes and isinstance(modes[0], ast.Constant) else "r" if not modes \
                         else "?"
@@ -487,7 +491,7 @@ def _writes(path):
                     target = args[1] if call in ("torch.save", "onnx.save", "torch.export.save", "json.dump") and \
                         len(args) > 1 else (args[0] if args else "")
                     found.append((name, call, target))
-            visit(child, name)
+            visit(child, name, inner)
 
     with open(path, encoding="utf-8") as f:
         visit(ast.parse(f.read()), "<module>")
