@@ -111,3 +111,19 @@ def test_the_docs_list_the_unexportable_architectures_with_torchs_reason():
         section = f.read().split("## Which architectures export", 1)[1]
     assert dict(re.findall(r"^\| `(\w+)` \| (.+?) \|$", section, flags=re.M)) == UNEXPORTABLE
     assert ("(none: every registered architecture exports)" in section) == (not UNEXPORTABLE)
+
+
+@pytest.mark.parametrize("name", [n for n in ARCHITECTURES if n not in UNEXPORTABLE])
+def test_every_architecture_exports_dynamic_and_runs_like_eager_at_other_sizes(name, tmp_path):
+    """Every architecture x format with --dynamic, run at a batch and size other than the traced one (issue 35:
+    PSPNet's and UPerNet's adaptive pooling was fixed to the traced size in ONNX). One trace, both formats."""
+    model = tiny_model(name)
+    program = export_program(model, SIZE, dynamic=True)
+    meta = metadata(model.info, "onnx", SIZE, dynamic=True)
+    save_program(program, str(tmp_path / "m.pt2"), "exported", meta)
+    save_program(program, str(tmp_path / "m.onnx"), "onnx", meta)
+    image = torch.randn(2, 3, 72, 104)
+    with torch.no_grad():
+        eager = model(image)["out"]
+    assert (torch.export.load(str(tmp_path / "m.pt2")).module()(image) - eager).abs().max().item() <= 1e-4
+    assert (_run_onnx(tmp_path / "m.onnx", image) - eager).abs().max().item() <= 1e-4

@@ -30,11 +30,14 @@ from ..utils.progress import progress_bar
 from .base import BaseDataset
 from .layout import DatasetError
 
-__all__ = ["CLASS_WEIGHT_METHODS", "label_counts", "class_weights", "read_class_weights", "resolve_class_weights"]
+__all__ = ["CLASS_WEIGHT_METHODS", "label_counts", "class_weights", "read_class_weights", "resolve_class_weights",
+           "class_weights_problem"]
 
 #: ``--class-weights`` values computed from the data (``auto`` is ``enet``).
 CLASS_WEIGHT_METHODS = ("auto", "enet", "median")
 CACHE_FILE = "label_counts.json"
+#: The largest class-weight file read (bytes).
+MAX_BYTES = 1 << 20
 
 
 def _samples(dataset: Dataset) -> tuple:
@@ -91,7 +94,9 @@ def label_counts(dataset: Dataset, *, cache: bool = True, progress: bool = True)
     entries = _read_cache(path) if cache else {}
     found = entries.get(key)
     if isinstance(found, dict) and all(found.get(k) == v for k, v in entry.items()):
-        return dict(found, cached=True)
+        if _valid_counts(found, base.NUM_CLASS):
+            return dict(found, cached=True)
+        warnings.warn(f"ignoring the edited or corrupt entry {key!r} of the label-count cache {path}: counting again")
     entry.update(_count(base, indices, progress))
     if cache:
         try:
@@ -99,6 +104,17 @@ def label_counts(dataset: Dataset, *, cache: bool = True, progress: bool = True)
         except OSError as e:
             warnings.warn(f"cannot cache the label counts in {path}: {e}")
     return dict(entry, cached=False)
+
+
+def _valid_counts(entry: Dict[str, Any], nclass: int) -> bool:
+    """Whether a cache entry's ``pixels`` / ``image_pixels`` are ``nclass`` non-negative ints each, with a labelled
+    pixel (anything else, e.g. an edited file, is counted again)."""
+    lists = [entry.get("pixels"), entry.get("image_pixels")]
+    if not all(isinstance(v, list) and len(v) == nclass for v in lists):
+        return False
+    if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 62 for v in lists for n in v):
+        return False
+    return sum(lists[0]) > 0
 
 
 def _read_cache(path: str) -> Dict[str, Any]:
@@ -140,15 +156,33 @@ def read_class_weights(path: Union[str, os.PathLike]) -> Tensor:
     """
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            text = f.read(MAX_BYTES + 1)
+        if len(text) > MAX_BYTES:
+            raise ValueError(f"larger than {MAX_BYTES // 1024} KiB")
         values = json.loads(text) if text.lstrip().startswith("[") else text.replace(",", " ").split()
         weight = torch.tensor([float(v) for v in values], dtype=torch.float64)
-    except (OSError, ValueError, TypeError) as e:
+    except (OSError, ValueError, TypeError, RecursionError) as e:
         raise DatasetError(str(path), f"not {'/'.join(CLASS_WEIGHT_METHODS)} nor a readable list of class "
                                       f"weights ({e})") from None
     if not torch.isfinite(weight).all() or (weight < 0).any():
         raise DatasetError(str(path), f"class weights must be finite and >= 0, got {weight.tolist()}")
     return weight
+
+
+def class_weights_problem(spec: Union[None, str, os.PathLike], nclass: Optional[int]) -> Optional[str]:
+    """Why ``--class-weights spec`` cannot be used with ``nclass`` classes (``None``: it can, or it is computed from
+    the data): a FILE that is missing, unreadable, not numbers, or not ``nclass`` of them (not counted when
+    ``nclass`` is ``None``: a class count known only from the data). Asked before any data is read or generated.
+    """
+    if spec is None or str(spec) in CLASS_WEIGHT_METHODS:
+        return None
+    try:
+        weight = read_class_weights(spec)
+    except DatasetError as err:
+        return f"--class-weights {spec}: {err.problem.splitlines()[0]}"
+    if nclass is not None and weight.numel() != nclass:
+        return f"--class-weights {spec}: holds {weight.numel()} class weights; the dataset has {nclass} classes"
+    return None
 
 
 def resolve_class_weights(spec: Union[None, str, os.PathLike], dataset: Optional[Dataset], nclass: int, *,

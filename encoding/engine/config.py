@@ -18,7 +18,7 @@ import os
 import time
 import sys
 from dataclasses import asdict, replace
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import Dataset
@@ -28,13 +28,13 @@ from ..config import AMP_CHOICES, DIST_TIMEOUT_S, Settings, TrainingConfig  # no
 from ..config.fields import renamed_keyword
 from ..config.parser import option_specs
 from ..config.resolve import describe_sources
-from ..datasets import datasets as DATASETS
+from ..datasets import class_weights as weights, datasets as DATASETS
 from ..models import get_segmentation_model
 from ..parallel import resolve_devices
 from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME
 from ..utils.configfile import write_config
 from ..utils.determinism import enable_determinism
-from ..utils.dist import get_rank, init_distributed_mode, is_main_process
+from ..utils.dist import get_rank, init_distributed_mode, is_main_process, timeout_problem
 from ..utils.metrics import SegmentationMetric
 from ..utils.monitor import MonitorUnavailable, require
 from ..utils.rundir import run_lock
@@ -144,7 +144,9 @@ def check_training(config: "TrainingConfig", given_datasets: bool = False) -> No
         check_split(c.dataset, split, option)
     check_data_options(c)
     check_devices(c.device_ids)
-    if problem := builders.strategy_problem(c.strategy, c.amp):
+    if problem := builders.strategy_problem(c.strategy, c.amp) or timeout_problem(c.dist_timeout) or \
+            weights.class_weights_problem(c.class_weights, None if c.binary or c.binary_class or c.dataset not in
+                                          DATASETS else DATASETS[c.dataset].NUM_CLASS):
         raise ConfigError(problem)
     _check_schedule(c)
     try:
@@ -182,6 +184,7 @@ def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint) -> None
         raise ConfigError(f"--optimizer {config.optimizer}: {path} was trained with --optimizer "
                           f"{saved['optimizer']} and a resume continues its optimizer state; pass --optimizer "
                           f"{saved['optimizer']}, or --ft to start a new optimizer from its weights")
+    checkpoint.check_world_size(state.launched_world_size())
     iteration = int(checkpoint.data.get("iteration", 0))
     for name in ("batch_size", "train_limit"):
         if iteration and name in saved and saved[name] != getattr(config, name):

@@ -15,7 +15,7 @@ from PIL import Image
 from torch import nn
 
 from ..errors import UsageError
-from ..utils.files import atomic_write
+from ..utils.files import atomic_write, refuse_own_input
 from ..utils.palette import colorize
 from ..datasets.transforms import denormalize
 from .inference import overlay_with_legend, read_image
@@ -46,6 +46,7 @@ def demo_outputs(paths: Sequence[str], out_dir: str, overwrite: bool = False) ->
              for p, name in zip(absolute, names)]
     outputs = [tuple(os.path.normpath(os.path.join(out_dir, f"{name}_{kind}.png")) for kind in ("mask", "overlay"))
                for name in names]
+    refuse_own_input([path for pair in outputs for path in pair], list(paths), "--out-dir")  # even with --overwrite
     existing = [path for pair in outputs for path in pair if os.path.exists(path)]
     if existing and not overwrite:
         raise FileExistsError(f"{existing[0]} exists ({len(existing)} of the outputs do): pass --overwrite to replace "

@@ -38,7 +38,7 @@ from .config import AMP_DTYPES, parse_device_ids
 from .data import binary_targets, eval_dataset_options
 from .loading import NETWORK_OPTIONS, ModelInfo, load_model
 from .loop import predicted_labels
-from .predict import inference_module
+from .predict import check_windows, inference_module
 
 __all__ = ["read_image", "PredictionWriter", "prediction_filename", "save_png", "overlay_with_legend",
            "background_ids", "EvaluationConfig", "EvaluationJob", "evaluation_module", "build_evaluation"]
@@ -248,6 +248,20 @@ class EvaluationJob:
                 f"samples, mode {c.mode}, {how}), {where}")
 
 
+def _check_prediction_dir(out_dir: str, dataset: Any) -> None:
+    """Refuse a ``save_pred`` folder inside the evaluated dataset's folder: the predictions (``<stem>.png``) would
+    replace its masks (``SegmentationClass/<stem>.png``) or images."""
+    while not hasattr(dataset, "dataset_dir") and isinstance(getattr(dataset, "dataset", None), Dataset):
+        dataset = dataset.dataset
+    folder = getattr(dataset, "dataset_dir", None)
+    if not isinstance(folder, str):
+        return
+    folder, target = os.path.realpath(folder), os.path.realpath(out_dir)
+    if target == folder or target.startswith(folder + os.sep):
+        raise ValueError(f"--save-pred {out_dir}: inside the dataset folder {folder}, whose files the predictions "
+                         "could replace; give a folder outside it")
+
+
 def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -> EvaluationJob:
     """Build the :class:`EvaluationJob` of ``config``.
 
@@ -260,6 +274,7 @@ def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -
         data: the dataset to evaluate (built with ``return_name=True``) instead of ``config.dataset``'s split.
     """
     c = config
+    check_windows(c.window, c.stride)  # before any work: a stride past the window leaves pixels no window covers
     if c.save_pred and c.mode == "val":  # a mask saved under an image's name has that image's size
         raise UsageError("save_pred writes whole-image predictions: use mode 'testval' or 'test', not 'val' "
                          "(resized centre crops)")
@@ -285,6 +300,8 @@ def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -
                                         workers=c.workers, limit=c.limit, distributed=distributed, data=data,
                                         dataset_options=eval_dataset_options(c.dataset, c.resume, info))
     binary_targets(loader.dataset, info)
+    if c.save_pred:
+        _check_prediction_dir(c.save_pred, loader.dataset)
     return EvaluationJob(
         config=c, model=model, loader=loader,
         metric=SegmentationMetric(len(info.classes), ignore_index=-1, device=device, binary=info.binary,

@@ -22,15 +22,38 @@ from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ..errors import UsageError
 from ..models import get_model, pretrained_model_list
 from ..models.registry import PRESETS
+from ..utils.checkpoint import CheckpointError, check_state_fits
 from ..utils.palette import generated_palette, palette_of
 from . import state
 
-__all__ = ["ModelInfo", "NETWORK_OPTIONS", "DATA_OPTIONS", "load_model", "model_info"]
+__all__ = ["ModelInfo", "NETWORK_OPTIONS", "DATA_OPTIONS", "load_model", "model_info", "check_network_options"]
 
 #: What a checkpoint records about its data (:func:`encoding.datasets.metadata.dataset_metadata`) and the binary
 #: options: :class:`ModelInfo` takes them from the checkpoint, so no dataset class is needed to use the model.
 DATA_OPTIONS = ("classes", "palette", "ignore_index", "dataset_class", "binary", "binary_class", "threshold",
                 "unknown_labels")
+_NAMES, _SWITCHES = ("dataset", "model", "backbone"), ("aux", "se_loss")
+
+
+def check_network_options(options: Dict[str, Any], where: str) -> None:
+    """Refuse network options of the wrong type: names that are not strings, switches that are not booleans, sizes
+    that are not positive ints (an edited checkpoint, or a call such as ``load_model(path, model=3)``).
+
+    Raises:
+        ValueError: one line naming ``where`` (the file or ``load_model``), the option and its value.
+    """
+    for key, value in options.items():
+        if value is None or key not in NETWORK_OPTIONS:
+            continue
+        if key in _NAMES:
+            ok = isinstance(value, str) and value != ""
+        elif key in _SWITCHES:
+            ok = isinstance(value, (bool, int)) and value in (0, 1)
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        if not ok:
+            kind = "a name" if key in _NAMES else "true or false" if key in _SWITCHES else "a positive int"
+            raise ValueError(f"{where}: network option {key!r} must be {kind}, got {str(repr(value))[:80]}")
 
 
 @dataclass(frozen=True)
@@ -148,6 +171,10 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
     if unknown:
         raise UsageError(f"load_model: unknown option(s) {', '.join(unknown)}; valid: {', '.join(NETWORK_OPTIONS)}")
     given = {k: v for k, v in options.items() if v is not None}
+    check_network_options(given, "load_model")
+    if not isinstance(source, (str, os.PathLike)):
+        raise ValueError(f"load_model: source must be a checkpoint path or a preset name, got "
+                         f"{type(source).__name__}")
     path = os.fspath(source)
     if not os.path.isfile(path) and path.lower() in PRESETS:
         return _load_preset(path.lower(), device, weights, given)
@@ -158,20 +185,46 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
         raise FileNotFoundError(f"no such checkpoint file or preset name: {path!r} (presets: "
                                 "encoding.models.model_list)")
     checkpoint = state.read(path, allow_foreign=True)
-    recorded = {k: v for k, v in (checkpoint.data.get("args") or {}).items() if k in NETWORK_OPTIONS + DATA_OPTIONS}
+    args = checkpoint.data.get("args")
+    recorded = {k: v for k, v in (args if isinstance(args, dict) else {}).items()
+                if k in NETWORK_OPTIONS + DATA_OPTIONS}
     network = {**recorded, **given}
     missing = [k for k in ("dataset", "model", "backbone") if not network.get(k)]
     if missing:
         raise UsageError(f"{path!r} records no {', '.join(missing)}: pass them, e.g. load_model(path, "
                          "dataset='pascal_voc', model='fcn', backbone='resnet50')")
+    check_network_options(network, repr(path))
     info = ModelInfo.of_dataset(**network)
-    model = builders.build_model(network["model"], network["dataset"], backbone=network["backbone"],
-                                 aux=bool(network.get("aux")), se_loss=bool(network.get("se_loss")),
-                                 output_stride=network.get("output_stride"),
-                                 head_options={"channels": network["head_channels"]}
-                                 if network.get("head_channels") else None, nclass=info.out_channels)
+    model = _fitting_network(network, info.out_channels, checkpoint.data["model"], path)
     checkpoint.restore_weights(model)
     return _with_info(model, info, device)
+
+
+def _build(network: Dict[str, Any], nclass: int) -> nn.Module:
+    return builders.build_model(network["model"], network["dataset"], backbone=network["backbone"],
+                                aux=bool(network.get("aux")), se_loss=bool(network.get("se_loss")),
+                                output_stride=network.get("output_stride"),
+                                head_options={"channels": network["head_channels"]}
+                                if network.get("head_channels") else None, nclass=nclass)
+
+
+def _fitting_network(network: Dict[str, Any], nclass: int, weights: Any, path: str) -> nn.Module:
+    """The network ``network`` names, built only once its ``meta`` twin (no memory) has the keys and shapes of the
+    stored ``weights``: an edited option (``head_channels=10**7``) is refused before anything is allocated.
+
+    Raises:
+        ValueError: options the architectures refuse. CheckpointError: weights of another shape.
+    """
+    try:
+        with torch.device("meta"):
+            twin = _build(network, nclass)
+    except (ValueError, KeyError, TypeError, NotImplementedError) as err:
+        raise ValueError(f"{path!r} records network options that cannot be built: "
+                         f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise CheckpointError(f"{path!r}: its 'model' entry is not a state dict")
+    check_state_fits(twin, weights, source=repr(path))
+    return _build(network, nclass)
 
 
 #: Readers of shared models (``(accepts(source), load(source, device=...))``) that :func:`load_model` asks before

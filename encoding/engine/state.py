@@ -5,7 +5,8 @@ A run's checkpoint (written atomically by :func:`encoding.utils.save_checkpoint`
 * ``model``, ``optimizer``, ``scheduler``, ``scaler``: state dicts (full and ordinary under every strategy:
   :mod:`.sharding`);
 * ``epoch``: the last complete epoch; ``iteration``: training iterations of the *next* epoch already done (a
-  checkpoint saved on Ctrl-C), else 0;
+  checkpoint saved on Ctrl-C), else 0; ``world_size``: the processes of the run (a mid-epoch checkpoint continues
+  only with as many: :meth:`Checkpoint.world_size_problem`);
 * ``best_pred`` / ``best_epoch``: the best score so far, ``(pixAcc + mIoU) / 2``, and the epoch that scored it;
 * ``args``: the run's options (a plain dict: ``test.py`` / ``demo.py`` rebuild the network from it);
 * ``rng``: the global RNG states (dropout continues where it stopped); ``log_row``: the epoch's log row (the log
@@ -26,10 +27,12 @@ from torch import nn
 
 from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, load_model_state
 from ..utils.determinism import rng_state
+from ..utils.dist import get_world_size
 from ..utils.files import atomic_write
 from .sharding import load_optimizer_state
 
-__all__ = ["Checkpoint", "ResumePoint", "read", "training_state", "restore_best", "saved_options"]
+__all__ = ["Checkpoint", "ResumePoint", "ResumeRefused", "read", "training_state", "restore_best", "saved_options",
+           "launched_world_size"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -52,6 +55,12 @@ class ResumePoint(NamedTuple):
     rng: Optional[dict] = None
 
 
+class ResumeRefused(CheckpointError):
+    """A checkpoint this run cannot continue as asked (one line; scripts exit with status 2, before any work)."""
+
+    exit_status = 2
+
+
 class Checkpoint(NamedTuple):
     """A run's checkpoint file, read once (:func:`read`): its path and its content."""
 
@@ -66,6 +75,25 @@ class Checkpoint(NamedTuple):
     def finished(self, epochs: int) -> bool:
         """Whether the checkpoint already completed ``epochs`` epochs (nothing left to train)."""
         return self.done >= epochs and not self.data.get("iteration", 0)
+
+    def check_world_size(self, world_size: int) -> None:
+        """Raise :class:`ResumeRefused` with :meth:`world_size_problem`'s reason, if any."""
+        if problem := self.world_size_problem(world_size):
+            raise ResumeRefused(problem)
+
+    def world_size_problem(self, world_size: int) -> Optional[str]:
+        """Why a run of ``world_size`` processes cannot continue this checkpoint (``None``: it can).
+
+        A checkpoint saved in the middle of an epoch stopped after ``iteration`` batches of each of its ranks'
+        shards; another world size shards the epoch otherwise, so samples would be trained twice or skipped.
+        At an epoch boundary any world size continues exactly. (Files written before the world size was recorded
+        are not checked.)"""
+        saved, iteration = self.data.get("world_size"), int(self.data.get("iteration", 0) or 0)
+        if not iteration or saved is None or int(saved) == world_size:
+            return None
+        return (f"{self.path} stopped after iteration {iteration} of epoch {self.done} with {saved} process(es), "
+                f"this run has {world_size}: the epoch's remaining samples are sharded over {saved}; resume it "
+                f"with {saved} process(es) (torchrun --nproc-per-node {saved}), or continue from an epoch's end")
 
     def restore_weights(self, model: nn.Module) -> None:
         """Load the model weights only (fine-tuning, evaluating).
@@ -105,6 +133,11 @@ class Checkpoint(NamedTuple):
         return self.data.get("epoch", -1), self.data.get("log_row")
 
 
+def launched_world_size() -> int:
+    """The processes of this run: ``torchrun``'s ``WORLD_SIZE`` (known before the process group starts), else 1."""
+    return int(os.environ.get("WORLD_SIZE", "1")) if "RANK" in os.environ else 1
+
+
 def read(path: PathLike, allow_foreign: bool = False) -> Checkpoint:
     """Read a checkpoint file (on the CPU, ``weights_only``): the one read of a resumed run.
 
@@ -112,9 +145,27 @@ def read(path: PathLike, allow_foreign: bool = False) -> Checkpoint:
         allow_foreign: also accept a plain state dict or a PyTorch-Encoding checkpoint (weights only).
 
     Raises:
-        FileNotFoundError, CheckpointError: see :func:`~encoding.utils.load_checkpoint`.
+        FileNotFoundError, CheckpointError: see :func:`~encoding.utils.load_checkpoint`; also a count of the
+            training state (``epoch``, ``iteration``, ``world_size``, ``best_epoch``) or ``args`` of the wrong type
+            (an edited file), in one line.
     """
-    return Checkpoint(os.fspath(path), load_checkpoint(path, map_location="cpu", allow_foreign=allow_foreign))
+    data = load_checkpoint(path, map_location="cpu", allow_foreign=allow_foreign)
+    _check_counts(data, os.fspath(path))
+    return Checkpoint(os.fspath(path), data)
+
+
+#: The counts of the training state -> their smallest valid value.
+_COUNTS = {"epoch": -1, "iteration": 0, "world_size": 1, "best_epoch": -1}
+
+
+def _check_counts(data: Mapping[str, Any], path: str) -> None:
+    for key, smallest in _COUNTS.items():
+        value = data.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < smallest):
+            raise CheckpointError(f"{path!r}: {key} must be an int >= {smallest}, got {str(repr(value))[:60]} "
+                                  "(an edited or foreign file)")
+    if data.get("args") is not None and not isinstance(data["args"], Mapping):
+        raise CheckpointError(f"{path!r}: args must be a mapping of options, got {type(data['args']).__name__}")
 
 
 def training_state(model: Union[nn.Module, Mapping[str, Any]], optimizer: Union[torch.optim.Optimizer, Mapping],
@@ -125,7 +176,8 @@ def training_state(model: Union[nn.Module, Mapping[str, Any]], optimizer: Union[
     done too), RNG states included; written by :func:`encoding.utils.save_checkpoint`. ``model`` and ``optimizer``
     are the objects or their full state dicts (a sharded run's, :func:`.sharding.full_state`)."""
     return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "epoch": epoch,
-            "iteration": iteration, "best_pred": best_pred, "best_epoch": best_epoch, "args": dict(args),
+            "iteration": iteration, "world_size": get_world_size(), "best_pred": best_pred,
+            "best_epoch": best_epoch, "args": dict(args),
             "rng": rng_state(), "log_row": dict(log_row or {}),
             "metrics": {k: metrics[k] for k in ("pixAcc", "mIoU") if k in metrics}}
 

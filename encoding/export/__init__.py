@@ -5,8 +5,10 @@
 :mod:`.core`). See ``docs/export.md``.
 """
 from .cli import build_parser
-from .core import (FORMATS, UNEXPORTABLE, ExportError, MainOutput, export_model, export_program, metadata,
-                   save_program)
+from .core import (FORMATS, UNEXPORTABLE, ExportError, MainOutput, check_output, export_model, export_program,
+                   metadata, metadata_path, save_program)
+from .pooling import ExportableAdaptiveAvgPool2d, exportable_pooling
 
 __all__ = ["FORMATS", "UNEXPORTABLE", "ExportError", "MainOutput", "export_model", "export_program", "metadata",
-           "save_program", "build_parser"]
+           "save_program", "build_parser", "check_output", "metadata_path", "ExportableAdaptiveAvgPool2d",
+           "exportable_pooling"]

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 from ..engine.loading import load_model
 from ..utils.cli import OneLineParser, positive_int, run_cli
-from .core import FORMATS, SUFFIXES, export_model
+from .core import FORMATS, SUFFIXES, check_output, export_model
 
 __all__ = ["build_parser", "main", "cli"]
 
@@ -33,10 +33,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> List[str]:
     """Export as ``argv`` says; returns the paths written."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.resume)), "model" + SUFFIXES[args.format])
+    inputs = [args.resume] if os.path.exists(args.resume) else []
+    try:  # before the checkpoint is read: an output that would destroy it, or itself, is a bad option value
+        check_output(output, inputs)
+    except ValueError as err:
+        parser.error(str(err))
     model = load_model(args.resume)
-    written = export_model(model, output, args.format, args.input_size, args.dynamic)
+    written = export_model(model, output, args.format, args.input_size, args.dynamic, inputs=inputs)
     print(f"wrote {', '.join(written)}")
     return written
 

@@ -20,11 +20,12 @@ from torch import Tensor, nn
 
 from ..errors import EncodingError
 from ..engine.loading import ModelInfo, model_info
-from ..utils.files import atomic_write
+from ..utils.files import atomic_path, atomic_write, refuse_own_input
 from ..utils.metrics import main_output
+from .pooling import exportable_pooling
 
 __all__ = ["FORMATS", "SUFFIXES", "UNEXPORTABLE", "ExportError", "MainOutput", "export_program", "metadata",
-           "save_program", "export_model"]
+           "save_program", "export_model", "check_output", "metadata_path"]
 
 #: The export formats: ``onnx`` (an ONNX file, for onnxruntime and other runtimes) and ``exported`` (a
 #: ``torch.export`` ExportedProgram, read back by :func:`torch.export.load`).
@@ -57,7 +58,8 @@ class MainOutput(nn.Module):
 def export_program(model: nn.Module, input_size: Sequence[int], dynamic: bool = False,
                    name: Optional[str] = None) -> torch.export.ExportedProgram:
     """Trace ``model``'s main output with :func:`torch.export.export` on a ``1 x 3 x H x W`` input (``2 x 3 x H x W``
-    with ``dynamic``, whose batch, height and width are then free).
+    with ``dynamic``, whose batch, height and width are then free: adaptive average pooling is then traced as
+    :class:`~.pooling.ExportableAdaptiveAvgPool2d`, which ONNX runs right at every size).
 
     Args:
         model: a segmentation model in eval mode.
@@ -73,8 +75,9 @@ def export_program(model: nn.Module, input_size: Sequence[int], dynamic: bool = 
     example = torch.randn(2 if dynamic else 1, 3, height, width, device=device)
     auto = torch.export.Dim.AUTO
     shapes = ({0: auto, 2: auto, 3: auto},) if dynamic else None
+    traced = MainOutput(exportable_pooling(model) if dynamic else model).eval()
     try:
-        return torch.export.export(MainOutput(model).eval(), (example,), dynamic_shapes=shapes, strict=False)
+        return torch.export.export(traced, (example,), dynamic_shapes=shapes, strict=False)
     except Exception as err:  # torch raises many types (UserError, Unsupported, GuardOnDataDependent, ...)
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ExportError(f"torch.export cannot export {name or type(model).__name__}: {reason}") from err
@@ -105,14 +108,41 @@ def save_program(program: torch.export.ExportedProgram, path: str, fmt: str, met
         ValueError: an unknown format.
         ExportError: the ONNX conversion failed (torch's reason).
     """
+    return _write(program, path, fmt, meta)
+
+
+def metadata_path(path: str) -> str:
+    """Where the metadata of the model file ``path`` goes: ``<path without suffix>.json``."""
+    return os.path.splitext(path)[0] + ".json"
+
+
+def check_output(path: str, inputs: Sequence[Optional[str]] = ()) -> None:
+    """Refuse an export ``path`` whose model file or metadata would be the same file, or one of ``inputs``.
+
+    Raises:
+        ValueError: one line naming the path.
+    """
+    if os.path.splitext(path)[1].lower() == ".json":
+        raise ValueError(f"--output {path}: the metadata is written to <name>.json beside the model file, so the "
+                         "model file cannot be a .json file (e.g. --output model.onnx / model.pt2)")
+    refuse_own_input([path, metadata_path(path)], list(inputs), "--output")
+
+
+def _write(program: torch.export.ExportedProgram, path: str, fmt: str, meta: Dict[str, Any],
+           verify: Optional[Any] = None) -> List[str]:
+    """Write the model file and its metadata, each atomically (a failure leaves any earlier export as it was);
+    ``verify(tmp_path)`` runs on the finished model file before it replaces ``path``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    if fmt == "exported":
-        torch.export.save(program, path)
-    else:
-        _save_onnx(program, path, meta)
-    side = os.path.splitext(path)[0] + ".json"
+    check_output(path)
+    with atomic_path(path) as tmp:
+        if fmt == "exported":
+            torch.export.save(program, tmp)
+        else:
+            _save_onnx(program, tmp, meta)
+        if verify is not None:
+            verify(tmp)
+    side = metadata_path(path)
     atomic_write(side, json.dumps(meta, indent=2) + "\n")
     return [path, side]
 
@@ -133,8 +163,60 @@ def _save_onnx(program: torch.export.ExportedProgram, path: str, meta: Dict[str,
     onnx.save(proto, path)
 
 
+#: The tolerance of the check of a dynamic export at another input size: ``|file - eager| <= TOLERANCE *
+#: max(1, max |eager|)``.
+TOLERANCE = 1e-4
+
+
+def _other_size(size: Sequence[int]) -> Tuple[int, int, int, int]:
+    """The input of the check of a dynamic export: another batch and another height and width than the traced."""
+    height, width = size
+    return 3, 3, height + 32, width + 16
+
+
+def _verifier(model: nn.Module, fmt: str, size: Sequence[int], name: str) -> Any:
+    """``verify(path)`` of :func:`_write` for a dynamic export: the written file at another batch and size must give
+    the eager model's logits, else :class:`ExportError` (nothing is written). ONNX files are checked with onnxruntime
+    when it is installed (the check of the traced program itself covers the rest)."""
+    image = torch.randn(*_other_size(size), generator=torch.Generator().manual_seed(0))
+    device = next(model.parameters()).device
+
+    def verify(path: str) -> None:
+        with torch.no_grad():
+            eager = main_output(model(image.to(device))).float().cpu()
+            got = _run_file(path, fmt, image.to(device))
+        bound = TOLERANCE * max(1.0, eager.abs().max().item())
+        if got is None:
+            return
+        error = (got.float().cpu() - eager).abs().max().item() if got.shape == eager.shape else float("inf")
+        if not error <= bound:
+            raise ExportError(f"the {fmt} export of {name} with --dynamic gives logits off by {error:.3g} at input "
+                              f"{list(image.shape)} (traced at {list(size)}); nothing was written: export it "
+                              "without --dynamic, at the size it will run at")
+    return verify
+
+
+def _run_file(path: str, fmt: str, image: Tensor) -> Optional[Tensor]:
+    """The logits of the exported file at ``path`` for ``image`` (``None``: no runtime to check ONNX with)."""
+    try:
+        if fmt == "exported":
+            return torch.export.load(path).module()(image)
+        try:
+            import onnxruntime
+        except ImportError:
+            return None
+        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        return torch.from_numpy(session.run(None, {INPUT_NAME: image.cpu().numpy()})[0])
+    except ExportError:
+        raise
+    except Exception as err:  # a guard of the trace, or the runtime refusing the shape
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ExportError(f"the {fmt} export with --dynamic fails at input {list(image.shape)}: {reason}; nothing "
+                          "was written: export it without --dynamic, at the size it will run at") from None
+
+
 def export_model(model: nn.Module, path: str, fmt: str, input_size: Optional[Tuple[int, int]] = None,
-                 dynamic: bool = False) -> List[str]:
+                 dynamic: bool = False, inputs: Sequence[Optional[str]] = ()) -> List[str]:
     """Export a model from :func:`encoding.load_model` (its ``model.info`` gives the metadata) to ``path``.
 
     Args:
@@ -142,18 +224,24 @@ def export_model(model: nn.Module, path: str, fmt: str, input_size: Optional[Tup
         path: the model file (``.onnx`` / ``.pt2``); the metadata goes to ``<path without suffix>.json``.
         fmt: ``"onnx"`` or ``"exported"``.
         input_size: ``(H, W)`` of the traced input (default: the training crop).
-        dynamic: dynamic batch, height and width instead of the fixed ``1 x 3 x H x W``.
+        dynamic: dynamic batch, height and width instead of the fixed ``1 x 3 x H x W``; the written file is then
+            checked against the eager model at another batch and size before it replaces ``path``.
+        inputs: files the export reads (the checkpoint): neither file written may be one of them.
 
     Returns:
-        The paths written (the model file, the JSON metadata).
+        The paths written (the model file, the JSON metadata), each atomically.
 
     Raises:
-        ValueError: an unknown format, or a model without info. ExportError: torch cannot export it.
+        ValueError: an unknown format, a model without info, or an output path that is an input, a directory or
+            the metadata's own path (``.json``). ExportError: torch cannot export it, or a dynamic export that
+            differs from the eager model at another size (nothing written).
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
+    check_output(path, inputs)
     info = model_info(model)
     size = tuple(input_size or (info.crop_size, info.crop_size))
     name = "-".join(str(info.options.get(k)) for k in ("model", "backbone") if info.options.get(k))
     program = export_program(model, size, dynamic, name or None)
-    return save_program(program, path, fmt, metadata(info, fmt, size, dynamic))
+    verify = _verifier(model, fmt, size, name or type(model).__name__) if dynamic else None
+    return _write(program, path, fmt, metadata(info, fmt, size, dynamic), verify)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
 from ..utils.cli import OneLineParser, positive_int, run_cli
+from ..utils.files import refuse_own_input
 from .planner import parse_memory
 from .program import BACKENDS, DEFAULT_STRATEGIES, STRATEGIES
 from .report import format_report, memory_report, write_chart, write_json
@@ -117,6 +119,7 @@ def _complete(args: argparse.Namespace) -> None:
     if args.dataset not in datasets:
         raise ValueError(f"--dataset: unknown {args.dataset!r}; valid: {', '.join(datasets)}")
     args.nclass = datasets[args.dataset].NUM_CLASS if args.nclass is None else args.nclass
+    _check_network(args)
     args.crop_size = datasets[args.dataset].CROP_SIZE if args.crop_size is None else args.crop_size
     if args.batch_size is None:
         args.batch_size = 2 * count
@@ -139,6 +142,22 @@ def _complete(args: argparse.Namespace) -> None:
     args.chart_path = args.chart or os.path.join(args.out_dir, "memory_balance.png")
     _check_writable("--json" if args.json else "--out-dir", args.json_path)
     _check_writable("--chart" if args.chart else "--out-dir", args.chart_path)
+    refuse_own_input([args.json_path, args.chart_path], [], "--json / --chart")  # one file for both: one would go
+
+
+def _check_network(args: argparse.Namespace) -> None:
+    """Fail before any work on a model / backbone the simulation cannot build (built on the ``meta`` device: no
+    memory, no weights)."""
+    from ..models import get_segmentation_model
+
+    try:
+        with torch.device("meta"):
+            get_segmentation_model(args.model, backbone=args.backbone, nclass=args.nclass, aux=args.aux,
+                                   se_loss=args.se_loss, checkpoint=False if args.checkpoint == "none"
+                                   else args.checkpoint)
+    except (ValueError, KeyError, TypeError, NotImplementedError, RuntimeError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"--model {args.model} --backbone {args.backbone}: {reason}") from None
 
 
 def _reserve(text: str) -> int:
@@ -153,7 +172,8 @@ def _reserve(text: str) -> int:
 
 def _check_writable(option: str, path: str) -> None:
     """Fail before any work when ``path`` cannot be written: it is a directory, a file stands where its folder
-    would be, or the nearest existing folder is not writable."""
+    would be, or no file can be made in the nearest existing folder (tried: permissions alone do not tell, e.g.
+    under ``/proc`` or on a read-only mount)."""
     if os.path.isdir(path):
         raise ValueError(f"{option}: {path!r} is a directory; give a file path")
     folder = os.path.dirname(os.path.abspath(path))
@@ -164,6 +184,12 @@ def _check_writable(option: str, path: str) -> None:
         raise ValueError(f"{option}: cannot write {path!r}: {existing!r} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{option}: cannot write {path!r}: the folder {existing!r} is not writable")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise ValueError(f"{option}: cannot write {path!r}: no file can be made in {existing!r} "
+                         f"({err.strerror or type(err).__name__})") from None
 
 
 def _cuda_devices(text: str) -> List[int]:

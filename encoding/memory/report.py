@@ -5,6 +5,7 @@ table (:func:`format_report`), a JSON file (:func:`write_json`) and a PNG bar ch
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -225,25 +226,35 @@ def _cell(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+#: The most devices the chart draws as grouped bars; more are drawn as one line per strategy.
+MAX_BARS = 32
+
+
 def chart_figure(report: Dict[str, Any]) -> Any:
-    """The chart as a matplotlib figure: grouped bars (device x strategy, MiB), the ``--memory-limit`` as a dashed
+    """The chart as a matplotlib figure: grouped bars (device x strategy, MiB; a line per strategy beyond
+    :data:`MAX_BARS` devices), the ``--memory-limit`` as a dashed
     line when one was given (or used by ``--max-batch``), the options (mode, ``--checkpoint``, ``--amp``,
     ``--calibrate``) in the title."""
     import matplotlib.pyplot as plt
 
     strategies = list(report["strategies"])
     count = len(report["strategies"][strategies[0]]["peak_mib"])
-    width = 0.8 / len(strategies)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * count + 3), 4.4))
-    for k, name in enumerate(strategies):
-        xs = [d + (k - (len(strategies) - 1) / 2) * width for d in range(count)]
-        ax.bar(xs, report["strategies"][name]["peak_mib"], width, label=name)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * min(count, MAX_BARS) + 3), 4.4))
+    if count <= MAX_BARS:
+        width = 0.8 / len(strategies)
+        for k, name in enumerate(strategies):
+            xs = [d + (k - (len(strategies) - 1) / 2) * width for d in range(count)]
+            ax.bar(xs, report["strategies"][name]["peak_mib"], width, label=name)
+        ax.set_xticks(range(count))
+        ax.set_xticklabels([f"device {d}" for d in range(count)])
+    else:  # one line per strategy: a bar and a label per device would take minutes to draw
+        for name in strategies:
+            ax.plot(range(count), report["strategies"][name]["peak_mib"], label=name, linewidth=1)
+        ax.set_xlabel("device")
     c = report["config"]
     if c.get("memory_limit_mib"):
         ax.axhline(c["memory_limit_mib"], color="black", linestyle="--", linewidth=1,
                    label=f"--memory-limit {c['memory_limit']}")
-    ax.set_xticks(range(count))
-    ax.set_xticklabels([f"device {d}" for d in range(count)])
     ax.set_ylabel("peak memory (MiB)")
     advice = _recommendation(report)
     width = int(fig.get_figwidth() * 15)  # characters of the 8-point title that fit the figure
@@ -265,9 +276,13 @@ def write_chart(report: Dict[str, Any], path: str) -> bool:
               "(or pip install -e '.[chart]')", file=sys.stderr)
         return False
     fig = chart_figure(report)
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=100)
+    finally:
+        plt.close(fig)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, format="png", dpi=100)
-    plt.close(fig)
+    atomic_write(path, buffer.getvalue())
     return True
 
 

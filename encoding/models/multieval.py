@@ -94,8 +94,8 @@ class MultiEvalModule(nn.Module):
         for scale in self.scales:
             size = self._scaled_size(h, w, scale)
             score = resize(self._evaluate_scale(resize(image, size)), (h, w))
-            scores = score if scores is None else scores + score
-        return scores / len(self.scales)
+            scores = score if scores is None else scores.add_(score)
+        return scores.div_(len(self.scales))
 
     def _scaled_size(self, h: int, w: int, scale: float) -> Tuple[int, int]:
         long_size = int(math.ceil(self.base_size * scale))
@@ -120,7 +120,7 @@ class MultiEvalModule(nn.Module):
                 window = self._pad(padded[..., h0:h1, w0:w1], crop, crop)
                 logits[..., h0:h1, w0:w1] += self._infer(window)[..., :h1 - h0, :w1 - w0]
                 count[..., h0:h1, w0:w1] += 1
-        return (logits / count)[..., :height, :width]
+        return logits.div_(count)[..., :height, :width]
 
     def _window_starts(self, length: int) -> range:
         grids = int(math.ceil((length - self.crop_size) / self.stride)) + 1
@@ -159,6 +159,12 @@ class SlidingWindow(nn.Module):
     Shape:
         - Input: ``B x C x H x W`` (any size).
         - Output: logits ``B x nclass x H x W`` (at least float32), computed without autograd.
+
+    Memory: the result (``B x nclass x H x W`` floats, accumulated in place), a ``H x W`` count, and one window's
+    input and output (and the model's activations on one window).
+
+    Raises:
+        ValueError: a window or stride that is not a positive int, or a stride larger than the window.
     """
 
     def __init__(self, module: nn.Module, window: Optional[Union[int, Sequence[int]]] = None,
@@ -169,6 +175,11 @@ class SlidingWindow(nn.Module):
         if stride is None and self.window is not None:
             stride = tuple(max(w * 2 // 3, 1) for w in self.window)
         self.stride = None if stride is None else _pair(stride, "stride")
+        if self.window is None and stride is not None:
+            raise ValueError(f"stride {stride!r} needs a window")
+        if self.window is not None and any(s > w for s, w in zip(self.stride, self.window)):
+            raise ValueError(f"stride {stride!r} is larger than the window {window!r}: the pixels between two windows "
+                             "would be covered by none; use a stride of at most the window")
 
     @torch.no_grad()
     def forward(self, image: Tensor) -> Tensor:
@@ -184,7 +195,7 @@ class SlidingWindow(nn.Module):
                     count = out.new_zeros(1, 1, height, width)
                 logits[..., top:bottom, left:right] += out
                 count[..., top:bottom, left:right] += 1
-        return logits / count
+        return logits.div_(count)  # in place: the result is the only full-size copy of the logits
 
 
 def _pair(value: Union[int, Sequence[int]], name: str) -> Tuple[int, int]:

@@ -33,27 +33,15 @@ from ..errors import EncodingError
 from .dist import is_fully_sharded
 from .files import atomic_write
 
-__all__ = [
-    "CheckpointError",
-    "NonFiniteError",
-    "first_nonfinite",
-    "CHECKPOINT_FORMAT",
-    "CHECKPOINT_VERSION",
-    "CHECKPOINT_NAME",
-    "BEST_NAME",
-    "unwrap_model",
-    "save_checkpoint",
-    "load_checkpoint",
-    "load_model_state",
-    "read_state_dict",
-]
+__all__ = ["CheckpointError", "NonFiniteError", "first_nonfinite", "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION",
+           "CHECKPOINT_NAME", "BEST_NAME", "unwrap_model", "save_checkpoint", "load_checkpoint", "load_model_state",
+           "check_state_fits", "read_state_dict"]
 
 CHECKPOINT_FORMAT = "encoding.checkpoint"
 CHECKPOINT_VERSION = 1
 CHECKPOINT_NAME = "checkpoint.pth"
 BEST_NAME = "model_best.pth"
-_STATEFUL_KEYS = ("optimizer", "scheduler", "scaler")
-PathLike = Union[str, os.PathLike]
+_STATEFUL_KEYS, PathLike = ("optimizer", "scheduler", "scaler"), Union[str, os.PathLike]
 
 
 class CheckpointError(RuntimeError, ValueError, EncodingError):
@@ -233,18 +221,11 @@ def _strip_prefix(state: Mapping[str, Tensor], expected: Iterable[str]) -> Mappi
     return stripped
 
 
-def load_model_state(model: nn.Module, state: Mapping[str, Tensor], strict: bool = True,
+def check_state_fits(model: nn.Module, state: Mapping[str, Tensor], strict: bool = True,
                      source: str = "checkpoint") -> List[str]:
-    """Load a state dict into ``model`` (unwrapped first), reporting every mismatch at once.
-
-    Args:
-        model: the module (wrappers such as ``DataParallelModel`` are unwrapped).
-        state: the state dict (a ``module.`` prefix on every key is removed).
-        strict: raise on missing/unexpected keys. Shape mismatches always raise.
-        source: how to name the state in messages (e.g. the file path).
-
-    Returns:
-        The keys that were not loaded (missing + unexpected) when ``strict=False``; ``[]`` otherwise.
+    """Refuse ``state`` unless its keys and tensor shapes are ``model``'s (nothing is loaded; ``model`` may live on
+    the ``meta`` device, so options are checked against stored shapes before any memory is spent on them).
+    Returns the keys that would not be loaded (missing + unexpected; only possible with ``strict=False``).
 
     Raises:
         CheckpointError: listing missing keys, unexpected keys and shape mismatches.
@@ -266,12 +247,34 @@ def load_model_state(model: nn.Module, state: Mapping[str, Tensor], strict: bool
     if problems:
         raise CheckpointError(f"{source} does not match {type(model).__name__}: " + "; ".join(problems)
                               + ("" if shapes or not strict else " (pass strict=False to load the matching keys)"))
+    return missing + unexpected
+
+
+def load_model_state(model: nn.Module, state: Mapping[str, Tensor], strict: bool = True,
+                     source: str = "checkpoint") -> List[str]:
+    """Load a state dict into ``model`` (unwrapped first), reporting every mismatch at once.
+
+    Args:
+        model: the module (wrappers such as ``DataParallelModel`` are unwrapped).
+        state: the state dict (a ``module.`` prefix on every key is removed).
+        strict: raise on missing/unexpected keys. Shape mismatches always raise.
+        source: how to name the state in messages (e.g. the file path).
+
+    Returns:
+        The keys that were not loaded (missing + unexpected) when ``strict=False``; ``[]`` otherwise.
+
+    Raises:
+        CheckpointError: listing missing keys, unexpected keys and shape mismatches.
+    """
+    model = unwrap_model(model)
+    state = _strip_prefix(state, model.state_dict())
+    skipped = check_state_fits(model, state, strict, source)
     if is_fully_sharded(model):  # FSDP2: every rank keeps its shard of the full tensors
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         set_model_state_dict(model, dict(state), options=StateDictOptions(full_state_dict=True, strict=False))
     else:
         model.load_state_dict(state, strict=False)
-    return [] if strict else missing + unexpected
+    return [] if strict else skipped
 
 
 def _looks_like_torch_file(path: str) -> bool:

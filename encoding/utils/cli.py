@@ -93,6 +93,8 @@ def _number(kind: Callable[[str], Any], minimum: Any, inclusive: bool) -> Callab
             raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
         if not (value >= minimum if inclusive else value > minimum) or value != value:  # value != value: NaN
             raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        if value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
         return value
 
     parse.__name__ = kind.__name__

@@ -13,6 +13,7 @@ import argparse
 import difflib
 import json
 import os
+import reprlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import UsageError
@@ -25,24 +26,80 @@ class ConfigFileError(UsageError):
     """A configuration file that cannot be used: one line naming the file (and the key or value, exit status 2)."""
 
 
+#: The largest configuration file read (bytes); a script's options fit in a few KiB.
+MAX_BYTES = 1 << 20
+#: The most values (mappings, lists and scalars, YAML aliases counted each time they are used) and the deepest
+#: nesting a file may expand to: bounds what a file of nested aliases ("billion laughs") costs.
+MAX_VALUES, MAX_DEPTH = 10_000, 20
+
+_short = reprlib.Repr()
+_short.maxstring, _short.maxother, _short.maxlist, _short.maxdict, _short.maxlevel = 60, 60, 6, 6, 3
+
+
+def _brief(value: Any) -> str:
+    """A bounded ``repr`` of a value for an error message (long strings, lists and nesting elided)."""
+    return _short.repr(value)
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    """``text`` cut to ``limit`` characters (an error message stays one readable line)."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _check_expansion(data: Any, path: str) -> None:
+    """Refuse a file whose values expand (aliases repeated) past :data:`MAX_VALUES` or nest past :data:`MAX_DEPTH`,
+    counting without expanding anything."""
+    stack, count = [(data, 0)], 0
+    while stack:
+        value, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise ConfigFileError(f"{path}: expands to more than {MAX_VALUES} values (nested aliases?); a "
+                                  "configuration file holds a script's options")
+        if depth > MAX_DEPTH:
+            raise ConfigFileError(f"{path}: nested deeper than {MAX_DEPTH} levels; a configuration file holds a "
+                                  "script's options")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+            stack.extend((k, depth + 1) for k in value if isinstance(k, (tuple, list, dict)))
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in value)
+
+
+def _read_text(path: str) -> str:
+    """The file's text (UTF-8), refusing a file larger than :data:`MAX_BYTES` or one that is not text."""
+    with open(path, "rb") as f:
+        raw = f.read(MAX_BYTES + 1)
+    if len(raw) > MAX_BYTES:
+        raise ConfigFileError(f"{path}: larger than {MAX_BYTES // 1024} KiB; a configuration file holds a script's "
+                              "options")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigFileError(f"{path}: not a text file (byte {err.start} is not UTF-8)") from None
+
+
 def read_config(path: str) -> Dict[str, Any]:
     """The mapping of the YAML (``.yaml`` / ``.yml``, needs PyYAML) or JSON (``.json``) file ``path``.
 
     Raises:
-        ConfigFileError: no such file, another extension, PyYAML missing, a syntax error, or not a mapping.
+        ConfigFileError: no such file, another extension, PyYAML missing, a syntax error, not a mapping, not UTF-8
+            text, larger than :data:`MAX_BYTES`, or expanding past :data:`MAX_VALUES` values / :data:`MAX_DEPTH`
+            levels.
     """
     ext = os.path.splitext(path)[1].lower()
     if ext not in (".yaml", ".yml", ".json"):
         raise ConfigFileError(f"{path}: a configuration file is .yaml, .yml or .json, got {ext or 'no extension'!r}")
     if not os.path.isfile(path):
         raise ConfigFileError(f"{path}: no such configuration file")
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    text = _read_text(path)
     if ext == ".json":
         try:
             data = json.loads(text) if text.strip() else {}
         except ValueError as err:
             raise ConfigFileError(f"{path}: not valid JSON ({err})") from None
+        except RecursionError:
+            raise ConfigFileError(f"{path}: nested too deeply") from None
     else:
         try:
             import yaml
@@ -52,8 +109,13 @@ def read_config(path: str) -> Dict[str, Any]:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:
-            raise ConfigFileError(f"{path}: not valid YAML ({' '.join(str(err).split())})") from None
+            raise ConfigFileError(f"{path}: not valid YAML ({_clip(' '.join(str(err).split()))})") from None
+        except RecursionError:
+            raise ConfigFileError(f"{path}: nested too deeply") from None
+        except (ValueError, TypeError) as err:  # a value PyYAML cannot construct
+            raise ConfigFileError(f"{path}: not a usable YAML file ({_clip(str(err))})") from None
     data = {} if data is None else data
+    _check_expansion(data, path)
     if not isinstance(data, dict):
         raise ConfigFileError(f"{path}: expected a mapping of option names to values, got {type(data).__name__}")
     return data
@@ -78,15 +140,15 @@ def _tokens(action: argparse.Action, value: Any, where: str) -> List[str]:
         return []
     if action.nargs == 0:  # a flag
         if not isinstance(value, bool):
-            raise ConfigFileError(f"{where}: {option} is a switch: expected true or false, got {value!r}")
+            raise ConfigFileError(f"{where}: {option} is a switch: expected true or false, got {_brief(value)}")
         return [option] if value != bool(action.const is False) else []
     if action.nargs == argparse.OPTIONAL and isinstance(value, bool):  # --option [VALUE]: true is the bare option
         return [option] if value else []
     if isinstance(value, bool) or isinstance(value, (dict, list, tuple)) and not value:
-        raise ConfigFileError(f"{where}: {option} takes a value, got {value!r}")
+        raise ConfigFileError(f"{where}: {option} takes a value, got {_brief(value)}")
     if isinstance(value, (list, tuple)):
         if any(isinstance(v, (dict, list, tuple, bool)) or v is None for v in value):
-            raise ConfigFileError(f"{where}: {option}: expected a list of numbers or words, got {value!r}")
+            raise ConfigFileError(f"{where}: {option}: expected a list of numbers or words, got {_brief(value)}")
         value = ",".join(str(v) for v in value)
     elif isinstance(value, dict):
         raise ConfigFileError(f"{where}: {option}: expected a value, got a mapping")
@@ -113,9 +175,9 @@ def config_argv(parser: argparse.ArgumentParser, path: str, data: Optional[Mappi
         if name not in options or name in exclude:
             close = difflib.get_close_matches(name, [o for o in options if o not in exclude], n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigFileError(f"{path}: unknown key {key!r}{hint} (keys are {parser.prog}'s options "
+            raise ConfigFileError(f"{path}: unknown key {_brief(key)}{hint} (keys are {parser.prog}'s options "
                                   "without the leading dashes)")
-        argv += _tokens(options[name], value, f"{path}: key {key!r}")
+        argv += _tokens(options[name], value, f"{path}: key {_brief(key)}")
     return argv
 
 
@@ -130,7 +192,7 @@ def parse_config(parser: argparse.ArgumentParser, path: str) -> argparse.Namespa
     try:
         return parser.parse_args(argv)
     except argparse.ArgumentError as err:
-        raise ConfigFileError(f"{path}: {err}") from None
+        raise ConfigFileError(f"{path}: {_clip(str(err))}") from None
     finally:
         parser.exit_on_error = exit_on_error
 

@@ -48,6 +48,22 @@ def default_backend() -> str:
     return "gloo"
 
 
+#: The longest collective timeout torch can take (``datetime.timedelta``'s limit), in seconds.
+MAX_TIMEOUT_S = datetime.timedelta.max.total_seconds() - 86400
+
+
+def timeout_problem(seconds: Optional[float], option: str = "--dist-timeout") -> Optional[str]:
+    """Why ``seconds`` cannot be a collective timeout (``None``: it can): not a finite number > 0, or past
+    :data:`MAX_TIMEOUT_S` (about 2.7 million years)."""
+    if seconds is None:
+        return None
+    if not isinstance(seconds, (int, float)):
+        return f"{option} {seconds!r}: must be a number of seconds"
+    if not 0 < seconds <= MAX_TIMEOUT_S:
+        return f"{option} {seconds:g}: must be a number of seconds > 0 and at most {MAX_TIMEOUT_S:.3g}"
+    return None
+
+
 def init_distributed_mode(backend: Optional[str] = None, timeout_s: Optional[float] = None) -> bool:
     """Initialize the default process group from the ``torchrun`` environment.
 
@@ -82,6 +98,8 @@ def init_distributed_mode(backend: Optional[str] = None, timeout_s: Optional[flo
         torch.cuda.set_device(get_local_rank())
     kwargs = {}
     if timeout_s is not None:
+        if problem := timeout_problem(timeout_s, "timeout_s"):
+            raise ValueError(problem)
         kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size, **kwargs)
     atexit.register(_destroy_at_exit)

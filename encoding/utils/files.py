@@ -29,7 +29,7 @@ import shutil
 import stat
 import tempfile
 import uuid
-from typing import Iterator, Optional, Tuple, Union
+from typing import Iterator, Optional, Sequence, Tuple, Union
 
 from ..errors import EncodingError
 from .progress import progress_bar as tqdm
@@ -44,6 +44,8 @@ __all__ = [
     "verify_checksum",
     "staged_dir",
     "atomic_write",
+    "atomic_path",
+    "refuse_own_input",
     "makedirs",
 ]
 
@@ -171,6 +173,72 @@ def atomic_write(path: str, data: Union[bytes, str]) -> str:
         raise
     _fsync_dir(directory)
     return path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """For writers that take a file name (``torch.export.save``, ``onnx.save``, ``savefig``): yields a temporary path
+    in ``path``'s folder; when the block succeeds the file there is fsynced and renamed over ``path``, otherwise it is
+    removed (``path`` keeps its old content). The folder is created.
+
+    Raises:
+        OSError: the folder cannot be made or the file not renamed (the message names ``path``).
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    stem, suffix = os.path.splitext(os.path.basename(path))  # the suffix kept last: writers check it (.pt2)
+    tmp = os.path.join(directory, f".{stem}.{uuid.uuid4().hex}.tmp{suffix}")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(err, OSError) and err.errno is not None:
+            raise type(err)(err.errno, f"cannot write {path}: {err.strerror}", path) from None
+        raise
+    _fsync_dir(directory)
+
+
+def _identity(path: str) -> Optional[Tuple[int, int]]:
+    """``(device, inode)`` of an existing file (hard links to one file share it), else ``None``."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def refuse_own_input(outputs: Union[str, Sequence[str]], inputs: Union[str, Sequence[Optional[str]]],
+                     option: str = "output") -> None:
+    """Refuse to write over a file the same command reads, or twice to one file.
+
+    Args:
+        outputs: the file(s) a command is about to write.
+        inputs: the file(s) it reads (``None`` entries are ignored).
+        option: how to name the outputs in the message (e.g. ``"--output"``).
+
+    Raises:
+        ValueError: one line naming the path: an output is an input, a directory, or two outputs are one file.
+    """
+    outputs = [outputs] if isinstance(outputs, (str, os.PathLike)) else list(outputs)
+    inputs = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    read = {os.path.realpath(os.fspath(p)): os.fspath(p) for p in inputs if p is not None}
+    identities = {_identity(p): p for p in read.values() if _identity(p) is not None}
+    written: dict = {}
+    for out in map(os.fspath, outputs):
+        if os.path.isdir(out):
+            raise ValueError(f"{option} {out}: is a directory; give a file path")
+        real, identity = os.path.realpath(out), _identity(out)
+        source = read.get(real) or (identities.get(identity) if identity is not None else None)
+        if source is not None:
+            raise ValueError(f"{option} {out}: that is the input file {source}; writing it would destroy it "
+                             "(give another path)")
+        if real in written:
+            raise ValueError(f"{option} {out}: two of the files written would be the same file {written[real]}")
+        written[real] = out
 
 
 def _remove_tree(path: str) -> None:

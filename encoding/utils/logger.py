@@ -317,10 +317,11 @@ class EpochLogger:
                 csv.DictWriter(f, fieldnames=header).writerow(cells)
             return
         header = header + [k for k in row if k not in header]
-        with open(self.csv_path, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=header)
-            writer.writeheader()
-            writer.writerows(rows + [cells])
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(rows + [cells])
+        atomic_write(self.csv_path, text.getvalue())  # a new column rewrites the file: all or nothing
 
     def close(self) -> None:
         """Close the TensorBoard writer and the W&B run (CSV/JSONL files are closed after every row)."""

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import os
 import sys
 from typing import Dict, List, Optional
 
 from .cli import OneLineParser
+from .files import atomic_write, refuse_own_input
 
 __all__ = ["CURVES_NAME", "read_log", "plot_log", "write_curves", "build_parser", "main"]
 
@@ -70,6 +72,7 @@ def plot_log(path: str, out: Optional[str] = None) -> str:
     from matplotlib.ticker import MaxNLocator
 
     out = out or os.path.join(os.path.dirname(os.path.abspath(path)), CURVES_NAME)
+    refuse_own_input(out, path, "the curves")
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.2))
     for ax, (title, names) in zip(axes, PANELS):
         for name in (n for n in names if n in columns):
@@ -81,9 +84,12 @@ def plot_log(path: str, out: Optional[str] = None) -> str:
         if title == "validation" and ax.lines:
             ax.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format=os.path.splitext(out)[1].lstrip(".").lower() or "png", dpi=100)
+    finally:
+        plt.close(fig)
+    return atomic_write(out, buffer.getvalue())
 
 
 def write_curves(path: str) -> Optional[str]:
