@@ -52,6 +52,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line("FAILED " + report)
 
 
+def same_or_declared_alias(old, target) -> bool:
+    """``old`` is ``target``, or the declared old name of it (``encoding.legacy.declare``): a function wrapping it
+    or a subclass of it that warns when used, marked ``__deprecated__``."""
+    if old is target:
+        return True
+    if not getattr(old, "__deprecated__", None):
+        return False
+    return getattr(old, "__wrapped__", None) is target or (isinstance(old, type) and old.__mro__[1] is target)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
