@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 from ..nn.losses import LOSSES
+from ..registry import Registry
 from ..utils.cli import non_negative_float, non_negative_int, positive_float, positive_int, scales, unit_float
 from .fields import EVAL, option
 
@@ -28,10 +29,13 @@ __all__ = ["BUILTIN_SIZES", "AMP_CHOICES", "OPTIMIZERS", "STRATEGIES", "RECOMPUT
 
 #: ``--amp``: full precision, bfloat16 or float16 autocast (:data:`encoding.engine.config.AMP_DTYPES`).
 AMP_CHOICES = ("none", "bf16", "fp16")
-#: ``--optimizer``: PyTorch-Encoding's SGD (momentum, weight decay) or AdamW.
+#: ``--optimizer`` (``encoding.engine.builders.build_optimizer(kind=...)``): PyTorch-Encoding's SGD (momentum, weight
+#: decay) or AdamW.
 OPTIMIZERS = ("sgd", "adamw")
-#: ``--strategy`` under torchrun: DDP, FSDP2 ``fully_shard``, or DDP + ZeroRedundancyOptimizer.
-STRATEGIES = ("ddp", "fsdp", "zero1")
+#: ``--strategy`` under torchrun (``encoding.engine.builders.wrap_model(strategy=...)``): name -> what wraps the model.
+STRATEGIES: Registry[str] = Registry("strategy", {"ddp": "DistributedDataParallel",
+                                                  "fsdp": "FSDP2 fully_shard",
+                                                  "zero1": "DistributedDataParallel + ZeroRedundancyOptimizer"})
 #: ``--recompute``: activation recomputation (``encoding.nn.recompute``) of nothing, every residual block, or
 #: blocks and heads.
 RECOMPUTE = ("none", "backbone", "all")
