@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from ..config.tools import FORMATS
 from ..errors import EncodingError
 from ..engine.loading import ModelInfo, model_info
 from ..utils.files import atomic_path, atomic_write, refuse_own_input
@@ -27,9 +28,9 @@ from .pooling import exportable_pooling
 __all__ = ["FORMATS", "SUFFIXES", "UNEXPORTABLE", "ExportError", "MainOutput", "export_program", "metadata",
            "save_program", "export_model", "check_output", "metadata_path"]
 
-#: The export formats: ``onnx`` (an ONNX file, for onnxruntime and other runtimes) and ``exported`` (a
-#: ``torch.export`` ExportedProgram, read back by :func:`torch.export.load`).
-FORMATS = ("onnx", "exported")
+#: The file suffix of each export format of :data:`~encoding.config.tools.FORMATS`: ``onnx`` (an ONNX file, for
+#: onnxruntime and other runtimes) and ``exported`` (a ``torch.export`` ExportedProgram, read back by
+#: :func:`torch.export.load`).
 SUFFIXES = {"onnx": ".onnx", "exported": ".pt2"}
 
 #: Registered architectures that ``torch.export`` cannot export -> the text of torch's error (none today: every
