@@ -81,8 +81,10 @@ class ExportOptions:
     input_size: Optional[Tuple[int, int]] = option(None, "the traced input size (default: the checkpoint's training "
                                                    "crop)", parse=positive_int, nargs=2, metavar=("H", "W"),
                                                    scripts=EXPORT)
-    dynamic: bool = option(False, "dynamic batch, height and width (default: the fixed shape 1 x 3 x H x W)",
-                           scripts=EXPORT)
+    static: bool = option(False, "fix the traced shape 1 x 3 x H x W (default: dynamic batch, height and width, "
+                          "checked against the eager network at another size)", scripts=EXPORT)
+    dynamic: bool = option(False, "no-op, kept for old command lines: dynamic is the default (--static fixes the "
+                           "shape)", scripts=EXPORT)
 
 
 #: The tools' own groups, by ``--help`` section name.

@@ -1,9 +1,10 @@
-"""``python -m encoding.export --resume PATH --format onnx|exported [--output FILE] [--input-size H W] [--dynamic]``."""
+"""``python -m encoding.export --resume PATH --format onnx|exported [--output FILE] [--input-size H W] [--static]``."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import warnings
 from typing import List, Optional
 
 from ..engine.loading import load_model
@@ -31,7 +32,11 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     except ValueError as err:
         parser.error(str(err))
     model = load_model(args.resume)
-    written = export_model(model, output, args.format, args.input_size, args.dynamic, inputs=inputs)
+    if args.dynamic:
+        message = "--dynamic is the default now (--static fixes the shape); the option will go"
+        warnings.warn(message, FutureWarning, stacklevel=2)
+        sys.stderr.write(f"python -m encoding.export: note: {message}\n")
+    written = export_model(model, output, args.format, args.input_size, not args.static, inputs=inputs)
     print(f"wrote {', '.join(written)}")
     return written
 
