@@ -24,7 +24,13 @@ ADE = ("dataset: ade20k\nmodel: encnet\nbackbone: resnet50\noutput-stride: 16\ne
 
 
 def _actions(parser):
-    return [a for a in parser._actions if not isinstance(a, argparse._HelpAction) and a.dest != "config"]
+    return [a for a in parser._actions if not isinstance(a, argparse._HelpAction)
+            and a.dest not in ("config", "traceback")]  # where settings come from / how errors show: not settings
+
+
+@pytest.mark.parametrize("script", SCRIPT_NAMES + TOOLS)
+def test_traceback_is_listed_in_every_help(script):
+    assert "--traceback" in build_parser(script).format_help()
 
 
 def _tool_parser(tool):

@@ -15,7 +15,7 @@ import warnings
 from dataclasses import Field
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
-from ..utils.cli import OneLineParser
+from ..utils.cli import TRACEBACK_ENV, TRACEBACK_FLAG, OneLineParser
 from .fields import SCRIPTS, Option, cli_name, option_fields
 from .groups import GROUPS
 from .tools import TOOL_GROUPS, TOOLS
@@ -34,6 +34,11 @@ PROGS = {**{script: f"{script}.py" for script in SCRIPTS}, **{tool: f"python -m 
 #: ``train.py --config FILE``: the one option that is not a setting of the run (it names where settings come from).
 CONFIG_HELP = ("YAML/JSON file of options (keys: option names); the command line's options win; a run saves its own "
                "as config.yaml (docs/configs.md)")
+
+
+#: ``--traceback``: the one option of every parser that is not a setting (it says how an error is shown).
+TRACEBACK_HELP = (f"print the whole traceback of a one-line error too (or set {TRACEBACK_ENV}=1); an unexpected error "
+                  "always shows it")
 
 
 def option_specs(script: str) -> Iterator[Tuple[Field, Option]]:
@@ -111,6 +116,8 @@ def build_parser(script: str = "train") -> argparse.ArgumentParser:
             section.add_argument(*flags, **kwargs)
     if script == "train":
         parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS, help=CONFIG_HELP)
+    # how errors are shown, not a setting (run_cli takes it out of argv before the parser sees it): listed for --help
+    parser.add_argument(TRACEBACK_FLAG, action="store_true", default=argparse.SUPPRESS, help=TRACEBACK_HELP)
     return parser
 
 
