@@ -1,5 +1,5 @@
-"""Issue 33 item 1: every option of train/test/demo is one field of ``encoding.config`` (no option without a field,
-no field restated), and ``resolve`` fills a run's settings in one order, recording each value's source."""
+"""Issue 33 item 1: every option of train/test/demo (and of the memory and export tools) is one field of
+``encoding.config`` (no option without a field, no field restated), and ``resolve`` fills a run's settings in one order, recording each value's source."""
 import argparse
 import ast
 import dataclasses
@@ -12,7 +12,9 @@ import encoding
 from conftest import SCRIPTS, load_script
 from encoding.config import (AUX_WEIGHT_LIBRARY, NETWORK_OPTIONS, SCRIPTS as SCRIPT_NAMES, TrainingConfig,
                              build_parser, option_specs, resolve)
-from encoding.config.fields import cli_name
+from encoding.config.fields import cli_name, option_fields
+from encoding.config.parser import PROGS
+from encoding.config.tools import TOOLS
 from encoding.config.resolve import ORDER
 from encoding.engine import state
 from encoding.engine.config import ConfigError, check_network, check_resume, config_header, saved_config
@@ -22,13 +24,25 @@ ADE = ("dataset: ade20k\nmodel: encnet\nbackbone: resnet50\noutput-stride: 16\ne
 
 
 def _actions(parser):
-    return [a for a in parser._actions if not isinstance(a, argparse._HelpAction) and a.dest != "config"]
+    return [a for a in parser._actions if not isinstance(a, argparse._HelpAction)
+            and a.dest not in ("config", "traceback")]  # where settings come from / how errors show: not settings
 
 
-@pytest.mark.parametrize("script", SCRIPT_NAMES)
+@pytest.mark.parametrize("script", SCRIPT_NAMES + TOOLS)
+def test_traceback_is_listed_in_every_help(script):
+    assert "--traceback" in build_parser(script).format_help()
+
+
+def _tool_parser(tool):
+    """The parser the tool itself builds (its ``cli.build_parser``)."""
+    import importlib
+    return importlib.import_module(f"encoding.{tool}.cli").build_parser()
+
+
+@pytest.mark.parametrize("script", SCRIPT_NAMES + TOOLS)
 def test_every_option_is_one_field_and_every_field_one_option(script):
     specs = {f.name: (f, o) for f, o in option_specs(script)}
-    actions = _actions(build_parser(script))
+    actions = _actions(build_parser(script) if script in SCRIPT_NAMES else _tool_parser(script))
     dests = [a.dest for a in actions]
     assert sorted(dests) == sorted(specs) and len(set(dests)) == len(dests)  # no option without a field, no twin
     for action in actions:
@@ -40,7 +54,33 @@ def test_every_option_is_one_field_and_every_field_one_option(script):
             assert action.type is o.parse
         longs = [s for s in action.option_strings if s != o.old]
         assert longs == list(spelling.get("flags", o.flags)) or longs == [cli_name(f.name)] or not longs
-        assert action.default is argparse.SUPPRESS or not action.option_strings  # resolve fills the rest
+        if script in TOOLS:  # no resolve after a tool's parser: it fills the field's default for the tool
+            assert action.default == spelling.get("default", f.default)
+        else:
+            assert action.default is argparse.SUPPRESS or not action.option_strings  # resolve fills the rest
+
+
+def test_no_field_is_restated_and_the_tools_share_the_network_fields():
+    from encoding.config import GROUPS
+    from encoding.config.tools import TOOL_GROUPS
+
+    names = [f.name for f, _ in option_fields(*GROUPS.values(), *TOOL_GROUPS.values())]
+    assert len(set(names)) == len(names)  # one field a name: a tool's option that train.py has is train.py's field
+    train = {f.name: f for f, _ in option_specs("train")}
+    for name in ("model", "backbone", "dataset", "aux", "se_loss", "crop_size", "batch_size", "recompute"):
+        assert next(f for f, _ in option_specs("memory") if f.name == name) is train[name]
+    assert next(f for f, _ in option_specs("export") if f.name == "resume") is train["resume"]
+    assert set(PROGS) == set(SCRIPT_NAMES) | set(TOOLS)
+
+
+def test_the_memory_tools_recompute_keeps_checkpoint_as_its_old_spelling(capsys, tmp_path):
+    from encoding.memory.cli import build_parser as memory_parser, parse_args
+
+    assert memory_parser().parse_args(["--recompute", "backbone"]).recompute == "backbone"
+    with pytest.warns(FutureWarning, match="--checkpoint is now --recompute"):
+        assert parse_args(["--checkpoint", "all", "--model", "fcn", "--backbone", "resnet18", "--out-dir",
+                           str(tmp_path)]).recompute == "all"
+    assert "python -m encoding.memory: note: --checkpoint is now --recompute" in capsys.readouterr().err
 
 
 def test_the_scripts_parser_is_the_library_parser_and_states_no_option():

@@ -69,7 +69,8 @@ def test_dynamic_export_takes_other_batch_and_image_sizes(tmp_path):
 def test_export_cli_writes_the_model_and_its_metadata(tiny_run, tmp_path, capsys):
     _, checkpoint, _ = tiny_run
     output = tmp_path / "shapes.onnx"
-    assert cli(["--resume", checkpoint, "--format", "onnx", "--output", str(output), "--input-size", "40", "56"]) == 0
+    assert cli(["--resume", checkpoint, "--format", "onnx", "--output", str(output), "--input-size", "40", "56",
+                "--static"]) == 0
     with open(tmp_path / "shapes.json") as f:
         meta = json.load(f)
     assert meta["classes"][:2] == ["background", "disc"] and len(meta["palette"]) == 7
@@ -82,6 +83,21 @@ def test_export_cli_writes_the_model_and_its_metadata(tiny_run, tmp_path, capsys
     image = torch.randn(1, 3, 40, 56)
     with torch.no_grad():
         assert np.abs(_run_onnx(output, image).numpy() - model(image)["out"].numpy()).max() <= 1e-4
+
+
+def test_export_cli_is_dynamic_by_default_with_named_axes(tiny_run, tmp_path, capsys):
+    _, checkpoint, _ = tiny_run
+    output = tmp_path / "shapes.onnx"
+    assert cli(["--resume", checkpoint, "--format", "onnx", "--output", str(output), "--input-size", "40", "56"]) == 0
+    graph = onnx.load(str(output)).graph
+    axes = [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in (graph.input[0], graph.output[0])]
+    assert axes == [["batch", 3, "height", "width"], ["batch", 7, "height", "width"]]
+    with open(tmp_path / "shapes.json") as f:
+        assert json.load(f)["input"]["dynamic"] is True
+    with pytest.warns(FutureWarning, match="--dynamic is the default now"):  # the old flag: a no-op with a notice
+        assert cli(["--resume", checkpoint, "--format", "exported", "--output", str(tmp_path / "s.pt2"),
+                    "--dynamic"]) == 0
+    assert "note: --dynamic is the default now" in capsys.readouterr().err
 
 
 def test_export_errors_are_one_line(tiny_run, tmp_path, capsys, monkeypatch):

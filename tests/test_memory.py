@@ -432,7 +432,7 @@ def test_table_stays_under_120_characters_and_labels_step_time(mode):
 
 
 def test_chart_draws_the_memory_limit_and_names_the_options():
-    """The chart draws --memory-limit as a line and its title names --checkpoint, --amp and --calibrate
+    """The chart draws --memory-limit as a line and its title names --recompute, --amp and --calibrate
     (issue 23, item 15)."""
     import matplotlib
     matplotlib.use("Agg")
@@ -446,7 +446,7 @@ def test_chart_draws_the_memory_limit_and_names_the_options():
         limits = [line for line in ax.get_lines() if line.get_label() == "--memory-limit 11GiB"]
         assert len(limits) == 1 and list(limits[0].get_ydata()) == [11264.0, 11264.0]
         title = ax.get_title()
-        for words in ("encnet-resnet101", "simulated", "--checkpoint backbone", "--amp bf16", "--calibrate on"):
+        for words in ("encnet-resnet101", "simulated", "--recompute backbone", "--amp bf16", "--calibrate on"):
             assert words in title, title
     finally:
         plt.close(fig)

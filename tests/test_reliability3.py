@@ -82,7 +82,7 @@ def test_a_dynamic_export_wrong_at_another_size_is_not_written(tmp_path, monkeyp
     model = get_segmentation_model("psp", dataset="shapes", backbone="vgg_tiny", output_stride=16).eval()
     model.info = ModelInfo.of_dataset("shapes", model="psp")
     monkeypatch.setattr(core, "exportable_pooling", lambda m: m)
-    with pytest.raises(ExportError, match="--dynamic") as err:
+    with pytest.raises(ExportError, match="--static") as err:
         export_model(model, str(tmp_path / "m.onnx"), "onnx", (64, 96), dynamic=True)
     assert "\n" not in str(err.value) and "nothing was written" in str(err.value)
     assert os.listdir(tmp_path) == []

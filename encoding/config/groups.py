@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 from ..nn.losses import LOSSES
+from ..registry import Registry
 from ..utils.cli import non_negative_float, non_negative_int, positive_float, positive_int, scales, unit_float
-from .fields import EVAL, option
+from .fields import ALL, EVAL, option
 
 __all__ = ["BUILTIN_SIZES", "AMP_CHOICES", "OPTIMIZERS", "STRATEGIES", "RECOMPUTE", "DIST_TIMEOUT_S", "AUX_WEIGHT_LIBRARY",
            "ModelOptions", "DataOptions", "OptimOptions", "DeviceOptions", "RunOptions", "WeightOptions",
@@ -28,10 +29,13 @@ __all__ = ["BUILTIN_SIZES", "AMP_CHOICES", "OPTIMIZERS", "STRATEGIES", "RECOMPUT
 
 #: ``--amp``: full precision, bfloat16 or float16 autocast (:data:`encoding.engine.config.AMP_DTYPES`).
 AMP_CHOICES = ("none", "bf16", "fp16")
-#: ``--optimizer``: PyTorch-Encoding's SGD (momentum, weight decay) or AdamW.
+#: ``--optimizer`` (``encoding.engine.builders.build_optimizer(kind=...)``): PyTorch-Encoding's SGD (momentum, weight
+#: decay) or AdamW.
 OPTIMIZERS = ("sgd", "adamw")
-#: ``--strategy`` under torchrun: DDP, FSDP2 ``fully_shard``, or DDP + ZeroRedundancyOptimizer.
-STRATEGIES = ("ddp", "fsdp", "zero1")
+#: ``--strategy`` under torchrun (``encoding.engine.builders.wrap_model(strategy=...)``): name -> what wraps the model.
+STRATEGIES: Registry[str] = Registry("strategy", {"ddp": "DistributedDataParallel",
+                                                  "fsdp": "FSDP2 fully_shard",
+                                                  "zero1": "DistributedDataParallel + ZeroRedundancyOptimizer"})
 #: ``--recompute``: activation recomputation (``encoding.nn.recompute``) of nothing, every residual block, or
 #: blocks and heads.
 RECOMPUTE = ("none", "backbone", "all")
@@ -49,6 +53,13 @@ BUILTIN_SIZES = {"base_size": 72, "crop_size": 64, "scale_range": (1.0, 1.0)}
 AUX_WEIGHT_LIBRARY = 0.4
 
 TRAIN = ("train",)
+#: The fields the memory tool shares with the scripts (``memory``) and export's (``export``).
+WITH_MEMORY = ALL + ("memory",)
+
+
+def memory(**spelling: object) -> dict:
+    """``per_script`` of a field the memory tool spells with its own default or help."""
+    return {"memory": spelling}
 
 
 @dataclass(frozen=True)
@@ -56,12 +67,14 @@ class ModelOptions:
     """The network (``test.py`` / ``demo.py``: unset = the checkpoint's, else the recipe's)."""
 
     model: str = option("unet", "fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn, unet, segformer "
-                        "(default: the recipe's)", network=True, recipe=True)
+                        "(default: the recipe's)", network=True, recipe=True, scripts=WITH_MEMORY,
+                        per_script=memory(default="fcn", help="segmentation model (default: fcn)"))
     backbone: str = option("vgg_tiny", "resnet18/34/50/101/152, resnext50_32x4d, ..., mobilenet_v3_large/small, "
                            "vgg_tiny, resnest50/101/200/269, timm:<any timm model>, mit_b0..mit_b5 (SegFormer)",
-                           network=True, recipe=True)
-    aux: bool = option(False, "auxiliary FCN head on the penultimate stage", network=True)
-    se_loss: bool = option(False, "semantic-encoding loss (EncNet)", network=True)
+                           network=True, recipe=True, scripts=WITH_MEMORY,
+                           per_script=memory(default="resnet50", help="backbone (default: resnet50)"))
+    aux: bool = option(False, "auxiliary FCN head on the penultimate stage", network=True, scripts=WITH_MEMORY)
+    se_loss: bool = option(False, "semantic-encoding loss (EncNet)", network=True, scripts=WITH_MEMORY)
     head_channels: Optional[int] = option(None, "width of the head (ASPP/decoder channels of deeplab and "
                                           "deeplabv3plus; default: the recipe's for its model, else the model's)",
                                           parse=positive_int, network=True, recipe=True)
@@ -76,7 +89,10 @@ class ModelOptions:
                             metavar=None, default=None, help=argparse.SUPPRESS) for s in EVAL})
     recompute: str = option("none", "activation recomputation (in backward, exact): every residual block, or blocks "
                             "and heads; about half the peak memory of FCN-ResNet50 for one extra forward per step "
-                            "(docs/checkpointing.md)", choices=RECOMPUTE, old="--checkpoint", scripts=TRAIN)
+                            "(docs/checkpointing.md)", choices=RECOMPUTE, old="--checkpoint", scripts=("train", "memory"),
+                            per_script=memory(help="activation recomputation of the model (every residual block, or "
+                                              "blocks and heads); when simulating, the report adds each device's peak "
+                                              "without it and the saving"))
 
 
 @dataclass(frozen=True)
@@ -84,13 +100,15 @@ class DataOptions:
     """The dataset, its splits, the image sizes and the loading."""
 
     dataset: str = option("shapes", "dataset name (default: the embedded 'shapes'; test/demo: the checkpoint's)",
-                          network=True)
+                          network=True, scripts=WITH_MEMORY, per_script=memory(
+                              default="pascal_voc", help="gives the class count and the default crop"))
     data_root: Optional[str] = option(None, "data root (default: $ENCODING_DATA or ~/.encoding/data)",
                                       scripts=("train", "test"))
     base_size: Optional[int] = option(None, "default: the recipe's, else the dataset's", parse=positive_int,
                                       network=True, recipe=True)
     crop_size: Optional[int] = option(None, "default: the recipe's, else the dataset's", parse=positive_int,
-                                      network=True, recipe=True)
+                                      network=True, recipe=True, scripts=WITH_MEMORY,
+                                      per_script=memory(help="square crop in pixels (default: the dataset's)"))
     scale_range: Optional[Tuple[float, float]] = option(
         None, "relative range of the training long side around --base-size (default: the recipe's, else the "
         "dataset's, 0.5,2.0 for the real datasets)", parse=scales, metavar="MIN,MAX", recipe=True, scripts=TRAIN)
@@ -129,7 +147,8 @@ class OptimOptions:
                          scripts=TRAIN)
     start_epoch: int = option(0, "the first epoch's number", parse=non_negative_int, scripts=TRAIN)
     batch_size: int = option(16, "total batch over all devices (per process in DDP; default: the recipe's)",
-                             parse=positive_int, recipe=True, scripts=TRAIN)
+                             parse=positive_int, recipe=True, scripts=("train", "memory"),
+                             per_script=memory(default=None, help="total batch (default: 2 per device)"))
     test_batch_size: Optional[int] = option(None, "validation batch (default: --batch-size)", parse=positive_int,
                                             scripts=("train", "test"),
                                             per_script={"test": dict(help="default: 16 (val mode)")})
@@ -156,8 +175,12 @@ class DeviceOptions:
     no_cuda: bool = option(False, "run on the CPU even when CUDA is available")
     device_ids: Optional[str] = option(None, "comma-separated devices for DataParallelModel, e.g. '0,1' or "
                                        "'cpu,cpu' (default: all GPUs)", scripts=("train", "test"))
-    amp: str = option("none", "mixed precision", choices=AMP_CHOICES, scripts=("train", "test"))
-    seed: int = option(1, "random seed", parse=int, scripts=("train", "test"))
+    amp: str = option("none", "mixed precision", choices=AMP_CHOICES, scripts=("train", "test", "memory"),
+                      per_script=memory(nargs="?", const="auto", choices=("auto",) + AMP_CHOICES[1:], default=None,
+                                        help="mixed precision: bf16 or fp16 autocast (a bare --amp: bf16 when "
+                                        "simulating, fp16 on GPUs)"))
+    seed: int = option(1, "random seed", parse=int, scripts=("train", "test", "memory"),
+                       per_script=memory(default=0))
     deterministic: bool = option(False, "deterministic kernels (torch.use_deterministic_algorithms): "
                                  "bitwise-reproducible runs", scripts=TRAIN)
     dist_timeout: float = option(DIST_TIMEOUT_S, "under torchrun: end the job when a collective waits this long (a "
@@ -173,8 +196,12 @@ class DeviceOptions:
 class RunOptions:
     """The run directory, resuming and what the run logs."""
 
-    resume: Optional[str] = option(None, "checkpoint to resume from", recorded=False, per_script={
-        s: dict(help="checkpoint to evaluate (train.py's model_best.pth / checkpoint.pth)") for s in EVAL})
+    resume: Optional[str] = option(None, "checkpoint to resume from", recorded=False, scripts=ALL + ("export",),
+                                   per_script={**{s: dict(help="checkpoint to evaluate (train.py's model_best.pth / "
+                                                          "checkpoint.pth)") for s in EVAL},
+                                               "export": dict(required=True, metavar="PATH", help="train.py's "
+                                                              "checkpoint (model_best.pth / checkpoint.pth) or a "
+                                                              "preset name of model_list")})
     ft: bool = option(False, "fine-tune: load weights only, restart epochs/optimizer", scripts=TRAIN)
     checkname: str = option("default", "run name under runs/<dataset>/<model>/", scripts=TRAIN)
     output_dir: str = option("runs", "where the runs go", scripts=TRAIN)
@@ -222,9 +249,11 @@ class EvalOptions:
                                       "named after its input file, at its size (default mode with it: testval)",
                                       metavar="DIR", scripts=("test",))
     out_dir: Optional[str] = option(None, "where metrics.json goes (default: the checkpoint's folder, else "
-                                    "runs/<dataset>/<model>/eval)", scripts=EVAL, per_script={
+                                    "runs/<dataset>/<model>/eval)", scripts=EVAL + ("memory",), per_script={
                                         "demo": dict(default="demo", help="where the mask and overlay PNGs go "
-                                                     "(default: demo)")})
+                                                     "(default: demo)"),
+                                        "memory": dict(default="runs/memory", help="where the report files go "
+                                                       "(default: runs/memory); checked before any work")})
     inference: str = "whole"  # not an option: "slide" with --mode slide (resolve's rule)
 
 

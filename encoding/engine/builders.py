@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from ..config import AUX_WEIGHT_LIBRARY
+from ..config import AUX_WEIGHT_LIBRARY, OPTIMIZERS, STRATEGIES
 from ..config.fields import renamed_keyword
 from ..datasets import get_segmentation_dataset, list_collate
 from ..datasets.class_weights import resolve_class_weights
@@ -42,7 +42,6 @@ from ..nn.loss import SegmentationLosses
 from ..nn.losses import LOSSES
 from ..nn.syncbn import SyncBatchNorm
 from ..parallel import DataParallelCriterion, DataParallelModel, resolve_devices
-from ..registry import Registry
 from ..utils.determinism import EpochSampler, SeededSamples, seed_worker
 from ..utils.dist import ShardSampler, fsdp_units, get_local_rank, get_world_size
 from ..utils.lr_scheduler import IterationLR
@@ -246,10 +245,6 @@ def param_groups(model: nn.Module) -> List[Dict[str, Any]]:
             {"params": [p for p in trainable if id(p) not in backbone_ids]}]
 
 
-#: ``build_optimizer(kind=...)`` choices.
-OPTIMIZERS = ("sgd", "adamw")
-
-
 def build_optimizer(model: nn.Module, lr: float, *, kind: str = "sgd", momentum: float = 0.9,
                     weight_decay: float = 1e-4, zero_redundancy: bool = False) -> torch.optim.Optimizer:
     """The optimizer over :func:`param_groups` (backbone first, then the heads).
@@ -283,12 +278,6 @@ def build_scheduler(optimizer: torch.optim.Optimizer, mode: str, lr: float, epoc
     rates of iteration 0 now; ``scheduler.step()`` after each ``optimizer.step()`` moves to the next iteration."""
     return IterationLR(optimizer, mode, lr, epochs, iters_per_epoch, lr_step=lr_step, warmup_epochs=warmup_epochs,
                        head_lr_mult=head_lr_mult)
-
-
-#: ``wrap_model(strategy=...)`` choices under ``torchrun`` (``train.py --strategy``): name -> what wraps the model.
-STRATEGIES: Registry[str] = Registry("strategy", {"ddp": "DistributedDataParallel",
-                                                  "fsdp": "FSDP2 fully_shard",
-                                                  "zero1": "DistributedDataParallel + ZeroRedundancyOptimizer"})
 
 
 def strategy_problem(strategy: str, amp: str = "none", distributed: Optional[bool] = None) -> Optional[str]:

@@ -1,34 +1,24 @@
-"""``python -m encoding.export --resume PATH --format onnx|exported [--output FILE] [--input-size H W] [--dynamic]``."""
+"""``python -m encoding.export --resume PATH --format onnx|exported [--output FILE] [--input-size H W] [--static]``."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import warnings
 from typing import List, Optional
 
 from ..engine.loading import load_model
-from ..utils.cli import OneLineParser, positive_int, run_cli
-from .core import FORMATS, SUFFIXES, check_output, export_model
+from ..config.parser import build_parser as config_parser
+from ..utils.cli import run_cli
+from .core import SUFFIXES, check_output, export_model
 
 __all__ = ["build_parser", "main", "cli"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The options of ``python -m encoding.export``."""
-    p = OneLineParser(prog="python -m encoding.export",
-                      description="Export a trained network (torch.export, or ONNX) with its metadata (encoding)")
-    p.add_argument("--resume", required=True, metavar="PATH",
-                   help="train.py's checkpoint (model_best.pth / checkpoint.pth) or a preset name of model_list")
-    p.add_argument("--format", required=True, choices=FORMATS,
-                   help="onnx: an ONNX file (onnxruntime); exported: a torch.export ExportedProgram (.pt2)")
-    p.add_argument("--output", default=None, metavar="FILE",
-                   help="the model file (default: beside the checkpoint, model.onnx / model.pt2); metadata: FILE's "
-                        "name with .json")
-    p.add_argument("--input-size", type=positive_int, nargs=2, default=None, metavar=("H", "W"),
-                   help="the traced input size (default: the checkpoint's training crop)")
-    p.add_argument("--dynamic", action="store_true",
-                   help="dynamic batch, height and width (default: the fixed shape 1 x 3 x H x W)")
-    return p
+    """The options of ``python -m encoding.export``: generated from the option fields of :mod:`encoding.config`
+    (:class:`~encoding.config.tools.ExportOptions` and ``--resume``, shared with ``train.py``)."""
+    return config_parser("export")
 
 
 def main(argv: Optional[List[str]] = None) -> List[str]:
@@ -42,7 +32,11 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     except ValueError as err:
         parser.error(str(err))
     model = load_model(args.resume)
-    written = export_model(model, output, args.format, args.input_size, args.dynamic, inputs=inputs)
+    if args.dynamic:
+        message = "--dynamic is the default now (--static fixes the shape); the option will go"
+        warnings.warn(message, FutureWarning, stacklevel=2)
+        sys.stderr.write(f"python -m encoding.export: note: {message}\n")
+    written = export_model(model, output, args.format, args.input_size, not args.static, inputs=inputs)
     print(f"wrote {', '.join(written)}")
     return written
 

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from ..config.tools import FORMATS
 from ..errors import EncodingError
 from ..engine.loading import ModelInfo, model_info
 from ..utils.files import atomic_path, atomic_write, refuse_own_input
@@ -27,9 +28,9 @@ from .pooling import exportable_pooling
 __all__ = ["FORMATS", "SUFFIXES", "UNEXPORTABLE", "ExportError", "MainOutput", "export_program", "metadata",
            "save_program", "export_model", "check_output", "metadata_path"]
 
-#: The export formats: ``onnx`` (an ONNX file, for onnxruntime and other runtimes) and ``exported`` (a
-#: ``torch.export`` ExportedProgram, read back by :func:`torch.export.load`).
-FORMATS = ("onnx", "exported")
+#: The file suffix of each export format of :data:`~encoding.config.tools.FORMATS`: ``onnx`` (an ONNX file, for
+#: onnxruntime and other runtimes) and ``exported`` (a ``torch.export`` ExportedProgram, read back by
+#: :func:`torch.export.load`).
 SUFFIXES = {"onnx": ".onnx", "exported": ".pt2"}
 
 #: Registered architectures that ``torch.export`` cannot export -> the text of torch's error (none today: every
@@ -157,10 +158,24 @@ def _save_onnx(program: torch.export.ExportedProgram, path: str, meta: Dict[str,
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ExportError(f"torch.onnx cannot convert the exported program: {reason}") from err
     proto = onnx_program.model_proto
+    _name_axes(proto, meta["input"]["shape"])
     for key, value in meta.items():
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, json.dumps(value)
     onnx.save(proto, path)
+
+
+def _name_axes(proto: Any, shape: Sequence[Any]) -> None:
+    """Give the input's free axes the names of the metadata's ``shape`` (``batch``, ``height``, ``width``) in the whole
+    ONNX graph, where torch names them after its symbols (``s0``, ...)."""
+    names = {}
+    for dim, name in zip(proto.graph.input[0].type.tensor_type.shape.dim, shape):
+        if isinstance(name, str) and dim.dim_param:
+            names[dim.dim_param] = name
+    for value in [*proto.graph.input, *proto.graph.output, *proto.graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in names:
+                dim.dim_param = names[dim.dim_param]
 
 
 #: The tolerance of the check of a dynamic export at another input size: ``|file - eager| <= TOLERANCE *
@@ -190,9 +205,9 @@ def _verifier(model: nn.Module, fmt: str, size: Sequence[int], name: str) -> Any
             return
         error = (got.float().cpu() - eager).abs().max().item() if got.shape == eager.shape else float("inf")
         if not error <= bound:
-            raise ExportError(f"the {fmt} export of {name} with --dynamic gives logits off by {error:.3g} at input "
+            raise ExportError(f"the dynamic {fmt} export of {name} gives logits off by {error:.3g} at input "
                               f"{list(image.shape)} (traced at {list(size)}); nothing was written: export it "
-                              "without --dynamic, at the size it will run at")
+                              "with --static, at the size it will run at")
     return verify
 
 
@@ -211,8 +226,8 @@ def _run_file(path: str, fmt: str, image: Tensor) -> Optional[Tensor]:
         raise
     except Exception as err:  # a guard of the trace, or the runtime refusing the shape
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ExportError(f"the {fmt} export with --dynamic fails at input {list(image.shape)}: {reason}; nothing "
-                          "was written: export it without --dynamic, at the size it will run at") from None
+        raise ExportError(f"the dynamic {fmt} export fails at input {list(image.shape)}: {reason}; nothing "
+                          "was written: export it with --static, at the size it will run at") from None
 
 
 def export_model(model: nn.Module, path: str, fmt: str, input_size: Optional[Tuple[int, int]] = None,

@@ -11,88 +11,35 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from ..utils.cli import OneLineParser, positive_int, run_cli
+from ..config.parser import build_parser as config_parser, warn_old_spellings
+from ..config.tools import DEFAULT_MEMORY_LIMIT
+from ..utils.cli import run_cli
 from ..utils.files import refuse_own_input
 from .planner import parse_memory
-from .program import BACKENDS, DEFAULT_STRATEGIES, STRATEGIES
+from .program import STRATEGIES
 from .report import format_report, memory_report, write_chart, write_json
 
 __all__ = ["parse_memory", "build_parser", "parse_args", "main", "cli"]
 
-#: The memory size of ``--memory-limit`` when it is not given and ``--max-batch`` needs one.
-DEFAULT_MEMORY_LIMIT = "11GiB"
-#: What ``--advise`` keeps free of every device's ``--memory-limit`` by default: the CUDA context (300-500 MiB)
-#: and the caching allocator's fragmentation, which the simulation of allocations does not see. Provisional: to be
-#: replaced by what ``benchmarks/gpu_proof.py`` measures on a GPU (see docs/memory.md).
-DEFAULT_RESERVE = "512MiB"
-
 
 # ------------------------------------------------------------------------------------------------ options
 def build_parser() -> argparse.ArgumentParser:
-    """The options of ``python -m encoding.memory`` (``scripts/memory_balance.py``)."""
-    p = OneLineParser(
-        prog="python -m encoding.memory",
-        description="Peak memory per device of a training step under gather (nn.DataParallel), balanced "
-                    "(DataParallelModel + DataParallelCriterion), balanced-auto and ddp; simulated with --simulate N "
-                    "(no GPU needed) or measured on --devices.")
-    p.add_argument("--model", default="fcn", help="segmentation model (default: fcn)")
-    p.add_argument("--backbone", default="resnet50", help="backbone (default: resnet50)")
-    p.add_argument("--dataset", default="pascal_voc", help="gives the class count and the default crop")
-    p.add_argument("--nclass", type=positive_int, default=None, help="class count (default: the dataset's)")
-    p.add_argument("--batch-size", type=positive_int, default=None, help="total batch (default: 2 per device)")
-    p.add_argument("--crop-size", type=positive_int, default=None, help="square crop in pixels (default: the "
-                   "dataset's)")
-    p.add_argument("--aux", action="store_true", help="auxiliary FCN head")
-    p.add_argument("--se-loss", action="store_true", help="semantic-encoding loss (EncNet)")
-    p.add_argument("--devices", default=None, help="CUDA devices to measure, e.g. 0,1,2,3")
-    p.add_argument("--simulate", type=positive_int, default=None, metavar="N",
-                   help="simulate N virtual devices on fake tensors (default: 4 when there is no GPU)")
-    p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
-                   help=f"comma-separated, from {', '.join(STRATEGIES)} (default: {','.join(DEFAULT_STRATEGIES)})")
-    p.add_argument("--steps", type=positive_int, default=1, help="measured steps after one warm-up step (real devices)")
-    p.add_argument("--amp", nargs="?", const="auto", choices=["auto", "bf16", "fp16"], default=None,
-                   help="mixed precision: bf16 or fp16 autocast (a bare --amp: bf16 when simulating, fp16 on GPUs)")
-    p.add_argument("--keep-outputs", action="store_true",
-                   help="simulate the loop that holds the outputs through backward (outputs = model(x); loss = "
-                        "criterion(outputs, y); loss.backward()); default: train.py's, which frees them first")
-    p.add_argument("--backend", choices=BACKENDS, default="nccl",
-                   help="what the simulated ranks of fsdp communicate through: nccl (GPUs, in place; default) or gloo "
-                        "(CPU processes: each all-gather and reduce-scatter is staged in a buffer of its own)")
-    p.add_argument("--checkpoint", choices=["none", "backbone", "all"], default="none",
-                   help="activation checkpointing of the model (every residual block, or blocks and heads); when "
-                        "simulating, the report adds each device's peak without it and the saving")
-    p.add_argument("--calibrate", action="store_true",
-                   help="learn the kernels' workspaces that fake tensors miss from real steps of 1-3 samples on the "
-                        "real device (a GPU where there is one, else the CPU)")
-    p.add_argument("--max-batch", action="store_true",
-                   help="also find, per strategy, the largest total batch that fits --memory-limit (simulated)")
-    p.add_argument("--advise", action="store_true",
-                   help="per strategy x checkpointing policy (none, backbone, all): the largest batch that fits "
-                        "--memory-limit at the crop and the largest crop at the batch; marks the recommended one")
-    p.add_argument("--memory-limit", default=None, metavar="SIZE",
-                   help="memory per device with its unit (11GiB, 11000MiB, 12GB; a bare number is an error): "
-                        f"--max-batch and --advise search under it (default there: {DEFAULT_MEMORY_LIMIT}), the "
-                        "chart draws it as a line")
-    p.add_argument("--reserve", default=DEFAULT_RESERVE, metavar="SIZE",
-                   help="what --advise keeps free of --memory-limit for the CUDA context and fragmentation, which "
-                        f"the simulation does not count (default: {DEFAULT_RESERVE}, provisional; 0B: none)")
-    p.add_argument("--json", default=None, metavar="PATH", help="JSON report (default: OUT_DIR/memory_balance.json)")
-    p.add_argument("--chart", default=None, metavar="PATH", help="PNG chart (default: OUT_DIR/memory_balance.png)")
-    p.add_argument("--out-dir", default="runs/memory", help="where the report files go (default: runs/memory); "
-                   "checked before any work")
-    p.add_argument("--seed", type=int, default=0)
-    return p
+    """The options of ``python -m encoding.memory`` (``scripts/memory_balance.py``): generated from the option fields
+    of :mod:`encoding.config` (:class:`~encoding.config.tools.MemoryOptions` and the ones shared with ``train.py``)."""
+    return config_parser("memory")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Parse and check the options; every bad value ends in a one-line argparse error (exit 2)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    warn_old_spellings("memory", sys.argv[1:] if argv is None else argv)
     try:
         _complete(args)
     except ValueError as exc:
@@ -153,8 +100,8 @@ def _check_network(args: argparse.Namespace) -> None:
     try:
         with torch.device("meta"):
             get_segmentation_model(args.model, backbone=args.backbone, nclass=args.nclass, aux=args.aux,
-                                   se_loss=args.se_loss, checkpoint=False if args.checkpoint == "none"
-                                   else args.checkpoint)
+                                   se_loss=args.se_loss, checkpoint=False if args.recompute == "none"
+                                   else args.recompute)
     except (ValueError, KeyError, TypeError, NotImplementedError, RuntimeError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"--model {args.model} --backbone {args.backbone}: {reason}") from None

@@ -47,8 +47,9 @@ def _summary(peaks: Sequence[int], split: Sequence[int], seconds: Optional[float
 
 def _config(args: argparse.Namespace, mode: str) -> Dict[str, Any]:
     keys = ("model", "backbone", "dataset", "nclass", "batch_size", "crop_size", "aux", "se_loss", "amp",
-            "calibrate", "memory_limit", "checkpoint", "keep_outputs", "backend", "reserve")
+            "calibrate", "memory_limit", "keep_outputs", "backend", "reserve")
     config = {k: getattr(args, k) for k in keys}
+    config["checkpoint"] = args.recompute  # the report's key since before --recompute (read by the chart and table)
     config["loop"] = loop_name(args.keep_outputs)
     config.update(mode=mode, devices=args.num_devices, strategies=list(args.strategies),
                   memory_limit_mib=None if args.memory_limit_bytes is None else round(args.memory_limit_bytes / MIB, 2))
@@ -64,14 +65,14 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         A dict with ``"config"`` (the options) and ``"strategies"``, which maps each strategy name to a dict with
         ``"peak_mib"``, ``"max_over_mean"``, ``"max_over_min"``, ``"split"``, ``"step_s"`` (the measured step's
         seconds, only on real devices), ``"max_batch"`` with ``--max-batch``, and ``"plain_peak_mib"`` and
-        ``"saving_mib"`` when simulated with ``--checkpoint`` (each device's peak without activation checkpointing
+        ``"saving_mib"`` when simulated with ``--recompute`` (each device's peak without activation checkpointing
         and what it saves); with ``--advise``, ``"advice"`` (one dict per strategy x checkpointing policy:
         ``strategy``, ``checkpoint``, ``max_batch``, ``per_device``, ``max_crop``, ``recommended``) and
         ``"advise_s"`` (its seconds).
     """
     spec_args = dict(model=args.model, backbone=args.backbone, nclass=args.nclass, crop_size=args.crop_size,
                      aux=args.aux, se_loss=args.se_loss, amp_dtype=AMP_DTYPES.get(args.amp), seed=args.seed,
-                     checkpoint=False if args.checkpoint == "none" else args.checkpoint,
+                     checkpoint=False if args.recompute == "none" else args.recompute,
                      keep_outputs=args.keep_outputs)
     spec = segmentation_spec(**spec_args)
     workspaces = None
@@ -143,7 +144,7 @@ def _options(config: Dict[str, Any]) -> str:
     if amp is True:  # a report of the boolean --amp: bf16 simulated, fp16 measured
         amp = "fp16" if config["mode"] == "measured" else "bf16"
     backend = f", --backend {config['backend']}" if config.get("backend", "nccl") != "nccl" else ""
-    return (f"{mode}; --checkpoint {config['checkpoint']}, --amp {amp or 'off'}{backend}, "
+    return (f"{mode}; --recompute {config['checkpoint']}, --amp {amp or 'off'}{backend}, "
             f"--calibrate {'on' if config['calibrate'] else 'off'}; "
             f"loop: {config.get('loop') or loop_name(config.get('keep_outputs', False))}")
 
@@ -216,7 +217,7 @@ def _recommendation(report: Dict[str, Any]) -> str:
     best = next((a for a in report.get("advice", []) if a["recommended"]), None)
     if best is None:
         return "nothing fits" if report.get("advice") else ""
-    return (f"recommended: {best['strategy']}, --checkpoint {best['checkpoint']}, batch {best['max_batch']} "
+    return (f"recommended: {best['strategy']}, --recompute {best['checkpoint']}, batch {best['max_batch']} "
             f"at crop {report['config']['crop_size']}")
 
 
@@ -233,7 +234,7 @@ MAX_BARS = 32
 def chart_figure(report: Dict[str, Any]) -> Any:
     """The chart as a matplotlib figure: grouped bars (device x strategy, MiB; a line per strategy beyond
     :data:`MAX_BARS` devices), the ``--memory-limit`` as a dashed
-    line when one was given (or used by ``--max-batch``), the options (mode, ``--checkpoint``, ``--amp``,
+    line when one was given (or used by ``--max-batch``), the options (mode, ``--recompute``, ``--amp``,
     ``--calibrate``) in the title."""
     import matplotlib.pyplot as plt
 
