@@ -127,10 +127,11 @@ class Checkpointer(Hook):
         state.is_best = score > state.best[0]
         if state.is_best:
             state.best = (score, state.epoch)
-        self.save(state, state.epoch, metrics=state.result, is_best=state.is_best, log_row=state.row())
+        self.write_checkpoint(state, state.epoch, metrics=state.result, is_best=state.is_best, log_row=state.row())
 
-    def save(self, state: RunState, epoch: int, *, iteration: int = 0, metrics: Optional[Mapping[str, Any]] = None,
-             is_best: bool = False, log_row: Optional[Mapping[str, Any]] = None) -> str:
+    def write_checkpoint(self, state: RunState, epoch: int, *, iteration: int = 0,
+                         metrics: Optional[Mapping[str, Any]] = None, is_best: bool = False,
+                         log_row: Optional[Mapping[str, Any]] = None) -> str:
         """Write the checkpoint of ``epoch`` (``iteration`` steps into the next one; every rank calls it, the main
         process writes); a diverged state is refused, keeping the last good file.
 
@@ -174,7 +175,7 @@ class StopOnSignal(Hook):
 
     def after_step(self, state: RunState) -> None:
         if self.signals.poll():
-            path = self.checkpointer.save(state, state.epoch - 1, iteration=state.iteration)
+            path = self.checkpointer.write_checkpoint(state, state.epoch - 1, iteration=state.iteration)
             raise self.stopped(f"in epoch {state.epoch} after iteration {state.iteration}; saved {path} (continue "
                                f"with --resume {path})")
 
@@ -209,11 +210,11 @@ class Evaluation(Hook):
             state.result = evaluate(run.model, run.val_loader, run.metric, run.input_device, run.amp_dtype,
                                     stop=None if run.distributed else self.stop.signals.requested, epoch=epoch)
         except Interrupted:
-            path = self.checkpointer.save(state, epoch)
+            path = self.checkpointer.write_checkpoint(state, epoch)
             raise self.stop.stopped(f"while evaluating epoch {epoch}; its training is saved in {path} (continue "
                                     f"with --resume {path})") from None
         except Exception as err:  # the trained epoch is saved before the failure is reported
-            path = self.checkpointer.save(state, epoch)
+            path = self.checkpointer.write_checkpoint(state, epoch)
             raise RunFailed(f"evaluation after epoch {epoch} failed ({err}); the trained epoch is saved in "
                             f"{path}") from err
         scores = ("pixAcc", "mIoU", "fgIoU")  # fgIoU: a binary run's
