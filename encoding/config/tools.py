@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from ..memory.program import BACKENDS, DEFAULT_STRATEGIES, STRATEGIES as MEMORY_STRATEGIES
 from ..utils.cli import positive_int
 from .fields import option
 
@@ -20,6 +19,11 @@ __all__ = ["TOOLS", "FORMATS", "DEFAULT_MEMORY_LIMIT", "DEFAULT_RESERVE", "Memor
            "TOOL_GROUPS"]
 
 #: The tools whose options are fields (beside :data:`~.fields.SCRIPTS`).
+#: The memory tool's strategies (``--strategies``), the default selection (``fsdp`` and ``zero1`` on request) and
+#: the collective libraries a simulated rank can stand for (``--backend``); :mod:`encoding.memory.program` uses these.
+MEMORY_STRATEGIES = ("gather", "balanced", "balanced-auto", "ddp", "fsdp", "zero1")
+DEFAULT_STRATEGIES = MEMORY_STRATEGIES[:4]
+BACKENDS = ("nccl", "gloo")
 TOOLS = ("memory", "export")
 MEMORY = ("memory",)
 EXPORT = ("export",)

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config.tools import BACKENDS as _BACKENDS, DEFAULT_STRATEGIES as _DEFAULT_STRATEGIES, MEMORY_STRATEGIES
 from ..parallel.reduction import criterion_loss_terms, reduce_loss_terms
 from ..parallel.structures import iter_leaves, transpose_map
 from .sharded import LocalShardOptimizer, is_sharded, rank_world, shard_model, zero_optimizer
@@ -39,13 +40,13 @@ __all__ = ["STRATEGIES", "BACKENDS", "StepSpec", "DeviceProgram", "ProgramResult
            "default_optimizer", "step_autocast", "tensor_leaves"]
 
 #: The strategies the memory tool compares, in report order.
-STRATEGIES: Tuple[str, ...] = ("gather", "balanced", "balanced-auto", "ddp", "fsdp", "zero1")
+STRATEGIES: Tuple[str, ...] = MEMORY_STRATEGIES
 #: What ``--strategies`` simulates when not given (``fsdp`` and ``zero1`` on request).
-DEFAULT_STRATEGIES: Tuple[str, ...] = STRATEGIES[:4]
+DEFAULT_STRATEGIES: Tuple[str, ...] = _DEFAULT_STRATEGIES
 #: The strategies whose ranks are processes of a ``torch.distributed`` group (every rank keeps the module).
 DISTRIBUTED: Tuple[str, ...] = ("ddp", "fsdp", "zero1")
 #: The collective libraries a simulated rank can stand for (see :func:`run_program`).
-BACKENDS: Tuple[str, ...] = ("nccl", "gloo")
+BACKENDS: Tuple[str, ...] = _BACKENDS
 #: DDP's default bucket capacity (``bucket_cap_mb=25``) and first-bucket size.
 _DDP_BUCKET_BYTES = 25 * MIB
 _DDP_FIRST_BUCKET_BYTES = 1 * MIB
