@@ -1,6 +1,8 @@
 """Issue 34, item 3: any network by name (torchvision:NAME, transformers:PATH, module:factory), its outputs through
 one adapter, trained / evaluated / reloaded / exported / planned through the toolkit's own paths."""
+import importlib
 import os
+import sys
 import textwrap
 
 import pytest
@@ -44,6 +46,9 @@ def factory_module(tmp_path, monkeypatch):
     (tmp_path / "my_models" / "__init__.py").write_text("")
     (tmp_path / "my_models" / "tiny.py").write_text(FACTORY)
     monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "my_models" or m.startswith("my_models.")]:
+        monkeypatch.delitem(sys.modules, name)  # another test's (or a docs example's) my_models is not this one
+    importlib.invalidate_caches()
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     return "my_models.tiny:build"
 
