@@ -94,7 +94,7 @@ class MultiEvalModule(nn.Module):
         for scale in self.scales:
             size = self._scaled_size(h, w, scale)
             score = resize(self._evaluate_scale(resize(image, size)), (h, w))
-            scores = score if scores is None else scores.add_(score)
+            scores = score.contiguous() if scores is None else scores.add_(score)  # ours to add into
         return scores.div_(len(self.scales))
 
     def _scaled_size(self, h: int, w: int, scale: float) -> Tuple[int, int]:
