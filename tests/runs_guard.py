@@ -72,7 +72,8 @@ class RunsGuard:
             return
         for path in args[:count]:
             if self._inside(path):
-                self.accesses.append(f"{event} {os.fsdecode(os.fspath(path))}")
+                during = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+                self.accesses.append(f"{event} {os.fsdecode(os.fspath(path))}" + (f" ({during})" if during else ""))
 
     def problems(self) -> List[str]:
         """What touched the folder: this process's accesses, then what differs from the starting snapshot."""

@@ -385,14 +385,15 @@ def test_json_blocks_parse(block):
     json.loads(block.text)
 
 
-def test_memory_report_example_has_the_tools_keys():
+def test_memory_report_example_has_the_tools_keys(tmp_path):
     """docs/memory.md's JSON example only uses keys that a real (tiny, simulated) report has."""
     from encoding.memory.cli import parse_args
     from encoding.memory.report import memory_report
 
     example = next(json.loads(b.text) for b in ALL_BLOCKS if b.lang == "json" and b.page.name == "memory.md")
     args = parse_args(["--model", "fcn", "--backbone", "resnet18", "--crop-size", "32", "--simulate", "2",
-                       "--strategies", "gather", "--max-batch", "--memory-limit", "64MiB"])
+                       "--strategies", "gather", "--max-batch", "--memory-limit", "64MiB",
+                       "--out-dir", str(tmp_path)])  # never the checkout's runs/
     report = memory_report(args, progress=False)
     strategy_keys = set(report["strategies"]["gather"])
     assert set(example) <= set(report)
