@@ -323,7 +323,8 @@ def test_unwritable_outputs_fail_before_any_work(where, tmp_path, monkeypatch, c
     blocker.write_text("x")
     argv, option = {"out-dir-is-a-file": (["--out-dir", str(blocker / "sub")], "--out-dir"),
                     "json-is-a-directory": (["--json", str(tmp_path)], "--json"),
-                    "chart-under-a-file": (["--chart", str(blocker / "c.png")], "--chart"),
+                    "chart-under-a-file": (["--chart", str(blocker / "c.png"), "--out-dir", str(tmp_path / "out")],
+                                           "--chart"),
                     "read-only-out-dir": (["--out-dir", str(tmp_path / "ro" / "new")], "--out-dir")}[where]
     if where == "read-only-out-dir":
         (tmp_path / "ro").mkdir(mode=0o555)
