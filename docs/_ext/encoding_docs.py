@@ -237,7 +237,7 @@ def recipe_rows() -> List[Dict[str, Any]]:
                          scale_range=args.scale_range or dataset.SCALE_RANGE, model=args.model,
                          backbone=args.backbone, output_stride=args.output_stride, head_channels=args.head_channels,
                          epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
-                         weight_decay=args.weight_decay, loss=args.loss))
+                         weight_decay=args.weight_decay))
     return rows
 
 
@@ -255,7 +255,7 @@ def recipe_table_markdown() -> str:
         lines.append(f"| {config} | `{row['dataset']}` | {row['nclass']} | {row['base_size']} / {row['crop_size']} "
                      f"| {scales} | `{row['model']}` | `{row['backbone']}` | {stride} | {width} | {row['epochs']} "
                      f"| {row['batch_size']} | {row['lr']:g} | `{row['optimizer']}`, weight decay "
-                     f"{row['weight_decay']:g}, loss `{row['loss']}` |")
+                     f"{row['weight_decay']:g} |")
     return "\n".join(lines) + "\n"
 
 

@@ -135,15 +135,15 @@ class DataOptions:
 class OptimOptions:
     """The loss, the schedule and the optimizer."""
 
-    loss: str = option("lovasz", "the pixel loss (docs/nn.md; default: the recipe's); aux/SE terms as for ce",
-                       choices=tuple(LOSSES), recipe=True, scripts=TRAIN)
+    loss: str = option("ce", "the pixel loss (docs/nn.md); aux/SE terms as for ce", choices=tuple(LOSSES),
+                       scripts=TRAIN)
     aux_weight: float = option(0.2, "weight of the auxiliary loss (PE train.py: 0.2; build_criterion's default, PE's "
                                "library one: 0.4)", parse=non_negative_float, scripts=TRAIN)
     se_weight: float = option(0.2, "weight of the semantic-encoding loss", parse=non_negative_float, scripts=TRAIN)
     class_weights: Optional[str] = option(None, "auto: ENet's 1/ln(1.02+p_c) from the training labels (cached); "
                                           "median: median frequency; FILE: numbers", metavar="auto|median|FILE",
                                           scripts=TRAIN)
-    epochs: int = option(6, "training epochs (default: the recipe's)", parse=positive_int, recipe=True,
+    epochs: int = option(8, "training epochs (default: the recipe's)", parse=positive_int, recipe=True,
                          scripts=TRAIN)
     start_epoch: int = option(0, "the first epoch's number", parse=non_negative_int, scripts=TRAIN)
     batch_size: int = option(16, "total batch over all devices (per process in DDP; default: the recipe's)",
