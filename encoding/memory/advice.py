@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .program import DeviceProgram, StepSpec
+from .replay import Replay, compose, fit
 from .simulate import Simulator, new_fake_mode
 
 __all__ = ["CROP_STEP", "ADVISED_STRATEGIES", "Advice", "advise", "recommend", "heaviest_program",
@@ -37,6 +38,8 @@ POLICY_ORDER = ("none", "backbone", "all")
 _MAX_STEPS = 8
 #: Strategies whose heaviest device runs ``ddp``'s forward and backward: composed from it where exact.
 _COMPOSED = ("balanced", "zero1")
+#: The smallest share a replay answers for (one sample behind global pooling trains BatchNorm another way).
+_MIN_REPLAYED = 2
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,10 @@ class _Peaks:
     policy's fake model and sharded model; ``balanced`` and ``zero1`` composed from ``ddp`` where exact."""
 
     def __init__(self, spec_for: Callable[[int, str], StepSpec], num_devices: int, round_to: int,
-                 backend: str = "nccl") -> None:
+                 backend: str = "nccl", origin: Optional[Tuple[int, int]] = None) -> None:
         self.spec_for, self.num_devices, self.round_to, self.backend = spec_for, num_devices, round_to, backend
+        self.origin = origin  # (share, crop) the replays are fitted at; None: every point simulated
+        self._replays: Dict[Tuple[str, str], Optional[Replay]] = {}
         self._simulators: Dict[Tuple[str, int], Simulator] = {}
         self._models: Dict[str, Simulator] = {}
         # (policy, strategy) -> (bytes live at the step's start, peak of the rest of the step above it, ddp's),
@@ -110,6 +115,40 @@ class _Peaks:
         return sum(sim.programs_run for sim in self._simulators.values())
 
     def __call__(self, policy: str, crop: int, strategy: str, share: int) -> int:
+        replay = self.replay(policy, strategy) if share >= _MIN_REPLAYED else None
+        if replay is not None:
+            try:
+                return replay.peak(share, crop)
+            except ValueError:  # a size that is no whole number there: simulate
+                pass
+        return self.simulated(policy, crop, strategy, share)
+
+    def replay(self, policy: str, strategy: str) -> Optional[Replay]:
+        """The replay of ``strategy``'s heaviest device under ``policy`` (:mod:`~encoding.memory.replay`), fitted
+        on first use from two simulations at :attr:`origin` and one sample and crop step beyond (``balanced`` and
+        ``zero1``: one simulation, composed with ``ddp``'s); ``None`` where it does not fit."""
+        if self.origin is None:
+            return None
+        key = (policy, strategy)
+        if key not in self._replays:
+            share, crop = max(_MIN_REPLAYED, self.origin[0]), self.origin[1]
+            if strategy in _COMPOSED:
+                line = self.replay(policy, "ddp")
+                self._replays[key] = line and compose(line, self._trace(policy, crop, strategy, share),
+                                                      self._trace(policy, crop, "ddp", share))
+            else:
+                beyond = (share + 1, crop + CROP_STEP)
+                self._replays[key] = fit(self._trace(policy, crop, strategy, share),
+                                         self._trace(policy, beyond[1], strategy, beyond[0]),
+                                         (share, crop), beyond, self.round_to)
+        return self._replays[key]
+
+    def _trace(self, policy: str, crop: int, strategy: str, share: int) -> Tuple[int, List[tuple]]:
+        sim = self.simulator(policy, crop)
+        return sim.result(heaviest_program(sim, strategy, share, self.num_devices), record=True).trace
+
+    def simulated(self, policy: str, crop: int, strategy: str, share: int) -> int:
+        """The heaviest device's peak simulated (``balanced`` and ``zero1`` composed from ``ddp`` where exact)."""
         sim = self.simulator(policy, crop)
         program = heaviest_program(sim, strategy, share, self.num_devices)
         if strategy not in _COMPOSED:
@@ -240,8 +279,8 @@ def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], 
         backend: ``"nccl"`` or ``"gloo"``: what the sharded ranks' collectives hold (see
             :class:`~encoding.memory.simulate.Simulator`).
     """
-    peaks = _Peaks(spec_for, num_devices, round_to, backend)
     share = max(1, batch // num_devices)
+    peaks = _Peaks(spec_for, num_devices, round_to, backend, (share, crop))
     rows = []
     for policy in policies:
         for strategy in (s for s in strategies if s in ADVISED_STRATEGIES):
