@@ -93,6 +93,7 @@ class _Peaks:
         self.spec_for, self.num_devices, self.round_to, self.backend = spec_for, num_devices, round_to, backend
         self.origin = origin  # (share, crop) the replays are fitted at; None: every point simulated
         self._replays: Dict[Tuple[str, str], Optional[Replay]] = {}
+        self._own: Dict[str, Tuple[tuple, tuple]] = {}  # strategy -> (its trace, ddp's) of _composed
         self._simulators: Dict[Tuple[str, int], Simulator] = {}
         self._models: Dict[str, Simulator] = {}
         # (policy, strategy) -> (bytes live at the step's start, peak of the rest of the step above it, ddp's),
@@ -133,15 +134,29 @@ class _Peaks:
         if key not in self._replays:
             share, crop = max(_MIN_REPLAYED, self.origin[0]), self.origin[1]
             if strategy in _COMPOSED:
-                line = self.replay(policy, "ddp")
-                self._replays[key] = line and compose(line, self._trace(policy, crop, strategy, share),
-                                                      self._trace(policy, crop, "ddp", share))
+                self._replays[key] = self._composed(policy, strategy, share, crop)
             else:
                 beyond = (share + 1, crop + CROP_STEP)
                 self._replays[key] = fit(self._trace(policy, crop, strategy, share),
                                          self._trace(policy, beyond[1], strategy, beyond[0]),
                                          (share, crop), beyond, self.round_to)
         return self._replays[key]
+
+    def _composed(self, policy: str, strategy: str, share: int, crop: int) -> Optional[Replay]:
+        """``strategy``'s replay from ``ddp``'s under ``policy`` and its own state, traced once under the first
+        policy asked (the same parameters under every policy: checked by :func:`~encoding.memory.replay.compose`),
+        else under this one."""
+        line = self.replay(policy, "ddp")
+        if line is None:
+            return None
+        first = self._own.get(strategy)
+        if first is not None:
+            composed = compose(line, *first)
+            if composed is not None:
+                return composed
+        own = (self._trace(policy, crop, strategy, share), self._trace(policy, crop, "ddp", share))
+        self._own.setdefault(strategy, own)
+        return compose(line, *own)
 
     def _trace(self, policy: str, crop: int, strategy: str, share: int) -> Tuple[int, List[tuple]]:
         sim = self.simulator(policy, crop)

@@ -118,18 +118,46 @@ def fit(first: Trace, second: Trace, p1: Point, p2: Point, round_to: int) -> Opt
 
 
 def compose(line: Replay, own: Trace, reference: Trace) -> Optional[Replay]:
-    """A strategy's replay from ``line``'s forward and backward and its own state: ``own`` is its step and
-    ``reference`` ``line``'s step traced at one point; their events up to the mark (forward and backward done) must
-    be the same, and ``line``'s events after it must not change with the point (then neither do ``own``'s: the
-    same gradients arrive and the same optimizer steps). ``None`` otherwise."""
+    """A strategy's replay from ``line``'s forward and backward and its own state around them.
+
+    ``own`` is the strategy's step and ``reference`` ``line``'s step, both traced at one point (under this policy,
+    or another one of the same model: ``line``'s may recompute activations): their events up to the mark
+    (forward and backward done) must be the same, ``line`` must start from what ``reference`` starts from (the
+    same parameters, buffers and optimizer state), hold the same storages at the mark (the gradients), and its
+    events after the mark must not change with the point (then neither do ``own``'s: the same gradients arrive,
+    the same optimizer steps). ``None`` otherwise."""
     own_start, own_events = own
-    end = _mark(own_events)
-    if end is None or own_events[:end + 1] != reference[1][:end + 1] or _mark(line.events) != end:
+    end, line_end = _mark(own_events), _mark(line.events)
+    if end is None or line_end is None or own_events[:end + 1] != reference[1][:end + 1]:
         return None
-    if any(e[0] in "ar" and e[-1][1:] != (0, 0) for e in line.events[end:]):
+    if line.start != reference[0] or any(e[0] in "ar" and e[-1][1:] != (0, 0) for e in line.events[line_end:]):
         return None
-    rest = [e[:-1] + ((Fraction(e[-1]), 0, 0),) if e[0] in "ar" else e for e in own_events[end + 1:]]
-    return Replay(own_start, line.events[:end + 1] + rest, line.round_to)
+    held, line_held = _held(own_events[:end]), _held(line.events[:line_end])
+    if [own_events[i][1] for i in held] != [line.events[i][1][0] for i in line_held] or \
+            any(line.events[i][1][1:] != (0, 0) for i in line_held):
+        return None
+    moved = dict(zip(held, line_held))
+
+    def index(i: int) -> int:  # an allocation of own's step in the composed one
+        return moved[i] if i < end else i - end + line_end
+
+    rest = []
+    for e in own_events[end + 1:]:
+        if e[0] in "fr":
+            e = (e[0], index(e[1])) + e[2:]
+        rest.append(e[:-1] + ((Fraction(e[-1]), 0, 0),) if e[0] in "ar" else e)
+    return Replay(own_start, line.events[:line_end + 1] + rest, line.round_to)
+
+
+def _held(events: Sequence[tuple]) -> List[int]:
+    """The allocation events whose storages are still live after ``events``, in order."""
+    live: Dict[int, None] = {}
+    for i, e in enumerate(events):
+        if e[0] == "a":
+            live[i] = None
+        elif e[0] == "f":
+            live.pop(e[1], None)
+    return list(live)
 
 
 def _mark(events: Sequence[tuple]) -> Optional[int]:
