@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .program import DeviceProgram, StepSpec
-from .replay import Replay, compose, fit
+from .replay import Replay, compose, fit, refit, size_table
 from .simulate import Simulator, new_fake_mode
 
 __all__ = ["CROP_STEP", "ADVISED_STRATEGIES", "Advice", "advise", "recommend", "heaviest_program",
@@ -93,6 +93,7 @@ class _Peaks:
         self.spec_for, self.num_devices, self.round_to, self.backend = spec_for, num_devices, round_to, backend
         self.origin = origin  # (share, crop) the replays are fitted at; None: every point simulated
         self._replays: Dict[Tuple[str, str], Optional[Replay]] = {}
+        self._fits: List[Replay] = []  # the replays fitted from two traces (their sizes: size_table)
         self._own: Dict[str, Tuple[tuple, tuple]] = {}  # strategy -> (its trace, ddp's) of _composed
         self._simulators: Dict[Tuple[str, int], Simulator] = {}
         self._models: Dict[str, Simulator] = {}
@@ -136,11 +137,22 @@ class _Peaks:
             if strategy in _COMPOSED:
                 self._replays[key] = self._composed(policy, strategy, share, crop)
             else:
-                beyond = (share + 1, crop + CROP_STEP)
-                self._replays[key] = fit(self._trace(policy, crop, strategy, share),
-                                         self._trace(policy, beyond[1], strategy, beyond[0]),
-                                         (share, crop), beyond, self.round_to)
+                self._replays[key] = self._fitted(policy, strategy, share, crop)
         return self._replays[key]
+
+    def _fitted(self, policy: str, strategy: str, share: int, crop: int) -> Optional[Replay]:
+        """``strategy``'s replay under ``policy``: its step traced at ``(share, crop)``, its sizes those of the
+        steps fitted before where they tell them, else fitted with a second trace one sample and crop step
+        beyond."""
+        first = self._trace(policy, crop, strategy, share)
+        replay = refit(first, size_table(self._fits, (share, crop)), self.round_to) if self._fits else None
+        if replay is None:
+            beyond = (share + 1, crop + CROP_STEP)
+            replay = fit(first, self._trace(policy, beyond[1], strategy, beyond[0]), (share, crop), beyond,
+                         self.round_to)
+            if replay is not None:
+                self._fits.append(replay)
+        return replay
 
     def _composed(self, policy: str, strategy: str, share: int, crop: int) -> Optional[Replay]:
         """``strategy``'s replay from ``ddp``'s under ``policy`` and its own state, traced once under the first

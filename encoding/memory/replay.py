@@ -20,9 +20,9 @@ backward around other state (``balanced`` and ``zero1`` around ``ddp``'s): check
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-__all__ = ["Replay", "fit", "compose"]
+__all__ = ["Replay", "fit", "compose", "size_table", "refit"]
 
 #: Exponents of the share and of the crop's side a storage's size may have (an image is ``share * crop**2``, a
 #: gathered output ``num_devices * share * ...``).
@@ -114,6 +114,33 @@ def fit(first: Trace, second: Trace, p1: Point, p2: Point, round_to: int) -> Opt
                 return None
             one = one[:-1] + (mono,)
         fitted.append(one)
+    return Replay(start, fitted, round_to)
+
+
+def size_table(replays: Iterable[Replay], point: Point) -> Dict[int, set]:
+    """Each storage size of ``replays``' steps at ``point`` -> the monomials it is there."""
+    table: Dict[int, set] = {}
+    for replay in replays:
+        scale = {power: point[0] ** power[0] * point[1] ** power[1] for power in _POWERS}
+        for e in replay.events:
+            if e[0] in "ar":
+                table.setdefault(int(e[-1][0] * scale[e[-1][1:]]), set()).add(e[-1])
+    return table
+
+
+def refit(trace: Trace, table: Dict[int, set], round_to: int) -> Optional[Replay]:
+    """The replay of a step traced at one point from the sizes other steps of the same model have there
+    (:func:`size_table`: e.g. the same model under another checkpointing policy, which recomputes the same
+    activations): every size must be one of them, and one monomial. ``None`` otherwise (then :func:`fit` it)."""
+    start, events = trace
+    fitted = []
+    for e in events:
+        if e[0] in "ar":
+            known = table.get(e[-1], ())
+            if len(known) != 1:
+                return None
+            e = e[:-1] + (next(iter(known)),)
+        fitted.append(e)
     return Replay(start, fitted, round_to)
 
 
