@@ -99,14 +99,15 @@ class Simulator:
         self.backend = backend
         self._model: Optional[nn.Module] = model
         self._cache: Dict[DeviceProgram, ProgramResult] = {}
+        self._runs = 0
         self._zero: Dict[int, List[tuple]] = {}
         #: world size -> the model sharded for ``fsdp`` (see :meth:`sharded_model`)
         self.sharded: Dict[int, nn.Module] = {} if sharded is None else sharded
 
     @property
     def programs_run(self) -> int:
-        """How many distinct programs were simulated."""
-        return len(self._cache)
+        """How many programs were simulated (each distinct one once; again only to record its events)."""
+        return self._runs
 
     @property
     def model(self) -> nn.Module:
@@ -129,6 +130,7 @@ class Simulator:
             model = self.sharded_model(key.replicas) if key.strategy == "fsdp" else self.model
             self._cache[key] = simulate_program(self.spec, key, self.round_to, self.fake_mode, self.workspaces,
                                                 model, self.backend, record)
+            self._runs += 1
         return self._cache[key]
 
     def sharded_model(self, world_size: int) -> nn.Module:
