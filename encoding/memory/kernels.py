@@ -5,21 +5,21 @@ Fake tensors run no kernel, so the buffers a kernel allocates for itself are inv
 a dilated convolution whose taps reach past the input (DeepLabV3's ASPP rates 12/24/36 on a 14x14 map) computes its
 weight gradient through im2col, holding one sample's columns and weight-sized accumulators per thread (42 MB for
 torchvision's ASPP 960->256 3x3 at 14x14, for any batch), and reorders weights in the forward. :class:`CpuKernels`
-runs each distinct convolution call once for real, on zeros of 1, ``T`` and ``T + 1`` samples (``T`` the intra-op
-thread count, the shares :func:`~encoding.memory.profiler.learn_workspaces` measures whole steps at), and records
-the bytes it held under ``torch.profiler``; the tracker interpolates them like learned workspaces. The probes
-allocate real memory, one operator of at most ``T + 1`` samples at a time.
+runs each distinct convolution call once for real, on zeros of its share of samples (at most ``T + 1``, ``T`` the
+intra-op thread count), records under ``torch.profiler`` the bytes it held beyond its outputs, and the tracker adds
+them while the call runs on fake tensors. The probes allocate real memory, one operator of at most ``T + 1``
+samples at a time.
 """
 from __future__ import annotations
 
 import json
 import os
 import tempfile
-from typing import Any, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 from torch import Tensor
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from .tracker import Workspaces, batch_key
 
@@ -33,6 +33,10 @@ PROBED_OPERATORS = ("aten::convolution", "aten::convolution_backward")
 class CpuKernels(Workspaces):
     """Workspaces of CPU kernels, probed the first time the simulator meets a call (see the module's docstring).
 
+    A call on ``s`` samples holds its outputs (counted on the fake tensors at ``s``) and what the real kernel held
+    beyond its outputs on ``min(s, T + 1)`` samples: the kernels' own buffers are per thread, so they stop growing
+    once every thread has a sample, and a kernel may pick another algorithm for one sample than for two.
+
     Args:
         learned: workspaces learned from real steps (``--calibrate``); their calls are not probed.
         threads: the intra-op threads of the run planned for (default: ``torch.get_num_threads()``).
@@ -41,21 +45,31 @@ class CpuKernels(Workspaces):
     def __init__(self, learned: Optional[Workspaces] = None, threads: Optional[int] = None) -> None:
         super().__init__({key: dict(known) for key, known in (learned.table if learned else {}).items()})
         self.threads = threads or torch.get_num_threads()
-        self._seen: set = set()
+        self._learned = set(self.table)
+        self._extra: Dict[tuple, int] = {}
 
     def see(self, func: Any, args: tuple, kwargs: Optional[dict], shapes: Sequence[Sequence[int]],
             share: int) -> None:
         """Probe ``func`` on ``args`` (fake tensors whose leading ``share`` is the batch) if it is one of
         :data:`PROBED_OPERATORS` and this call was not measured yet."""
         name = func.name()
-        key = batch_key(name, shapes, share)
-        if name not in PROBED_OPERATORS or key in self.table or key in self._seen:
+        if name not in PROBED_OPERATORS:
             return
-        self._seen.add(key)
-        held = {n: _held(func, args, kwargs or {}, share, n)
-                for n in sorted({1, self.threads, self.threads + 1})}
-        if any(held.values()):
-            self.table[key] = held
+        key = batch_key(name, shapes, share)
+        if key in self._learned or share in self.table.get(key, {}):
+            return
+        samples = min(share, self.threads + 1)
+        if (key, samples) not in self._extra:
+            self._extra[key, samples] = _beyond_outputs(func, args, kwargs or {}, share, samples)
+        outputs = _nbytes(func(*args, **(kwargs or {})))  # on the fake tensors: their sizes only
+        self.table.setdefault(key, {})[share] = outputs + self._extra[key, samples]
+
+
+def _nbytes(out: Any) -> int:
+    """Bytes of the distinct storages of the tensors in ``out``."""
+    storages = {id(t.untyped_storage()): t.untyped_storage().nbytes() for t in tree_flatten(out)[0]
+                if isinstance(t, Tensor)}
+    return sum(storages.values())
 
 
 def _real(value: Any, share: int, samples: int) -> Any:
@@ -70,16 +84,15 @@ def _real(value: Any, share: int, samples: int) -> Any:
     return torch.zeros(shape, dtype=value.dtype).contiguous(memory_format=layout)
 
 
-def _held(func: Any, args: tuple, kwargs: dict, share: int, samples: int) -> int:
-    """The most bytes ``func`` held at once (its outputs included) on real zeros of ``samples`` samples."""
+def _beyond_outputs(func: Any, args: tuple, kwargs: dict, share: int, samples: int) -> int:
+    """The most bytes ``func`` held at once beyond its outputs, run for real on zeros of ``samples`` samples."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():
         real_args = tree_map(lambda v: _real(v, share, samples), args)
         real_kwargs = tree_map(lambda v: _real(v, share, samples), kwargs)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-            out = func(*real_args, **real_kwargs)
-            del out
+            outputs = _nbytes(func(*real_args, **real_kwargs))
         fd, path = tempfile.mkstemp(suffix=".json")
         os.close(fd)
         try:
@@ -93,4 +106,4 @@ def _held(func: Any, args: tuple, kwargs: dict, share: int, samples: int) -> int
     if not memory:
         return 0
     start = memory[0][1] - memory[0][2]
-    return max(0, max(total for _, total, _ in memory) - start)
+    return max(0, max(total for _, total, _ in memory) - start - outputs)

@@ -215,7 +215,9 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
         in_channels: input channels.
         optimizer: ``params -> optimizer`` (default: SGD with momentum and weight decay).
         round_to: allocation granularity (512: CUDA's blocks; 1: the CPU's).
-        backend: ``"nccl"`` (GPUs) or ``"gloo"`` (CPU processes): what the collectives of ``fsdp`` ranks hold.
+        backend: ``"nccl"`` (GPUs) or ``"gloo"`` (CPU processes): what the collectives of ``fsdp`` ranks hold;
+            with ``"gloo"`` the CPU kernels' own buffers are added, each distinct convolution probed for real once
+            (:class:`~encoding.memory.kernels.CpuKernels`).
         workspaces: kernels' workspaces learned from real steps
             (:func:`~encoding.memory.profiler.learn_workspaces`) added to the peaks; default none.
 
