@@ -209,3 +209,24 @@ def test_lists_of_batched_tensors_are_still_gathered_element_by_element():
     out, aux = wrapped.gather(wrapped(x))
     torch.testing.assert_close(out, x * 2)
     torch.testing.assert_close(aux, x + 1)
+
+
+def test_memory_balance_refuses_lists_of_samples_in_training_and_splits_them_evenly_in_eval():
+    """balance="memory" narrows batched tensors to a share; a share of a list of samples holds particular samples
+    (and a detector's memory follows its detections, which fake tensors cannot compute). Before: a raw
+    ``StopIteration`` (PerSample images) or ``DynamicOutputShapeException`` (a detector) from inside the planner."""
+    import encoding.memory  # noqa: F401 - registers balance="memory"
+
+    model = _detector()
+    images, targets = _detection_batch()
+    wrapped = DataParallelModel(model.train(), CPU2, balance="memory")
+    with pytest.raises(ValueError, match=r"balance='memory' cannot plan a call with lists of samples "
+                                         r"\(args\[0\], args\[1\]\).*chunk_sizes"):
+        wrapped(images, targets)
+    with pytest.raises(ValueError, match=r"lists of samples \(args\[0\]\)"):
+        wrapped(PerSample(images), targets=None)
+    assert DataParallelModel(model.train(), CPU2, chunk_sizes=[2, 1])(images, targets).split_sizes == [2, 1]
+    model.eval()
+    with torch.no_grad():  # forward only: the even split, no simulation; the results gathered per image
+        outputs = wrapped(PerSample(images))
+        assert outputs.split_sizes == [2, 1] and len(wrapped.gather(outputs)) == 3
