@@ -230,3 +230,20 @@ def test_memory_balance_refuses_lists_of_samples_in_training_and_splits_them_eve
     with torch.no_grad():  # forward only: the even split, no simulation; the results gathered per image
         outputs = wrapped(PerSample(images))
         assert outputs.split_sizes == [2, 1] and len(wrapped.gather(outputs)) == 3
+
+
+def test_list_outputs_that_read_both_ways_after_sample_inputs_are_refused():
+    """Lists of samples in, and each replica returns a list as long as its share of tensors of that size: samples
+    or batched tensors? Refused naming PerSample, never joined the wrong way."""
+    class FirstTwo(nn.Module):
+        def forward(self, images):
+            return [image[:2].mean(dim=(1, 2)) for image in images]  # 2 values per image; shares of 2
+
+    images = [torch.rand(3, 8, 8) for _ in range(4)]
+    wrapped = DataParallelModel(FirstTwo(), CPU2)
+    outputs = wrapped(PerSample(images))
+    with pytest.raises(ValueError, match="samples or batched tensors.*PerSample"):
+        wrapped.gather(outputs)
+    fewer = wrapped(PerSample(images[:3]))  # shares 2 and 1: only the per-sample reading fits
+    torch.testing.assert_close(torch.stack(wrapped.gather(fewer)),
+                               torch.stack([image[:2].mean(dim=(1, 2)) for image in images[:3]]))

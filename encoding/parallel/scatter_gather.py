@@ -209,7 +209,7 @@ def gather(outputs: Sequence[Any], target_device: Optional[DeviceLike] = None, d
     sizes = getattr(outputs, "split_sizes", None)
 
     def sample_lists(values: List[Any]) -> Any:
-        if sizes is None or not is_sample_list_output(values, sizes, dim):
+        if sizes is None or not is_sample_list_output(values, sizes, dim, getattr(outputs, "sample_lists", False)):
             return NotImplemented
         return [to_device(item, target) for part in values for item in part]
 
