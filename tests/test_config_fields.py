@@ -74,7 +74,7 @@ def test_no_field_is_restated_and_the_tools_share_the_network_fields():
 
 
 def test_the_evaluation_config_is_made_from_test_py_s_fields_and_follows_its_rules():
-    from encoding.config.resolve import MODEL_SPECIFIC
+    from encoding.config.evaluation import MODEL_SPECIFIC
     from encoding.engine.inference import EvaluationConfig
 
     made = {f.name: f for f in dataclasses.fields(EvaluationConfig)}
