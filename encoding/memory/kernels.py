@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from typing import Any, Dict, Optional, Sequence
 
 import torch
@@ -59,6 +60,11 @@ class CpuKernels(Workspaces):
         if key in self._learned or share in self.table.get(key, {}):
             return
         samples = min(share, self.threads + 1)
+        if torch._C._autograd._profiler_enabled():  # a profiler cannot nest: the caller's own session is running
+            if not self._extra:
+                warnings.warn("encoding.memory: a torch.profiler session is running, so the CPU kernels' buffers "
+                              "are not probed (the plan may miss oneDNN's convolution buffers)", stacklevel=2)
+            self._extra[key, samples] = 0
         if (key, samples) not in self._extra:
             self._extra[key, samples] = _beyond_outputs(func, args, kwargs or {}, share, samples)
         outputs = _nbytes(func(*args, **(kwargs or {})))  # on the fake tensors: their sizes only
