@@ -39,14 +39,16 @@ class CpuKernels(Workspaces):
     once every thread has a sample, and a kernel may pick another algorithm for one sample than for two.
 
     Args:
-        learned: workspaces learned from real steps (``--calibrate``); their calls are not probed.
+        learned: workspaces learned from real steps (``--calibrate``), kept for the operators that are not probed
+            (a learned convolution is interpolated between the shares of whole steps, 1 and 2 samples on one thread,
+            where oneDNN may change algorithm: the probe at the call's own share replaces it).
         threads: the intra-op threads of the run planned for (default: ``torch.get_num_threads()``).
     """
 
     def __init__(self, learned: Optional[Workspaces] = None, threads: Optional[int] = None) -> None:
-        super().__init__({key: dict(known) for key, known in (learned.table if learned else {}).items()})
+        super().__init__({key: dict(known) for key, known in (learned.table if learned else {}).items()
+                          if "aten::" + key[0] not in PROBED_OPERATORS})
         self.threads = threads or torch.get_num_threads()
-        self._learned = set(self.table)
         self._extra: Dict[tuple, int] = {}
 
     def see(self, func: Any, args: tuple, kwargs: Optional[dict], shapes: Sequence[Sequence[int]],
@@ -57,7 +59,7 @@ class CpuKernels(Workspaces):
         if name not in PROBED_OPERATORS:
             return
         key = batch_key(name, shapes, share)
-        if key in self._learned or share in self.table.get(key, {}):
+        if share in self.table.get(key, {}):
             return
         samples = min(share, self.threads + 1)
         if torch._C._autograd._profiler_enabled():  # a profiler cannot nest: the caller's own session is running
