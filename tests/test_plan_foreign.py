@@ -50,9 +50,12 @@ def test_torchvision_segmentation_output_key_within_3_percent(one_thread):
     benchmarks/bench_plan_foreign.py: docs/own-model.md)."""
     bench = _bench()
     case = bench.segmentation_case(small=True)
+    workspaces = bench.calibrate(case)  # learned from whole steps of 1 and 2 samples
     for batch in (2, 4):
-        row = bench.compare(case, batch)
+        row = bench.compare(case, batch, workspaces)
         assert abs(row["planned_error"]) <= 0.03, row
+        # before: +39% at batch 4 (the learned convolution buffers, extrapolated from 1 and 2 samples)
+        assert abs(row["calibrated_error"]) <= 0.03, row
 
 
 class _Dilated(nn.Module):
