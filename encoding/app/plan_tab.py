@@ -56,8 +56,8 @@ def plan_handler(workdir: str):
         result = plan_memory(request, tempfile.mkdtemp(dir=workdir), progress=step)
         header, rows = device_rows(result.report)
         advice_header, advice = advice_rows(result.report)
-        return (result.command, gr.update(value=rows, headers=header), result.chart_path,
-                _recommendation(result.report), gr.update(value=advice, headers=advice_header), result.table,
+        return (result.command, {"headers": header, "data": rows}, result.chart_path,
+                _recommendation(result.report), {"headers": advice_header, "data": advice}, result.table,
                 result.json_path)
 
     return plan
