@@ -10,7 +10,7 @@ from ..config.groups import AMP_CHOICES, RECOMPUTE
 from .messages import on_page
 from .planning import PlanRequest, advice_rows, device_rows, plan_memory
 
-__all__ = ["SPEC_EXAMPLES", "model_choices", "plan_handler", "plan_tab"]
+__all__ = ["SPEC_EXAMPLES", "model_choices", "dataset_sizes", "preset_network", "plan_handler", "plan_tab"]
 
 #: Model specs offered beside the architectures and presets (any ``torchvision:NAME`` / ``module:factory`` is taken).
 SPEC_EXAMPLES = ("torchvision:deeplabv3_mobilenet_v3_large", "torchvision:lraspp_mobilenet_v3_large",
@@ -30,6 +30,28 @@ def _recommendation(report: dict) -> str:
         return "**Advice:** nothing fits the limit." if report.get("advice") else ""
     return (f"**Recommended:** {best['strategy']}, `--recompute {best['checkpoint']}`, batch {best['max_batch']} "
             f"({best['per_device']} per device) at crop {report['config']['crop_size']}")
+
+
+def dataset_sizes(dataset: str) -> Tuple[Any, Any]:
+    """The class count and crop the form shows for ``dataset`` (the memory tool's defaults); unchanged for an
+    unknown name (the tool names it when planning)."""
+    import gradio as gr
+    from ..datasets import datasets
+
+    if dataset not in datasets:
+        return gr.update(), gr.update()
+    return datasets[dataset].NUM_CLASS, datasets[dataset].CROP_SIZE
+
+
+def preset_network(model: str) -> Tuple[Any, Any]:
+    """The backbone and dataset the form shows for a preset ``model`` (unchanged for any other model)."""
+    import gradio as gr
+    from ..models.registry import PRESETS
+
+    preset = PRESETS.get(str(model or "").strip().lower())
+    if preset is None:
+        return gr.update(), gr.update()
+    return preset["backbone"], preset["dataset"]
 
 
 def plan_handler(workdir: str):
@@ -78,11 +100,12 @@ def plan_tab(workdir: str) -> None:
                                    label="backbone", info="a preset names its own")
             dataset = gr.Dropdown(list(datasets), value=defaults.dataset, label="dataset",
                                   info="its class count and crop are the defaults")
+            nclass_default, crop_default = dataset_sizes(defaults.dataset)
             with gr.Row():
-                nclass = gr.Number(None, precision=0, label="classes", info="empty: the dataset's")
-                crop = gr.Number(None, precision=0, label="crop", info="empty: the dataset's")
+                nclass = gr.Number(nclass_default, precision=0, label="classes", info="the dataset's by default")
+                crop = gr.Number(crop_default, precision=0, label="crop", info="the dataset's by default")
             with gr.Row():
-                batch = gr.Number(None, precision=0, label="batch", info="empty: 2 per device")
+                batch = gr.Number(2 * defaults.devices, precision=0, label="batch", info="in all")
                 devices = gr.Number(defaults.devices, precision=0, label="devices", info="simulated")
             with gr.Row():
                 limit = gr.Textbox(DEFAULT_MEMORY_LIMIT, label="memory limit per device",
@@ -105,5 +128,7 @@ def plan_tab(workdir: str) -> None:
             report = gr.File(label="report (JSON)", interactive=False)
     inputs = [model, backbone, dataset, nclass, crop, batch, devices, limit, reserve, strategies, amp, recompute,
               advise]
+    model.change(preset_network, [model], [backbone, dataset], api_name=False)
+    dataset.change(dataset_sizes, [dataset], [nclass, crop], api_name=False)
     button.click(plan_handler(workdir), inputs, [command, table, chart, recommended, advice, text, report],
                  api_name="plan")

@@ -19,11 +19,12 @@ SHARE_HEADERS = ["class", "colour", "pixels", "share %"]
 
 
 def _window(value: Any, name: str) -> Optional[int]:
-    """A form's window / stride: empty -> ``None`` (the default), else a positive whole number."""
-    if value is None or value == "":
+    """A form's window / stride: empty or 0 (what the page's empty number field sends) -> ``None`` (the default),
+    else a positive whole number."""
+    if value is None or value == "" or value == 0:
         return None
-    if float(value) != int(float(value)) or int(float(value)) <= 0:
-        raise ValueError(f"{name}: expected a positive whole number of pixels (or empty: the default), got {value}")
+    if float(value) != int(float(value)) or int(float(value)) < 0:
+        raise ValueError(f"{name}: expected a positive whole number of pixels (or 0: the default), got {value}")
     return int(float(value))
 
 
@@ -88,8 +89,8 @@ def segment_tab(model: Optional[nn.Module], workdir: str) -> None:
             flip = gr.Checkbox(False, label="flip", info="average with the mirrored image")
             with gr.Row():
                 window = gr.Number(None, precision=0, label="window (slide / multi-scale)",
-                                   info=f"empty: the training crop ({info.crop_size})")
-                stride = gr.Number(None, precision=0, label="stride", info="empty: two thirds of the window")
+                                   info=f"0: the training crop ({info.crop_size})")
+                stride = gr.Number(None, precision=0, label="stride", info="0: two thirds of the window")
             scales = gr.Textbox("0.75,1.0,1.25", label="scales (multi-scale)",
                                 info="relative to the training base size")
             button = gr.Button("Segment", variant="primary", elem_id="encoding-segment")
