@@ -31,7 +31,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Parse and check the options; a bad value ends in a one-line argparse error (exit 2)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.resume and args.pretrained:
+    if args.resume and args.model_source:
         parser.error("give --resume CKPT or --model DIR_OR_PRESET, not both")
     if args.resume and not os.path.isfile(args.resume):
         parser.error(f"--resume: no such checkpoint file: {args.resume!r}")
@@ -46,7 +46,7 @@ def load_network(args: argparse.Namespace) -> Optional[torch.nn.Module]:
     """
     from ..engine.loading import load_model
 
-    source = args.resume or args.pretrained
+    source = args.resume or args.model_source
     if not source:
         return None
     try:
@@ -80,7 +80,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     with tempfile.TemporaryDirectory(prefix="encoding-app-") as workdir:
         page = build_page(model, workdir)
-        what = "no network (Plan memory only)" if model is None else f"{args.resume or args.pretrained}"
+        what = "no network (Plan memory only)" if model is None else f"{args.resume or args.model_source}"
         print(f"encoding.app: serving {what} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
         page.queue().launch(server_name=args.host, server_port=args.port, show_error=True, quiet=True,
                             allowed_paths=[workdir])

@@ -105,9 +105,9 @@ def port_number(text: str) -> int:
 class AppOptions:
     """The web page's network (``--resume`` or ``--model``) and where it listens."""
 
-    pretrained: Optional[str] = option(None, "a save_pretrained folder, a Hugging Face id user/repo or a preset name "
-                                       "of encoding.models.model_list (instead of --resume)", flags=("--model",),
-                                       metavar="DIR_OR_PRESET", scripts=APP)
+    model_source: Optional[str] = option(None, "a save_pretrained folder, a Hugging Face id user/repo or a preset name "
+                                         "of encoding.models.model_list (instead of --resume)", flags=("--model",),
+                                         metavar="DIR_OR_PRESET", scripts=APP)
     host: str = option("127.0.0.1", "the address to listen on (default: this machine only; 0.0.0.0 serves the "
                        "network)", scripts=APP)
     port: int = option(7860, "the TCP port", parse=port_number, scripts=APP)
