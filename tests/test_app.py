@@ -21,7 +21,8 @@ from PIL import Image
 
 import encoding
 from encoding.app.planning import PlanRequest, advice_rows, device_rows, plan_argv, plan_memory
-from encoding.app.segmentation import (SegmentRequest, class_shares, legend_html, parse_scales, segment_image)
+from encoding.app.segmentation import (SegmentRequest, class_shares, legend_html, parse_scales, segment_image,
+                                      validation_images)
 from encoding.engine import ModelInfo, save_pretrained
 from encoding.errors import UsageError
 from encoding.models import get_segmentation_model
@@ -82,7 +83,8 @@ def server(tiny_folder, tmp_path_factory):
     pytest.importorskip("gradio_client", reason="the tests drive the page with gradio_client (the app extra)")
     port, work = _free_port(), tmp_path_factory.mktemp("app_server")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               GRADIO_TEMP_DIR=str(work / "gradio"), GRADIO_ANALYTICS_ENABLED="False")
+               GRADIO_TEMP_DIR=str(work / "gradio"), GRADIO_ANALYTICS_ENABLED="False",
+               ENCODING_DATA=str(work / "data"))  # no validation images: the page offers none
     log = open(work / "server.log", "w+")
     process = subprocess.Popen([sys.executable, "-m", "encoding.app", "--model", tiny_folder, "--port", str(port),
                                 "--device", "cpu"], cwd=str(work), env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -253,6 +255,15 @@ def test_segment_image_is_encoding_segment_with_legend_and_shares(tiny_folder, i
         segment_image(model, np.zeros((0, 4, 3), np.uint8))
     with pytest.raises(UsageError, match="no image"):
         segment_image(model, None)
+
+
+def test_the_examples_are_the_validation_images_already_on_disk(shapes_root, tmp_path):
+    from conftest import tiny_shapes_pair
+
+    _, val = tiny_shapes_pair(shapes_root)
+    assert validation_images("shapes", root=str(shapes_root), limit=3, num_train=8, num_val=4) == val.images[:3]
+    assert validation_images("shapes", root=str(tmp_path)) == [] and os.listdir(tmp_path) == []  # none generated
+    assert validation_images("ade20k", root=str(tmp_path)) == [] and validation_images("no_such_data") == []
 
 
 def test_parse_scales_and_segment_request_keywords():

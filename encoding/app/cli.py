@@ -77,13 +77,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     require_gradio()
     model = load_network(args)
     from .page import build_page
+    from .segmentation import validation_images
 
+    examples = validation_images(model.info.dataset) if model is not None else []
     with tempfile.TemporaryDirectory(prefix="encoding-app-") as workdir:
-        page = build_page(model, workdir)
+        page = build_page(model, workdir, examples)
         what = "no network (Plan memory only)" if model is None else f"{args.resume or args.model_source}"
         print(f"encoding.app: serving {what} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
         page.queue().launch(server_name=args.host, server_port=args.port, show_error=True, quiet=True,
-                            allowed_paths=[workdir])
+                            allowed_paths=[workdir, *sorted({os.path.dirname(p) for p in examples})])
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from torch import nn
 
@@ -67,8 +67,9 @@ def segment_handler(model: nn.Module, workdir: str):
     return segment
 
 
-def segment_tab(model: Optional[nn.Module], workdir: str) -> None:
-    """The tab's components and events (inside a ``gradio.Blocks``)."""
+def segment_tab(model: Optional[nn.Module], workdir: str, examples: Sequence[str] = ()) -> None:
+    """The tab's components and events (inside a ``gradio.Blocks``); ``examples``: images offered to pick (the
+    validation images of the network's dataset, :func:`~.segmentation.validation_images`)."""
     import gradio as gr
 
     if model is None:
@@ -94,6 +95,8 @@ def segment_tab(model: Optional[nn.Module], workdir: str) -> None:
             scales = gr.Textbox("0.75,1.0,1.25", label="scales (multi-scale)",
                                 info="relative to the training base size")
             button = gr.Button("Segment", variant="primary", elem_id="encoding-segment")
+            if examples:
+                gr.Examples([[path] for path in examples], [image], label=f"validation images of {info.dataset}")
         with gr.Column():
             overlay = gr.Image(type="pil", format="png", label="overlay", interactive=False,
                                elem_id="encoding-overlay")

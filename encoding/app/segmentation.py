@@ -9,6 +9,7 @@ from its checkpoint).
 from __future__ import annotations
 
 import html
+import inspect
 import io
 import os
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from ..utils.files import atomic_write
 from ..utils.palette import colorize
 
 __all__ = ["MODES", "SegmentRequest", "Segmentation", "parse_scales", "segment_image", "class_shares",
-           "legend_html", "write_mask"]
+           "legend_html", "write_mask", "validation_images"]
 
 #: The Segment tab's choices: the whole image at once, overlapping windows, several scales (PyTorch-Encoding's
 #: multi-scale evaluation, :class:`~encoding.models.MultiEvalModule`).
@@ -162,3 +163,21 @@ def write_mask(mask: Image.Image, path: str) -> str:
     mask.save(buffer, format="PNG")
     atomic_write(path, buffer.getvalue())
     return path
+
+
+def validation_images(dataset: str, root: Optional[str] = None, limit: int = 12, **options: object) -> List[str]:
+    """Up to ``limit`` validation images of the registered ``dataset`` when they are on disk under ``root`` (default
+    ``$ENCODING_DATA`` or ``~/.encoding/data``): the page's examples. Nothing is generated or downloaded; ``[]``
+    for a dataset that is not registered or not there. ``options`` go to the dataset (e.g. ``shapes``' sizes)."""
+    from ..datasets import datasets
+
+    cls = datasets.get(str(dataset).lower(), None)
+    if cls is None:
+        return []
+    if "generate" in inspect.signature(cls.__init__).parameters:
+        options = {**options, "generate": False, "progress": False}  # shapes: only the scenes already written
+    try:
+        data = cls(root=root, split="val", mode="testval", **options)
+    except (OSError, ValueError, RuntimeError):  # not there (DatasetError is a ValueError)
+        return []
+    return list(data.images[:limit])
