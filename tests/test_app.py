@@ -290,8 +290,11 @@ def test_a_preset_stands_for_its_network_and_plan_memory_refuses_in_one_line(tmp
     assert os.listdir(tmp_path) == []
 
 
-def test_the_command_line_refuses_bad_options_in_one_line(tmp_path, capsys):
-    from encoding.app.cli import cli
+def test_the_command_line_binds_localhost_and_refuses_bad_options_in_one_line(tmp_path, capsys):
+    from encoding.app.cli import cli, parse_args
+
+    args = parse_args(["--model", "fcn_resnet50_voc"])
+    assert (args.host, args.port, args.model_source, args.resume) == ("127.0.0.1", 7860, "fcn_resnet50_voc", None)
 
     for argv, message in [(["--resume", "a.pth", "--model", "b"], "not both"),
                           (["--resume", str(tmp_path / "none.pth")], "no such checkpoint file"),
