@@ -124,7 +124,7 @@ def plan_tab(workdir: str) -> None:
             chart = gr.Image(type="filepath", label="chart", interactive=False, elem_id="plan-chart")
             recommended = gr.Markdown(elem_id="plan-recommended")
             advice = gr.Dataframe(label="advice", interactive=False, elem_id="plan-advice")
-            text = gr.Textbox(label="the memory tool's table", lines=12, interactive=False, elem_id="plan-text")
+            text = gr.Code(label="the memory tool's table", language=None, interactive=False, elem_id="plan-text")
             report = gr.File(label="report (JSON)", interactive=False)
     inputs = [model, backbone, dataset, nclass, crop, batch, devices, limit, reserve, strategies, amp, recompute,
               advise]
