@@ -80,8 +80,8 @@ class MemoryOptions:
 class ExportOptions:
     """What export writes (the network: ``--resume``)."""
 
-    format: Optional[str] = option(None, "onnx: an ONNX file (onnxruntime); exported: a torch.export ExportedProgram (.pt2)",
-                         choices=FORMATS, scripts=EXPORT, per_script={"export": dict(required=True)})
+    format: Optional[str] = option(None, "onnx: an ONNX file (onnxruntime); exported: a torch.export ExportedProgram (.pt2) "
+                                   "(default: by --output's suffix, else onnx)", choices=FORMATS, scripts=EXPORT)
     output: Optional[str] = option(None, "the model file (default: beside the checkpoint, model.onnx / model.pt2); "
                                    "metadata: FILE's name with .json", metavar="FILE", scripts=EXPORT)
     input_size: Optional[Tuple[int, int]] = option(None, "the traced input size (default: the checkpoint's training "
