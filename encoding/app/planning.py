@@ -143,10 +143,12 @@ def plan_memory(request: PlanRequest, out_dir: str,
     Raises:
         UsageError: options the tool refuses (its one-line message: a crop of 0, an unknown model...).
     """
+    from ..memory.cli import check_outputs
     from ..memory.report import format_report, memory_report, write_chart, write_json
 
     argv = plan_argv(request) + ["--out-dir", out_dir]
     args = _parse(argv)
+    check_outputs(args)  # as the tool's main: its files can be written
     with contextlib.redirect_stderr(_Lines(progress or (lambda line: None))):
         report = memory_report(args, progress=True)
     write_json(report, args.json_path)
