@@ -118,8 +118,8 @@ def segment_image(model: nn.Module, image: object, request: SegmentRequest = Seg
         The :class:`Segmentation`; its labels are ``encoding.segment(model, image, **request.keywords())``.
 
     Raises:
-        UsageError: no image, an unreadable one, one without pixels; ValueError: options ``encoding.segment``
-            refuses (a window larger than... a stride over the window, an unknown mode).
+        UsageError: no image, an unreadable one, one without pixels, an unknown mode. ValueError: windows that
+            ``encoding.segment`` refuses (a stride larger than the window).
     """
     info = model_info(model)
     array = _image_array(image)
