@@ -109,8 +109,9 @@ def plan_tab(workdir: str) -> None:
                 devices = gr.Number(defaults.devices, precision=0, label="devices", info="simulated")
             with gr.Row():
                 limit = gr.Textbox(DEFAULT_MEMORY_LIMIT, label="memory limit per device",
-                                   info="11GiB, 11000MiB, 12GB; empty: no limit line")
-                reserve = gr.Textbox(DEFAULT_RESERVE, label="reserve", info="kept free by the advice; 0B: none")
+                                   info="11GiB, 11000MiB, 12GB; empty: no limit line", elem_id="plan-limit")
+                reserve = gr.Textbox(DEFAULT_RESERVE, label="reserve", info="kept free by the advice; 0B: none",
+                                     elem_id="plan-reserve")
             strategies = gr.CheckboxGroup(list(MEMORY_STRATEGIES), value=list(DEFAULT_STRATEGIES),
                                           label="strategies")
             amp = gr.Radio(list(AMP_CHOICES), value="none", label="AMP")
