@@ -34,6 +34,7 @@ TINY = dict(model="fcn", backbone="vgg_tiny")
 PLAN = PlanRequest(model="fcn", backbone="vgg_tiny", dataset="shapes", crop_size=32, devices=2, memory_limit="11GiB",
                    reserve="0B", strategies=("gather", "ddp"), advise=True)
 START_S = 120  # the server's start (torch, gradio) on a loaded machine
+REQUEST_S = 240  # the longest answer (the plan with its advice, on a loaded machine)
 SCREENSHOT_ENV = "ENCODING_APP_SCREENSHOT"  # also save the browser test's screenshot there (docs/_static/app.png)
 
 
@@ -123,13 +124,15 @@ def client(server):
 def _segment(client, path, mode="whole", flip=False, window=None, stride=None, scales="0.75,1.0,1.25"):
     from gradio_client import handle_file
 
-    return client.predict(handle_file(path), mode, flip, window, stride, scales, api_name="/segment")
+    return client.submit(handle_file(path), mode, flip, window, stride, scales,
+                         api_name="/segment").result(timeout=REQUEST_S)
 
 
 def _plan(client, request):
-    return client.predict(request.model, request.backbone, request.dataset, request.nclass, request.crop_size,
-                          request.batch_size, request.devices, request.memory_limit, request.reserve,
-                          list(request.strategies), request.amp, request.recompute, request.advise, api_name="/plan")
+    return client.submit(request.model, request.backbone, request.dataset, request.nclass, request.crop_size,
+                         request.batch_size, request.devices, request.memory_limit, request.reserve,
+                         list(request.strategies), request.amp, request.recompute, request.advise,
+                         api_name="/plan").result(timeout=REQUEST_S)
 
 
 # ------------------------------------------------------------------------------------------- through the server
