@@ -293,6 +293,15 @@ def test_a_preset_stands_for_its_network_and_plan_memory_refuses_in_one_line(tmp
     assert os.listdir(tmp_path) == []
 
 
+def test_the_plan_reports_the_tools_progress_line_by_line(tmp_path):
+    lines = []
+    result = plan_memory(PlanRequest(**{**PLAN.__dict__, "advise": False}), str(tmp_path), progress=lines.append)
+    assert [line.split(":")[0] for line in lines] == ["gather", "ddp"]  # one line per strategy, as it is simulated
+    assert all(" simulated in " in line for line in lines)
+    assert sorted(os.listdir(tmp_path)) == ["memory_balance.json", "memory_balance.png"]
+    assert json.loads((tmp_path / "memory_balance.json").read_text())["strategies"] == result.report["strategies"]
+
+
 def test_the_command_line_binds_localhost_and_refuses_bad_options_in_one_line(tmp_path, capsys):
     from encoding.app.cli import cli, parse_args
 
