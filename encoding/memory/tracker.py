@@ -121,7 +121,9 @@ class AllocationTracker(TorchDispatchMode):
         if func is torch.ops.aten._local_scalar_dense.default:  # no value: 0 (False), or 1 for an integer
             return 1 if not args[0].dtype.is_floating_point and args[0].dtype != torch.bool else 0
         if self.workspaces is not None:
-            held = self.workspaces.bytes(func.name(), _shapes(args, kwargs), *self.shares)
+            shapes = _shapes(args, kwargs)
+            self.workspaces.see(func, args, kwargs, shapes, self.shares[0])
+            held = self.workspaces.bytes(func.name(), shapes, *self.shares)
             self.peak = max(self.peak, self.live + held)
         out = func(*args, **(kwargs or {}))
         for leaf in tree_flatten(out)[0]:
@@ -154,6 +156,11 @@ class Workspaces:
 
     def __init__(self, table: Dict[tuple, Dict[int, int]]) -> None:
         self.table = table
+
+    def see(self, func: Any, args: tuple, kwargs: Optional[dict], shapes: Sequence[Sequence[int]],
+            share: int) -> None:
+        """Called with each operator call before :meth:`bytes` (a subclass may measure it: see
+        :class:`~encoding.memory.kernels.CpuKernels`); learned workspaces need nothing."""
 
     def bytes(self, name: str, shapes: Sequence[Sequence[int]], *shares: int) -> int:
         """Workspace (outputs included) of operator ``name`` on inputs ``shapes`` (0 if unknown); the batch
