@@ -197,6 +197,12 @@ def test_bad_input_gets_a_message_and_the_next_request_succeeds(client, server, 
     assert _segment(client, images["scene"])[3].endswith("_mask.png")  # still serving
 
 
+def test_serving_writes_nothing_into_the_package(server):
+    """A subclass of a Gradio component would make Gradio write a ``.pyi`` stub beside its module."""
+    folder = os.path.join(ROOT, "encoding", "app")
+    assert sorted(n for n in os.listdir(folder) if not n.endswith(".py") and n != "__pycache__") == []
+
+
 # ------------------------------------------------------------------------------------------- in a real browser
 def _browser():
     """``(chromium, chromedriver)`` of the system, or a reason to skip."""

@@ -31,19 +31,20 @@ def _window(value: Any, name: str) -> Optional[int]:
 def image_input(**options: Any) -> Any:
     """A ``gradio.Image`` upload that hands the handler the uploaded file as it is (its path): the datasets' reader
     reads it (EXIF orientation, 16-bit grey) and a file that is no image gets this page's message (Gradio's own
-    preprocessing would open it first and answer with its internals)."""
+    preprocessing would open it first and answer with its internals). The one method is replaced on the instance:
+    a subclass of a Gradio component makes Gradio write a ``.pyi`` file beside this module."""
     import gradio as gr
 
-    class ImageFile(gr.Image):
-        is_template = True  # drawn by the frontend's Image component
+    image = gr.Image(type="filepath", image_mode=None, **options)
+    opened = image.preprocess
 
-        def preprocess(self, payload: Any) -> Optional[str]:
-            if payload is not None and getattr(payload, "path", None) and not str(payload.url or "").startswith(
-                    "data:"):
-                return str(payload.path)
-            return super().preprocess(payload)
+    def uploaded_file(payload: Any) -> Optional[str]:
+        if payload is not None and getattr(payload, "path", None) and not str(payload.url or "").startswith("data:"):
+            return str(payload.path)
+        return opened(payload)
 
-    return ImageFile(type="filepath", image_mode=None, **options)
+    image.preprocess = uploaded_file
+    return image
 
 
 def segment_handler(model: nn.Module, workdir: str):
