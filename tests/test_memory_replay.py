@@ -106,3 +106,21 @@ def test_compose_needs_the_same_forward_and_backward():
     assert composed.peak(5, 32) == 30 + 160 + 8 and composed.peak(2, 32) == 30 + 64 + 8
     other = (30, [("a", 64), ("a", 16), ("f", 0), ("m",), ("f", 1)])
     assert compose(line, other, reference) is None
+
+
+def test_the_recommended_batch_is_confirmed_by_simulation_and_a_wrong_replay_is_corrected(monkeypatch):
+    """The advice's recommendation never rests on a replay alone: a replay that underestimates (forced here) is
+    caught by the direct simulation of the recommended row, searched again, and said in a warning."""
+    from encoding.memory import replay as replay_module
+
+    devices = 2
+    limit = direct(fcn_spec, "ddp", "none", 4, 32, devices) + 2 * MIB
+    kwargs = dict(policies=("none",))
+    slow = advise(fcn_spec, ["ddp"], devices, 2 * devices, 32, limit, CUDA_BLOCK, replay=False, **kwargs)
+    true_peak = replay_module.Replay.peak
+    monkeypatch.setattr(replay_module.Replay, "peak", lambda self, share, crop: true_peak(self, share, crop) // 2)
+    with pytest.warns(RuntimeWarning, match="not confirmed by simulation"):
+        fast = advise(fcn_spec, ["ddp"], devices, 2 * devices, 32, limit, CUDA_BLOCK, **kwargs)
+    assert fast[0].recommended and fast[0].per_device == slow[0].per_device > 2
+    assert direct(fcn_spec, "ddp", "none", fast[0].per_device, 32, devices) <= limit
+    assert direct(fcn_spec, "ddp", "none", fast[0].per_device + 1, 32, devices) > limit

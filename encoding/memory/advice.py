@@ -23,7 +23,9 @@ simulation at each point where that is exact (:class:`_Peaks`). The FCN-ResNet50
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -323,9 +325,32 @@ def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], 
             per_device = _max_share(peaks, policy, crop, strategy, share, limit_bytes)
             best_crop = _max_crop(peaks, policy, crop, strategy, share, limit_bytes)
             rows.append(Advice(strategy, policy, per_device * num_devices, per_device, best_crop))
+    rows = _confirmed(peaks, recommend(rows), crop, limit_bytes) if replay else recommend(rows)
     if stats is not None:
         stats["programs"] = peaks.programs_run
-    return recommend(rows)
+    return rows
+
+
+def _confirmed(peaks: _Peaks, rows: List[Advice], crop: int, limit: int) -> List[Advice]:
+    """``rows`` whose recommended batch is confirmed by direct simulation (it fits, one more sample per device does
+    not); a row whose replayed answer a simulation contradicts is searched again by simulation alone (with a
+    warning: never silently wrong), and the recommendation made again."""
+    for _ in range(len(rows)):
+        best = next((r for r in rows if r.recommended), None)
+        if best is None:
+            return rows
+
+        def peak(b: int) -> int:
+            return peaks.simulated(best.checkpoint, crop, best.strategy, b)
+
+        if peak(best.per_device) <= limit < peak(best.per_device + 1):
+            return rows
+        warnings.warn(f"advice: the replayed batch of {best.strategy} / {best.checkpoint} ({best.per_device} per "
+                      "device) was not confirmed by simulation; searched again by simulation", RuntimeWarning)
+        found = confirm_boundary(peak, best.per_device, limit)
+        rows = recommend([dataclasses.replace(r, max_batch=found * peaks.num_devices, per_device=found) if r is best
+                          else r for r in rows])
+    return rows
 
 
 def _line_of(strategy: str) -> str:
