@@ -33,10 +33,12 @@ setup(
     extras_require={
         # the suite also builds the documentation (tests/test_docs.py), hence the docs packages
         # and runs every optional integration against the real library (timm backbones, SegFormer against
-        # transformers, ONNX export under onnxruntime, YAML configs, TensorBoard / W&B logs, losses against smp)
+        # transformers, ONNX export under onnxruntime, YAML configs, TensorBoard / W&B logs, losses against smp,
+        # the web page of python -m encoding.app; its browser test also needs Debian's chromium + chromium-driver)
         "test": ["pytest", "matplotlib", "scipy", "pycocotools", "sphinx", "myst-parser", "furo",
                  "timm", "transformers", "onnx", "onnxruntime", "onnxscript", "pyyaml", "tensorboard", "wandb",
-                 "segmentation-models-pytorch", "huggingface_hub", "safetensors"],
+                 "segmentation-models-pytorch", "huggingface_hub", "safetensors",
+                 "gradio", "gradio_client", "selenium"],  # the web page, driven by its client and in Chromium
         # `python -m sphinx -W -b html docs docs/_build/html`
         "docs": ["sphinx", "myst-parser", "furo"],
         "chart": ["matplotlib"],  # scripts/memory_balance.py --chart, training curves
@@ -48,6 +50,8 @@ setup(
         "hub": ["huggingface_hub", "safetensors"],
         # only for `python -m encoding.datasets.prepare`: SBD's .mat labels, PASCAL-Context RLE, COCO masks
         "prepare": ["scipy", "pycocotools"],
+        # python -m encoding.app: the web page (Segment, Plan memory; its chart needs matplotlib)
+        "app": ["gradio", "gradio_client", "matplotlib"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

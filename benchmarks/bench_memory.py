@@ -5,6 +5,7 @@
     python benchmarks/bench_memory.py zoo         # one device, every architecture, uncalibrated and calibrated
     python benchmarks/bench_memory.py table       # per-device peaks and max batch at 11 GiB (docs/memory.md)
     python benchmarks/bench_memory.py advise      # --advise time: FCN-ResNet50, 150 classes, 8 x 11 GiB
+                                                  #   (--baseline: and simulating every point, the same run)
     python benchmarks/bench_memory.py loops       # both loops (--keep-outputs), simulated vs real CPU programs
     python benchmarks/bench_memory.py sharded     # fsdp / zero1 ranks vs a real multi-process gloo run
     python benchmarks/bench_memory.py amp         # bf16: one device, simulated vs a real CPU bf16 step
@@ -102,16 +103,38 @@ def table(args):
 
 
 def advise(args):
+    """The tool's --advise (replays), and with --baseline the same advice simulating every point the searches ask
+    (the search before replays) in the same run: both times, their ratio, and whether the answers are the same."""
+    from encoding.memory.advice import advise as advise_rows
+    from encoding.memory.report import advice_budget
+    from encoding.memory.cli import parse_args
+
     for model in args.models or ["fcn"]:
+        argv = ["--model", model, "--backbone", "resnet50", "--dataset", "ade20k", "--aux", "--simulate", "8",
+                "--strategies", "gather,balanced,ddp,fsdp,zero1", "--advise", "--memory-limit", "11GiB",
+                "--reserve", args.reserve, "--out-dir", args.out_dir] + (["--se-loss"] if model == "encnet" else [])
         start, cpu = time.perf_counter(), time.process_time()
-        report = tool_main(["--model", model, "--backbone", "resnet50", "--dataset", "ade20k", "--aux", "--simulate",
-                            "8", "--strategies", "gather,balanced,ddp,fsdp,zero1", "--advise", "--memory-limit",
-                            "11GiB", "--reserve", args.reserve, "--out-dir", args.out_dir]
-                           + (["--se-loss"] if model == "encnet" else []))
+        report = tool_main(argv)
         print(f"advise: {model}-ResNet50, 150 classes, 8 x 11GiB (--reserve {args.reserve}), 5 strategies x 3 "
-              f"policies: advice {report['advise_s']:.1f} s (target <= 10 s), "
-              f"whole tool {time.perf_counter() - start:.1f} s wall, {time.process_time() - cpu:.1f} s of CPU time "
-              f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)", flush=True)
+              f"policies: advice {report['advise_s']:.1f} s (target <= 10 s), {report['advise_cpu_s']:.1f} s of CPU "
+              f"time; whole tool {time.perf_counter() - start:.1f} s wall, {time.process_time() - cpu:.1f} s of CPU "
+              f"time (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)", flush=True)
+        if not args.baseline:
+            continue
+        options = parse_args(argv)
+
+        def spec_for(crop, policy):
+            return segmentation_spec(model, "resnet50", options.nclass, crop, aux=True, se_loss=model == "encnet",
+                                     checkpoint=policy)
+
+        start, cpu, stats = time.perf_counter(), time.process_time(), {}
+        rows = advise_rows(spec_for, options.strategies, 8, options.batch_size, options.crop_size,
+                           advice_budget(options), CUDA_BLOCK, stats=stats, replay=False)
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        same = [r.as_dict() for r in rows] == report["advice"]
+        print(f"advise baseline (every point simulated, {stats['programs']} programs): {wall:.1f} s, {cpu:.1f} s of "
+              f"CPU time; replays/baseline {report['advise_s'] / wall:.2f} wall, "
+              f"{report['advise_cpu_s'] / cpu:.2f} CPU; answers {'the same' if same else 'DIFFERENT'}", flush=True)
 
 
 def _compare(label, spec, program, workspaces=None, **calibrations):
@@ -208,6 +231,8 @@ def main():
     parser.add_argument("--memory-limit", default="11GiB")
     parser.add_argument("--reserve", default="0B", help="advise: the tool's --reserve (default 0B: the figures of "
                         "docs/memory.md count allocations only)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="advise: also the advice simulating every point (the search before replays), same run")
     parser.add_argument("--zoo-images", type=int, default=2)
     parser.add_argument("--zoo-crop", type=int, default=480)
     parser.add_argument("--models", nargs="*", default=None,

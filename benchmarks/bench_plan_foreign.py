@@ -76,7 +76,8 @@ def real_peak(build: Callable[[], nn.Module], criterion: Callable[..., Any], sam
 def planned_peak(build: Callable[[], nn.Module], criterion: Callable[..., Any],
                  sample: Callable[[int], Tuple[Any, Any]], batch: int, output_key: Optional[str] = None,
                  workspaces: Optional[Workspaces] = None) -> int:
-    """The planner's peak of the same step on one device (CPU granularity), calibrated with ``workspaces``."""
+    """The planner's peak of the same step on one device (CPU granularity; ``backend="gloo"``: CPU processes, whose
+    convolution kernels' buffers the planner probes), calibrated with ``workspaces``."""
     result = plan(build(), criterion, sample=sample, batch=batch, num_devices=1, output_key=output_key,
                   round_to=1, backend="gloo", workspaces=workspaces)
     return result.peaks["balanced"][0]

@@ -13,6 +13,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from encoding.config import RECOMPUTE  # noqa: E402
 from encoding.memory import learn_workspaces, measure_program_cpu, segmentation_spec, simulate_program  # noqa: E402
 from encoding.memory.program import DeviceProgram  # noqa: E402
 from encoding.memory.tracker import MIB  # noqa: E402
@@ -24,10 +25,11 @@ def main():
     parser.add_argument("--images", type=int, default=2)
     parser.add_argument("--crop-size", type=int, default=512)
     parser.add_argument("--nclass", type=int, default=150)
-    parser.add_argument("--checkpoint", choices=["none", "backbone", "all"], default="none")
+    parser.add_argument("--recompute", choices=RECOMPUTE, default="none",
+                        help="activation recomputation, as train.py's --recompute (default: none)")
     args = parser.parse_args()
     spec = segmentation_spec("segformer", args.backbone, args.nclass, args.crop_size,
-                             checkpoint=False if args.checkpoint == "none" else args.checkpoint)
+                             checkpoint=False if args.recompute == "none" else args.recompute)
     program = DeviceProgram("balanced", args.images, args.images, source=True, replicas=1)
     start = time.perf_counter()
     real = measure_program_cpu(spec, program).peak
@@ -35,7 +37,7 @@ def main():
     plain = simulate_program(spec, program).peak
     calibrated = simulate_program(spec, program, workspaces=learn_workspaces(spec)).peak
     print(f"segformer-{args.backbone}, {args.nclass} classes, {args.images} images, crop {args.crop_size}, "
-          f"checkpoint {args.checkpoint} (real step {measured:.0f} s)")
+          f"recompute {args.recompute} (real step {measured:.0f} s)")
     print(f"real {real / MIB:9.1f} MiB | simulated {plain / MIB:9.1f} MiB ({100 * (plain - real) / real:+.2f}%) | "
           f"calibrated {calibrated / MIB:9.1f} MiB ({100 * (calibrated - real) / real:+.2f}%)  (target 3%)")
 

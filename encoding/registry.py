@@ -1,5 +1,5 @@
 """One registry helper: a name -> object table of one kind, with one error for a name it does not hold (a leaf: it
-imports nothing of ``encoding``).
+imports nothing of ``encoding`` but the leaf :mod:`encoding.errors`).
 
 It serves the segmentation models (:data:`encoding.models.ARCHITECTURES`), the datasets
 (:data:`encoding.datasets.datasets`), the losses (:data:`encoding.nn.LOSSES`), the sharded strategies
@@ -14,11 +14,13 @@ Example:
     >>> losses.get("l2")
     Traceback (most recent call last):
     ...
-    ValueError: unknown loss 'l2'; valid: l1
+    encoding.errors.UsageError: unknown loss 'l2'; valid: l1
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Tuple, TypeVar, Union
+
+from .errors import UsageError
 
 __all__ = ["Registry"]
 
@@ -45,7 +47,7 @@ class Registry(Dict[str, T]):
             ``obj`` (or the decorator).
 
         Raises:
-            ValueError: ``name`` is already registered.
+            UsageError: ``name`` is already registered (a ``ValueError``; exit status 2 in the scripts).
         """
         if obj is _MISSING:
             def decorator(target: Callable) -> Callable:
@@ -53,7 +55,7 @@ class Registry(Dict[str, T]):
                 return target
             return decorator
         if name in self:
-            raise ValueError(f"{self.kind} {name!r} is already registered")
+            raise UsageError(f"{self.kind} {name!r} is already registered")
         self[name] = obj
         return obj
 
@@ -61,13 +63,14 @@ class Registry(Dict[str, T]):
         """The object registered as ``name``; ``default`` when given and ``name`` is unknown.
 
         Raises:
-            ValueError: ``name`` is unknown and no ``default`` is given (:meth:`unknown`'s message).
+            UsageError: ``name`` is unknown and no ``default`` is given (:meth:`unknown`'s message; a
+                ``ValueError``, exit status 2 in the scripts).
         """
         if name in self:
             return self[name]
         if default is not _MISSING:
             return default
-        raise ValueError(self.unknown(name))
+        raise UsageError(self.unknown(name))
 
     def names(self) -> List[str]:
         """The registered names, in registration order."""

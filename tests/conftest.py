@@ -117,6 +117,27 @@ def tiny_run(shapes_root, tmp_path_factory):
     return shapes_root, str(out / "shapes" / "unet" / "default" / "model_best.pth"), result
 
 
+def assert_criterion_is_exact(criterion, net, x, target, devices, split, atol, naive_gap):
+    """``criterion`` under DataParallelModel + DataParallelCriterion on ``devices`` (samples split as ``split``)
+    gives the loss and the parameter gradients of the whole batch within ``atol``, while PyTorch-Encoding's
+    unweighted mean of the per-replica losses is off by more than ``naive_gap`` (the case is a real test)."""
+    from encoding.parallel import DataParallelCriterion, DataParallelModel
+
+    single = criterion(net(x), target)
+    single.backward()
+    expected = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    outputs = DataParallelModel(net, devices)(x)
+    assert [o["out"].shape[0] for o in outputs] == list(split)
+    loss = DataParallelCriterion(criterion, devices)(outputs, target)
+    torch.testing.assert_close(loss, single, rtol=0, atol=atol)
+    loss.backward()
+    for got, want in zip([p.grad for p in net.parameters()], expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=atol)
+    naive = sum(criterion(o, t) for o, t in zip(outputs, target.split(list(split)))) / len(split)
+    assert abs(naive.item() - single.item()) > naive_gap
+
+
 def assert_replicated_step_is_exact(synced, reference, criterion, x, target, devices, split, atol=1e-10):
     """One training step of ``synced`` under DataParallelModel + DataParallelCriterion on ``devices`` (samples split
     as ``split``) equals ``reference`` on the whole batch: the loss, every parameter's gradient and every buffer

@@ -6,6 +6,7 @@ import math
 import pytest
 import segmentation_models_pytorch as smp
 import torch
+from conftest import assert_criterion_is_exact
 from torch import nn
 
 from encoding.nn.binary import BINARY_LOSSES, BinaryBCELoss, BinaryDiceLoss, BinaryFocalLoss
@@ -99,19 +100,7 @@ def test_binary_losses_are_exact_across_three_replicas(name):
     target = torch.randint(0, 2, (7, 6, 6), generator=g)
     rate = torch.tensor([0.9, 0.8, 0.9, 0.1, 0.0, 0.3, 0.05]).view(7, 1, 1)
     target[torch.rand(7, 6, 6, generator=g) < rate] = -1
-    single = criterion(net(x), target)
-    single.backward()
-    expected = [p.grad.clone() for p in net.parameters()]
-    net.zero_grad()
-    outputs = DataParallelModel(net, DEVICES)(x)
-    assert [o["out"].shape[0] for o in outputs] == [3, 2, 2]
-    loss = DataParallelCriterion(criterion, DEVICES)(outputs, target)
-    assert abs(loss.item() - single.item()) <= 1e-10
-    loss.backward()
-    for got, want in zip([p.grad for p in net.parameters()], expected):
-        assert (got - want).abs().max().item() <= 1e-10
-    naive = sum(criterion(o, t) for o, t in zip(outputs, target.split([3, 2, 2]))) / 3
-    assert abs(naive.item() - single.item()) > 1e-4
+    assert_criterion_is_exact(criterion, net, x, target, DEVICES, [3, 2, 2], atol=1e-10, naive_gap=1e-4)
 
 
 def test_one_channel_logits_are_thresholded_and_foreground_scores_reported():

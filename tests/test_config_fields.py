@@ -73,6 +73,23 @@ def test_no_field_is_restated_and_the_tools_share_the_network_fields():
     assert set(PROGS) == set(SCRIPT_NAMES) | set(TOOLS)
 
 
+def test_the_evaluation_config_is_made_from_test_py_s_fields_and_follows_its_rules():
+    from encoding.config.evaluation import MODEL_SPECIFIC
+    from encoding.engine.inference import EvaluationConfig
+
+    made = {f.name: f for f in dataclasses.fields(EvaluationConfig)}
+    specs = {f.name: f for f, _ in option_specs("test")}
+    assert set(made) == set(specs) | {"inference"}
+    for name, spec in specs.items():  # the option's default, but the network's own stride / head width
+        assert made[name].default == (None if name in MODEL_SPECIFIC else spec.default), name
+    assert made["mode"].default is None and EvaluationConfig().mode == "val"  # test.py's rule, not a restated default
+    assert EvaluationConfig(split="test").mode == "test" and EvaluationConfig(multi_scale=True).mode == "testval"
+    slide = EvaluationConfig(inference="slide", crop_size=30)
+    assert (slide.mode, slide.window, slide.stride) == ("testval", 30, 20)
+    with pytest.raises(ConfigError, match="--window / --stride are options of --mode slide"):
+        EvaluationConfig(window=8)
+
+
 def test_the_memory_tools_recompute_keeps_checkpoint_as_its_old_spelling(capsys, tmp_path):
     from encoding.memory.cli import build_parser as memory_parser, parse_args
 

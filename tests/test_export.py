@@ -100,6 +100,19 @@ def test_export_cli_is_dynamic_by_default_with_named_axes(tiny_run, tmp_path, ca
     assert "note: --dynamic is the default now" in capsys.readouterr().err
 
 
+def test_export_format_follows_the_output_suffix_else_onnx(tiny_run, tmp_path, monkeypatch):
+    from encoding.export import cli as export_cli
+
+    _, checkpoint, _ = tiny_run
+    formats = []
+    monkeypatch.setattr(export_cli, "export_model", lambda model, output, fmt, *a, **k: formats.append(fmt) or [output])
+    for output in ("m.pt2", "m.PT2", "m.onnx", "m.bin"):
+        assert cli(["--resume", checkpoint, "--output", str(tmp_path / output)]) == 0
+    assert cli(["--resume", checkpoint, "--format", "exported", "--output", str(tmp_path / "x.onnx")]) == 0
+    assert formats == ["exported", "exported", "onnx", "onnx", "exported"]  # an explicit --format wins
+    assert export_cli.format_of(None) == "onnx"
+
+
 def test_export_errors_are_one_line(tiny_run, tmp_path, capsys, monkeypatch):
     _, checkpoint, _ = tiny_run
     with pytest.raises(SystemExit) as stop:

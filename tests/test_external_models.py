@@ -150,3 +150,40 @@ def test_memory_tool_plans_a_spec(tmp_path):
     assert report["config"]["model"] == "torchvision:lraspp_mobilenet_v3_large"
     peaks = report["strategies"]["balanced"]["peak_mib"]
     assert len(peaks) == 2 and all(p > 0 for p in peaks)
+
+
+def test_spec_models_synchronise_batchnorm_across_replicas():
+    """Before: ``sync_bn`` was dropped for a spec (each replica normalised its own share; only replica 0's three
+    samples reached the running statistics). Now its BatchNorm layers become SyncBatchNorm, as registry models are
+    built: 2 CPU replicas with a 3/2 split equal the plain model on the whole batch (float64)."""
+    from encoding.engine.builders import build_model
+    from encoding.nn import SyncBatchNorm
+    from encoding.parallel import DataParallelModel
+
+    spec = "torchvision:lraspp_mobilenet_v3_large"
+    plain = build_model(spec, "shapes", nclass=3).double().train()
+    synced = build_model(spec, "shapes", nclass=3, sync_bn=True).double().train()
+    synced.load_state_dict(plain.state_dict())
+    assert sum(isinstance(m, SyncBatchNorm) for m in synced.modules()) == 47
+    x = torch.randn(5, 3, 64, 64, dtype=torch.float64)
+    expected = plain(x)["out"]
+    outputs = DataParallelModel(synced, ["cpu", "cpu"], chunk_sizes=[3, 2])(x)
+    torch.testing.assert_close(torch.cat([o["out"] for o in outputs]), expected, rtol=0, atol=1e-6)
+    for (name, mine), theirs in zip(synced.named_buffers(), plain.buffers()):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6, msg=name)
+
+
+def test_spec_batchnorm_that_cannot_be_synchronised_is_named():
+    """A BatchNorm subclass with a forward of its own is left as it is, with a warning naming it."""
+    from encoding.models.external import sync_batchnorm
+
+    class ScaledBatchNorm(nn.BatchNorm2d):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), ScaledBatchNorm(4))
+    with pytest.warns(UserWarning, match=r"1 normalisation layer.*2 \(ScaledBatchNorm\)"):
+        net = sync_batchnorm(net, "my.module:build")
+    assert [type(m).__name__ for m in net] == ["Conv2d", "SyncBatchNorm", "ScaledBatchNorm"]
+    with pytest.raises(ValueError, match="norm_layer=GroupNorm cannot be applied"):
+        build_external_model("torchvision:lraspp_mobilenet_v3_large", 3, norm_layer=nn.GroupNorm)

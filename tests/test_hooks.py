@@ -27,6 +27,10 @@ class Recorder(Hook):
     def before_epoch(self, state):
         self.events.append(("before_epoch", state.epoch))
 
+    def before_step(self, state):
+        assert set(state.step) == {"loss"} and torch.isfinite(torch.tensor(state.step["loss"]))
+        self.events.append(("before_step", state.epoch, state.iteration))
+
     def after_step(self, state):
         assert torch.isfinite(torch.tensor(state.step["loss"])) and state.step["lr"] > 0
         self.events.append(("after_step", state.epoch, state.iteration))
@@ -47,7 +51,8 @@ def test_a_user_hook_sees_every_event_in_order(tiny_shapes, tmp_path):
     steps = 2  # 8 training samples, batch 4
     expected = [("before_train", 0)]
     for epoch in range(2):
-        expected += [("before_epoch", epoch)] + [("after_step", epoch, i) for i in range(1, steps + 1)]
+        expected += [("before_epoch", epoch)]
+        expected += [event for i in range(steps) for event in (("before_step", epoch, i), ("after_step", epoch, i + 1))]
         expected += [("after_epoch", epoch)]
     assert recorder.events == expected + [("after_train", None)]
     assert 0 <= result["mIoU"] <= 1
@@ -61,7 +66,7 @@ def test_after_train_runs_when_the_run_fails_and_sees_the_error(tiny_shapes, tmp
     recorder = Recorder()
     with pytest.raises(RunFailed, match="stop here"):
         run_training(_config(tmp_path), tiny_shapes, hooks=[Diverge(), recorder])
-    assert recorder.events[:2] == [("before_train", 0), ("before_epoch", 0)]
+    assert recorder.events[:3] == [("before_train", 0), ("before_epoch", 0), ("before_step", 0, 0)]
     last = recorder.events[-1]
     assert last[0] == "after_train" and isinstance(last[1], RunFailed)
     assert not any(event[0] == "after_step" for event in recorder.events)  # the hook before it stopped the step
@@ -90,7 +95,35 @@ def test_the_default_hooks_put_the_rules_in_order_and_the_user_hooks_before_the_
     mine = Hook()
     hooks = default_hooks(run, verify_data=True, user=[mine])
     names = [type(h).__name__ for h in hooks]
-    assert names == ["VerifyData", "Evaluation", "Hook", "Checkpointer", "EpochLog", "Previews", "ConsoleLine",
-                     "CurvePlot", "StopOnSignal"]
-    assert hooks[2] is mine and isinstance(hooks[-1], StopOnSignal) and isinstance(hooks[3], Checkpointer)
-    assert hooks[-1].checkpointer is hooks[3]  # the stop saves through the one checkpointer
+    assert names == ["DivergenceCheck", "VerifyData", "Evaluation", "Hook", "Checkpointer", "EpochLog", "Previews",
+                     "ConsoleLine", "CurvePlot", "StopOnSignal"]
+    assert hooks[3] is mine and isinstance(hooks[-1], StopOnSignal) and isinstance(hooks[4], Checkpointer)
+    assert hooks[-1].checkpointer is hooks[4]  # the stop saves through the one checkpointer
+
+
+def test_a_nan_loss_is_refused_by_the_divergence_hook_before_its_step(tiny_shapes, tmp_path):
+    """The run keeps no rule of its own: the NaN check is the DivergenceCheck hook, before the backward."""
+    class PoisonNextLoss(Hook):  # runs after DivergenceCheck: it sees the finite first loss, poisons the next one
+        def before_step(self, state):
+            if state.iteration == 0:
+                state.run.criterion.register_forward_hook(lambda module, args, out: out * float("nan"))
+
+    recorder = Recorder()
+    with pytest.raises(RunFailed, match=r"training diverged in epoch 0 \(loss is nan at epoch 0, iteration 1;"):
+        run_training(_config(tmp_path), tiny_shapes, hooks=[PoisonNextLoss(), recorder])
+    assert recorder.events[-3:-1] == [("before_step", 0, 0), ("after_step", 0, 1)]  # the NaN step never reached it
+    assert isinstance(recorder.events[-1][1], RunFailed)
+
+
+def test_a_user_hook_refuses_a_step_before_anything_of_it_is_applied(tiny_shapes, tmp_path):
+    class Refuse(Hook):
+        def before_step(self, state):
+            if state.iteration == 1:
+                self.weights = [p.detach().clone() for p in state.run.model.parameters()]
+                self.model = state.run.model
+                raise RunFailed("refused")
+
+    refuse = Refuse()
+    with pytest.raises(RunFailed, match="refused"):
+        run_training(_config(tmp_path), tiny_shapes, hooks=[refuse])
+    assert all(torch.equal(p, w) for p, w in zip(refuse.model.parameters(), refuse.weights))

@@ -103,6 +103,39 @@ def test_hub_repository_from_an_offline_cache(tmp_path):
     assert "FileNotFoundError: 'someone/shapes-fcn' is no file or folder here" in missing.stderr.strip().splitlines()[-1]
 
 
+def test_push_to_hub_uploads_the_shared_folder(tmp_path, monkeypatch):
+    """push_to_hub through huggingface_hub's HfApi (replaced here by a local stand-in: no network): the repository is
+    created (or kept), and what is uploaded is the save_pretrained folder, which loads and segments alike."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from encoding.engine import push_to_hub
+
+    calls, remote = [], tmp_path / "remote"
+
+    class LocalHub:
+        def __init__(self, token=None):
+            calls.append(("token", token))
+
+        def create_repo(self, repo_id, private=False, exist_ok=False):
+            calls.append(("create_repo", repo_id, private, exist_ok))
+
+        def upload_folder(self, repo_id, folder_path, commit_message):
+            calls.append(("upload_folder", repo_id, commit_message))
+            shutil.copytree(folder_path, remote)
+            return f"https://hub.example/{repo_id}/commit/1"
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", LocalHub)
+    model = _model()
+    url = push_to_hub(model, "someone/shapes-fcn", private=True, token="secret", metrics={"mIoU": 0.25})
+    assert url == "https://hub.example/someone/shapes-fcn/commit/1"
+    assert calls == [("token", "secret"), ("create_repo", "someone/shapes-fcn", True, True),
+                     ("upload_folder", "someone/shapes-fcn", "Upload encoding model")]
+    assert sorted(os.listdir(remote)) == ["README.md", "config.json", "model.safetensors"]
+    _no_pickle(remote)
+    assert "0.25" in (remote / "README.md").read_text(encoding="utf-8")
+    loaded = encoding.load_model(str(remote))
+    assert loaded.info == model.info and torch.equal(encoding.segment(loaded, _image()), encoding.segment(model, _image()))
+
+
 def test_transformers_model_shares_without_its_source_folder(tmp_path):
     """A transformers:PATH model: config.json carries the Hugging Face config, so the folder it was built from is
     not needed to load the shared model."""

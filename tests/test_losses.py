@@ -14,7 +14,7 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import Subset
 
-from conftest import TINY, load_script, tiny_shapes_pair
+from conftest import TINY, assert_criterion_is_exact, load_script, tiny_shapes_pair
 from encoding.engine.builders import build_criterion
 from encoding.datasets import class_weights as cw
 from encoding.datasets.layout import DatasetError
@@ -154,24 +154,11 @@ EXACT_CASES = {
 @pytest.mark.parametrize("name", list(EXACT_CASES))
 def test_data_parallel_criterion_is_exact(name):
     """3 replicas, 3/2/2 split, uneven ignore masks: the loss and the parameter gradients equal the whole batch's."""
-    criterion = EXACT_CASES[name]
     torch.manual_seed(0)
     net = _SegNet().double()
     x, target = _uneven_batch()
-    single = criterion(net(x), target)
-    single.backward()
-    expected = [p.grad.clone() for p in net.parameters()]
-    net.zero_grad()
-    outputs = DataParallelModel(net, DEVICES)(x)
-    assert [o["out"].shape[0] for o in outputs] == [3, 2, 2]
-    loss = DataParallelCriterion(criterion, DEVICES)(outputs, target)
-    torch.testing.assert_close(loss, single, rtol=0, atol=1e-12)
-    loss.backward()
-    for got, want in zip([p.grad for p in net.parameters()], expected):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     # the per-replica mean that PyTorch-Encoding took is visibly different
-    naive = sum(criterion(o, t) for o, t in zip(outputs, target.split([3, 2, 2]))) / 3
-    assert abs(naive.item() - single.item()) > 1e-3
+    assert_criterion_is_exact(EXACT_CASES[name], net, x, target, DEVICES, [3, 2, 2], atol=1e-12, naive_gap=1e-3)
 
 
 def test_output_key_and_aux_weight_of_the_wrapper_reduce_statistics_terms_exactly():

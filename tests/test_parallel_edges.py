@@ -168,3 +168,82 @@ def test_criterion_targets_and_explicit_splits_know_the_batch():
     assert outputs.split_sizes == [1, 2]
     torch.testing.assert_close(outputs[1]["loss_classifier"],
                                copy.deepcopy(model)(images[1:], targets[1:])["loss_classifier"], **TOL)
+
+
+def test_per_sample_list_outputs_are_gathered_in_input_order():
+    """A detector in eval mode returns one result dict per image. Before: gather joined the replicas' lists element
+    by element: a 2 + 1 split was refused (different structure), a 2 + 2 split silently merged image 0's detections
+    with image 2's. Now each replica's list (as long as its share) is concatenated in input order."""
+    from encoding.parallel import DataParallelWithCallback
+
+    model = _detector().eval()
+    torch.manual_seed(2)
+    images = [torch.rand(3, 64, 64, dtype=torch.float64) for _ in range(4)]  # one size: the same padding
+    with torch.no_grad():
+        expected = [model([image])[0] for image in images]
+        results = []
+        for n in (3, 4):
+            wrapped = DataParallelModel(model, CPU2)
+            outputs = wrapped(PerSample(images[:n]))
+            assert [len(o) for o in outputs] == outputs.split_sizes == ([2, 1] if n == 3 else [2, 2])
+            results.append((n, wrapped.gather(outputs)))
+        results.append((3, DataParallelWithCallback(model, CPU2)(PerSample(images[:3]))))
+    assert any(len(e["boxes"]) for e in expected)  # something detected to compare
+    for n, gathered in results:
+        assert type(gathered) is list and len(gathered) == n
+        for mine, theirs in zip(gathered, expected):
+            assert mine.keys() == theirs.keys()
+            for key in theirs:
+                torch.testing.assert_close(mine[key], theirs[key], **TOL)
+
+
+def test_lists_of_batched_tensors_are_still_gathered_element_by_element():
+    """A model returning ``[out, aux]`` (each batched) keeps torch's gather, even when the list is as long as a
+    replica's share."""
+    class TwoHeads(nn.Module):
+        def forward(self, x):
+            return [x * 2, x + 1]
+
+    x = torch.arange(8.0).view(4, 2)
+    wrapped = DataParallelModel(TwoHeads(), CPU2)
+    out, aux = wrapped.gather(wrapped(x))
+    torch.testing.assert_close(out, x * 2)
+    torch.testing.assert_close(aux, x + 1)
+
+
+def test_memory_balance_refuses_lists_of_samples_in_training_and_splits_them_evenly_in_eval():
+    """balance="memory" narrows batched tensors to a share; a share of a list of samples holds particular samples
+    (and a detector's memory follows its detections, which fake tensors cannot compute). Before: a raw
+    ``StopIteration`` (PerSample images) or ``DynamicOutputShapeException`` (a detector) from inside the planner."""
+    import encoding.memory  # noqa: F401 - registers balance="memory"
+
+    model = _detector()
+    images, targets = _detection_batch()
+    wrapped = DataParallelModel(model.train(), CPU2, balance="memory")
+    with pytest.raises(ValueError, match=r"balance='memory' cannot plan a call with lists of samples "
+                                         r"\(args\[0\], args\[1\]\).*chunk_sizes"):
+        wrapped(images, targets)
+    with pytest.raises(ValueError, match=r"lists of samples \(args\[0\]\)"):
+        wrapped(PerSample(images), targets=None)
+    assert DataParallelModel(model.train(), CPU2, chunk_sizes=[2, 1])(images, targets).split_sizes == [2, 1]
+    model.eval()
+    with torch.no_grad():  # forward only: the even split, no simulation; the results gathered per image
+        outputs = wrapped(PerSample(images))
+        assert outputs.split_sizes == [2, 1] and len(wrapped.gather(outputs)) == 3
+
+
+def test_list_outputs_that_read_both_ways_after_sample_inputs_are_refused():
+    """Lists of samples in, and each replica returns a list as long as its share of tensors of that size: samples
+    or batched tensors? Refused naming PerSample, never joined the wrong way."""
+    class FirstTwo(nn.Module):
+        def forward(self, images):
+            return [image[:2].mean(dim=(1, 2)) for image in images]  # 2 values per image; shares of 2
+
+    images = [torch.rand(3, 8, 8) for _ in range(4)]
+    wrapped = DataParallelModel(FirstTwo(), CPU2)
+    outputs = wrapped(PerSample(images))
+    with pytest.raises(ValueError, match="samples or batched tensors.*PerSample"):
+        wrapped.gather(outputs)
+    fewer = wrapped(PerSample(images[:3]))  # shares 2 and 1: only the per-sample reading fits
+    torch.testing.assert_close(torch.stack(wrapped.gather(fewer)),
+                               torch.stack([image[:2].mean(dim=(1, 2)) for image in images[:3]]))

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from conftest import ROOT, TINY, load_script, tiny_shapes_pair
 from encoding.datasets import DatasetError, get_segmentation_dataset
 from encoding.engine import GracefulInterrupt
+from encoding.engine import state
 from encoding.engine.state import restore_best
 from encoding.utils import CheckpointError, EpochLogger, load_checkpoint, read_state_dict, save_checkpoint
 from encoding.utils.checkpoint import BEST_NAME, CHECKPOINT_NAME, NonFiniteError
@@ -60,6 +61,12 @@ def _resume_args(run_dir):
     """``--resume`` the run's checkpoint when one was written (a kill may come before the first one)."""
     path = os.path.join(run_dir, CHECKPOINT_NAME)
     return ["--resume", path] if os.path.exists(path) else []
+
+
+def _finished(run_dir):
+    """Whether the run's checkpoint completed every epoch (nothing left to resume)."""
+    path = os.path.join(run_dir, CHECKPOINT_NAME)
+    return os.path.exists(path) and state.read(path).finished(EPOCHS)
 
 
 def _wait_until_training(proc):
@@ -190,6 +197,8 @@ def test_kill_9_at_random_points_then_resume_ends_bitwise_equal(reference, tmp_p
     out = tmp_path / "runs"
     run_dir, rng = _run_dir(out, "fcn"), random.Random(12)
     for _ in range(2):
+        if _finished(run_dir):  # a loaded machine: the run finished before the kill came; resume what is there
+            break
         proc = _spawn(data, out, ["--epochs", str(EPOCHS)] + _resume_args(run_dir))
         _wait_until_training(proc)
         time.sleep(rng.uniform(0.2, 0.9) * duration)
@@ -200,6 +209,7 @@ def test_kill_9_at_random_points_then_resume_ends_bitwise_equal(reference, tmp_p
     proc = _spawn(data, out, ["--epochs", str(EPOCHS)] + _resume_args(run_dir))
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stdout + stderr
+    assert _finished(run_dir)
     assert not glob.glob(os.path.join(run_dir, ".*.tmp")) and not os.path.exists(os.path.join(run_dir, ".lock"))
     _assert_bitwise_equal(_weights(os.path.join(run_dir, CHECKPOINT_NAME)), expected)
     epochs = [json.loads(line)["epoch"] for line in open(os.path.join(run_dir, "log.jsonl"))]

@@ -4,17 +4,22 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+import dataclasses
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import ConfigError
 from .fields import option_fields
-from .groups import GROUPS
+from .groups import GROUPS, EvalOptions
+from .parser import option_specs
 
-__all__ = ["NETWORK_OPTIONS", "MULTI_SCALES", "DEFAULT_SCALES", "weights_layer", "evaluation_rules"]
+__all__ = ["NETWORK_OPTIONS", "MODEL_SPECIFIC", "MULTI_SCALES", "DEFAULT_SCALES", "weights_layer", "evaluation_rules",
+           "evaluation_fields", "fill_evaluation"]
 
 #: The options that define a trained network (and the sizes its inputs were trained at): the fields marked
 #: ``network``. ``test.py`` / ``demo.py`` take them from the weights when not given; a checkpoint records them.
 NETWORK_OPTIONS = tuple(f.name for f, o in option_fields(*GROUPS.values()) if o.network)
+#: What depends on the network: a recipe's value only for the recipe's own model, else the network's own (``None``).
+MODEL_SPECIFIC = ("output_stride", "head_channels")
 #: PyTorch-Encoding's multi-scale evaluation scales (``--multi-scale``), per dataset.
 MULTI_SCALES = {"citys": (0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25)}
 DEFAULT_SCALES = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75)
@@ -92,3 +97,32 @@ def evaluation_rules(script: str, values: Dict[str, Any], sources: Dict[str, str
                           "--mode testval (its default) or --mode test")
     if values["test_batch_size"] is None:
         rule(values, sources, "test_batch_size", 16, "test.py's")
+
+
+def evaluation_fields() -> List[Tuple[str, Any, dataclasses.Field]]:
+    """The fields of an evaluation's flat config (:class:`~encoding.engine.inference.EvaluationConfig`): ``test.py``'s
+    option fields with their defaults, and ``inference``; the model-specific options default to ``None`` (the
+    weights' own, as :func:`~.resolve.resolve` leaves them without a source)."""
+    made = [(f.name, f.type, dataclasses.field(default=None if f.name in MODEL_SPECIFIC else f.default,
+                                               metadata=f.metadata)) for f, _ in option_specs("test")]
+    inference = next(f for f in dataclasses.fields(EvalOptions) if f.name == "inference")
+    return made + [(inference.name, inference.type, dataclasses.field(default=inference.default))]
+
+
+def fill_evaluation(values: Dict[str, Any]) -> None:
+    """Complete the values of a hand-built evaluation config with ``test.py``'s rules (:func:`evaluation_rules`:
+    the mode from the split and the other options, the window and stride of ``mode="slide"``, the batch, the
+    scales), as the command line would.
+
+    Raises:
+        ConfigError: options of different modes together.
+    """
+    def rule(values: Dict[str, Any], sources: Dict[str, str], name: str, value: Any, why: str) -> None:
+        values[name] = value
+
+    explicit = values["mode"]
+    if values["inference"] == "slide":  # the mode the command line's --mode slide stands for
+        values["mode"] = "slide"
+    evaluation_rules("test", values, {}, rule)
+    if values["inference"] == "slide" and explicit not in (None, "slide"):  # an explicit testval / test is kept
+        values["mode"] = explicit

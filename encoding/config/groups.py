@@ -196,9 +196,11 @@ class DeviceOptions:
 class RunOptions:
     """The run directory, resuming and what the run logs."""
 
-    resume: Optional[str] = option(None, "checkpoint to resume from", recorded=False, scripts=ALL + ("export",),
+    resume: Optional[str] = option(None, "checkpoint to resume from", recorded=False, scripts=ALL + ("export", "app"),
                                    per_script={**{s: dict(help="checkpoint to evaluate (train.py's model_best.pth / "
                                                           "checkpoint.pth)") for s in EVAL},
+                                               "app": dict(metavar="CKPT", help="train.py's checkpoint to segment "
+                                                           "with (model_best.pth / checkpoint.pth)"),
                                                "export": dict(required=True, metavar="PATH", help="train.py's "
                                                               "checkpoint (model_best.pth / checkpoint.pth) or a "
                                                               "preset name of model_list")})

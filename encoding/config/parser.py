@@ -28,7 +28,9 @@ TITLES = {"train": "Train / evaluate a segmentation model (encoding)",
           "memory": "Peak memory per device of a training step under gather (nn.DataParallel), balanced "
                     "(DataParallelModel + DataParallelCriterion), balanced-auto and ddp; simulated with --simulate N "
                     "(no GPU needed) or measured on --devices.",
-          "export": "Export a trained network (torch.export, or ONNX) with its metadata (encoding)"}
+          "export": "Export a trained network (torch.export, or ONNX) with its metadata (encoding)",
+          "app": "A web page (Gradio, pip install -e '.[app]') that segments images with a trained network and plans "
+                 "memory with the memory tool (encoding)"}
 #: How each parser names its program (a script: ``<script>.py``).
 PROGS = {**{script: f"{script}.py" for script in SCRIPTS}, **{tool: f"python -m encoding.{tool}" for tool in TOOLS}}
 #: ``train.py --config FILE``: the one option that is not a setting of the run (it names where settings come from).

@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..datasets import datasets as DATASETS
 from ..utils.configfile import ConfigFileError, parse_config, read_config
 from .errors import ConfigError
-from .evaluation import evaluation_rules, weights_layer
+from .evaluation import MODEL_SPECIFIC, evaluation_rules, weights_layer
 from .fields import cli_name
 from .groups import (DataOptions, DemoOptions, DeviceOptions, EvalOptions, GROUPS, ModelOptions, OptimOptions,
                      RunOptions, WeightOptions)
@@ -51,8 +51,6 @@ ORDER = ("default", "recipe", "checkpoint", "config file", "command line")
 #: The options whose value a rule decides when no source sets them.
 RULES = ("lr", "head_lr_mult", "output_stride", "head_channels", "base_size", "crop_size", "scale_range",
          "test_batch_size", "scales", "mode", "window", "stride")
-#: What depends on the network: the recipe's value only for the recipe's own model.
-MODEL_SPECIFIC = ("output_stride", "head_channels")
 
 
 @dataclass(frozen=True)

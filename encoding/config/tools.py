@@ -1,5 +1,5 @@
-"""The options of the two tools that are not scripts of ``experiments/segmentation``: the memory tool (``python -m
-encoding.memory``) and export (``python -m encoding.export``).
+"""The options of the tools that are not scripts of ``experiments/segmentation``: the memory tool (``python -m
+encoding.memory``), export (``python -m encoding.export``) and the web page (``python -m encoding.app``).
 
 Only what is their own is a field here; what they share with ``train.py`` (``--model``, ``--backbone``,
 ``--dataset``, ``--aux``, ``--se-loss``, ``--crop-size``, ``--batch-size``, ``--amp``, ``--seed``, ``--recompute``,
@@ -9,6 +9,7 @@ default (there is no :func:`~.resolve.resolve` after it).
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -16,7 +17,7 @@ from ..utils.cli import positive_int
 from .fields import option
 
 __all__ = ["TOOLS", "FORMATS", "DEFAULT_MEMORY_LIMIT", "DEFAULT_RESERVE", "MemoryOptions", "ExportOptions",
-           "TOOL_GROUPS"]
+           "AppOptions", "TOOL_GROUPS"]
 
 #: The tools whose options are fields (beside :data:`~.fields.SCRIPTS`).
 #: The memory tool's strategies (``--strategies``), the default selection (``fsdp`` and ``zero1`` on request) and
@@ -24,9 +25,10 @@ __all__ = ["TOOLS", "FORMATS", "DEFAULT_MEMORY_LIMIT", "DEFAULT_RESERVE", "Memor
 MEMORY_STRATEGIES = ("gather", "balanced", "balanced-auto", "ddp", "fsdp", "zero1")
 DEFAULT_STRATEGIES = MEMORY_STRATEGIES[:4]
 BACKENDS = ("nccl", "gloo")
-TOOLS = ("memory", "export")
+TOOLS = ("memory", "export", "app")
 MEMORY = ("memory",)
 EXPORT = ("export",)
+APP = ("app",)
 #: ``python -m encoding.export --format``: an ONNX file, or a ``torch.export`` ExportedProgram (``.pt2``).
 FORMATS = ("onnx", "exported")
 #: The memory size of ``--memory-limit`` when it is not given and ``--max-batch`` needs one.
@@ -78,8 +80,8 @@ class MemoryOptions:
 class ExportOptions:
     """What export writes (the network: ``--resume``)."""
 
-    format: Optional[str] = option(None, "onnx: an ONNX file (onnxruntime); exported: a torch.export ExportedProgram (.pt2)",
-                         choices=FORMATS, scripts=EXPORT, per_script={"export": dict(required=True)})
+    format: Optional[str] = option(None, "onnx: an ONNX file (onnxruntime); exported: a torch.export ExportedProgram (.pt2) "
+                                   "(default: by --output's suffix, else onnx)", choices=FORMATS, scripts=EXPORT)
     output: Optional[str] = option(None, "the model file (default: beside the checkpoint, model.onnx / model.pt2); "
                                    "metadata: FILE's name with .json", metavar="FILE", scripts=EXPORT)
     input_size: Optional[Tuple[int, int]] = option(None, "the traced input size (default: the checkpoint's training "
@@ -91,5 +93,27 @@ class ExportOptions:
                            "shape)", scripts=EXPORT)
 
 
+def port_number(text: str) -> int:
+    """``--port``: a TCP port, 1 to 65535."""
+    port = positive_int(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port from 1 to 65535, got {text!r}")
+    return port
+
+
+@dataclass(frozen=True)
+class AppOptions:
+    """The web page's network (``--resume`` or ``--model``) and where it listens."""
+
+    model_source: Optional[str] = option(None, "a save_pretrained folder, a Hugging Face id user/repo or a preset name "
+                                         "of encoding.models.model_list (instead of --resume)", flags=("--model",),
+                                         metavar="DIR_OR_PRESET", scripts=APP)
+    host: str = option("127.0.0.1", "the address to listen on (default: this machine only; 0.0.0.0 serves the "
+                       "network)", scripts=APP)
+    port: int = option(7860, "the TCP port", parse=port_number, scripts=APP)
+    device: Optional[str] = option(None, "where the network runs, e.g. cpu or cuda:0 (default: cuda when there is "
+                                   "a GPU, else cpu)", scripts=APP)
+
+
 #: The tools' own groups, by ``--help`` section name.
-TOOL_GROUPS = {"memory": MemoryOptions, "export": ExportOptions}
+TOOL_GROUPS = {"memory": MemoryOptions, "export": ExportOptions, "app": AppOptions}

@@ -1,10 +1,13 @@
 """The rules of a training run as hooks: :class:`Hook` and the built-in ones.
 
 :func:`~.run.train` calls, on each hook in order, ``before_train`` once, then for every epoch ``before_epoch``,
-``after_step`` after every optimizer step and ``after_epoch``, and ``after_train`` once at the end, also when the run
+``before_step`` after every forward (a hook may refuse the step by raising), ``after_step`` after every optimizer
+step and ``after_epoch``, and ``after_train`` once at the end, also when the run
 stops with an error (``state.error`` then holds it). Each call gets the :class:`RunState`. The built-in hooks
 (:func:`default_hooks`) are the rules of a run, in this order:
 
+* :class:`DivergenceCheck`: a NaN/inf loss stops the run before its step (:class:`RunFailed`; nothing of the epoch
+  is saved);
 * :class:`VerifyData`: read every sample once before training (``--verify-data``);
 * :class:`Evaluation`: score the model after every epoch (an evaluation that fails saves the trained epoch first);
 * :class:`SkippedSamples`: log how many bad samples the datasets skipped (``--skip-bad``);
@@ -32,12 +35,12 @@ from ..utils.dist import is_main_process
 from ..utils.logger import EpochLogger
 from ..utils.plot import write_curves
 from ..utils.rundir import remove_stale_temp_files
-from .loop import GracefulInterrupt, Interrupted, evaluate
+from .loop import GracefulInterrupt, Interrupted, check_finite_loss, evaluate
 from .previews import validation_previews
 from .sharding import full_state
 from .state import Checkpoint, restore_best, training_state
 
-__all__ = ["RunFailed", "RunState", "Hook", "VerifyData", "Evaluation", "SkippedSamples", "Checkpointer", "EpochLog",
+__all__ = ["RunFailed", "RunState", "Hook", "DivergenceCheck", "VerifyData", "Evaluation", "SkippedSamples", "Checkpointer", "EpochLog",
            "Previews", "ConsoleLine", "CurvePlot", "StopOnSignal", "default_hooks"]
 
 
@@ -55,7 +58,7 @@ class RunState:
         epoch: the running epoch (counted from 0).
         iteration: training iterations done in ``epoch`` (counted from 1 after the first step; a resumed epoch
             starts at its saved iteration).
-        step: the last step's ``{"loss", "lr"}``.
+        step: the last step's ``{"loss", "lr"}`` (in ``before_step``: ``{"loss"}`` of the step about to be taken).
         stats: the epoch's averages (``loss``, ``lr``; ``pixAcc``, ``mIoU`` once evaluated): a hook may add
             numbers, they go into the log row.
         result: the last evaluation (``pixAcc``, ``mIoU``, ``IoU``...); ``{}`` before one.
@@ -81,9 +84,10 @@ class RunState:
 
 
 class Hook:
-    """A rule of a run: override any of the five events (each gets the :class:`RunState`; the defaults do nothing).
+    """A rule of a run: override any of the six events (each gets the :class:`RunState`; the defaults do nothing).
 
-    ``after_step`` runs on every process after every optimizer step (the scheduler has stepped); ``after_train``
+    ``before_step`` runs after every forward, before the backward (``state.step["loss"]``; raising refuses the
+    step: nothing of it is applied); ``after_step`` runs on every process after every optimizer step (the scheduler has stepped); ``after_train``
     runs also when the run stops with an error (``state.error``), like a ``finally``."""
 
     def before_train(self, state: RunState) -> None:
@@ -91,6 +95,10 @@ class Hook:
 
     def before_epoch(self, state: RunState) -> None:
         """Before the epoch ``state.epoch`` trains."""
+
+    def before_step(self, state: RunState) -> None:
+        """After a forward, before its backward: ``state.iteration`` steps of the epoch are done, ``state.step``
+        holds ``{"loss": ...}`` of the step about to be taken."""
 
     def after_step(self, state: RunState) -> None:
         """After an optimizer step: ``state.iteration`` steps of the epoch are done, ``state.step`` holds its loss."""
@@ -100,6 +108,17 @@ class Hook:
 
     def after_train(self, state: RunState) -> None:
         """Once at the end, also after an error (``state.error``)."""
+
+
+class DivergenceCheck(Hook):
+    """A NaN/inf loss stops the run before its step (:func:`~.loop.check_finite_loss`): :class:`RunFailed` names the
+    epoch and the iteration and what was kept; nothing of the epoch is saved."""
+
+    def before_step(self, state: RunState) -> None:
+        try:
+            check_finite_loss(state.step["loss"], state.epoch, state.iteration)
+        except FloatingPointError as err:
+            raise RunFailed(f"training diverged in epoch {state.epoch} ({err}); {kept(state.run.output_dir)}") from None
 
 
 class VerifyData(Hook):
@@ -288,6 +307,6 @@ def default_hooks(run: Any, *, verify_data: bool = False, user: Sequence[Hook] =
     checkpoint: what they add to ``state.stats`` is saved and logged with the epoch."""
     checkpointer, log = Checkpointer(), EpochLog()
     stop = StopOnSignal(checkpointer)
-    hooks: List[Hook] = [VerifyData()] if verify_data else []
+    hooks: List[Hook] = [DivergenceCheck()] + ([VerifyData()] if verify_data else [])
     hooks += [Evaluation(checkpointer, stop)] + ([SkippedSamples()] if run.count_skipped else []) + list(user)
     return hooks + [checkpointer, log, Previews(log), ConsoleLine(), CurvePlot(log), stop]

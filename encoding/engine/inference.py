@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, make_dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -27,6 +27,7 @@ from . import builders
 from ..datasets.metadata import resolve_dataset
 from ..datasets.base import BaseDataset
 from ..datasets.transforms import image_transform
+from ..config.evaluation import evaluation_fields, fill_evaluation
 from ..errors import UsageError
 from ..models import get_segmentation_model
 from ..parallel import DataParallelModel
@@ -141,47 +142,12 @@ def overlay_with_legend(image: Any, labels: Any, dataset: str, class_names: Sequ
     return out
 
 
+class _Evaluation:
+    """The methods of :class:`EvaluationConfig` (its fields are made from the option fields)."""
 
-@dataclass
-class EvaluationConfig:
-    """The options of ``test.py`` / ``demo.py``: the network, exactly one source of weights, how to evaluate.
-
-    Attributes:
-        resume: a checkpoint of ``train.py``; model_zoo: a preset with published weights; torchvision_weights:
-            torchvision's published weights of the whole network (``fcn`` / ``deeplab``).
-        mode: ``val`` (batched centre crops), ``testval`` (whole images, scored) or ``test`` (predict only).
-        inference: how whole images are segmented (``testval`` / ``test``): ``whole`` or ``slide`` (``window`` /
-            ``stride``); see :func:`~encoding.engine.predict.inference_module`.
-    """
-
-    resume: Optional[str] = None
-    model_zoo: Optional[str] = None
-    torchvision_weights: bool = False
-    dataset: str = "shapes"
-    model: str = "unet"
-    backbone: str = "vgg_tiny"
-    head_channels: Optional[int] = None
-    output_stride: Optional[int] = None
-    aux: bool = False
-    se_loss: bool = False
-    base_size: Optional[int] = None
-    crop_size: Optional[int] = None
-    data_root: Optional[str] = None
-    workers: int = 2
-    amp: str = "none"
-    no_cuda: bool = False
-    device_ids: Optional[str] = None
-    multi_scale: bool = False
-    scales: Tuple[float, ...] = (1.0,)
-    split: str = "val"
-    mode: str = "val"
-    inference: str = "whole"
-    window: Optional[int] = None
-    stride: Optional[int] = None
-    test_batch_size: int = 16
-    limit: Optional[int] = None
-    save_pred: Optional[str] = None
-    out_dir: Optional[str] = None
+    def __post_init__(self) -> None:
+        values = vars(self)
+        fill_evaluation(values)
 
     @classmethod
     def from_options(cls, options: Any) -> "EvaluationConfig":
@@ -208,6 +174,18 @@ class EvaluationConfig:
                                        pretrained="torchvision")
         model.info = ModelInfo.of_dataset(**options)
         return model.to(device).eval()
+
+
+EvaluationConfig = make_dataclass("EvaluationConfig", evaluation_fields(), bases=(_Evaluation,), namespace={
+    "__module__": __name__, "__doc__": (
+        "The options of ``test.py`` / ``demo.py``, one keyword each (made from their option fields, with their "
+        "defaults): the network, exactly one source of weights (``resume``: a checkpoint of ``train.py``; "
+        "``model_zoo``: a preset with published weights; ``torchvision_weights``: torchvision's published weights "
+        "of the whole network), how to evaluate (``mode``: ``val`` batched centre crops, ``testval`` whole images, "
+        "``test`` predict only; ``inference``: ``whole`` or ``slide`` with ``window`` / ``stride``, see "
+        ":func:`~encoding.engine.predict.inference_module`).\n\n"
+        "Unset values follow ``test.py``'s rules (:func:`encoding.config.evaluation.fill_evaluation`), as on the "
+        "command line; the network options left ``None`` come from the weights.")})
 
 
 def evaluation_module(model: nn.Module, config: EvaluationConfig) -> nn.Module:

@@ -26,8 +26,8 @@ from ..parallel import DataParallelModel
 from ..utils.dist import is_dist_avail_and_initialized, is_fully_sharded, is_main_process, reduce_across_processes
 from ..utils.logger import MetricLogger, SmoothedValue
 
-__all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch", "evaluate", "evaluate_images",
-           "predicted_labels", "Interrupted", "GracefulInterrupt"]
+__all__ = ["param_groups", "autocast_context", "backward_step", "check_finite_loss", "train_one_epoch", "evaluate",
+           "evaluate_images", "predicted_labels", "Interrupted", "GracefulInterrupt"]
 
 _EVAL_POSTFIX_EVERY = 10
 
@@ -75,6 +75,17 @@ def backward_step(loss: Tensor, optimizer: torch.optim.Optimizer, scaler: Option
         scaler.update()
     else:
         optimizer.step()
+
+
+def check_finite_loss(value: float, epoch: int, iteration: int) -> None:
+    """Refuse a step whose loss is NaN or infinite (the loop's default check before the backward).
+
+    Raises:
+        FloatingPointError: ``value`` is not finite (names the epoch and the iteration, counted from 0).
+    """
+    if not math.isfinite(value):
+        raise FloatingPointError(f"loss is {value} at epoch {epoch}, iteration {iteration}; lower the learning "
+                                 "rate or check the data")
 
 
 class Interrupted(Exception):
@@ -163,6 +174,7 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
                     scaler: Optional[torch.amp.GradScaler] = None, amp_dtype: Optional[torch.dtype] = None,
                     clip_grad_norm: Optional[float] = None, start_iteration: int = 0,
                     stop: Optional[Callable[[], bool]] = None,
+                    before_step: Optional[Callable[[int, float], None]] = None,
                     on_step: Optional[Callable[[int, Dict[str, float]], None]] = None) -> Dict[str, float]:
     """Train for one epoch with a tqdm bar showing the smoothed loss and the learning rate.
 
@@ -183,6 +195,9 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
             skips the batches done, see :class:`~encoding.utils.determinism.EpochSampler`).
         stop: polled after every iteration (e.g. :meth:`GracefulInterrupt.requested`); when it returns true,
             :class:`Interrupted` is raised with the number of iterations done.
+        before_step: called after every forward, before the backward, as ``before_step(iteration, loss value)``
+            (the iteration counted from 0); it refuses the step by raising (``None``: :func:`check_finite_loss`,
+            a NaN/inf loss raises ``FloatingPointError``; the run's hooks check there instead).
         on_step: called after every step (the scheduler has stepped) as ``on_step(iterations done, {"loss": ...,
             "lr": ...})``, before ``stop`` is polled (the run calls its hooks' ``after_step`` there).
 
@@ -192,22 +207,26 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
         ``{"loss": mean training loss, "lr": mean learning rate of group 0}`` (averaged over processes under DDP).
 
     Raises:
-        FloatingPointError: when the loss becomes NaN or infinite (names the epoch and iteration).
+        FloatingPointError: when the loss becomes NaN or infinite (names the epoch and iteration; the default
+            ``before_step``).
         Interrupted: ``stop()`` returned true.
     """
     model.train()
     meters = MetricLogger()
     meters.add_meter("lr", SmoothedValue(window_size=1, fmt="{value:.2e}"))
     autocast_device = device if device is not None else torch.device("cpu")
+    check = before_step if before_step is not None else (lambda i, value: check_finite_loss(value, epoch, i))
     bar = tqdm(loader, desc=f"train {epoch}", disable=not is_main_process(), dynamic_ncols=True, leave=False)
     for i, batch in enumerate(bar, start=start_iteration):
         image, target = _inputs_on(batch[:2], model, device)
         with autocast_context(autocast_device, amp_dtype):
             loss = criterion(model(image), target)
         value = loss.item()  # one host sync per step, used for the check and the log
-        if not math.isfinite(value):
-            raise FloatingPointError(f"loss is {value} at epoch {epoch}, iteration {i}; lower the learning "
-                                     "rate or check the data")
+        try:
+            check(i, value)
+        except BaseException:
+            bar.close()
+            raise
         backward_step(loss, optimizer, scaler, clip_grad_norm)
         step = {"loss": value, "lr": optimizer.param_groups[0]["lr"]}  # the rate this step used
         meters.update(**step)

@@ -6,14 +6,14 @@ and calls the hooks (:mod:`.hooks`): the rules of a run are built-in hooks, and 
 
 * after every epoch the checkpoint is written atomically, and ``model_best.pth`` too when the epoch has the best
   ``(pixAcc + mIoU) / 2`` so far (checkpoint first, then the log row: :class:`~.hooks.Checkpointer`);
-* a state holding NaN/inf is never saved: the last good checkpoint stays (:class:`RunFailed` names the tensor);
+* a NaN/inf loss stops the run before its step, and a state holding NaN/inf is never saved: the last good
+  checkpoint stays (:class:`RunFailed` names the iteration or the tensor; :class:`~.hooks.DivergenceCheck`);
 * Ctrl-C, SIGTERM or SIGHUP saves a resumable mid-epoch checkpoint (:class:`~.hooks.StopOnSignal`,
   :class:`RunInterrupted`, exit status 128 + signal; under ``torchrun`` every rank stops at the same iteration and
   the main process saves);
 * an evaluation that fails saves the trained epoch before the failure is reported (:class:`~.hooks.Evaluation`).
 
-:func:`train` itself only orders the events; the one thing it reports is a NaN/inf loss, which the loop refuses
-before its step (:class:`RunFailed`: nothing of the epoch is saved).
+:func:`train` itself only orders the events: it keeps no rule of its own.
 
 The run takes its datasets, model, criterion and optimizer as arguments (:mod:`.config` builds them from options),
 so a test passes a tiny dataset directly.
@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Subset
 from ..errors import EXIT_INTERRUPTED, RunInterrupted
 from ..utils.determinism import SeededSamples, set_rng_state
 from ..utils.dist import get_rank, get_world_size
-from .hooks import Hook, RunFailed, RunState, default_hooks, kept
+from .hooks import Hook, RunFailed, RunState, default_hooks
 from .loop import evaluate, train_one_epoch
 from .state import Checkpoint, ResumePoint
 
@@ -145,17 +145,18 @@ def _train_epoch(run: TrainingRun, state: RunState, hooks: Sequence[Hook]) -> No
     state.iteration = start
     run.set_epoch(state.epoch, start)
 
+    def before_step(iteration: int, loss: float) -> None:
+        state.iteration, state.step = iteration, {"loss": loss}
+        _call(hooks, "before_step", state)
+
     def after_step(iteration: int, step: Dict[str, float]) -> None:
         state.iteration, state.step = iteration, step
         _call(hooks, "after_step", state)
 
-    try:
-        state.stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader,
-                                      scheduler=run.scheduler, epoch=state.epoch, device=run.input_device,
-                                      scaler=run.scaler, amp_dtype=run.amp_dtype, clip_grad_norm=run.clip_grad,
-                                      start_iteration=start, on_step=after_step)
-    except FloatingPointError as err:  # a NaN/inf loss: the loop refused its step; nothing of this epoch is saved
-        raise RunFailed(f"training diverged in epoch {state.epoch} ({err}); {kept(run.output_dir)}") from None
+    state.stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, scheduler=run.scheduler,
+                                  epoch=state.epoch, device=run.input_device, scaler=run.scaler,
+                                  amp_dtype=run.amp_dtype, clip_grad_norm=run.clip_grad, start_iteration=start,
+                                  before_step=before_step, on_step=after_step)
 
 
 def _call(hooks: Sequence[Hook], event: str, state: RunState) -> None:
@@ -171,7 +172,7 @@ def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_d
     The rules of the run are hooks (:func:`.hooks.default_hooks`: evaluation, checkpoint and best model, logs,
     previews, curves, the stop on a signal); ``hooks`` adds the caller's own, called after the evaluation and before
     the checkpoint (what they add to ``state.stats`` is saved and logged). Each hook gets ``before_train``, then per
-    epoch ``before_epoch``, ``after_step`` after every step and ``after_epoch``, and ``after_train`` (also when the
+    epoch ``before_epoch``, ``before_step`` after every forward, ``after_step`` after every step and ``after_epoch``, and ``after_train`` (also when the
     run stops with an error).
 
     Args:

@@ -1,4 +1,4 @@
-"""``python -m encoding.export --resume PATH --format onnx|exported [--output FILE] [--input-size H W] [--static]``."""
+"""``python -m encoding.export --resume PATH [--format onnx|exported] [--output FILE] [--input-size H W] [--static]``."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,7 @@ from ..config.parser import build_parser as config_parser
 from ..utils.cli import run_cli
 from .core import SUFFIXES, check_output, export_model
 
-__all__ = ["build_parser", "main", "cli"]
+__all__ = ["build_parser", "format_of", "main", "cli"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,10 +21,17 @@ def build_parser() -> argparse.ArgumentParser:
     return config_parser("export")
 
 
+def format_of(output: Optional[str]) -> str:
+    """The format an output file's suffix names (``model.pt2``: ``exported``); ``onnx`` otherwise."""
+    suffix = os.path.splitext(output or "")[1].lower()
+    return next((name for name, known in SUFFIXES.items() if known == suffix), "onnx")
+
+
 def main(argv: Optional[List[str]] = None) -> List[str]:
     """Export as ``argv`` says; returns the paths written."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.format = args.format or format_of(args.output)
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.resume)), "model" + SUFFIXES[args.format])
     inputs = [args.resume] if os.path.exists(args.resume) else []
     try:  # before the checkpoint is read: an output that would destroy it, or itself, is a bad option value

@@ -11,8 +11,8 @@ tool (:func:`main`, its options :func:`build_parser`). See ``docs/memory.md``.
 
 Modules, in dependency order: ``tracker`` (allocation counting), ``program`` (device programs), ``simulate``,
 ``profiler`` (real CPU steps, calibration), ``balance``, ``spec``, ``cuda`` (real GPUs), ``ranks``; the tool's
-``advice``, ``planner`` (:func:`plan`: ``MemoryPlan``), ``report`` (table, JSON, chart) and ``cli`` are imported
-when used (:func:`plan`, :func:`build_parser`, :func:`main`, or importing them), not by ``import encoding``.
+``replay``, ``advice``, ``planner`` (:func:`plan`: ``MemoryPlan``), ``report`` (table, JSON, chart) and ``cli`` are
+imported when used (:func:`plan`, :func:`build_parser`, :func:`main`, or importing them), not by ``import encoding``.
 """
 from __future__ import annotations
 

@@ -3,24 +3,34 @@ memory limit at a crop and the largest crop that fits at a batch (:func:`advise`
 
 The search does not bisect (:func:`largest_fitting`). The heaviest device's peak is the larger of a fixed level
 (the optimizer step's parameters, gradients and state) and a line in its share of the batch (every sample adds the
-same activations), so two simulations on the line give the answer and a third, at the answer, verifies it. Over
-the crop, activations grow with the pixels: the same search in ``crop ** 2`` (crops are multiples of
-:data:`CROP_STEP`). Every answer is then confirmed at the boundary by simulation (:func:`confirm_boundary`): it
-fits, one more sample per device (one more crop step) does not.
+same activations), so two points on the line give the answer and a third, at the answer, verifies it. Over the
+crop, activations grow with the pixels: the same search in ``crop ** 2`` (crops are multiples of
+:data:`CROP_STEP`). Every answer is then confirmed at the boundary (:func:`confirm_boundary`): it fits, one more
+sample per device (one more crop step) does not.
 
-Device programs are cached per (crop, policy); the fake model, and the model sharded for ``fsdp``, are shared
-across crops. ``balanced`` and ``zero1`` run ``ddp``'s forward and backward (the same model on its own share) and
-differ only in what they hold around it (DDP's buckets, the optimizer state of a partition, the replicas' gradients
-arriving): their peaks are composed from ``ddp``'s simulation at each point (:class:`_Peaks`), where that is exact
-(checked where both are simulated).
+The points come from replays (:mod:`~encoding.memory.replay`): each strategy's heaviest device program is
+simulated at the advice's share and crop and at one sample and one crop step more, with its allocation events
+recorded; where both are the same events with sizes that are monomials of the share and crop, the events are
+replayed at any point (the simulator's own arithmetic on the sizes there: the same peak, not an estimate). Under a
+further checkpointing policy one simulation suffices where every size is one the steps fitted before have
+(the same activations, recomputed). ``balanced`` and ``zero1`` run ``ddp``'s forward and backward and differ only
+in what they hold around it (DDP's buckets, the optimizer state of a partition, the replicas' gradients arriving):
+their replays are ``ddp``'s with their own state, traced once. Where a replay does not fit (a size that is no
+monomial, different events), every point is simulated: device programs cached per (crop, policy), the fake model
+and the model sharded for ``fsdp`` shared across crops, ``balanced`` and ``zero1`` composed from ``ddp``'s
+simulation at each point where that is exact (:class:`_Peaks`). The FCN-ResNet50 advice of ``docs/memory.md``
+(5 strategies x 3 policies) simulates 14 device programs instead of 63.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .program import DeviceProgram, StepSpec
+from .replay import Replay, compose, fit, refit, size_table
 from .simulate import Simulator, new_fake_mode
 
 __all__ = ["CROP_STEP", "ADVISED_STRATEGIES", "Advice", "advise", "recommend", "heaviest_program",
@@ -37,6 +47,8 @@ POLICY_ORDER = ("none", "backbone", "all")
 _MAX_STEPS = 8
 #: Strategies whose heaviest device runs ``ddp``'s forward and backward: composed from it where exact.
 _COMPOSED = ("balanced", "zero1")
+#: The smallest share a replay answers for (one sample behind global pooling trains BatchNorm another way).
+_MIN_REPLAYED = 2
 
 
 @dataclass(frozen=True)
@@ -86,8 +98,12 @@ class _Peaks:
     policy's fake model and sharded model; ``balanced`` and ``zero1`` composed from ``ddp`` where exact."""
 
     def __init__(self, spec_for: Callable[[int, str], StepSpec], num_devices: int, round_to: int,
-                 backend: str = "nccl") -> None:
+                 backend: str = "nccl", origin: Optional[Tuple[int, int]] = None) -> None:
         self.spec_for, self.num_devices, self.round_to, self.backend = spec_for, num_devices, round_to, backend
+        self.origin = origin  # (share, crop) the replays are fitted at; None: every point simulated
+        self._replays: Dict[Tuple[str, str], Optional[Replay]] = {}
+        self._fits: List[Replay] = []  # the replays fitted from two traces (their sizes: size_table)
+        self._own: Dict[str, Tuple[tuple, tuple]] = {}  # strategy -> (its trace, ddp's) of _composed
         self._simulators: Dict[Tuple[str, int], Simulator] = {}
         self._models: Dict[str, Simulator] = {}
         # (policy, strategy) -> (bytes live at the step's start, peak of the rest of the step above it, ddp's),
@@ -110,6 +126,65 @@ class _Peaks:
         return sum(sim.programs_run for sim in self._simulators.values())
 
     def __call__(self, policy: str, crop: int, strategy: str, share: int) -> int:
+        replay = self.replay(policy, strategy) if share >= _MIN_REPLAYED else None
+        if replay is not None:
+            try:
+                return replay.peak(share, crop)
+            except ValueError:  # a size that is no whole number there: simulate
+                pass
+        return self.simulated(policy, crop, strategy, share)
+
+    def replay(self, policy: str, strategy: str) -> Optional[Replay]:
+        """The replay of ``strategy``'s heaviest device under ``policy`` (:mod:`~encoding.memory.replay`), fitted
+        on first use from two simulations at :attr:`origin` and one sample and crop step beyond (``balanced`` and
+        ``zero1``: one simulation, composed with ``ddp``'s); ``None`` where it does not fit."""
+        if self.origin is None:
+            return None
+        key = (policy, strategy)
+        if key not in self._replays:
+            share, crop = max(_MIN_REPLAYED, self.origin[0]), self.origin[1]
+            if strategy in _COMPOSED:
+                self._replays[key] = self._composed(policy, strategy, share, crop)
+            else:
+                self._replays[key] = self._fitted(policy, strategy, share, crop)
+        return self._replays[key]
+
+    def _fitted(self, policy: str, strategy: str, share: int, crop: int) -> Optional[Replay]:
+        """``strategy``'s replay under ``policy``: its step traced at ``(share, crop)``, its sizes those of the
+        steps fitted before where they tell them, else fitted with a second trace one sample and crop step
+        beyond."""
+        first = self._trace(policy, crop, strategy, share)
+        replay = refit(first, size_table(self._fits, (share, crop)), self.round_to) if self._fits else None
+        if replay is None:
+            beyond = (share + 1, crop + CROP_STEP)
+            replay = fit(first, self._trace(policy, beyond[1], strategy, beyond[0]), (share, crop), beyond,
+                         self.round_to)
+            if replay is not None:
+                self._fits.append(replay)
+        return replay
+
+    def _composed(self, policy: str, strategy: str, share: int, crop: int) -> Optional[Replay]:
+        """``strategy``'s replay from ``ddp``'s under ``policy`` and its own state, traced once under the first
+        policy asked (the same parameters under every policy: checked by :func:`~encoding.memory.replay.compose`),
+        else under this one."""
+        line = self.replay(policy, "ddp")
+        if line is None:
+            return None
+        first = self._own.get(strategy)
+        if first is not None:
+            composed = compose(line, *first)
+            if composed is not None:
+                return composed
+        own = (self._trace(policy, crop, strategy, share), self._trace(policy, crop, "ddp", share))
+        self._own.setdefault(strategy, own)
+        return compose(line, *own)
+
+    def _trace(self, policy: str, crop: int, strategy: str, share: int) -> Tuple[int, List[tuple]]:
+        sim = self.simulator(policy, crop)
+        return sim.result(heaviest_program(sim, strategy, share, self.num_devices), record=True).trace
+
+    def simulated(self, policy: str, crop: int, strategy: str, share: int) -> int:
+        """The heaviest device's peak simulated (``balanced`` and ``zero1`` composed from ``ddp`` where exact)."""
         sim = self.simulator(policy, crop)
         program = heaviest_program(sim, strategy, share, self.num_devices)
         if strategy not in _COMPOSED:
@@ -222,7 +297,7 @@ def _on_grid(target: float, axis: Callable[[int], float], step: int) -> int:
 
 def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], num_devices: int, batch: int,
            crop: int, limit_bytes: int, round_to: int = 1, policies: Sequence[str] = POLICY_ORDER,
-           stats: Optional[Dict[str, int]] = None, backend: str = "nccl") -> List[Advice]:
+           stats: Optional[Dict[str, int]] = None, backend: str = "nccl", replay: bool = True) -> List[Advice]:
     """Per strategy x policy, the largest batch that fits ``limit_bytes`` per device at ``crop`` and the largest
     crop that fits at ``batch``; the recommended row marked (:func:`recommend`).
 
@@ -239,18 +314,43 @@ def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], 
         stats: filled with ``"programs"``: the device programs simulated.
         backend: ``"nccl"`` or ``"gloo"``: what the sharded ranks' collectives hold (see
             :class:`~encoding.memory.simulate.Simulator`).
+        replay: answer from replays of each step's allocation events (:mod:`~encoding.memory.replay`, the same
+            peaks as simulating, checked on the simulated points); ``False``: simulate every point the searches ask.
     """
-    peaks = _Peaks(spec_for, num_devices, round_to, backend)
     share = max(1, batch // num_devices)
+    peaks = _Peaks(spec_for, num_devices, round_to, backend, (share, crop) if replay else None)
     rows = []
     for policy in policies:
         for strategy in (s for s in strategies if s in ADVISED_STRATEGIES):
             per_device = _max_share(peaks, policy, crop, strategy, share, limit_bytes)
             best_crop = _max_crop(peaks, policy, crop, strategy, share, limit_bytes)
             rows.append(Advice(strategy, policy, per_device * num_devices, per_device, best_crop))
+    rows = _confirmed(peaks, recommend(rows), crop, limit_bytes) if replay else recommend(rows)
     if stats is not None:
         stats["programs"] = peaks.programs_run
-    return recommend(rows)
+    return rows
+
+
+def _confirmed(peaks: _Peaks, rows: List[Advice], crop: int, limit: int) -> List[Advice]:
+    """``rows`` whose recommended batch is confirmed by direct simulation (it fits, one more sample per device does
+    not); a row whose replayed answer a simulation contradicts is searched again by simulation alone (with a
+    warning: never silently wrong), and the recommendation made again."""
+    for _ in range(len(rows)):
+        best = next((r for r in rows if r.recommended), None)
+        if best is None:
+            return rows
+
+        def peak(b: int) -> int:
+            return peaks.simulated(best.checkpoint, crop, best.strategy, b)
+
+        if peak(best.per_device) <= limit < peak(best.per_device + 1):
+            return rows
+        warnings.warn(f"advice: the replayed batch of {best.strategy} / {best.checkpoint} ({best.per_device} per "
+                      "device) was not confirmed by simulation; searched again by simulation", RuntimeWarning)
+        found = confirm_boundary(peak, best.per_device, limit)
+        rows = recommend([dataclasses.replace(r, max_batch=found * peaks.num_devices, per_device=found) if r is best
+                          else r for r in rows])
+    return rows
 
 
 def _line_of(strategy: str) -> str:

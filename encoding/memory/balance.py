@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from ..parallel.planners import register_balancer
 from ..parallel.scatter_gather import batch_size_of, get_split_sizes
-from ..parallel.structures import iter_leaves, transpose_map
+from ..parallel.sample_lists import resolve_sample_lists
+from ..parallel.structures import PerSample, iter_leaves, transpose_map
 from .program import DeviceProgram, StepSpec, default_optimizer, tensor_leaves
 from .simulate import Simulator, new_fake_mode
 
@@ -269,6 +270,7 @@ class MemoryBalancer:
         batch = batch_size_of((inputs, kwargs), dim, name="args")
         if not (torch.is_grad_enabled() and module.training):
             return _even_split(batch, len(device_ids))
+        _refuse_sample_lists(inputs, kwargs, dim)
         shapes = tuple((path, tuple(v.shape)) for path, v in iter_leaves((inputs, kwargs)) if isinstance(v, Tensor))
         key = (batch, len(device_ids), shapes)
         if key not in self._plans:
@@ -291,6 +293,18 @@ class MemoryBalancer:
         round_to = self.round_to or (512 if device_ids[0].type == "cuda" else 1)
         simulator = Simulator(spec, round_to, fake_mode)
         return _strategy_split(simulator, "balanced-auto", batch, len(device_ids))
+
+
+def _refuse_sample_lists(inputs: tuple, kwargs: dict, dim: int) -> None:
+    """A training call with lists of samples (``PerSample``, a detector's images and target dicts) is refused: the
+    simulation narrows batched tensors to a share, while a share of such a list holds particular samples of their
+    own sizes (and a detector's memory follows its detections, which fake tensors cannot compute)."""
+    resolved = resolve_sample_lists((tuple(inputs), dict(kwargs)), dim, "args")
+    lists = [path for part, name in zip(resolved, ("args", "kwargs")) for path, leaf in iter_leaves(part, name)
+             if isinstance(leaf, PerSample)]
+    if lists:
+        raise ValueError(f"balance='memory' cannot plan a call with lists of samples ({', '.join(lists)}): the "
+                         "memory of each share depends on which samples it gets; give chunk_sizes=[...] instead")
 
 
 def _default_target(args: tuple, kwargs: dict) -> Tensor:

@@ -19,6 +19,7 @@ import torch
 
 from ..config.parser import build_parser as config_parser, warn_old_spellings
 from ..config.tools import DEFAULT_MEMORY_LIMIT
+from ..errors import UsageError
 from ..utils.cli import run_cli
 from ..utils.files import refuse_own_input
 from .planner import parse_memory
@@ -87,9 +88,20 @@ def _complete(args: argparse.Namespace) -> None:
     args.num_devices = count
     args.json_path = args.json or os.path.join(args.out_dir, "memory_balance.json")
     args.chart_path = args.chart or os.path.join(args.out_dir, "memory_balance.png")
-    _check_writable("--json" if args.json else "--out-dir", args.json_path)
-    _check_writable("--chart" if args.chart else "--out-dir", args.chart_path)
-    refuse_own_input([args.json_path, args.chart_path], [], "--json / --chart")  # one file for both: one would go
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """At the start of the work (parsing looks at no file): the report's files can be written, and they are two.
+
+    Raises:
+        UsageError: a folder, an unwritable place or one file for both (naming the option).
+    """
+    try:
+        _check_writable("--json" if args.json else "--out-dir", args.json_path)
+        _check_writable("--chart" if args.chart else "--out-dir", args.chart_path)
+        refuse_own_input([args.json_path, args.chart_path], [], "--json / --chart")  # one file for both: one would go
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def _check_network(args: argparse.Namespace) -> None:
@@ -156,6 +168,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Entry point of ``python -m encoding.memory`` (and ``scripts/memory_balance.py``): print the table, write
     JSON and chart; return the report."""
     args = parse_args(argv)
+    check_outputs(args)
     report = memory_report(args)
     print(format_report(report))
     write_json(report, args.json_path)

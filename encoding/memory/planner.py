@@ -21,6 +21,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from ..nn.recompute import CHECKPOINT_POLICIES, checkpoint_segmentation_model, disable_checkpointing
 from .advice import Advice, advise
 from .balance import _fake_copy, _KeyedLoss, strategy_peaks
+from .kernels import CpuKernels
 from .program import BACKENDS, STRATEGIES, StepSpec, default_optimizer
 from .simulate import Simulator
 from .tracker import CUDA_BLOCK, MIB, Workspaces
@@ -214,7 +215,9 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
         in_channels: input channels.
         optimizer: ``params -> optimizer`` (default: SGD with momentum and weight decay).
         round_to: allocation granularity (512: CUDA's blocks; 1: the CPU's).
-        backend: ``"nccl"`` (GPUs) or ``"gloo"`` (CPU processes): what the collectives of ``fsdp`` ranks hold.
+        backend: ``"nccl"`` (GPUs) or ``"gloo"`` (CPU processes): what the collectives of ``fsdp`` ranks hold;
+            with ``"gloo"`` the CPU kernels' own buffers are added, each distinct convolution probed for real once
+            (:class:`~encoding.memory.kernels.CpuKernels`).
         workspaces: kernels' workspaces learned from real steps
             (:func:`~encoding.memory.profiler.learn_workspaces`) added to the peaks; default none.
 
@@ -247,6 +250,8 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
 
     if backend not in BACKENDS:
         raise ValueError(f"plan: backend={backend!r}; valid: {', '.join(BACKENDS)}")
+    if backend == "gloo":  # CPU processes: the CPU kernels' own buffers, probed
+        workspaces = CpuKernels(workspaces)
     simulator = Simulator(spec_for(crop or 0, checkpoint), round_to, backend=backend, workspaces=workspaces)
     result = MemoryPlan({}, {}, batch, crop, num_devices, keep_outputs, amp, checkpoint, limit)
     for strategy in strategies:

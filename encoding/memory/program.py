@@ -371,8 +371,10 @@ def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, windo
 class ProgramResult:
     """The peak of one device program. ``peak`` in bytes, ``seconds`` of the measured step; ``phases`` (simulated
     programs): the bytes live when the step starts, the peak of its forward and backward, and the peak of the rest
-    of the step (gradients arriving, optimizer step), or ``None``."""
+    of the step (gradients arriving, optimizer step), or ``None``; ``trace`` (simulated with ``record``): the bytes
+    live when the step starts and its allocation events (:mod:`encoding.memory.replay`)."""
 
     peak: int
     seconds: float
     phases: Optional[Tuple[int, int, int]] = None
+    trace: Optional[Tuple[int, List[tuple]]] = None

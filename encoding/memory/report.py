@@ -68,7 +68,7 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         ``"saving_mib"`` when simulated with ``--recompute`` (each device's peak without activation checkpointing
         and what it saves); with ``--advise``, ``"advice"`` (one dict per strategy x checkpointing policy:
         ``strategy``, ``checkpoint``, ``max_batch``, ``per_device``, ``max_crop``, ``recommended``) and
-        ``"advise_s"`` (its seconds).
+        ``"advise_s"`` (its seconds; ``"advise_cpu_s"``: of CPU time).
     """
     spec_args = dict(model=args.model, backbone=args.backbone, nclass=args.nclass, crop_size=args.crop_size,
                      aux=args.aux, se_loss=args.se_loss, amp_dtype=AMP_DTYPES.get(args.amp), seed=args.seed,
@@ -102,12 +102,13 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         what = "simulated" if args.devices is None else "measured"
         _say(progress, f"{strategy}: {what} in {time.perf_counter() - start:.1f} s")
     if args.advise:
-        start, stats = time.perf_counter(), {}
+        start, cpu, stats = time.perf_counter(), time.process_time(), {}
         report["advice"] = [row.as_dict() for row in advise(
             lambda crop, policy: segmentation_spec(**dict(spec_args, crop_size=crop, checkpoint=policy)),
             args.strategies, args.num_devices, args.batch_size, args.crop_size, advice_budget(args),
             CUDA_BLOCK, stats=stats, backend=args.backend)]
         report["advise_s"] = round(time.perf_counter() - start, 2)
+        report["advise_cpu_s"] = round(time.process_time() - cpu, 2)
         _say(progress, f"advice: {stats['programs']} device programs simulated in {report['advise_s']:.1f} s")
     return report
 

@@ -29,7 +29,7 @@ def new_fake_mode() -> Any:
 
 def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, fake_mode: Any = None,
                      workspaces: Optional[Workspaces] = None, model: Optional[nn.Module] = None,
-                     backend: str = "nccl") -> ProgramResult:
+                     backend: str = "nccl", record: bool = False) -> ProgramResult:
     """Peak bytes of ``program`` on fake CPU tensors (no memory is allocated, no kernel runs).
 
     Args:
@@ -42,6 +42,9 @@ def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, 
             :func:`~encoding.memory.program.run_program`).
         backend: ``"nccl"`` (GPUs) or ``"gloo"`` (CPU processes): what the collectives of a sharded rank hold
             (:func:`~encoding.memory.program.run_program`).
+        record: keep the measured step's events (:attr:`ProgramResult.trace`: the bytes live when it starts and
+            :attr:`AllocationTracker.events <encoding.memory.tracker.AllocationTracker.record>`, a mark where its
+            forward and backward end), which :mod:`encoding.memory.replay` replays at other batches and crops.
     """
     tracker = AllocationTracker(round_to, workspaces, (program.share, program.total))
     start, marks = [0], []  # live when the measured step starts; peak of its forward and backward
@@ -51,9 +54,16 @@ def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, 
         tracker.reset_peak()
         start[0] = tracker.live
         marks.clear()
+        if record:
+            tracker.record()
         yield
+        trace.extend(tracker.events or ())
+        tracker.events = None
+
+    trace: List[tuple] = []
 
     def mark() -> None:
+        tracker.mark_event()
         marks.append(tracker.peak)
         tracker.reset_peak()
 
@@ -61,7 +71,7 @@ def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, 
         seconds = run_program(spec, program, "cpu", window, track=tracker.track, model=model, backend=backend,
                               mark=mark)
     phases = (start[0], marks[0], tracker.peak) if len(marks) == 1 else None
-    return ProgramResult(max(marks + [tracker.peak]), seconds, phases)
+    return ProgramResult(max(marks + [tracker.peak]), seconds, phases, (start[0], trace) if record else None)
 
 
 class Simulator:
@@ -89,14 +99,15 @@ class Simulator:
         self.backend = backend
         self._model: Optional[nn.Module] = model
         self._cache: Dict[DeviceProgram, ProgramResult] = {}
+        self._runs = 0
         self._zero: Dict[int, List[tuple]] = {}
         #: world size -> the model sharded for ``fsdp`` (see :meth:`sharded_model`)
         self.sharded: Dict[int, nn.Module] = {} if sharded is None else sharded
 
     @property
     def programs_run(self) -> int:
-        """How many distinct programs were simulated."""
-        return len(self._cache)
+        """How many programs were simulated (each distinct one once; again only to record its events)."""
+        return self._runs
 
     @property
     def model(self) -> nn.Module:
@@ -106,18 +117,20 @@ class Simulator:
                 self._model = self.spec.build_model()
         return self._model
 
-    def result(self, program: DeviceProgram) -> ProgramResult:
-        """The (cached) simulation of ``program``; devices with nothing to hold peak at 0."""
+    def result(self, program: DeviceProgram, record: bool = False) -> ProgramResult:
+        """The (cached) simulation of ``program``; devices with nothing to hold peak at 0. ``record``: with its
+        step's events (:attr:`ProgramResult.trace`; simulated again if the cached one has none)."""
         if not program.share and not program.keeps_module:
             return ProgramResult(0, 0.0)
         key = program.canonical()
         if key not in self._cache:
             if key.strategy == "zero1":  # ranks that own equal partitions hold the same
                 key = dataclasses.replace(key, rank=self._zero_rank(key.replicas, key.rank))
-        if key not in self._cache:
+        if key not in self._cache or (record and self._cache[key].trace is None):
             model = self.sharded_model(key.replicas) if key.strategy == "fsdp" else self.model
             self._cache[key] = simulate_program(self.spec, key, self.round_to, self.fake_mode, self.workspaces,
-                                                model, self.backend)
+                                                model, self.backend, record)
+            self._runs += 1
         return self._cache[key]
 
     def sharded_model(self, world_size: int) -> nn.Module:

@@ -58,6 +58,9 @@ class AllocationTracker(TorchDispatchMode):
         self.peak = 0
         self._sizes: Dict[int, int] = {}
         self._refs: Dict[int, weakref.ref] = {}
+        #: while recording (:meth:`record`), what changed ``live``, in order (see :mod:`encoding.memory.replay`)
+        self.events: Optional[List[tuple]] = None
+        self._allocated: Dict[int, int] = {}  # storage key -> index of its allocation event while recording
 
     def track(self, tensors: Any) -> None:
         """Count tensors created outside the tracker (e.g. a module's fake parameters)."""
@@ -68,6 +71,18 @@ class AllocationTracker(TorchDispatchMode):
     def reset_peak(self) -> None:
         """Start a new peak window at the current live bytes."""
         self.peak = self.live
+
+    def record(self) -> None:
+        """Start recording the events that change ``live`` (:attr:`events`): ``("a", nbytes)`` a new storage of
+        ``nbytes`` (not rounded), ``("f", i)`` the storage of allocation event ``i`` freed, ``("r", i, nbytes)`` it
+        resized, ``("d", bytes)`` a storage that existed before the recording resized or freed (rounded),
+        ``("m",)`` a mark (:meth:`mark_event`)."""
+        self.events, self._allocated = [], {}
+
+    def mark_event(self) -> None:
+        """A ``("m",)`` event while recording (e.g. forward and backward done)."""
+        if self.events is not None:
+            self.events.append(("m",))
 
     def _rounded(self, nbytes: int) -> int:
         return -(-nbytes // self.round_to) * self.round_to
@@ -89,10 +104,16 @@ class AllocationTracker(TorchDispatchMode):
             if known != size:  # resized in place
                 self.live += size - known
                 self._sizes[key] = size
+                if self.events is not None:
+                    index = self._allocated.get(key)
+                    self.events.append(("d", size - known) if index is None else ("r", index, storage.nbytes()))
         else:
             self._sizes[key] = size
             self._refs[key] = weakref.ref(storage, functools.partial(self._free, key))
             self.live += size
+            if self.events is not None:
+                self._allocated[key] = len(self.events)
+                self.events.append(("a", storage.nbytes()))
         self.peak = max(self.peak, self.live)
 
     def __enter__(self) -> "AllocationTracker":
@@ -114,14 +135,20 @@ class AllocationTracker(TorchDispatchMode):
 
     def _free(self, key: int, ref: weakref.ref) -> None:
         if self._refs.get(key) is ref:
-            self.live -= self._sizes.pop(key)
+            size = self._sizes.pop(key)
+            self.live -= size
             del self._refs[key]
+            if self.events is not None:
+                index = self._allocated.pop(key, None)
+                self.events.append(("d", -size) if index is None else ("f", index))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default:  # no value: 0 (False), or 1 for an integer
             return 1 if not args[0].dtype.is_floating_point and args[0].dtype != torch.bool else 0
         if self.workspaces is not None:
-            held = self.workspaces.bytes(func.name(), _shapes(args, kwargs), *self.shares)
+            shapes = _shapes(args, kwargs)
+            self.workspaces.see(func, args, kwargs, shapes, self.shares[0])
+            held = self.workspaces.bytes(func.name(), shapes, *self.shares)
             self.peak = max(self.peak, self.live + held)
         out = func(*args, **(kwargs or {}))
         for leaf in tree_flatten(out)[0]:
@@ -154,6 +181,11 @@ class Workspaces:
 
     def __init__(self, table: Dict[tuple, Dict[int, int]]) -> None:
         self.table = table
+
+    def see(self, func: Any, args: tuple, kwargs: Optional[dict], shapes: Sequence[Sequence[int]],
+            share: int) -> None:
+        """Called with each operator call before :meth:`bytes` (a subclass may measure it: see
+        :class:`~encoding.memory.kernels.CpuKernels`); learned workspaces need nothing."""
 
     def bytes(self, name: str, shapes: Sequence[Sequence[int]], *shares: int) -> int:
         """Workspace (outputs included) of operator ``name`` on inputs ``shapes`` (0 if unknown); the batch

@@ -20,17 +20,19 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any, Dict, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import UsageError
 
 __all__ = ["ModelSpec", "is_model_spec", "parse_model_spec", "segmentation_output", "ExternalModel",
-           "build_external_model"]
+           "build_external_model", "sync_batchnorm"]
 
 
 class ModelSpec(NamedTuple):
@@ -159,8 +161,40 @@ def _factory(spec: str, num_classes: int, **kwargs: Any) -> nn.Module:
     return net
 
 
+def sync_batchnorm(net: nn.Module, spec: str) -> nn.Module:
+    """``net`` with its BatchNorm layers made :class:`~encoding.nn.SyncBatchNorm` (the same parameter and buffer
+    tensors, state-dict keys unchanged), as registry models are built with ``norm_layer=SyncBatchNorm`` when several
+    replicas or processes train: the statistics span the whole batch.
+
+    torch's ``BatchNorm1d/2d/3d`` and ``SyncBatchNorm`` and timm's ``BatchNormAct2d`` convert exactly. A BatchNorm
+    subclass with a forward of its own, or a layer named like a batch norm that is no ``_BatchNorm`` (statistics
+    computed functionally), cannot: it is left as it is and a ``UserWarning`` names it (its statistics stay per
+    replica).
+    """
+    from ..nn.syncbn import convert_sync_batchnorm, swap_modules
+
+    kept = {name: type(m).__name__ for name, m in net.named_modules()
+            if (isinstance(m, _BatchNorm) and not _converts_exactly(m))
+            or (not isinstance(m, _BatchNorm) and "batchnorm" in type(m).__name__.lower()
+                and "frozen" not in type(m).__name__.lower())}  # frozen: no batch statistics
+    if kept:
+        names = ", ".join(f"{name} ({kind})" for name, kind in list(kept.items())[:5])
+        warnings.warn(f"model spec {spec}: {len(kept)} normalisation layer(s) cannot become SyncBatchNorm and keep "
+                      f"per-replica statistics: {names}{' ...' if len(kept) > 5 else ''}", stacklevel=3)
+    return swap_modules(net, lambda m: convert_sync_batchnorm(m) if isinstance(m, _BatchNorm)
+                        and _converts_exactly(m) else None)
+
+
+def _converts_exactly(layer: _BatchNorm) -> bool:
+    """torch's BatchNorm forward (or SyncBatchNorm's, ours), or timm's ``BatchNormAct2d`` (drop / act modules)."""
+    from ..nn.syncbn import SyncBatchNorm
+
+    exact = (_BatchNorm.forward, nn.SyncBatchNorm.forward, SyncBatchNorm.forward)
+    return type(layer).forward in exact or any(isinstance(getattr(layer, k, None), nn.Module) for k in ("drop", "act"))
+
+
 def build_external_model(spec: str, num_classes: int, *, aux: bool = False, pretrained_backbone: Any = False,
-                         **kwargs: Any) -> ExternalModel:
+                         norm_layer: Any = None, **kwargs: Any) -> ExternalModel:
     """Build the network ``spec`` names for ``num_classes`` classes, wrapped in :class:`ExternalModel`.
 
     Args:
@@ -168,17 +202,27 @@ def build_external_model(spec: str, num_classes: int, *, aux: bool = False, pret
         num_classes: the number of output channels.
         aux: torchvision's auxiliary head (``aux_loss=True``).
         pretrained_backbone: ``True``: torchvision's default backbone weights (a download); default none.
+        norm_layer: :class:`~encoding.nn.SyncBatchNorm` (what ``build_model(sync_bn=True)`` passes when several
+            replicas or processes train): the network's BatchNorm layers are converted (:func:`sync_batchnorm`);
+            ``None`` or ``nn.BatchNorm2d``: the network's own layers.
         **kwargs: passed to the builder, the transformers config or the factory.
 
     Raises:
-        ValueError: a malformed spec, an unknown torchvision name, a missing folder or factory (one line).
+        ValueError: a malformed spec, an unknown torchvision name, a missing folder or factory, a ``norm_layer``
+            other than these (one line).
 
     Example:
         >>> model = build_external_model("torchvision:lraspp_mobilenet_v3_large", 3)
         >>> model(torch.randn(1, 3, 32, 32))["out"].shape
         torch.Size([1, 3, 32, 32])
     """
+    from ..nn.syncbn import SyncBatchNorm
+
     parsed = parse_model_spec(spec)
+    synced = isinstance(norm_layer, type) and issubclass(norm_layer, SyncBatchNorm)
+    if norm_layer not in (None, nn.BatchNorm2d) and not synced:
+        raise UsageError(f"model spec {spec}: norm_layer={getattr(norm_layer, '__name__', norm_layer)} cannot be "
+                         "applied to a network built elsewhere (its BatchNorm layers can only become SyncBatchNorm)")
     if parsed.kind == "torchvision":
         net = _torchvision(parsed.target, num_classes, aux, pretrained_backbone, **kwargs)
     elif aux:
@@ -187,4 +231,4 @@ def build_external_model(spec: str, num_classes: int, *, aux: bool = False, pret
         net = _transformers(parsed.target, num_classes, **kwargs)
     else:
         net = _factory(parsed.target, num_classes, **kwargs)
-    return ExternalModel(net, spec)
+    return ExternalModel(sync_batchnorm(net, spec) if synced else net, spec)

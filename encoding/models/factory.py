@@ -116,7 +116,7 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
     """
     if is_model_spec(name):  # torchvision:NAME, transformers:PATH, module:factory (encoding.models.external)
         return build_external_model(name, nclass if nclass is not None else _nclass_of(dataset), aux=aux,
-                                    pretrained_backbone=pretrained_backbone, **head_options)
+                                    pretrained_backbone=pretrained_backbone, norm_layer=norm_layer, **head_options)
     arch = get_architecture(name)
     output_stride, jpu = _pe_options(name, head_options, output_stride, jpu)
     if nclass is None:

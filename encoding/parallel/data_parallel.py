@@ -12,7 +12,7 @@ from .parallel_apply import parallel_apply
 from .planners import check_chunk_sizes, make_balancer
 from .replicate import execute_replication_callbacks, replicate
 from .scatter_gather import batch_size_of, gather, get_split_sizes, scatter_kwargs, to_device
-from .structures import device_of
+from .structures import PerSample, device_of, iter_leaves
 
 __all__ = ["ReplicaOutputs", "DataParallelModel", "DataParallelWithCallback", "data_parallel"]
 
@@ -24,14 +24,17 @@ class ReplicaOutputs(list):
         split_sizes: how many samples each replica processed (``None`` entries when nothing was split).
         devices: the replica devices, in order.
         dim: the batch dimension used for the split.
+        sample_lists: the call's inputs held lists of samples (scattered per sample): a list output that reads both
+            as samples and as batched tensors is then refused by :func:`~encoding.parallel.gather`.
     """
 
     def __init__(self, outputs: Sequence[Any], split_sizes: Sequence[Optional[int]],
-                 devices: Sequence[torch.device], dim: int = 0):
+                 devices: Sequence[torch.device], dim: int = 0, sample_lists: bool = False):
         super().__init__(outputs)
         self.split_sizes = list(split_sizes)
         self.devices = list(devices)
         self.dim = dim
+        self.sample_lists = sample_lists
 
 
 class _DataParallelBase(nn.Module):
@@ -223,7 +226,8 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
         replicas = self._replicate(devices)
         outputs = self.parallel_apply([self._method(r, method) for r in replicas], inputs_per_replica,
                                       kwargs_per_replica, devices)
-        return ReplicaOutputs(outputs, sizes, devices, self.dim)
+        sample_lists = any(isinstance(leaf, PerSample) for _, leaf in iter_leaves(inputs_per_replica[0]))
+        return ReplicaOutputs(outputs, sizes, devices, self.dim, sample_lists)
 
     def _scatter(self, inputs: tuple, kwargs: dict, devices: List[torch.device], split: Optional[List[int]]
                  ) -> Tuple[List[tuple], List[dict], List[Optional[int]]]:

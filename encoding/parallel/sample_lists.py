@@ -14,13 +14,13 @@ every image has as many boxes as channels. The rule (docs/parallel.md, "Lists"):
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Set, Tuple
+from typing import Any, List, Optional, Sequence, Set, Tuple
 
 from torch import Tensor
 
 from .structures import PerSample, _children, _is_container, _join, _rebuild, iter_leaves
 
-__all__ = ["leaf_batch_size", "resolve_sample_lists"]
+__all__ = ["leaf_batch_size", "resolve_sample_lists", "is_sample_list_output"]
 
 
 def leaf_batch_size(path: str, leaf: Any, dim: int) -> Optional[int]:
@@ -131,3 +131,32 @@ def _wrap(obj: Any, samples: Set[int]) -> Any:
     if not _is_container(obj) or _kind(obj) is not None:
         return obj
     return _rebuild(obj, [_wrap(child, samples) for _, child in _children(obj)])
+
+
+def is_sample_list_output(values: Sequence[Any], split_sizes: Sequence[Optional[int]], dim: int = 0,
+                          sample_inputs: bool = False) -> bool:
+    """Whether the replicas' ``values`` at one place of their outputs are per-sample lists (a detector's list of
+    result dicts in eval mode), to be gathered by concatenation in replica order: every value a plain list as long
+    as its replica's share, of dicts, or of tensors that do not all read as batched along ``dim`` (the lists of
+    batched tensors that ``torch``'s gather joins element by element, e.g. ``[out, aux]``).
+
+    Raises:
+        ValueError: lists of tensors that read both ways in a call whose inputs were lists of samples
+            (``sample_inputs``), naming ``PerSample``.
+    """
+    if len(values) != len(split_sizes) or any(size is None for size in split_sizes):
+        return False
+    if not all(type(v) is list and len(v) == size for v, size in zip(values, split_sizes)):
+        return False
+    kinds = {_kind(v) for v in values}
+    if kinds == {"dicts"}:
+        return True
+    if kinds != {"tensors"}:
+        return False
+    if not all(t.dim() > dim and t.size(dim) == size for v, size in zip(values, split_sizes) for t in v):
+        return True
+    if sample_inputs:
+        raise ValueError(f"cannot gather: each replica returned a list as long as its share {list(split_sizes)} "
+                         f"of tensors of that size along dim {dim}: samples or batched tensors? Return "
+                         "encoding.parallel.PerSample(...) for one entry per sample, a tuple for batched tensors")
+    return False

@@ -8,7 +8,7 @@ from torch import Tensor
 from torch.nn.parallel._functions import Scatter as _CudaScatter
 
 from .devices import DeviceLike, all_distinct_cuda, resolve_device, resolve_devices
-from .sample_lists import leaf_batch_size, resolve_sample_lists
+from .sample_lists import is_sample_list_output, leaf_batch_size, resolve_sample_lists
 from .structures import PerSample, device_of, iter_leaves, transpose_map, zip_map
 
 __all__ = ["get_split_sizes", "batch_size_of", "scatter", "scatter_kwargs", "gather", "to_device"]
@@ -183,7 +183,10 @@ def gather(outputs: Sequence[Any], target_device: Optional[DeviceLike] = None, d
     """Concatenate per-replica outputs into the whole-batch output on one device.
 
     Tensors are concatenated along ``dim`` (0-dim tensors are stacked into a vector, as torch does),
-    :class:`PerSample` lists are concatenated, equal plain values are returned once and differing ones as a list.
+    :class:`PerSample` lists are concatenated, and so are per-sample plain lists of a :class:`~encoding.parallel.ReplicaOutputs` (each
+    replica's list as long as its share: a detector's result dicts, see
+    :func:`~encoding.parallel.sample_lists.is_sample_list_output`), in input order; equal plain values are returned
+    once and differing ones as a list.
 
     Args:
         outputs: one (nested) output per replica, e.g. what :class:`DataParallelModel` returned.
@@ -203,4 +206,11 @@ def gather(outputs: Sequence[Any], target_device: Optional[DeviceLike] = None, d
         target = device_of(outputs[0], torch.device("cpu"))
     else:
         target = resolve_device(target_device)
-    return zip_map(lambda values: _gather_leaf(values, target, dim), list(outputs))
+    sizes = getattr(outputs, "split_sizes", None)
+
+    def sample_lists(values: List[Any]) -> Any:
+        if sizes is None or not is_sample_list_output(values, sizes, dim, getattr(outputs, "sample_lists", False)):
+            return NotImplemented
+        return [to_device(item, target) for part in values for item in part]
+
+    return zip_map(lambda values: _gather_leaf(values, target, dim), list(outputs), sample_lists)

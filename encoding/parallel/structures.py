@@ -112,12 +112,23 @@ def transpose_map(fn: Callable[[Any], List[Any]], obj: Any, num: int) -> List[An
     return [_rebuild(obj, [column[i] for column in per_child]) for i in range(num)]
 
 
-def zip_map(fn: Callable[[List[Any]], Any], objs: Sequence[Any]) -> Any:
+def zip_map(fn: Callable[[List[Any]], Any], objs: Sequence[Any],
+            whole: Optional[Callable[[List[Any]], Any]] = None) -> Any:
     """Inverse of :func:`transpose_map`: combine ``len(objs)`` same-shaped structures leaf by leaf with ``fn``.
+
+    Args:
+        fn: combines the values of one leaf.
+        objs: the structures.
+        whole: called first at every place with its values; a result other than ``NotImplemented`` is taken as
+            the combined value there (its children are not visited), e.g. per-sample lists joined whole.
 
     Raises:
         ValueError: when the structures differ in type, length or keys.
     """
+    if whole is not None:
+        result = whole(list(objs))
+        if result is not NotImplemented:
+            return result
     first = objs[0]
     if not _is_container(first):
         return fn(list(objs))
@@ -129,4 +140,4 @@ def zip_map(fn: Callable[[List[Any]], Any], objs: Sequence[Any]) -> Any:
     if any(k != keys[0] for k in keys):
         raise ValueError(f"cannot gather outputs with different structure: keys {keys}")
     columns = [[c[i][1] for c in children] for i in range(len(keys[0]))]
-    return _rebuild(first, [zip_map(fn, column) for column in columns])
+    return _rebuild(first, [zip_map(fn, column, whole) for column in columns])

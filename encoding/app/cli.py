@@ -1,0 +1,93 @@
+"""The command line of the web page: ``python -m encoding.app [--resume CKPT | --model DIR_OR_PRESET] [--host
+127.0.0.1] [--port 7860]``.
+
+The options are fields of :mod:`encoding.config` (:class:`~encoding.config.tools.AppOptions`, and ``--resume``
+shared with ``train.py``). The network is loaded once by :func:`encoding.load_model` before the page is served
+(an unreadable checkpoint ends here in one line, exit status 2); without one, only the Plan memory tab works.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from typing import Any, Optional, Sequence
+
+import torch
+
+from ..config.parser import build_parser as config_parser
+from ..errors import MissingDependency, UsageError
+from ..utils.cli import run_cli
+
+__all__ = ["build_parser", "parse_args", "load_network", "require_gradio", "main", "cli"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m encoding.app``, generated from the option fields of :mod:`encoding.config`."""
+    return config_parser("app")
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse and check the options; a bad value ends in a one-line argparse error (exit 2)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.resume and args.model_source:
+        parser.error("give --resume CKPT or --model DIR_OR_PRESET, not both")
+    if args.resume and not os.path.isfile(args.resume):
+        parser.error(f"--resume: no such checkpoint file: {args.resume!r}")
+    return args
+
+
+def load_network(args: argparse.Namespace) -> Optional[torch.nn.Module]:
+    """The network of ``--resume`` / ``--model`` (:func:`encoding.load_model`) on ``--device``; ``None``: neither.
+
+    Raises:
+        UsageError: an unknown device. The errors of :func:`encoding.load_model` (one line, naming the file).
+    """
+    from ..engine.loading import load_model
+
+    source = args.resume or args.model_source
+    if not source:
+        return None
+    try:
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as err:
+        raise UsageError(f"--device {args.device!r}: {str(err).splitlines()[0]}") from None
+    return load_model(source, device=device)
+
+
+def require_gradio() -> Any:
+    """The ``gradio`` module.
+
+    Raises:
+        MissingDependency: Gradio is not installed (the message says how to install it).
+    """
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # the page calls no one
+    try:
+        import gradio
+    except ImportError:
+        raise MissingDependency("the web page needs Gradio: pip install 'encoding[app]' (or pip install -e "
+                                "'.[app]' in a checkout)") from None
+    return gradio
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Entry point of ``python -m encoding.app``: load the network, serve the page until interrupted."""
+    args = parse_args(argv)
+    require_gradio()
+    model = load_network(args)
+    from .page import build_page
+    from .segmentation import validation_images
+
+    examples = validation_images(model.info.dataset) if model is not None else []
+    with tempfile.TemporaryDirectory(prefix="encoding-app-") as workdir:
+        page = build_page(model, workdir, examples)
+        what = "no network (Plan memory only)" if model is None else f"{args.resume or args.model_source}"
+        print(f"encoding.app: serving {what} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+        page.queue().launch(server_name=args.host, server_port=args.port, show_error=True, quiet=True,
+                            allowed_paths=[workdir, *sorted({os.path.dirname(p) for p in examples})])
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+    """``main`` for the command line: an ``EncodingError`` is one line on stderr; returns the exit status."""
+    return run_cli("python -m encoding.app", main, argv)

@@ -1,0 +1,34 @@
+"""The page: a Segment tab for the network (when there is one) and a Plan memory tab, in one ``gradio.Blocks``."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from torch import nn
+
+from .plan_tab import plan_tab
+from .segment_tab import segment_tab
+
+__all__ = ["TITLE", "build_page"]
+
+TITLE = "encoding: segment an image, plan the memory of training"
+
+
+def build_page(model: Optional[nn.Module], workdir: str, examples: Sequence[str] = ()) -> Any:
+    """The page (a ``gradio.Blocks``, not yet launched).
+
+    Args:
+        model: the network of the Segment tab (from :func:`encoding.load_model`), ``None``: the tab says how to
+            give one.
+        workdir: where the mask PNGs and the memory reports are written (one fresh folder per request).
+        examples: images the Segment tab offers to pick.
+    """
+    import gradio as gr
+
+    with gr.Blocks(title=TITLE, analytics_enabled=False) as page:
+        gr.Markdown(f"## {TITLE}")
+        with gr.Tabs():
+            with gr.Tab("Segment", id="segment"):
+                segment_tab(model, workdir, examples)
+            with gr.Tab("Plan memory", id="plan"):
+                plan_tab(workdir)
+    return page

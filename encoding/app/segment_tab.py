@@ -1,0 +1,112 @@
+"""The Segment tab's layout: an image in, the overlay with its legend, the mask, each class's share and the mask PNG
+out (computed by :mod:`.segmentation`)."""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, List, Optional, Sequence, Tuple
+
+from torch import nn
+
+from ..engine.loading import model_info
+from .messages import on_page
+from .segmentation import MODES, SegmentRequest, legend_html, parse_scales, segment_image, write_mask
+
+__all__ = ["SHARE_HEADERS", "image_input", "segment_handler", "segment_tab"]
+
+#: The columns of the classes' shares.
+SHARE_HEADERS = ["class", "colour", "pixels", "share %"]
+
+
+def _window(value: Any, name: str) -> Optional[int]:
+    """A form's window / stride: empty or 0 (what the page's empty number field sends) -> ``None`` (the default),
+    else a positive whole number."""
+    if value is None or value == "" or value == 0:
+        return None
+    if float(value) != int(float(value)) or int(float(value)) < 0:
+        raise ValueError(f"{name}: expected a positive whole number of pixels (or 0: the default), got {value}")
+    return int(float(value))
+
+
+def image_input(**options: Any) -> Any:
+    """A ``gradio.Image`` upload that hands the handler the uploaded file as it is (its path): the datasets' reader
+    reads it (EXIF orientation, 16-bit grey) and a file that is no image gets this page's message (Gradio's own
+    preprocessing would open it first and answer with its internals). The one method is replaced on the instance:
+    a subclass of a Gradio component makes Gradio write a ``.pyi`` file beside this module."""
+    import gradio as gr
+
+    image = gr.Image(type="filepath", image_mode=None, **options)
+    opened = image.preprocess
+
+    def uploaded_file(payload: Any) -> Optional[str]:
+        if payload is not None and getattr(payload, "path", None) and not str(payload.url or "").startswith("data:"):
+            return str(payload.path)
+        return opened(payload)
+
+    image.preprocess = uploaded_file
+    return image
+
+
+def segment_handler(model: nn.Module, workdir: str):
+    """The function the tab calls: ``(image path, mode, flip, window, stride, scales) -> (overlay, mask, shares,
+    mask PNG path)``; its errors are messages on the page."""
+
+    @on_page
+    def segment(image: Optional[str], mode: str, flip: bool, window: Any, stride: Any,
+                scales: str) -> Tuple[Any, Any, List[List[Any]], str]:
+        request = SegmentRequest(mode=mode, flip=bool(flip), window=_window(window, "window"),
+                                 stride=_window(stride, "stride"),
+                                 scales=parse_scales(scales) if mode == "multi-scale" else SegmentRequest.scales)
+        result = segment_image(model, image, request)
+        folder = tempfile.mkdtemp(dir=workdir)
+        stem = os.path.splitext(os.path.basename(image))[0] if isinstance(image, str) else "image"
+        mask_path = write_mask(result.mask, os.path.join(folder, f"{stem}_mask.png"))
+        shares = [[name, "#%02x%02x%02x" % colour, pixels, round(100 * share, 2)]
+                  for name, colour, pixels, share in result.shares]
+        return result.overlay, result.mask.convert("RGB"), shares, mask_path
+
+    return segment
+
+
+def segment_tab(model: Optional[nn.Module], workdir: str, examples: Sequence[str] = ()) -> None:
+    """The tab's components and events (inside a ``gradio.Blocks``); ``examples``: images offered to pick (the
+    validation images of the network's dataset, :func:`~.segmentation.validation_images`)."""
+    import gradio as gr
+
+    if model is None:
+        gr.Markdown("No network to segment with: start the page with `--resume CKPT` (a `train.py` checkpoint) or "
+                    "`--model DIR_OR_PRESET` (a `save_pretrained` folder, a Hub id or a preset name).")
+        return
+    info = model_info(model)
+    options = info.options
+    gr.Markdown(f"**{options.get('model', type(model).__name__)}** / {options.get('backbone', '-')} trained on "
+                f"**{info.dataset}**: {info.num_classes} classes (training crop {info.crop_size}, base size "
+                f"{info.base_size})")
+    gr.HTML(legend_html(info), elem_id="encoding-legend")
+    with gr.Row():
+        with gr.Column():
+            image = image_input(label="image", sources=["upload", "clipboard"], elem_id="encoding-image")
+            mode = gr.Radio(list(MODES), value="whole", label="mode",
+                            info="whole image at once, overlapping windows, or several scales")
+            flip = gr.Checkbox(False, label="flip", info="average with the mirrored image")
+            with gr.Row():
+                window = gr.Number(None, precision=0, label="window (slide / multi-scale)",
+                                   info=f"0: the training crop ({info.crop_size})")
+                stride = gr.Number(None, precision=0, label="stride", info="0: two thirds of the window")
+            scales = gr.Textbox("0.75,1.0,1.25", label="scales (multi-scale)",
+                                info="relative to the training base size")
+            button = gr.Button("Segment", variant="primary", elem_id="encoding-segment")
+            if examples:
+                gr.Examples([[path] for path in examples], [image], label=f"validation images of {info.dataset}")
+        with gr.Column():
+            overlay = gr.Image(type="pil", format="png", label="overlay", interactive=False,
+                               elem_id="encoding-overlay")
+            mask = gr.Image(type="pil", format="png", label="mask", interactive=False, elem_id="encoding-mask")
+            shares = gr.Dataframe(headers=SHARE_HEADERS, label="share of the image", interactive=False,
+                                  elem_id="encoding-shares")
+            download = gr.File(label="mask PNG (pixel values: class ids)", interactive=False,
+                               elem_id="encoding-mask-file")
+    handler = segment_handler(model, workdir)
+    inputs, outputs = [image, mode, flip, window, stride, scales], [overlay, mask, shares, download]
+    button.click(handler, inputs, outputs, api_name="segment")
+    image.upload(handler, inputs, outputs, api_name=False)

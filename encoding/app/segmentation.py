@@ -1,0 +1,183 @@
+"""What the Segment tab computes, without Gradio: an image's labels by :func:`encoding.segment` (whole, by sliding
+windows or multi-scale, with or without flip), the overlay with its class legend, the mask PNG and each class's share
+of the image.
+
+The labels are ``encoding.segment``'s, so an image of any size keeps its bounded memory (see
+:func:`encoding.engine.predict.segment`); the colours and names are the network's (:class:`~encoding.engine.ModelInfo`,
+from its checkpoint).
+"""
+from __future__ import annotations
+
+import html
+import inspect
+import io
+import os
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from ..datasets.base import read_rgb
+from ..engine.inference import overlay_with_legend
+from ..engine.loading import ModelInfo, model_info
+from ..engine.predict import segment
+from ..errors import UsageError
+from ..utils.files import atomic_write
+from ..utils.palette import colorize
+
+__all__ = ["MODES", "SegmentRequest", "Segmentation", "parse_scales", "segment_image", "class_shares",
+           "legend_html", "write_mask", "validation_images"]
+
+#: The Segment tab's choices: the whole image at once, overlapping windows, several scales (PyTorch-Encoding's
+#: multi-scale evaluation, :class:`~encoding.models.MultiEvalModule`).
+MODES = ("whole", "slide", "multi-scale")
+
+
+@dataclass(frozen=True)
+class SegmentRequest:
+    """How to segment: ``mode`` (:data:`MODES`), ``flip``, the windows of ``slide`` / ``multi-scale`` (``None``:
+    the training crop, two thirds of it) and the scales of ``multi-scale``."""
+
+    mode: str = "whole"
+    flip: bool = False
+    window: Optional[int] = None
+    stride: Optional[int] = None
+    scales: Tuple[float, ...] = (0.75, 1.0, 1.25)
+
+    def keywords(self) -> dict:
+        """The keywords of :func:`encoding.segment` that do this.
+
+        Raises:
+            UsageError: an unknown mode.
+        """
+        if self.mode not in MODES:
+            raise UsageError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
+        windows = dict(window=self.window, stride=self.stride) if self.mode != "whole" else {}
+        if self.mode == "multi-scale":
+            return dict(mode="whole", scales=list(self.scales), flip=self.flip, **windows)
+        return dict(mode=self.mode, flip=self.flip, **windows)
+
+
+@dataclass
+class Segmentation:
+    """One image segmented: ``labels`` (``H x W`` int64), the ``overlay`` (the image blended with the mask, above a
+    legend of the classes present), the palettised ``mask`` (pixel values = class ids) and ``shares`` (one
+    ``(class name, colour, pixels, fraction)`` per class present, largest first)."""
+
+    labels: torch.Tensor
+    overlay: Image.Image
+    mask: Image.Image
+    shares: List[Tuple[str, Tuple[int, int, int], int, float]]
+
+
+def parse_scales(text: str) -> Tuple[float, ...]:
+    """``"0.75, 1, 1.25"`` -> ``(0.75, 1.0, 1.25)``.
+
+    Raises:
+        UsageError: an empty list, a value that is not a number or not positive.
+    """
+    try:
+        scales = tuple(float(s) for s in str(text).split(",") if s.strip())
+    except ValueError:
+        raise UsageError(f"scales: expected comma-separated numbers such as 0.75,1,1.25, got {text!r}") from None
+    if not scales or any(not s > 0 for s in scales):
+        raise UsageError(f"scales: expected positive numbers such as 0.75,1,1.25, got {text!r}")
+    return scales
+
+
+def _image_array(image: object) -> np.ndarray:
+    """``image`` (a file path, a PIL image or an ``H x W x 3`` uint8 array) as the datasets read it.
+
+    Raises:
+        UsageError: no image, an unreadable file, or an image without pixels (the message names it).
+    """
+    if image is None:
+        raise UsageError("no image: upload one first")
+    if isinstance(image, (str, os.PathLike)):
+        path = os.fspath(image)
+        try:
+            array = read_rgb(path)
+        except (OSError, ValueError) as err:  # DatasetError is a ValueError
+            reason = (str(err).splitlines()[0] if str(err) else type(err).__name__).replace(path, "the file")
+            raise UsageError(f"{os.path.basename(path)!r} is not an image this page can read ({reason})") from None
+    else:
+        array = np.asarray(image.convert("RGB") if isinstance(image, Image.Image) else image)
+    if array.ndim != 3 or array.shape[0] == 0 or array.shape[1] == 0:
+        raise UsageError(f"the image has no pixels (size {array.shape[1] if array.ndim > 1 else 0} x "
+                         f"{array.shape[0]}): nothing to segment")
+    return array
+
+
+def segment_image(model: nn.Module, image: object, request: SegmentRequest = SegmentRequest()) -> Segmentation:
+    """Segment ``image`` with ``model`` (loaded by :func:`encoding.load_model`) as ``request`` says.
+
+    Returns:
+        The :class:`Segmentation`; its labels are ``encoding.segment(model, image, **request.keywords())``.
+
+    Raises:
+        UsageError: no image, an unreadable one, one without pixels, an unknown mode. ValueError: windows that
+            ``encoding.segment`` refuses (a stride larger than the window).
+    """
+    info = model_info(model)
+    array = _image_array(image)
+    labels = segment(model, array, **request.keywords())
+    overlay = overlay_with_legend(array, labels, info.palette, list(info.classes))
+    return Segmentation(labels, overlay, colorize(labels, info.palette), class_shares(labels, info))
+
+
+def class_shares(labels: torch.Tensor, info: ModelInfo) -> List[Tuple[str, Tuple[int, int, int], int, float]]:
+    """Each class present in ``labels``: its name, colour, pixel count and fraction of the image, largest first."""
+    counts = torch.bincount(labels.reshape(-1), minlength=info.num_classes)
+    total = int(labels.numel())
+    present = [(int(c), int(n)) for c, n in enumerate(counts.tolist()) if n > 0]
+    present.sort(key=lambda item: (-item[1], item[0]))
+    return [(_name(info, c), _colour(info, c), n, n / total) for c, n in present]
+
+
+def _name(info: ModelInfo, cls: int) -> str:
+    return info.classes[cls] if cls < info.num_classes else f"class {cls}"
+
+
+def _colour(info: ModelInfo, cls: int) -> Tuple[int, int, int]:
+    return tuple(info.palette[cls]) if cls < len(info.palette) else (0, 0, 0)
+
+
+def legend_html(info: ModelInfo, present: Sequence[int] = ()) -> str:
+    """The network's classes as HTML: a colour swatch and the name of each (the ``present`` ones in bold)."""
+    items = []
+    for cls, name in enumerate(info.classes):
+        r, g, b = _colour(info, cls)
+        label = f"<b>{html.escape(name)}</b>" if cls in present else html.escape(name)
+        items.append(f'<span style="display:inline-block;margin:2px 10px 2px 0"><span style="display:inline-block;'
+                     f'width:12px;height:12px;background:rgb({r},{g},{b});border:1px solid #000;'
+                     f'vertical-align:middle"></span> {label}</span>')
+    return f'<div class="encoding-legend">{"".join(items)}</div>'
+
+
+def write_mask(mask: Image.Image, path: str) -> str:
+    """Write the palettised mask PNG to ``path`` atomically; returns ``path``."""
+    buffer = io.BytesIO()
+    mask.save(buffer, format="PNG")
+    atomic_write(path, buffer.getvalue())
+    return path
+
+
+def validation_images(dataset: str, root: Optional[str] = None, limit: int = 12, **options: object) -> List[str]:
+    """Up to ``limit`` validation images of the registered ``dataset`` when they are on disk under ``root`` (default
+    ``$ENCODING_DATA`` or ``~/.encoding/data``): the page's examples. Nothing is generated or downloaded; ``[]``
+    for a dataset that is not registered or not there. ``options`` go to the dataset (e.g. ``shapes``' sizes)."""
+    from ..datasets import datasets
+
+    cls = datasets.get(str(dataset).lower(), None)
+    if cls is None:
+        return []
+    if "generate" in inspect.signature(cls.__init__).parameters:
+        options = {**options, "generate": False, "progress": False}  # shapes: only the scenes already written
+    try:
+        data = cls(root=root, split="val", mode="testval", **options)
+    except (OSError, ValueError, RuntimeError):  # not there (DatasetError is a ValueError)
+        return []
+    return list(data.images[:limit])

@@ -1,0 +1,126 @@
+"""The advice's replays (issue 36, item 1): a device program's allocation events recorded at two points replayed at
+any share and crop give exactly the simulated peak there, steps whose sizes are no monomials are refused (and
+simulated), and the fast advice answers what simulating every point answers."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from encoding.memory import Simulator, StepSpec, segmentation_spec
+from encoding.memory.advice import _Peaks, advise, heaviest_program
+from encoding.memory.replay import compose, fit, refit
+from encoding.memory.tracker import CUDA_BLOCK, MIB
+from encoding.nn import SegmentationLosses
+
+NCLASS = 6
+STRATEGIES = ["gather", "balanced", "ddp", "fsdp", "zero1"]
+
+
+def fcn_spec(crop, policy):
+    return segmentation_spec("fcn", "resnet18", NCLASS, crop, aux=True,
+                             checkpoint=False if policy == "none" else policy)
+
+
+def direct(spec_for, strategy, policy, share, crop, devices):
+    """The heaviest device's peak by a simulation of its own (nothing shared with the advice)."""
+    sim = Simulator(spec_for(crop, policy), CUDA_BLOCK)
+    return max(sim.peaks(strategy, [share] * devices))
+
+
+@pytest.mark.parametrize("policy", ["none", "all"])
+def test_replays_give_the_simulated_peak_at_other_points(policy):
+    """Fitted at (2, 32) and (3, 40), each strategy's replay equals a direct simulation at points it never saw:
+    more samples, larger and smaller crops (also crops that are no multiple of 32)."""
+    peaks = _Peaks(fcn_spec, 3, CUDA_BLOCK, origin=(2, 32))
+    for strategy in STRATEGIES:
+        replay = peaks.replay(policy, strategy)
+        assert replay is not None, strategy
+        for share, crop in [(5, 48), (2, 24), (7, 64)]:
+            assert replay.peak(share, crop) == direct(fcn_spec, strategy, policy, share, crop, 3), \
+                (strategy, share, crop)
+
+
+class CoarseNet(nn.Module):
+    """Features at stride 32 (``ceil(crop / 32)``): a size that is no monomial of the crop between 32 and 40."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(3, 8, 3, stride=32, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.classifier = nn.Conv2d(8, NCLASS, 1)
+
+    def forward(self, x):
+        return F.interpolate(self.classifier(self.backbone(x)), size=x.shape[-2:], mode="bilinear")
+
+
+def coarse_spec(crop, policy="none"):
+    return StepSpec(build_model=CoarseNet, make_inputs=lambda b: ((torch.randn(b, 3, crop, crop),), {}),
+                    make_target=lambda b: torch.randint(0, NCLASS, (b, crop, crop)),
+                    criterion=SegmentationLosses(nclass=NCLASS))
+
+
+def test_a_step_whose_sizes_are_no_monomials_is_not_replayed_and_the_advice_simulates():
+    peaks = _Peaks(coarse_spec, 2, CUDA_BLOCK, origin=(2, 32))
+    assert peaks.replay("none", "ddp") is None
+    limit = direct(coarse_spec, "ddp", "none", 3, 64, 2) + 4096
+    fast = advise(coarse_spec, ["ddp", "balanced"], 2, 4, 32, limit, CUDA_BLOCK, policies=("none",))
+    slow = advise(coarse_spec, ["ddp", "balanced"], 2, 4, 32, limit, CUDA_BLOCK, policies=("none",), replay=False)
+    assert fast == slow
+    for row in fast:
+        assert direct(coarse_spec, row.strategy, "none", row.per_device, 32, 2) <= limit
+        assert direct(coarse_spec, row.strategy, "none", row.per_device + 1, 32, 2) > limit
+
+
+def test_fast_advice_answers_what_simulating_every_point_answers(devices=3):
+    limit = direct(fcn_spec, "ddp", "none", 4, 32, devices) + 2 * MIB
+    kwargs = dict(policies=("none", "backbone"), stats={})
+    fast = advise(fcn_spec, STRATEGIES, devices, 2 * devices, 32, limit, CUDA_BLOCK, **kwargs)
+    programs = kwargs["stats"]["programs"]
+    slow = advise(fcn_spec, STRATEGIES, devices, 2 * devices, 32, limit, CUDA_BLOCK, replay=False, **kwargs)
+    assert fast == slow and any(row.per_device > 2 for row in fast)
+    assert programs < kwargs["stats"]["programs"]  # the replays simulate fewer programs
+
+
+def test_fit_refuses_different_events_and_replays_the_tracker_arithmetic():
+    p1, p2 = (2, 32), (3, 40)
+    image = lambda share, crop: 4 * share * crop * crop  # noqa: E731
+    one = (100, [("a", image(*p1)), ("a", 24), ("f", 0), ("m",), ("a", 8), ("f", 4)])
+    two = (100, [("a", image(*p2)), ("a", 24), ("f", 0), ("m",), ("a", 8), ("f", 4)])
+    replay = fit(one, two, p1, p2, round_to=512)
+    rounded = -(-image(5, 48) // 512) * 512
+    assert replay.peak(5, 48) == 100 + rounded + 512
+    assert fit(one, (100, two[1][:2] + [("f", 1)] + two[1][3:]), p1, p2, 512) is None  # another storage freed
+    assert fit(one, (100, [("a", image(*p2) + 1)] + two[1][1:]), p1, p2, 512) is None  # no monomial
+    assert fit(one, (101, two[1]), p1, p2, 512) is None  # another starting level
+    assert refit(one, {image(*p1): {(image(*p1) / 8, 1, 2)}}, 512) is None  # 24 bytes: not a known size
+    with pytest.raises(ValueError):
+        fit((0, [("a", 4)]), (0, [("a", 5)]), p1, p2, 1).peak(5, 44)  # crop / 8 bytes: none at crop 44
+
+
+def test_compose_needs_the_same_forward_and_backward():
+    p1, p2 = (2, 32), (3, 40)
+    line = fit((10, [("a", 64), ("a", 8), ("f", 0), ("m",), ("f", 1)]),
+               (10, [("a", 96), ("a", 8), ("f", 0), ("m",), ("f", 1)]), p1, p2, 1)
+    reference = (10, [("a", 64), ("a", 8), ("f", 0), ("m",), ("f", 1)])
+    own = (30, [("a", 64), ("a", 8), ("f", 0), ("m",), ("a", 8), ("f", 1), ("f", 4)])
+    composed = compose(line, own, reference)
+    assert composed.peak(5, 32) == 30 + 160 + 8 and composed.peak(2, 32) == 30 + 64 + 8
+    other = (30, [("a", 64), ("a", 16), ("f", 0), ("m",), ("f", 1)])
+    assert compose(line, other, reference) is None
+
+
+def test_the_recommended_batch_is_confirmed_by_simulation_and_a_wrong_replay_is_corrected(monkeypatch):
+    """The advice's recommendation never rests on a replay alone: a replay that underestimates (forced here) is
+    caught by the direct simulation of the recommended row, searched again, and said in a warning."""
+    from encoding.memory import replay as replay_module
+
+    devices = 2
+    limit = direct(fcn_spec, "ddp", "none", 4, 32, devices) + 2 * MIB
+    kwargs = dict(policies=("none",))
+    slow = advise(fcn_spec, ["ddp"], devices, 2 * devices, 32, limit, CUDA_BLOCK, replay=False, **kwargs)
+    true_peak = replay_module.Replay.peak
+    monkeypatch.setattr(replay_module.Replay, "peak", lambda self, share, crop: true_peak(self, share, crop) // 2)
+    with pytest.warns(RuntimeWarning, match="not confirmed by simulation"):
+        fast = advise(fcn_spec, ["ddp"], devices, 2 * devices, 32, limit, CUDA_BLOCK, **kwargs)
+    assert fast[0].recommended and fast[0].per_device == slow[0].per_device > 2
+    assert direct(fcn_spec, "ddp", "none", fast[0].per_device, 32, devices) <= limit
+    assert direct(fcn_spec, "ddp", "none", fast[0].per_device + 1, 32, devices) > limit
