@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
-import tempfile
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -28,6 +26,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from encoding.memory import learn_workspaces, plan  # noqa: E402
+from encoding.memory.profiler import trace_events  # noqa: E402
 from encoding.memory.program import StepSpec, default_optimizer  # noqa: E402
 from encoding.memory.tracker import Workspaces  # noqa: E402
 
@@ -54,14 +53,7 @@ def real_peak(build: Callable[[], nn.Module], criterion: Callable[..., Any], sam
         step(model, optimizer)
         with torch.profiler.record_function(_MARK):
             step(model, optimizer)
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path, encoding="utf-8") as f:
-            events = json.load(f)["traceEvents"]
-    finally:
-        os.unlink(path)
+    events = trace_events(prof)
     span = next(e for e in events if e.get("name") == _MARK and e.get("ph") == "X")
     start, end = span["ts"], span["ts"] + span["dur"]
     memory = sorted((e["ts"], e["args"]["Total Allocated"], e["args"].get("Bytes", 0)) for e in events

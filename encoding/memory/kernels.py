@@ -12,9 +12,6 @@ samples at a time.
 """
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import warnings
 from typing import Any, Dict, Optional, Sequence
 
@@ -22,6 +19,7 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
+from .profiler import trace_events
 from .tracker import Workspaces, batch_key
 
 __all__ = ["PROBED_OPERATORS", "CpuKernels"]
@@ -101,14 +99,7 @@ def _beyond_outputs(func: Any, args: tuple, kwargs: dict, share: int, samples: i
         real_kwargs = tree_map(lambda v: _real(v, share, samples), kwargs)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
             outputs = _nbytes(func(*real_args, **real_kwargs))
-        fd, path = tempfile.mkstemp(suffix=".json")
-        os.close(fd)
-        try:
-            prof.export_chrome_trace(path)
-            with open(path, encoding="utf-8") as f:
-                events = json.load(f)["traceEvents"]
-        finally:
-            os.unlink(path)
+        events = trace_events(prof)
     memory = sorted((e["ts"], e["args"]["Total Allocated"], e["args"].get("Bytes", 0)) for e in events
                     if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == 0)
     if not memory:

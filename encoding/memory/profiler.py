@@ -16,10 +16,23 @@ import torch
 from .program import DeviceProgram, ProgramResult, StepSpec, run_program
 from .tracker import Workspaces, batch_key
 
-__all__ = ["measure_program_cpu", "learn_workspaces"]
+__all__ = ["measure_program_cpu", "learn_workspaces", "trace_events"]
 
 #: The profiler range that marks the measured step.
 _MARK = "encoding.memory.step"
+
+
+def trace_events(prof: torch.profiler.profile) -> List[dict]:
+    """The chrome-trace events of a finished ``torch.profiler`` session (its memory events among them), read
+    through a temporary file that is removed."""
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
 
 
 def _memory_levels(events: List[dict], device: torch.device) -> List[Tuple[float, int]]:
@@ -132,14 +145,7 @@ def _profile_program(spec: StepSpec, program: DeviceProgram, device: torch.devic
         with torch.device(device):
             seconds = run_program(spec, program, device.type,
                                   functools.partial(torch.profiler.record_function, _MARK), real_ddp=True)
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)["traceEvents"], seconds
-    finally:
-        os.unlink(path)
+    return trace_events(prof), seconds
 
 
 def measure_program_cpu(spec: StepSpec, program: DeviceProgram) -> ProgramResult:
