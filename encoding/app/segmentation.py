@@ -8,6 +8,7 @@ from its checkpoint).
 """
 from __future__ import annotations
 
+import argparse
 import html
 import inspect
 import io
@@ -25,6 +26,7 @@ from ..engine.inference import overlay_with_legend
 from ..engine.loading import ModelInfo, model_info
 from ..engine.predict import segment
 from ..errors import UsageError
+from ..utils.cli import scales
 from ..utils.files import atomic_write
 from ..utils.palette import colorize
 
@@ -74,18 +76,16 @@ class Segmentation:
 
 
 def parse_scales(text: str) -> Tuple[float, ...]:
-    """``"0.75, 1, 1.25"`` -> ``(0.75, 1.0, 1.25)``.
+    """``"0.75, 1, 1.25"`` -> ``(0.75, 1.0, 1.25)``: the ``--scales`` option's parsing
+    (:func:`encoding.utils.cli.scales`), its refusal as a page message.
 
     Raises:
         UsageError: an empty list, a value that is not a number or not positive.
     """
     try:
-        scales = tuple(float(s) for s in str(text).split(",") if s.strip())
-    except ValueError:
-        raise UsageError(f"scales: expected comma-separated numbers such as 0.75,1,1.25, got {text!r}") from None
-    if not scales or any(not s > 0 for s in scales):
-        raise UsageError(f"scales: expected positive numbers such as 0.75,1,1.25, got {text!r}")
-    return scales
+        return scales(str(text))
+    except argparse.ArgumentTypeError as err:
+        raise UsageError(f"scales: {err} (such as 0.75,1,1.25)") from None
 
 
 def _image_array(image: object) -> np.ndarray:

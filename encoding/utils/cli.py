@@ -112,7 +112,7 @@ def scales(text: str) -> tuple:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
     if not values or any(not s > 0 for s in values):
-        raise argparse.ArgumentTypeError(f"scales must be positive numbers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
     return values
 
 
