@@ -22,6 +22,8 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from .tracker import rounded
+
 __all__ = ["Replay", "fit", "compose", "size_table", "refit"]
 
 #: Exponents of the share and of the crop's side a storage's size may have (an image is ``share * crop**2``, a
@@ -64,7 +66,7 @@ class Replay:
             value = mono[0] * scale[mono[1], mono[2]]
             if value.denominator != 1 or value < 0:
                 raise ValueError(f"replay: {value} bytes at share {share}, crop {crop}")
-            return -(-int(value) // r) * r
+            return rounded(int(value), r)
 
         live = peak = self.start
         sizes: Dict[int, int] = {}

@@ -18,11 +18,16 @@ from torch.utils._pytree import tree_flatten
 
 from ..parallel.structures import iter_leaves
 
-__all__ = ["MIB", "CUDA_BLOCK", "AllocationTracker", "Workspaces", "batch_key"]
+__all__ = ["MIB", "CUDA_BLOCK", "AllocationTracker", "Workspaces", "batch_key", "rounded"]
 
 MIB = 2 ** 20
 #: Allocation granularity of the CUDA caching allocator (blocks are multiples of 512 bytes).
 CUDA_BLOCK = 512
+
+
+def rounded(nbytes: int, granularity: int) -> int:
+    """``nbytes`` rounded up to a multiple of ``granularity`` (the allocator's block: 512 for CUDA, 1 for the CPU)."""
+    return -(-nbytes // granularity) * granularity
 
 
 class AllocationTracker(TorchDispatchMode):
@@ -84,9 +89,6 @@ class AllocationTracker(TorchDispatchMode):
         if self.events is not None:
             self.events.append(("m",))
 
-    def _rounded(self, nbytes: int) -> int:
-        return -(-nbytes // self.round_to) * self.round_to
-
     def _add(self, tensor: Tensor) -> None:
         if hasattr(tensor, "__tensor_flatten__"):  # a wrapper subclass (DTensor): count its inner tensors
             for name in tensor.__tensor_flatten__()[0]:
@@ -98,7 +100,7 @@ class AllocationTracker(TorchDispatchMode):
 
     def _add_storage(self, storage: Any) -> None:
         key = id(storage)
-        size = self._rounded(storage.nbytes())
+        size = rounded(storage.nbytes(), self.round_to)
         known = self._sizes.get(key)
         if known is not None and self._refs[key]() is storage:
             if known != size:  # resized in place
