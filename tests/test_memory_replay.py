@@ -124,3 +124,43 @@ def test_the_recommended_batch_is_confirmed_by_simulation_and_a_wrong_replay_is_
     assert fast[0].recommended and fast[0].per_device == slow[0].per_device > 2
     assert direct(fcn_spec, "ddp", "none", fast[0].per_device, 32, devices) <= limit
     assert direct(fcn_spec, "ddp", "none", fast[0].per_device + 1, 32, devices) > limit
+
+
+@pytest.mark.parametrize("policy", ["none", "all"])
+def test_programs_sharing_a_warmed_optimizer_peak_as_programs_that_warm_up_their_own(policy, monkeypatch):
+    """A simulator steps one warmed optimizer per model (its state counted) instead of a warm-up step per program:
+    every strategy's peaks are those of programs that build and warm up their own."""
+    import encoding.memory.program as program
+
+    def peaks():
+        sim = Simulator(fcn_spec(64, policy), CUDA_BLOCK)
+        return [sim.peaks(strategy, split) for strategy in ("gather", "balanced", "ddp", "fsdp", "zero1")
+                for split in ([2, 2, 1], [3, 1, 1])], sim.optimizers
+
+    shared, optimizers = peaks()
+    assert {key[0] for key in optimizers} == {"module", "fsdp"}  # zero1 keeps its own (its process group)
+    monkeypatch.setattr(program, "optimizer_key", lambda p: None)
+    own, none = peaks()
+    assert shared == own and not none
+
+
+def test_the_advice_replays_the_programs_of_the_report_simulator_and_answers_the_same(devices=3):
+    """The tool's table simulated the strategies at the advice's crop and share (recorded): the advice uses that
+    simulator's model and programs, simulates fewer programs and answers what an advice of its own answers."""
+    limit = direct(fcn_spec, "ddp", "none", 4, 32, devices) + 2 * MIB
+    own_stats, reused_stats = {}, {}
+    own = advise(fcn_spec, STRATEGIES, devices, 2 * devices, 32, limit, CUDA_BLOCK, policies=("none",),
+                 stats=own_stats)
+    table = Simulator(fcn_spec(32, "none"), CUDA_BLOCK, record=True)
+    for strategy in STRATEGIES:
+        table.peaks(strategy, [2] * devices)
+    ran = table.programs_run
+    reused = advise(fcn_spec, STRATEGIES, devices, 2 * devices, 32, limit, CUDA_BLOCK, policies=("none",),
+                    stats=reused_stats, simulator=("none", table))
+    assert reused == own and any(row.per_device > 2 for row in own)
+    assert table.programs_run - ran <= reused_stats["programs"] < own_stats["programs"]
+    # a simulator of another granularity (or with workspaces) is not used
+    other = Simulator(fcn_spec(32, "none"), 1, record=True)
+    advise(fcn_spec, STRATEGIES, devices, 2 * devices, 32, limit, CUDA_BLOCK, policies=("none",),
+           simulator=("none", other))
+    assert other.programs_run == 0

@@ -98,7 +98,8 @@ class _Peaks:
     policy's fake model and sharded model; ``balanced`` and ``zero1`` composed from ``ddp`` where exact."""
 
     def __init__(self, spec_for: Callable[[int, str], StepSpec], num_devices: int, round_to: int,
-                 backend: str = "nccl", origin: Optional[Tuple[int, int]] = None) -> None:
+                 backend: str = "nccl", origin: Optional[Tuple[int, int]] = None,
+                 reuse: Optional[Tuple[str, int, Simulator]] = None) -> None:
         self.spec_for, self.num_devices, self.round_to, self.backend = spec_for, num_devices, round_to, backend
         self.origin = origin  # (share, crop) the replays are fitted at; None: every point simulated
         self._replays: Dict[Tuple[str, str], Optional[Replay]] = {}
@@ -109,13 +110,18 @@ class _Peaks:
         # (policy, strategy) -> (bytes live at the step's start, peak of the rest of the step above it, ddp's),
         # or None where composing is not exact
         self._frames: Dict[Tuple[str, str], Optional[Tuple[int, int, int]]] = {}
+        if reuse is not None:  # (policy, crop, simulator): its model, fake mode and programs simulated before
+            policy, crop, sim = reuse
+            if sim.round_to == round_to and sim.backend == backend and sim.workspaces is None:
+                self._simulators[policy, crop] = self._models[policy] = sim
 
     def simulator(self, policy: str, crop: int) -> Simulator:
         key = (policy, crop)
         if key not in self._simulators:
             first = self._models.get(policy)
             sim = Simulator(self.spec_for(crop, policy), self.round_to, first and first.fake_mode,
-                            model=first and first.model, backend=self.backend, sharded=first and first.sharded)
+                            model=first and first.model, backend=self.backend, sharded=first and first.sharded,
+                            optimizers=first and first.optimizers)
             self._models.setdefault(policy, sim)
             self._simulators[key] = sim
         return self._simulators[key]
@@ -297,7 +303,8 @@ def _on_grid(target: float, axis: Callable[[int], float], step: int) -> int:
 
 def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], num_devices: int, batch: int,
            crop: int, limit_bytes: int, round_to: int = 1, policies: Sequence[str] = POLICY_ORDER,
-           stats: Optional[Dict[str, int]] = None, backend: str = "nccl", replay: bool = True) -> List[Advice]:
+           stats: Optional[Dict[str, int]] = None, backend: str = "nccl", replay: bool = True,
+           simulator: Optional[Tuple[str, Simulator]] = None) -> List[Advice]:
     """Per strategy x policy, the largest batch that fits ``limit_bytes`` per device at ``crop`` and the largest
     crop that fits at ``batch``; the recommended row marked (:func:`recommend`).
 
@@ -316,9 +323,15 @@ def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], 
             :class:`~encoding.memory.simulate.Simulator`).
         replay: answer from replays of each step's allocation events (:mod:`~encoding.memory.replay`, the same
             peaks as simulating, checked on the simulated points); ``False``: simulate every point the searches ask.
+        simulator: ``(policy, simulator)``: a simulator of ``spec_for(crop, policy)`` (with ``round_to`` and
+            ``backend``, without workspaces; e.g. the one the tool's report used) whose model and programs the
+            advice uses instead of simulating them again (recorded programs are replayed; see
+            :class:`~encoding.memory.simulate.Simulator`'s ``record``). Programs count in ``stats`` where they ran.
     """
     share = max(1, batch // num_devices)
-    peaks = _Peaks(spec_for, num_devices, round_to, backend, (share, crop) if replay else None)
+    peaks = _Peaks(spec_for, num_devices, round_to, backend, (share, crop) if replay else None,
+                   None if simulator is None else (simulator[0], crop, simulator[1]))
+    before = peaks.programs_run
     rows = []
     for policy in policies:
         for strategy in (s for s in strategies if s in ADVISED_STRATEGIES):
@@ -327,7 +340,7 @@ def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], 
             rows.append(Advice(strategy, policy, per_device * num_devices, per_device, best_crop))
     rows = _confirmed(peaks, recommend(rows), crop, limit_bytes) if replay else recommend(rows)
     if stats is not None:
-        stats["programs"] = peaks.programs_run
+        stats["programs"] = peaks.programs_run - before
     return rows
 
 

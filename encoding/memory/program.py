@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -287,7 +287,8 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
                 window: Callable[[], Any] = contextlib.nullcontext, steps: int = 1,
                 track: Callable[[List[Tensor]], None] = lambda tensors: None, real_ddp: bool = False,
                 model: Optional[nn.Module] = None, backend: str = "nccl",
-                mark: Callable[[], None] = lambda: None) -> float:
+                mark: Callable[[], None] = lambda: None,
+                optimizers: Optional[Dict[tuple, Any]] = None) -> float:
     """Run ``program``: build, one warm-up step, then ``steps`` steps each inside ``window()``.
 
     Args:
@@ -311,6 +312,10 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
             A real group (``real_ddp``) allocates what it does.
         mark: called in each measured step when its forward and backward are done (before the gradients of other
             replicas arrive and the optimizer steps).
+        optimizers: with ``model``: the optimizers of the programs run on it before, warmed up, by
+            :func:`optimizer_key` (filled on first use): a program whose key is there steps that optimizer, its
+            state counted by ``track``, instead of building one and running its warm-up step (the same state: the
+            warm-up's zero gradients leave the same buffers every time).
 
     ``fsdp`` and ``zero1`` run in the process group of this process (its world size and rank must be the
     program's), else in a fake one of the program's size (:func:`~encoding.memory.sharded.rank_world`).
@@ -327,12 +332,40 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
     else:
         group = contextlib.nullcontext()
     with _any_batchnorm_batch(), group:
-        return _run_program(spec, program, device_type, window, steps, track, real_ddp, model, backend, mark)
+        return _run_program(spec, program, device_type, window, steps, track, real_ddp, model, backend, mark,
+                            optimizers)
+
+
+def optimizer_key(program: DeviceProgram) -> Optional[tuple]:
+    """Which programs on one model step the same optimizer: every program that keeps the module but ``zero1``'s steps
+    one over all parameters, an ``fsdp`` rank one over its world's shards (``None``: no optimizer to share; a
+    ``zero1`` rank's ``ZeroRedundancyOptimizer`` holds the process group of its own program)."""
+    if program.strategy == "zero1":
+        return None
+    if program.strategy == "fsdp":
+        return ("fsdp", program.replicas)
+    return ("module",) if program.keeps_module else None
+
+
+def _optimizer_state(optimizer: Any) -> List[Dict[str, Any]]:
+    """The per-parameter state of ``optimizer`` (a torch optimizer, :class:`LocalShardOptimizer` or
+    ``ZeroRedundancyOptimizer``: the optimizer they wrap)."""
+    inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "optim", None) or optimizer
+    return list(inner.state.values())
+
+
+def _build_optimizer(spec: StepSpec, program: DeviceProgram, params: List[Tensor],
+                     real_ddp: bool) -> Optional[Any]:
+    if program.strategy == "zero1":
+        return zero_optimizer(params, spec.optimizer)
+    if program.strategy == "fsdp" and not real_ddp:  # simulated: the same tensors, DTensor's dispatch skipped
+        return LocalShardOptimizer(params, spec.optimizer)
+    return spec.optimizer(params) if program.keeps_module else None
 
 
 def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, window: Callable[[], Any], steps: int,
                  track: Callable[[List[Tensor]], None], real_ddp: bool, model: Optional[nn.Module],
-                 backend: str, mark: Callable[[], None]) -> float:
+                 backend: str, mark: Callable[[], None], optimizers: Optional[Dict[tuple, Any]] = None) -> float:
     # sharding changes the module: fsdp shards its own, or reuses one sharded before (is_sharded)
     reuse = model is not None and (program.strategy != "fsdp" or is_sharded(model))
     model = model if reuse else spec.build_model()
@@ -341,21 +374,21 @@ def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, windo
     if program.strategy == "fsdp" and not reuse:
         model = shard_model(model, staged_collectives=backend == "gloo" and not real_ddp)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = None
-    if program.strategy == "zero1":
-        optimizer = zero_optimizer(params, spec.optimizer)
-    elif program.strategy == "fsdp" and not real_ddp:  # simulated: the same tensors, DTensor's dispatch skipped
-        optimizer = LocalShardOptimizer(params, spec.optimizer)
-    elif program.keeps_module:
-        optimizer = spec.optimizer(params)
+    key = optimizer_key(program) if reuse and optimizers is not None else None
+    warm = key is not None and key in optimizers
+    optimizer = optimizers[key] if warm else _build_optimizer(spec, program, params, real_ddp)
+    if warm:
+        track(_optimizer_state(optimizer))
+    elif key is not None and optimizer is not None:
+        optimizers[key] = optimizer
     buckets = []
     if program.strategy in ("ddp", "zero1") and real_ddp:
         model = nn.parallel.DistributedDataParallel(model)
     elif program.strategy in ("ddp", "zero1") and params:
         buckets = _ddp_buckets(params)  # held for the whole run, like DDP's
-    if reuse:
+    if reuse and not warm:  # a warmed optimizer's state is there (counted above)
         _optimizer_warmup(params, optimizer)
-    else:
+    elif not reuse:
         _step(spec, program, model, params, optimizer, device_type)
     seconds = 0.0
     for _ in range(steps):

@@ -80,7 +80,8 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         device = _calibration_device(args)
         _say(progress, f"calibrating on {device}: real steps of 1-3 samples ...")
         workspaces = learn_workspaces(spec, device=device)
-    simulator = Simulator(spec, CUDA_BLOCK, workspaces=workspaces, backend=args.backend)
+    # recorded: the advice replays the programs the table simulated (the same step at the same crop)
+    simulator = Simulator(spec, CUDA_BLOCK, workspaces=workspaces, backend=args.backend, record=args.advise)
     report = {"config": _config(args, "measured" if args.devices is not None else "simulated"), "strategies": {}}
     for strategy in args.strategies:
         start = time.perf_counter()
@@ -106,7 +107,7 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         report["advice"] = [row.as_dict() for row in advise(
             lambda crop, policy: segmentation_spec(**dict(spec_args, crop_size=crop, checkpoint=policy)),
             args.strategies, args.num_devices, args.batch_size, args.crop_size, advice_budget(args),
-            CUDA_BLOCK, stats=stats, backend=args.backend)]
+            CUDA_BLOCK, stats=stats, backend=args.backend, simulator=(args.recompute, simulator))]
         report["advise_s"] = round(time.perf_counter() - start, 2)
         report["advise_cpu_s"] = round(time.process_time() - cpu, 2)
         _say(progress, f"advice: {stats['programs']} device programs simulated in {report['advise_s']:.1f} s")

@@ -29,7 +29,8 @@ def new_fake_mode() -> Any:
 
 def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, fake_mode: Any = None,
                      workspaces: Optional[Workspaces] = None, model: Optional[nn.Module] = None,
-                     backend: str = "nccl", record: bool = False) -> ProgramResult:
+                     backend: str = "nccl", record: bool = False,
+                     optimizers: Optional[Dict[tuple, Any]] = None) -> ProgramResult:
     """Peak bytes of ``program`` on fake CPU tensors (no memory is allocated, no kernel runs).
 
     Args:
@@ -45,6 +46,8 @@ def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, 
         record: keep the measured step's events (:attr:`ProgramResult.trace`: the bytes live when it starts and
             :attr:`AllocationTracker.events <encoding.memory.tracker.AllocationTracker.record>`, a mark where its
             forward and backward end), which :mod:`encoding.memory.replay` replays at other batches and crops.
+        optimizers: with ``model``: its warmed optimizers, shared by the programs run on it (see
+            :func:`~encoding.memory.program.run_program`).
     """
     tracker = AllocationTracker(round_to, workspaces, (program.share, program.total))
     start, marks = [0], []  # live when the measured step starts; peak of its forward and backward
@@ -69,7 +72,7 @@ def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, 
 
     with (fake_mode or new_fake_mode()), tracker:
         seconds = run_program(spec, program, "cpu", window, track=tracker.track, model=model, backend=backend,
-                              mark=mark)
+                              mark=mark, optimizers=optimizers)
     phases = (start[0], marks[0], tracker.peak) if len(marks) == 1 else None
     return ProgramResult(max(marks + [tracker.peak]), seconds, phases, (start[0], trace) if record else None)
 
@@ -87,12 +90,19 @@ class Simulator:
         backend: ``"nccl"`` (default: GPUs) or ``"gloo"`` (CPU processes), see :func:`simulate_program`.
         sharded: the :attr:`sharded` models of another simulator of the same model, fake mode and backend (shared,
             like ``model``); default: its own.
+        optimizers: the :attr:`optimizers` of that simulator (shared with ``model`` and ``sharded``); default: its
+            own.
+        record: keep every program's events (:meth:`result` with ``record``), so that the advice can replay the
+            programs of this simulator without simulating them again (:func:`~encoding.memory.advice.advise`'s
+            ``simulator``).
     """
 
     def __init__(self, spec: StepSpec, round_to: int = 1, fake_mode: Any = None,
                  workspaces: Optional[Workspaces] = None, model: Optional[nn.Module] = None,
-                 backend: str = "nccl", sharded: Optional[Dict[int, nn.Module]] = None) -> None:
+                 backend: str = "nccl", sharded: Optional[Dict[int, nn.Module]] = None,
+                 optimizers: Optional[Dict[tuple, Any]] = None, record: bool = False) -> None:
         self.spec = spec
+        self.record = record
         self.round_to = round_to
         self.fake_mode = fake_mode if fake_mode is not None else new_fake_mode()
         self.workspaces = workspaces
@@ -103,6 +113,9 @@ class Simulator:
         self._zero: Dict[int, List[tuple]] = {}
         #: world size -> the model sharded for ``fsdp`` (see :meth:`sharded_model`)
         self.sharded: Dict[int, nn.Module] = {} if sharded is None else sharded
+        #: the warmed optimizers of the programs run on :attr:`model` and :attr:`sharded` (one warm-up step each,
+        #: see :func:`~encoding.memory.program.run_program`)
+        self.optimizers: Dict[tuple, Any] = {} if optimizers is None else optimizers
 
     @property
     def programs_run(self) -> int:
@@ -122,6 +135,7 @@ class Simulator:
         step's events (:attr:`ProgramResult.trace`; simulated again if the cached one has none)."""
         if not program.share and not program.keeps_module:
             return ProgramResult(0, 0.0)
+        record = record or self.record
         key = program.canonical()
         if key not in self._cache:
             if key.strategy == "zero1":  # ranks that own equal partitions hold the same
@@ -129,7 +143,7 @@ class Simulator:
         if key not in self._cache or (record and self._cache[key].trace is None):
             model = self.sharded_model(key.replicas) if key.strategy == "fsdp" else self.model
             self._cache[key] = simulate_program(self.spec, key, self.round_to, self.fake_mode, self.workspaces,
-                                                model, self.backend, record)
+                                                model, self.backend, record, self.optimizers)
             self._runs += 1
         return self._cache[key]
 
