@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from encoding.utils import LR_Scheduler, LR_Scheduler_Head
+from encoding.utils.lr_scheduler import IterationLR
 
 
 def two_group_optimizer(lr=0.1):
@@ -122,10 +123,24 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="lr_step"):
         LR_Scheduler("step", 0.1, 10, 5)
     with pytest.raises(ValueError, match="warmup_epochs"):
-        LR_Scheduler("poly", 0.1, 10, 5, warmup_epochs=10)
+        LR_Scheduler("poly", 0.1, 10, 5, warmup_epochs=11)
     with pytest.raises(ValueError, match="iters_per_epoch"):
         LR_Scheduler("poly", 0.1, 10, 0)
     with pytest.raises(RuntimeError, match="no optimizer"):
         LR_Scheduler("poly", 0.1, 10, 5).step()
     with pytest.raises(ValueError, match="takes no epoch"):
         LR_Scheduler("poly", 0.1, 10, 5, optimizer=two_group_optimizer()).step(3)
+
+
+def test_a_fractional_warmup_and_one_that_takes_the_whole_run():
+    """Half an epoch of 10 iterations warms up for 5; a warm-up as long as the run rises to the base rate and
+    stays there (no decay follows), also past the end."""
+    half = IterationLR(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), "poly", 0.1, 2, 10,
+                       warmup_epochs=0.5)
+    assert half.warmup_iters == 5 and half.total_iters == 15
+    assert [round(half.lr_at(t), 6) for t in (0, 1, 4, 5)] == [0.0, 0.02, 0.08, 0.1]
+    assert half.lr_at(20) == 0.0
+    whole = IterationLR(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), "poly", 0.1, 1, 10,
+                        warmup_epochs=1)
+    assert [round(whole.lr_at(t), 6) for t in (0, 5, 9)] == [0.0, 0.05, 0.09]
+    assert whole.lr_at(10) == whole.lr_at(50) == 0.1

@@ -40,7 +40,7 @@ TRAIN_BAD = [
     (["--device-ids", "cpu,,cpu"], "--device-ids cpu,,cpu: empty entry"),
     (["--model", "deeplab", "--backbone", "vgg_tiny", "--output-stride", "32"], "output_stride of vgg_tiny"),
     (["--head-channels", "8"], "model 'unet' has no head option channels"),
-    (["--warmup-epochs", "2", "--epochs", "2"], "--warmup-epochs 2 must be below --epochs 2"),
+    (["--warmup-epochs", "3", "--epochs", "2"], "--warmup-epochs 3 is longer than the run"),
     (["--lr-scheduler", "step"], "--lr-scheduler step needs --lr-step"),
     (["--train-split", "test"], "--train-split test"),
     (["--val-split", "nosuch"], "--val-split nosuch"),

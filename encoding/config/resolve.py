@@ -21,6 +21,7 @@ Then the rules, each applied once, here and nowhere else (:data:`RULES`):
 * ``output_stride``, ``head_channels``: the recipe's only for the recipe's own model, else the model's (``None``);
 * ``base_size``, ``crop_size``, ``scale_range``: unset, the dataset's own (``BASE_SIZE``, ``CROP_SIZE``,
   ``SCALE_RANGE`` of its class);
+* ``warmup_epochs``: unset (a recipe without ``warmup-epochs``), no warm-up (PyTorch-Encoding's default);
 * ``test_batch_size``: unset, ``--batch-size`` (``test.py``: 16);
 * ``test.py`` / ``demo.py``: ``--scales`` PE's for the dataset; ``--mode`` and the slide window (:mod:`.evaluation`).
 """
@@ -50,7 +51,7 @@ __all__ = ["ORDER", "RULES", "Settings", "resolve", "parse_layers"]
 ORDER = ("default", "recipe", "checkpoint", "config file", "command line")
 #: The options whose value a rule decides when no source sets them.
 RULES = ("lr", "head_lr_mult", "output_stride", "head_channels", "base_size", "crop_size", "scale_range",
-         "test_batch_size", "scales", "mode", "window", "stride")
+         "warmup_epochs", "test_batch_size", "scales", "mode", "window", "stride")
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,8 @@ def _rules(script: str, values: Dict[str, Any], sources: Dict[str, str], recipe:
                   f"the recipe's lr {recipe['lr']:g} x --batch-size {values['batch_size']} / {recipe['batch_size']}")
         if "head_lr_mult" not in given and values["pretrained"]:
             _rule(values, sources, "head_lr_mult", 10.0, "10 with --pretrained-backbone (PyTorch-Encoding's)")
+        if values["warmup_epochs"] is None:
+            _rule(values, sources, "warmup_epochs", 0, "no warm-up: the recipe sets none")
         if values["test_batch_size"] is None:
             _rule(values, sources, "test_batch_size", values["batch_size"], "--batch-size")
     for name in MODEL_SPECIFIC:

@@ -273,7 +273,7 @@ def build_optimizer(model: nn.Module, lr: float, *, kind: str = "sgd", momentum:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, mode: str, lr: float, epochs: int, iters_per_epoch: int, *,
-                    lr_step: int = 0, warmup_epochs: int = 0, head_lr_mult: float = 10.0) -> IterationLR:
+                    lr_step: int = 0, warmup_epochs: float = 0, head_lr_mult: float = 10.0) -> IterationLR:
     """The per-iteration schedule of ``optimizer`` (:class:`~encoding.utils.lr_scheduler.IterationLR`): it sets the
     rates of iteration 0 now; ``scheduler.step()`` after each ``optimizer.step()`` moves to the next iteration."""
     return IterationLR(optimizer, mode, lr, epochs, iters_per_epoch, lr_step=lr_step, warmup_epochs=warmup_epochs,

@@ -114,8 +114,9 @@ def check_devices(text: Optional[str]) -> None:
 
 
 def _check_schedule(c: "TrainingConfig") -> None:
-    if not c.warmup_epochs < c.epochs:
-        raise ConfigError(f"--warmup-epochs {c.warmup_epochs} must be below --epochs {c.epochs}")
+    if c.warmup_epochs > c.epochs:  # equal: the warm-up takes the whole run (a one-epoch trial of a recipe)
+        raise ConfigError(f"--warmup-epochs {c.warmup_epochs:g} is longer than the run (--epochs {c.epochs}): the "
+                          "learning rate would never reach --lr")
     if c.lr_scheduler == "step" and c.lr_step < 1:
         raise ConfigError("--lr-scheduler step needs --lr-step N (epochs between two x0.1 decays)")
 

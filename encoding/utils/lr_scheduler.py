@@ -1,14 +1,16 @@
 """Per-iteration learning-rate schedule (poly / cos / step with linear warm-up), as a ``torch.optim`` scheduler.
 
-With ``T`` the global iteration (``epoch * iters_per_epoch + i``), ``W = warmup_epochs * iters_per_epoch`` and
-``N = (num_epochs - warmup_epochs) * iters_per_epoch``:
+With ``T`` the global iteration (``epoch * iters_per_epoch + i``), ``W = round(warmup_epochs * iters_per_epoch)``
+(a warm-up may be a fraction of an epoch, e.g. ``0.5``) and ``N = num_epochs * iters_per_epoch - W``:
 
 * warm-up (``T < W``): ``lr = base_lr * T / W`` (linear from 0, as in PE);
 * ``poly``: ``lr = base_lr * (1 - (T - W) / N) ** 0.9``;
 * ``cos``:  ``lr = base_lr * 0.5 * (1 + cos(pi * (T - W) / N))``;
 * ``step``: ``lr = base_lr * 0.1 ** (epoch // lr_step)``.
 
-``T - W`` is clamped to ``N``, so iterating past the end keeps ``lr`` at its final value (0 for poly/cos).
+``T - W`` is clamped to ``N``, so iterating past the end keeps ``lr`` at its final value (0 for poly/cos). A warm-up
+may take the whole run (``warmup_epochs == num_epochs``, e.g. a one-epoch trial of a recipe that warms up for one
+epoch): the rate rises to ``base_lr`` and no decay follows.
 
 Head learning-rate factor (PE convention): parameter group 0 (the pretrained backbone) gets ``lr`` and every later
 group (the new heads) gets ``head_lr_mult * lr`` (10 by default; ``train.py --head-lr-mult``). A group with an
@@ -49,7 +51,8 @@ class IterationLR(LRScheduler):
         num_epochs: total number of epochs (warm-up included).
         iters_per_epoch: iterations per epoch (``len(train_loader)``).
         lr_step: epochs between two ×0.1 decays (``step`` mode only; required there).
-        warmup_epochs: epochs of linear warm-up from 0.
+        warmup_epochs: epochs of linear warm-up from 0 (a fraction of an epoch too, e.g. ``0.5``: the warm-up
+            takes ``round(warmup_epochs * iters_per_epoch)`` iterations); at most ``num_epochs``.
         head_lr_mult: factor of parameter groups after the first (PE heads: 10; ``head_multiplier``: its old name).
         power: exponent of the poly schedule.
 
@@ -60,13 +63,13 @@ class IterationLR(LRScheduler):
     """
 
     def __init__(self, optimizer: Optimizer, mode: str, base_lr: float, num_epochs: int, iters_per_epoch: int,
-                 lr_step: int = 0, warmup_epochs: int = 0, *, head_lr_mult: float = 10.0,
+                 lr_step: int = 0, warmup_epochs: float = 0, *, head_lr_mult: float = 10.0,
                  power: float = 0.9, **old: float) -> None:
         self._configure(mode, base_lr, num_epochs, iters_per_epoch, lr_step, warmup_epochs, head_lr_mult, power, **old)
         self._attach(optimizer)
 
     def _configure(self, mode: str, base_lr: float, num_epochs: int, iters_per_epoch: int, lr_step: int = 0,
-                   warmup_epochs: int = 0, head_lr_mult: float = 10.0, power: float = 0.9, **old: float) -> None:
+                   warmup_epochs: float = 0, head_lr_mult: float = 10.0, power: float = 0.9, **old: float) -> None:
         """Validate and store the schedule; no optimizer yet (``head_multiplier``: the old name of ``head_lr_mult``)."""
         if set(old) - {"head_multiplier"}:
             raise TypeError(f"unexpected keyword argument {sorted(set(old) - {'head_multiplier'})[0]!r}")
@@ -79,8 +82,8 @@ class IterationLR(LRScheduler):
             raise ValueError(f"base_lr must be >= 0, got {base_lr}")
         if iters_per_epoch < 1:
             raise ValueError(f"iters_per_epoch must be >= 1, got {iters_per_epoch}")
-        if not 0 <= warmup_epochs < num_epochs:
-            raise ValueError(f"need 0 <= warmup_epochs < num_epochs, got warmup_epochs={warmup_epochs}, "
+        if not 0 <= warmup_epochs <= num_epochs:
+            raise ValueError(f"need 0 <= warmup_epochs <= num_epochs, got warmup_epochs={warmup_epochs}, "
                              f"num_epochs={num_epochs}")
         if mode == "step" and lr_step < 1:
             raise ValueError(f"mode 'step' needs lr_step >= 1 (epochs between decays), got {lr_step}")
@@ -89,11 +92,11 @@ class IterationLR(LRScheduler):
         self.num_epochs = int(num_epochs)
         self.iters_per_epoch = int(iters_per_epoch)
         self.lr_step = int(lr_step)
-        self.warmup_epochs = int(warmup_epochs)
+        self.warmup_epochs = int(warmup_epochs) if float(warmup_epochs).is_integer() else float(warmup_epochs)
         self.head_lr_mult = float(head_lr_mult)
         self.power = float(power)
-        self.warmup_iters = self.warmup_epochs * self.iters_per_epoch
-        self.total_iters = (self.num_epochs - self.warmup_epochs) * self.iters_per_epoch
+        self.warmup_iters = round(self.warmup_epochs * self.iters_per_epoch)
+        self.total_iters = self.num_epochs * self.iters_per_epoch - self.warmup_iters
         self.epoch = -1  # last epoch announced in the log (PE attribute)
         self.last_epoch = -1  # last iteration T applied (torch attribute name)
         self._step_count = 0
@@ -116,6 +119,8 @@ class IterationLR(LRScheduler):
             raise ValueError(f"iteration must be >= 0, got {T}")
         if T < self.warmup_iters:
             return self.base_lr * T / self.warmup_iters
+        if not self.total_iters:  # the warm-up took the whole run
+            return self.base_lr
         t = min(T - self.warmup_iters, self.total_iters)
         if self.mode == "poly":
             return self.base_lr * (1.0 - t / self.total_iters) ** self.power
