@@ -315,6 +315,25 @@ def test_vgg_tiny_strides_dilation_and_no_published_weights():
         get_backbone("vgg_tiny", pretrained=True)
 
 
+def test_vgg_tiny_s2_moves_the_stride_into_the_stem_with_the_same_parameters_and_strides():
+    """``vgg_tiny_s2``: the stem conv has the stride and the first stage's conv none, so no layer runs at full
+    resolution (a quarter of vgg_tiny's stem work); the same parameter shapes and feature strides."""
+    from encoding.models import backbone
+    from encoding.models.flops import count_flops
+    x = torch.randn(2, 3, 64, 96)
+    full, s2 = get_backbone("vgg_tiny", output_stride=8), get_backbone("vgg_tiny_s2", output_stride=8)
+    assert (full.conv1[0].stride, full.layer1[0][0].stride) == ((1, 1), (2, 2))
+    assert (s2.conv1[0].stride, s2.layer1[0][0].stride) == ((2, 2), (1, 1))
+    assert [f.shape for f in s2(x)] == [f.shape for f in full(x)]
+    assert {k: v.shape for k, v in s2.state_dict().items()} == {k: v.shape for k, v in full.state_dict().items()}
+    assert s2.channels == full.channels
+    assert count_flops(s2, (64, 96)) < count_flops(full, (64, 96))
+    with pytest.raises(ValueError, match="stem_stride of vgg_tiny must be 1 or 2, got 4"):
+        backbone.VGGTinyBackbone(stem_stride=4)
+    with pytest.raises(ValueError, match="vgg_tiny_s2 has no published weights"):
+        get_backbone("vgg_tiny_s2", pretrained=True)
+
+
 def test_unet_decodes_to_the_finest_stage():
     """The U-Net head climbs c4 -> c3 -> c2 -> c1: its logits have c1's size (stride 2 on vgg_tiny, 4 on ResNet)."""
     for backbone, stride in (("vgg_tiny", 2), ("resnet18", 4)):

@@ -2,7 +2,7 @@
 what ``test.py`` / ``demo.py`` add (where the weights come from, how to evaluate, what the demo draws).
 
 Each field is one option (:func:`~.fields.option`): its default is the library's, the built-in run (a U-Net on
-``vgg_tiny`` learning the embedded ``shapes`` dataset on a CPU in minutes; the recipe file ``shapes.yaml`` says the
+``vgg_tiny_s2`` learning the embedded ``shapes`` dataset on a CPU in minutes; the recipe file ``shapes.yaml`` says the
 same and a test keeps them equal). Adding an option is adding a field here: the parsers, the configuration files,
 :class:`~encoding.engine.config.TrainingConfig` and ``config.yaml`` follow.
 
@@ -69,8 +69,8 @@ class ModelOptions:
     model: str = option("unet", "fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn, unet, segformer "
                         "(default: the recipe's)", network=True, recipe=True, scripts=WITH_MEMORY,
                         per_script=memory(default="fcn", help="segmentation model (default: fcn)"))
-    backbone: str = option("vgg_tiny", "resnet18/34/50/101/152, resnext50_32x4d, ..., mobilenet_v3_large/small, "
-                           "vgg_tiny, resnest50/101/200/269, timm:<any timm model>, mit_b0..mit_b5 (SegFormer)",
+    backbone: str = option("vgg_tiny_s2", "resnet18/34/50/101/152, resnext50_32x4d, ..., mobilenet_v3_large/small, "
+                           "vgg_tiny(_s2), resnest50/101/200/269, timm:<any timm model>, mit_b0..mit_b5 (SegFormer)",
                            network=True, recipe=True, scripts=WITH_MEMORY,
                            per_script=memory(default="resnet50", help="backbone (default: resnet50)"))
     aux: bool = option(False, "auxiliary FCN head on the penultimate stage", network=True, scripts=WITH_MEMORY)
@@ -152,12 +152,13 @@ class OptimOptions:
     test_batch_size: Optional[int] = option(None, "validation batch (default: --batch-size)", parse=positive_int,
                                             scripts=("train", "test"),
                                             per_script={"test": dict(help="default: 16 (val mode)")})
-    lr: float = option(0.002, "default: the recipe's, scaled linearly with --batch-size", parse=positive_float,
+    lr: float = option(0.004, "default: the recipe's, scaled linearly with --batch-size", parse=positive_float,
                        recipe=True, scripts=TRAIN)
     lr_scheduler: str = option("poly", "the learning-rate schedule", choices=("poly", "cos", "step"), scripts=TRAIN)
     lr_step: int = option(0, "epochs between two x0.1 decays (--lr-scheduler step)", parse=non_negative_int,
                           scripts=TRAIN)
-    warmup_epochs: int = option(0, "linear warm-up epochs", parse=non_negative_int, scripts=TRAIN)
+    warmup_epochs: float = option(1, "linear warm-up epochs, a fraction too (e.g. 0.5); default: the recipe's, "
+                                  "else none", parse=non_negative_float, recipe=True, scripts=TRAIN)
     head_lr_mult: float = option(1.0, "learning-rate factor of the heads (default: 10 with --pretrained-backbone, "
                                  "as in PE; else 1)", parse=positive_float, scripts=TRAIN)
     optimizer: str = option("adamw", "sgd (PyTorch-Encoding's, momentum + weight decay) or adamw (default: the "
