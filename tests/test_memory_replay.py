@@ -130,7 +130,7 @@ def test_the_recommended_batch_is_confirmed_by_simulation_and_a_wrong_replay_is_
 def test_programs_sharing_a_warmed_optimizer_peak_as_programs_that_warm_up_their_own(policy, monkeypatch):
     """A simulator steps one warmed optimizer per model (its state counted) instead of a warm-up step per program:
     every strategy's peaks are those of programs that build and warm up their own."""
-    import encoding.memory.program as program
+    import encoding.memory.program as program  # it calls optimizer_key by this name
 
     def peaks():
         sim = Simulator(fcn_spec(64, policy), CUDA_BLOCK)

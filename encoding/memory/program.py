@@ -33,7 +33,8 @@ from torch import Tensor, nn
 from ..config.tools import BACKENDS as _BACKENDS, DEFAULT_STRATEGIES as _DEFAULT_STRATEGIES, MEMORY_STRATEGIES
 from ..parallel.reduction import criterion_loss_terms, reduce_loss_terms
 from ..parallel.structures import iter_leaves, transpose_map
-from .sharded import LocalShardOptimizer, is_sharded, rank_world, shard_model, zero_optimizer
+from .optimizers import build_optimizer, optimizer_key, optimizer_state, optimizer_warmup
+from .sharded import is_sharded, rank_world, shard_model
 from .tracker import MIB
 
 __all__ = ["STRATEGIES", "BACKENDS", "StepSpec", "DeviceProgram", "ProgramResult", "device_programs", "run_program",
@@ -274,15 +275,6 @@ def _any_batchnorm_batch() -> Iterator[None]:
         F._verify_batch_size, F.batch_norm = check, batch_norm
 
 
-def _optimizer_warmup(params: List[Tensor], optimizer: Optional[torch.optim.Optimizer]) -> None:
-    """What a warm-up step leaves behind on fake tensors: the optimizer's state (e.g. momentum buffers)."""
-    if optimizer is not None:
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-
 def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu",
                 window: Callable[[], Any] = contextlib.nullcontext, steps: int = 1,
                 track: Callable[[List[Tensor]], None] = lambda tensors: None, real_ddp: bool = False,
@@ -313,9 +305,9 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
         mark: called in each measured step when its forward and backward are done (before the gradients of other
             replicas arrive and the optimizer steps).
         optimizers: with ``model``: the optimizers of the programs run on it before, warmed up, by
-            :func:`optimizer_key` (filled on first use): a program whose key is there steps that optimizer, its
-            state counted by ``track``, instead of building one and running its warm-up step (the same state: the
-            warm-up's zero gradients leave the same buffers every time).
+            :func:`~encoding.memory.optimizers.optimizer_key` (filled on first use): a program whose key is there
+            steps that optimizer, its state counted by ``track``, instead of building one and running its warm-up
+            step (the same state: the warm-up's zero gradients leave the same buffers every time).
 
     ``fsdp`` and ``zero1`` run in the process group of this process (its world size and rank must be the
     program's), else in a fake one of the program's size (:func:`~encoding.memory.sharded.rank_world`).
@@ -336,33 +328,6 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
                             optimizers)
 
 
-def optimizer_key(program: DeviceProgram) -> Optional[tuple]:
-    """Which programs on one model step the same optimizer: every program that keeps the module but ``zero1``'s steps
-    one over all parameters, an ``fsdp`` rank one over its world's shards (``None``: no optimizer to share; a
-    ``zero1`` rank's ``ZeroRedundancyOptimizer`` holds the process group of its own program)."""
-    if program.strategy == "zero1":
-        return None
-    if program.strategy == "fsdp":
-        return ("fsdp", program.replicas)
-    return ("module",) if program.keeps_module else None
-
-
-def _optimizer_state(optimizer: Any) -> List[Dict[str, Any]]:
-    """The per-parameter state of ``optimizer`` (a torch optimizer, :class:`LocalShardOptimizer` or
-    ``ZeroRedundancyOptimizer``: the optimizer they wrap)."""
-    inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "optim", None) or optimizer
-    return list(inner.state.values())
-
-
-def _build_optimizer(spec: StepSpec, program: DeviceProgram, params: List[Tensor],
-                     real_ddp: bool) -> Optional[Any]:
-    if program.strategy == "zero1":
-        return zero_optimizer(params, spec.optimizer)
-    if program.strategy == "fsdp" and not real_ddp:  # simulated: the same tensors, DTensor's dispatch skipped
-        return LocalShardOptimizer(params, spec.optimizer)
-    return spec.optimizer(params) if program.keeps_module else None
-
-
 def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, window: Callable[[], Any], steps: int,
                  track: Callable[[List[Tensor]], None], real_ddp: bool, model: Optional[nn.Module],
                  backend: str, mark: Callable[[], None], optimizers: Optional[Dict[tuple, Any]] = None) -> float:
@@ -376,9 +341,9 @@ def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, windo
     params = [p for p in model.parameters() if p.requires_grad]
     key = optimizer_key(program) if reuse and optimizers is not None else None
     warm = key is not None and key in optimizers
-    optimizer = optimizers[key] if warm else _build_optimizer(spec, program, params, real_ddp)
+    optimizer = optimizers[key] if warm else build_optimizer(spec, program, params, real_ddp)
     if warm:
-        track(_optimizer_state(optimizer))
+        track(optimizer_state(optimizer))
     elif key is not None and optimizer is not None:
         optimizers[key] = optimizer
     buckets = []
@@ -387,7 +352,7 @@ def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, windo
     elif program.strategy in ("ddp", "zero1") and params:
         buckets = _ddp_buckets(params)  # held for the whole run, like DDP's
     if reuse and not warm:  # a warmed optimizer's state is there (counted above)
-        _optimizer_warmup(params, optimizer)
+        optimizer_warmup(params, optimizer)
     elif not reuse:
         _step(spec, program, model, params, optimizer, device_type)
     seconds = 0.0

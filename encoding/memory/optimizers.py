@@ -1,0 +1,53 @@
+"""The optimizer a device program steps (:func:`~encoding.memory.program.run_program`): the one of its strategy
+(:func:`build_optimizer`), the state a warm-up step leaves (:func:`optimizer_warmup`), and which programs on one model
+may step one warmed optimizer instead of warming up their own (:func:`optimizer_key`, :func:`optimizer_state`: what
+the simulator counts as held)."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import Tensor
+
+from .sharded import LocalShardOptimizer, zero_optimizer
+
+__all__ = ["build_optimizer", "optimizer_warmup", "optimizer_key", "optimizer_state"]
+
+
+def build_optimizer(spec: Any, program: Any, params: List[Tensor], real_ddp: bool = False) -> Optional[Any]:
+    """The optimizer of ``program`` (a :class:`~encoding.memory.program.DeviceProgram`) over ``params``, made with
+    ``spec.optimizer``: a ``zero1`` rank's ``ZeroRedundancyOptimizer``, a simulated ``fsdp`` rank's
+    :class:`~encoding.memory.sharded.LocalShardOptimizer`, the module's own where the program keeps it, else
+    ``None`` (a replica: its gradients leave for device 0)."""
+    if program.strategy == "zero1":
+        return zero_optimizer(params, spec.optimizer)
+    if program.strategy == "fsdp" and not real_ddp:  # simulated: the same tensors, DTensor's dispatch skipped
+        return LocalShardOptimizer(params, spec.optimizer)
+    return spec.optimizer(params) if program.keeps_module else None
+
+
+def optimizer_warmup(params: List[Tensor], optimizer: Optional[Any]) -> None:
+    """What a warm-up step leaves behind on fake tensors: the optimizer's state (e.g. momentum buffers)."""
+    if optimizer is not None:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def optimizer_key(program: Any) -> Optional[tuple]:
+    """Which programs on one model step the same optimizer: every program that keeps the module but ``zero1``'s steps
+    one over all parameters, an ``fsdp`` rank one over its world's shards (``None``: no optimizer to share; a
+    ``zero1`` rank's ``ZeroRedundancyOptimizer`` holds the process group of its own program)."""
+    if program.strategy == "zero1":
+        return None
+    if program.strategy == "fsdp":
+        return ("fsdp", program.replicas)
+    return ("module",) if program.keeps_module else None
+
+
+def optimizer_state(optimizer: Any) -> List[Dict[str, Any]]:
+    """The per-parameter state of ``optimizer`` (a torch optimizer, or the one a
+    :class:`~encoding.memory.sharded.LocalShardOptimizer` or ``ZeroRedundancyOptimizer`` wraps)."""
+    inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "optim", None) or optimizer
+    return list(inner.state.values())
