@@ -129,7 +129,7 @@ def test_export_errors_are_one_line(tiny_run, tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(torch.export, "export", refuse)
     assert cli(["--resume", checkpoint, "--format", "exported", "--output", str(tmp_path / "m.pt2")]) == 1
-    assert capsys.readouterr().err == ("python -m encoding.export: error: torch.export cannot export unet-vgg_tiny: "
+    assert capsys.readouterr().err == ("python -m encoding.export: error: torch.export cannot export unet-vgg_tiny_s2: "
                                        "data-dependent control flow\n")
 
 

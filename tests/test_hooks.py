@@ -32,7 +32,10 @@ class Recorder(Hook):
         self.events.append(("before_step", state.epoch, state.iteration))
 
     def after_step(self, state):
-        assert torch.isfinite(torch.tensor(state.step["loss"])) and state.step["lr"] > 0
+        # the rate this step used: 0 at the run's first step (the recipe's linear warm-up starts at 0, PE's), then
+        # rising (state.iteration: the steps done in this epoch)
+        first = (state.epoch, state.iteration) == (0, 1)
+        assert torch.isfinite(torch.tensor(state.step["loss"])) and (state.step["lr"] > 0) != first
         self.events.append(("after_step", state.epoch, state.iteration))
 
     def after_epoch(self, state):
