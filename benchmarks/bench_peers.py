@@ -33,7 +33,7 @@ from encoding.models.flops import count_flops
 PAIRS: Dict[str, Tuple[str, dict, dict]] = {
     "deeplabv3plus": ("DeepLabV3Plus", {"encoder_output_stride": 16}, {"separable": True}),
     "fcfpn": ("FPN", {}, {"fpn_dim": 128, "fuse_channels": 64}),
-    "upernet": ("UPerNet", {}, {"fuse_channels": 256}),
+    "upernet": ("UPerNet", {}, {"fuse_channels": 256, "pool_channels": 256}),
 }
 
 

@@ -364,6 +364,12 @@ def test_lighter_head_options_separable_aspp_and_fuse_channels():
     assert [m.dilation[0] for m in spatial[:3]] == [6, 12, 18]
     fuse = build("upernet", fuse_channels=96).classifier.fuse
     assert fuse[0].out_channels == 96 and fuse[-1].in_channels == 96
+    # UperNet's pyramid-pooling branches: c4 / 4 channels each by default (PE's), pool_channels= sets them
+    top, narrow = build("upernet").classifier.top, build("upernet", pool_channels=8).classifier.top
+    c4 = top[0].branches[0][1].in_channels
+    assert [b[1].out_channels for b in top[0].branches] == [c4 // 4] * 4 and top[0].out_channels == 2 * c4
+    assert [b[1].out_channels for b in narrow[0].branches] == [8] * 4 and narrow[1].in_channels == c4 + 32
+    assert build("upernet", pool_channels=8)(x)["out"].shape == (2, NCLASS, 64, 64)
 
 
 def test_pretrained_backbone_offline_error_and_cache(offline_hub):

@@ -6,7 +6,7 @@ architecture only live in its file (``encoding/models/<arch>.py``).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -47,17 +47,19 @@ class PyramidPooling(nn.Module):
         in_channels: channels of the input.
         norm_layer: normalization layer class.
         bins: output grid sizes of the pooling branches.
+        branch_channels: channels of each branch's 1x1 conv (default ``C // len(bins)``, PSPNet's and
+            PyTorch-Encoding's; segmentation_models_pytorch's ``UPerNet`` uses 256).
 
     Shape:
         - Input: ``B x C x H x W``.
-        - Output: ``B x (C + len(bins) * (C // len(bins))) x H x W`` (``2C`` with the default four bins); the first
-          ``C`` channels are the input itself.
+        - Output: ``B x (C + len(bins) * branch_channels) x H x W`` (``2C`` with the defaults); the first ``C``
+          channels are the input itself.
     """
 
     def __init__(self, in_channels: int, norm_layer: NormLayer = nn.BatchNorm2d,
-                 bins: Sequence[int] = (1, 2, 3, 6)) -> None:
+                 bins: Sequence[int] = (1, 2, 3, 6), branch_channels: Optional[int] = None) -> None:
         super().__init__()
-        branch_channels = in_channels // len(bins)
+        branch_channels = branch_channels or in_channels // len(bins)
         self.branches = nn.ModuleList(
             nn.Sequential(nn.AdaptiveAvgPool2d(b), *conv_norm_act(in_channels, branch_channels, 1, norm_layer))
             for b in bins)
