@@ -47,7 +47,6 @@ def optimizer_key(program: Any) -> Optional[tuple]:
 
 
 def optimizer_state(optimizer: Any) -> List[Dict[str, Any]]:
-    """The per-parameter state of ``optimizer`` (a torch optimizer, or the one a
-    :class:`~encoding.memory.sharded.LocalShardOptimizer` or ``ZeroRedundancyOptimizer`` wraps)."""
-    inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "optim", None) or optimizer
-    return list(inner.state.values())
+    """The per-parameter state of a shared ``optimizer`` (a torch optimizer or a
+    :class:`~encoding.memory.sharded.LocalShardOptimizer`)."""
+    return list(optimizer.state.values())

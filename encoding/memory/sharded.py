@@ -15,7 +15,7 @@ real gloo group.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -157,6 +157,11 @@ class LocalShardOptimizer:
         self.optimizer.step()
         for local in self.local:
             local.grad = None
+
+    @property
+    def state(self) -> Dict[Tensor, Dict[str, Any]]:
+        """The per-parameter state (of the local shards), as a torch optimizer's ``state``."""
+        return self.optimizer.state
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the gradients (``set_to_none`` only: the step loop's)."""

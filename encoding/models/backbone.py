@@ -168,7 +168,7 @@ class VGGTinyBackbone(StagedBackbone):
             return conv_norm_act(cin, cout, 3, norm_layer, stride=stride)
 
         self.conv1 = layer(3, w1, stem_stride)
-        self.layer1 = nn.Sequential(layer(w1, w1, 3 - stem_stride))
+        self.layer1 = nn.Sequential(layer(w1, w1, 2 // stem_stride))  # c1 at stride 2: the stem's or this conv's
         self.layer2 = nn.Sequential(layer(w1, w2), layer(w2, w2, 2))
         self.layer3 = nn.Sequential(layer(w2, w3), layer(w3, w3, 2))
         self.layer4 = nn.Sequential(layer(w3, w3, 2), layer(w3, w3))
@@ -223,8 +223,8 @@ def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: Nor
     Args:
         name: one of :func:`backbone_list` (``resnet18`` ... ``resnet152``, ``resnext50_32x4d``,
             ``resnext101_32x8d``, ``resnext101_64x4d``, ``wide_resnet50_2``, ``wide_resnet101_2``,
-            ``mobilenet_v3_large``, ``mobilenet_v3_small``, ``vgg_tiny``, ``vgg_tiny_s2``; with timm: ``resnest50``, ``resnest101``,
-            ``resnest200``, ``resnest269``; SegFormer's ``mit_b0`` ... ``mit_b5``, output stride 32 and their own
+            ``mobilenet_v3_large``, ``mobilenet_v3_small``, ``vgg_tiny``, ``vgg_tiny_s2``; with timm:
+            ``resnest50``, ``resnest101``, ``resnest200``, ``resnest269``; SegFormer's ``mit_b0`` ... ``mit_b5``, output stride 32 and their own
             layer norms), or ``timm:<name>`` for any timm model (:mod:`~encoding.models.timm_backbones`).
         output_stride: 8 (default, dilated ``layer3`` and ``layer4``), 16 (dilated ``layer4``) or 32 (plain);
             ``vgg_tiny``: 8 or 16 (see :class:`VGGTinyBackbone`); ``timm:<name>``: where timm supports it.

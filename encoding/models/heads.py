@@ -59,7 +59,8 @@ class PyramidPooling(nn.Module):
     def __init__(self, in_channels: int, norm_layer: NormLayer = nn.BatchNorm2d,
                  bins: Sequence[int] = (1, 2, 3, 6), branch_channels: Optional[int] = None) -> None:
         super().__init__()
-        branch_channels = branch_channels or in_channels // len(bins)
+        if branch_channels is None:
+            branch_channels = in_channels // len(bins)
         self.branches = nn.ModuleList(
             nn.Sequential(nn.AdaptiveAvgPool2d(b), *conv_norm_act(in_channels, branch_channels, 1, norm_layer))
             for b in bins)
