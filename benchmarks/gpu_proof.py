@@ -108,22 +108,30 @@ def memory(proof: Proof) -> None:
     rows = []
     for name, model, backbone in models:
         for dtype_name, amp in (("fp32", None), ("bf16", torch.bfloat16)):
-            args = _spec_args(model, backbone, proof.crop, amp)
-            spec = segmentation_spec(**args)
-            simulated = Simulator(spec, CUDA_BLOCK).peak(program)
-            real = calibrated = None
-            if proof.cuda:
-                from encoding.memory import measure_strategy
-
-                real = measure_strategy({k: v for k, v in args.items()}, "balanced", [0], proof.images)[1][0]
-                workspaces = learn_workspaces(spec, device=proof.device)
-                calibrated = Simulator(spec, CUDA_BLOCK, workspaces=workspaces).peak(program)
-            rows.append([name, dtype_name, _mib(real), _mib(simulated), _error(simulated, real),
-                         _mib(calibrated), _error(calibrated, real)])
+            try:
+                rows.append([name, dtype_name] + _memory_row(proof, program, _spec_args(model, backbone, proof.crop,
+                                                                                         amp)))
+            except Exception as exc:  # noqa: BLE001 - one failed row is reported, the others still run
+                traceback.print_exc()
+                rows.append([name, dtype_name, f"FAILED: {type(exc).__name__}"] + ["-"] * 4)
     proof.lines.append(f"One device, {proof.images} images, crop {proof.crop}, 150 classes, SGD step; MiB.")
     if not proof.cuda:
         proof.lines.append(f"Measured and calibrated columns {NO_CUDA} (the simulation needs no GPU).")
     proof.table(["model", "dtype", "max_memory_allocated", "simulated", "error", "calibrated", "error"], rows)
+
+
+def _memory_row(proof: Proof, program: object, args: Dict[str, object]) -> List[str]:
+    """max_memory_allocated, simulated, error, calibrated, error of one model and dtype."""
+    spec = segmentation_spec(**args)
+    simulated = Simulator(spec, CUDA_BLOCK).peak(program)
+    real = calibrated = None
+    if proof.cuda:
+        from encoding.memory import measure_strategy
+
+        real = measure_strategy(dict(args), "balanced", [0], proof.images)[1][0]
+        workspaces = learn_workspaces(spec, device=proof.device)
+        calibrated = Simulator(spec, CUDA_BLOCK, workspaces=workspaces).peak(program)
+    return [_mib(real), _mib(simulated), _error(simulated, real), _mib(calibrated), _error(calibrated, real)]
 
 
 def _mib(value: Optional[int]) -> str:
