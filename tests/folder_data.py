@@ -63,3 +63,39 @@ def make_folder(root, layout="flat", n_train=6, n_val=2, encoding="index", class
         with open(j(root, "classes.yaml"), "w") as f:
             f.write(classes)
     return root
+
+
+def photo(w, h, seed=0):
+    """A photograph-like ``h x w x 3`` uint8 image: smooth colour gradients, a bright disc and sensor noise."""
+    g = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    base = np.stack([x / max(w, 1) * 180, y / max(h, 1) * 160, (x + y) / max(w + h, 1) * 200], axis=-1)
+    disc = ((x - w * 0.6) ** 2 + (y - h * 0.4) ** 2) < (min(w, h) * 0.25) ** 2
+    base[disc] += 60
+    return np.clip(base + g.normal(0, 8, base.shape), 0, 255).astype(np.uint8)
+
+
+def save_rotated_jpeg(path, array, orientation):
+    """Save ``array`` as a JPEG whose EXIF orientation tag is ``orientation`` (6: shown turned 90 degrees right)."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    Image.fromarray(array).save(path, exif=exif.tobytes(), quality=90)
+
+
+def truncate(path, keep=0.5):
+    """Cut the file ``path`` to ``keep`` of its bytes (a download or a copy that stopped)."""
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[:int(len(data) * keep)])
+    return path
+
+
+def tree(root):
+    """Every file and folder under ``root`` with its size and modification time: equal before and after = nothing
+    was written there."""
+    found = []
+    for base, dirs, files in os.walk(root):
+        for name in dirs + files:
+            st = os.stat(os.path.join(base, name))
+            found.append((os.path.relpath(os.path.join(base, name), root), st.st_size, st.st_mtime_ns))
+    return sorted(found)

@@ -26,6 +26,12 @@ CLASSES_YAML = ("classes:\n - {name: bg, color: [0, 0, 0]}\n - {name: red, color
                 " - {name: blue, color: [0, 0, 255]}\nignore_index: 255\nignore_color: [255, 255, 255]\n")
 
 
+@pytest.fixture(autouse=True)
+def _cache_in_tmp(tmp_path, monkeypatch):
+    """The scan cache of these tests lives in their temporary folder, not the user's ~/.cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
 @pytest.fixture(scope="module")
 def scripts():
     return {name: load_script(name) for name in ("train", "test", "demo")}
@@ -45,7 +51,7 @@ def test_every_layout_trains_and_the_checkpoint_carries_the_classes(layout, scri
     run = tmp_path / "runs" / "folder" / "unet" / "default"
     names = ("bg", "red", "blue") if layout != "flat" else ("class_0", "class_1", "class_2")
     assert set(result["IoU"].shape) == {3}
-    assert (run / "holdout.txt").is_file() == (layout == "flat")  # only the unsplit layout holds out
+    assert (run / "holdout.json").is_file() == (layout == "flat")  # only the unsplit layout holds out
     model = encoding.load_model(str(run / "checkpoint.pth"))
     assert model.info.classes == names and model.info.ignore_index == 255
     palette = tuple(map(tuple, COLORS)) if layout != "flat" else ((0, 0, 0), (128, 0, 0), (0, 128, 0))
@@ -162,6 +168,8 @@ def test_unknown_labels_ignore_maps_and_counts(tmp_path):
 def test_the_scan_is_cached_and_reads_changed_files_again(tmp_path, monkeypatch):
     root = make_folder(str(tmp_path / "d"), "flat")
     FolderSegmentation(root)
+    assert os.path.isfile(scan_module.cache_file(root)) and str(tmp_path / "cache") in scan_module.cache_file(root)
+    assert not [n for n in os.listdir(root) if n.startswith(".")]  # nothing in the data root
     calls = []
     real = scan_module._record
     monkeypatch.setattr(scan_module, "_record", lambda *a: calls.append(a) or real(*a))
@@ -177,7 +185,7 @@ def test_the_hold_out_is_listed_and_reused(tmp_path):
     root = make_folder(str(tmp_path / "d"), "flat", n_train=18, n_val=2)
     first = FolderSegmentation(root, split="val", val_fraction=0.2, holdout_seed=1)
     assert len(first) == 4
-    listing = str(tmp_path / "holdout.txt")
+    listing = str(tmp_path / "holdout.json")
     first.save_holdout(listing)
     again = FolderSegmentation(root, split="val", val_fraction=0.5, holdout_seed=7, holdout_file=listing)
     assert again.images == first.images
@@ -219,13 +227,15 @@ def test_user_dataset_classes_work_end_to_end(tmp_path, monkeypatch):
     assert (saved["base_size"], saved["crop_size"]) == (28, 20)  # the class's own sizes, not the built-in run's
     assert saved["dataset_class"].endswith(":_Mine")
     assert saved["palette"] == [[0, 0, 0], [128, 0, 0], [0, 128, 0]]  # PALETTE = None: generated
-    probe = ("import encoding; m = encoding.load_model(%r); print(m.info.classes, m.info.crop_size)" % str(ckpt))
+    probe = ("import encoding; m = encoding.load_model(%r, trust_code=True); print(m.info.classes, m.info.crop_size)"
+             % str(ckpt))  # the checkpoint names the test's dataset class: code of its author's, trusted here
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=str(tmp_path),
                           env={**os.environ, "PYTHONPATH": ROOT})
     assert proc.returncode == 0 and "('a', 'b', 'c') 20" in proc.stdout, proc.stderr
     # test.py in a new process that never registered the class: it is imported from the path the checkpoint records
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "segmentation", "test.py"), "--resume",
-                           str(ckpt), "--workers", "0", "--out-dir", str(tmp_path / "eval")], capture_output=True,
+                           str(ckpt), "--trust-code", "--workers", "0", "--out-dir", str(tmp_path / "eval")],
+                          capture_output=True,
                           text=True, cwd=str(tmp_path),
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])})
     assert proc.returncode == 0 and "on mine 'val'" in proc.stdout, proc.stderr

@@ -22,28 +22,18 @@ from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Sequ
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image
 from torch import Tensor
 from torch.utils.data import Dataset, get_worker_info
 from torchvision import tv_tensors
 
+from ..utils.images import ImageTooLarge, open_image, upright, upright_size
 from .layout import DatasetError, default_root, read_split_file
 from .transforms import (IMAGENET_MEAN, IMAGENET_STD, LABEL_IGNORE, PadTo, image_transform, to_index_mask,
                          train_joint_transform, val_joint_transform)
 
-__all__ = [
-    "BaseDataset",
-    "DatasetError",
-    "default_root",
-    "read_split_file",
-    "identity_table",
-    "shifted_table",
-    "ShiftedLabels",
-    "mapped_table",
-    "MODES",
-    "read_rgb",
-    "check_image",
-]
+__all__ = ["BaseDataset", "DatasetError", "default_root", "read_split_file", "identity_table", "shifted_table",
+           "ShiftedLabels", "mapped_table", "MODES", "read_rgb", "check_image"]
 
 MODES = ("train", "val", "testval", "test")
 #: Internal: marks raw label values that are neither a class nor ignore in a label table (never in a returned mask).
@@ -59,31 +49,37 @@ def _decoding(path: str) -> Iterator[None]:
         yield
     except FileNotFoundError:
         raise DatasetError(path, "image file is missing") from None
+    except ImageTooLarge:
+        raise
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         raise DatasetError(path, f"cannot decode image ({e})") from e
 
 
-def check_image(path: str) -> None:
-    """Check that ``path`` is a readable image without decoding its pixels (cheap: the header and a verify pass).
+def check_image(path: str) -> Tuple[int, int]:
+    """Decode every pixel of the image ``path`` (a truncated file is caught) and return its ``(width, height)`` as
+    :func:`read_rgb` shows it (the EXIF orientation applied), without converting or keeping the pixels.
 
     Raises:
         DatasetError: as :func:`read_rgb`.
     """
-    with _decoding(path), Image.open(path) as im:
-        im.verify()
+    with _decoding(path), open_image(path) as im:
+        im.load()
+        return upright_size(im)
 
 
 def read_rgb(path: str) -> np.ndarray:
     """The one image reader (datasets, ``demo.py``, ``test.py``): ``H x W x 3`` ``uint8`` RGB as it is displayed.
 
-    The EXIF orientation is applied (a phone's portrait JPEG comes out upright), 16-bit and 32-bit grey images are
+    The size is checked from the header first (:func:`~encoding.utils.images.open_image`: the one pixel limit); the
+    EXIF orientation is applied (:func:`~encoding.utils.images.upright`: a phone's portrait JPEG comes out upright,
+    the rule the folder scan applies too), 16-bit and 32-bit grey images are
     scaled to 8 bits (``65535 -> 255``, not clipped to white), grey-scale, palette, CMYK and alpha images become RGB.
 
     Raises:
         DatasetError: the file is missing or is not a readable image (the message names it).
     """
-    with _decoding(path), Image.open(path) as im:
-        im = ImageOps.exif_transpose(im)
+    with _decoding(path), open_image(path) as im:
+        im = upright(im)
         if im.mode.startswith("I") or im.mode == "F":  # 16-bit PNG / TIFF grey ("I;16", "I"), float ("F")
             wide = np.asarray(im, dtype=np.float64)
             top = 65535.0 if im.mode != "F" else 1.0 if wide.size == 0 or wide.max() <= 1.0 else 255.0
@@ -157,6 +153,9 @@ class BaseDataset(Dataset):
     #: One ``(r, g, b)`` per class (``None``: a user dataset without colours) and the colour of ignored pixels.
     PALETTE: ClassVar[Optional[Tuple[Tuple[int, int, int], ...]]] = None
     IGNORE_COLOR: ClassVar[Tuple[int, int, int]] = (0, 0, 0)
+    #: What a raw value beyond the 256 of the label table (a 16-bit mask's 300) maps to: invalid (refused), or
+    #: ignore for a dataset that ignores values of no class.
+    UNKNOWN_LABEL: ClassVar[int] = INVALID_LABEL
     #: The script that downloads and lays out this dataset (default: ``scripts/prepare_<NAME>.py``).
     PREPARE_SCRIPT: ClassVar[str] = ""
 
@@ -230,7 +229,7 @@ class BaseDataset(Dataset):
     def _read_label(self, path: str) -> np.ndarray:
         """Read a raw label file into a 2-D integer array (PNG by default)."""
         try:
-            with Image.open(path) as im:
+            with open_image(path) as im:
                 mode = im.mode
                 array = np.array(im) if mode in _LABEL_MODES else None
         except FileNotFoundError:
@@ -308,13 +307,10 @@ class BaseDataset(Dataset):
         raw = self._read_label(path)
         if raw.ndim != 2:
             raise DatasetError(path, f"mask has shape {raw.shape}; expected a 2-D label image")
-        if raw.dtype != np.uint8:
-            out_of_byte = (raw < 0) | (raw > 255)
-            if out_of_byte.any():
-                raise DatasetError(path, f"label values {np.unique(raw[out_of_byte])[:10].tolist()} are outside "
-                                         f"the {self.NUM_CLASS} classes (and not ignore)")
-            raw = raw.astype(np.uint8)
-        mapped = self._table[raw]
+        wide = raw.dtype != np.uint8  # a 16-bit value past 255 maps as the dataset maps values of no class
+        mapped = self._table[raw.clip(0, 255).astype(np.uint8) if wide else raw]
+        if wide:
+            mapped[(raw < 0) | (raw > 255)] = self.UNKNOWN_LABEL
         invalid = mapped == INVALID_LABEL
         if invalid.any():
             raise DatasetError(path, f"label values {np.unique(raw[invalid])[:10].tolist()} are outside the "

@@ -3,128 +3,107 @@
 Layouts of the folder ``DIR`` (``train.py --dataset folder --data-root DIR``), tried in this order:
 
 * ``DIR/splits/{train,val}.txt`` list files over ``DIR/images`` + ``DIR/masks``: one sample per line, a file stem
-  (``0001``) or an ``image mask`` pair of paths relative to ``DIR``;
+  (``0001``) or an ``image mask`` pair of paths relative to ``DIR`` (:func:`~.pairing.read_pair_list`);
 * ``DIR/{train,val}/{images,masks}``;
 * mmsegmentation's ``DIR/img_dir/{train,val}`` + ``DIR/ann_dir/{train,val}``;
 * ``DIR/images/*`` + ``DIR/masks/*``.
 
-Images and masks are matched by file stem (any extension PIL reads; sub-folders keep their relative path). Without a
-``val`` split a seeded hold-out of ``val_fraction`` of the samples validates; its file list is written to the run
-directory (``holdout_file``) and read back by a resumed or repeated run, so it validates on the same images. The
-classes come from ``DIR/classes.{yaml,json,txt}`` (:mod:`.folder_meta`) or from the one scan of the masks
-(:mod:`.scan`), which checks every file before training.
+Images and masks are matched by file stem (any extension PIL reads; sub-folders keep their relative path), or by the
+stem without a suffix that every mask shares (``0001.jpg`` + ``0001_mask.png``; :mod:`.pairing`). Without a ``val``
+split a seeded hold-out of ``val_fraction`` of the samples validates; its file list is written to the run directory
+as JSON (:data:`HOLDOUT_NAME`, any legal file name survives) and read back by a resumed or repeated run, so it
+validates on the same images. The classes come from ``DIR/classes.{yaml,json,txt}`` (:mod:`.folder_meta`) or from
+the one scan of the masks (:mod:`.scan`), which checks every file and audits the labels before training. Nothing is
+ever written into ``DIR`` (it may be read-only).
 """
 from __future__ import annotations
 
+import json
 import os
 import random
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
-from PIL import Image
 
 from ..utils.files import atomic_write
 from ..utils.palette import generated_palette
 from .base import BaseDataset, INVALID_LABEL
 from .folder_meta import DataError, color_lookup, read_class_file, read_mask
-from .layout import read_split_file
-from .scan import FolderScan, check_scan, scan_pairs
+from .pairing import Pair, Problem, pair_folders, read_pair_list
+from .scan import FolderScan, cache_file, check_scan, record_key, scan_pairs
 from .transforms import LABEL_IGNORE
 
-__all__ = ["FolderSegmentation", "find_splits", "hold_out", "HOLDOUT_NAME"]
+__all__ = ["FolderSegmentation", "find_splits", "hold_out", "holdout_path", "read_holdout", "HOLDOUT_NAME",
+           "LEGACY_HOLDOUT_NAME"]
 
-#: The hold-out list a training run writes to its run directory.
-HOLDOUT_NAME = "holdout.txt"
-Pair = Tuple[str, str]
-_SKIP = {"classes.yaml", "classes.yml", "classes.json", "classes.txt"}
-
-
-def _image_exts() -> set:
-    return {ext.lower() for ext in Image.registered_extensions()}
+#: The hold-out list a training run writes to its run directory (JSON: any legal file name survives).
+HOLDOUT_NAME = "holdout.json"
+#: The hold-out list of earlier runs (one name per line), still read.
+LEGACY_HOLDOUT_NAME = "holdout.txt"
 
 
-def _by_stem(folder: str) -> Dict[str, str]:
-    """Relative stem (``sub/name``) -> path of every image file under ``folder``."""
-    exts, found = _image_exts(), {}
-    for base, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(files):
-            stem, ext = os.path.splitext(name)
-            if name.startswith(".") or name in _SKIP or ext.lower() not in exts:
-                continue
-            key = os.path.relpath(os.path.join(base, stem), folder)
-            if key in found:
-                raise DataError(os.path.join(base, name), f"has the same stem as {found[key]}: one file per "
-                                                             "sample")
-            found[key] = os.path.join(base, name)
-    return found
+def holdout_path(run_dir: str) -> str:
+    """The hold-out list of the run in ``run_dir``: :data:`HOLDOUT_NAME`, or an earlier run's
+    :data:`LEGACY_HOLDOUT_NAME` when only that one exists."""
+    legacy, path = os.path.join(run_dir, LEGACY_HOLDOUT_NAME), os.path.join(run_dir, HOLDOUT_NAME)
+    return legacy if os.path.isfile(legacy) and not os.path.isfile(path) else path
 
 
-def _pairs(image_dir: str, mask_dir: str) -> List[Pair]:
-    """The image/mask pairs of two folders, matched by stem; unpaired files are an error listing them."""
-    if not os.path.isdir(mask_dir):
-        raise DataError(mask_dir, f"mask folder is missing (the images are in {image_dir})")
-    images, masks = _by_stem(image_dir), _by_stem(mask_dir)
-    lonely = [images[k] for k in images if k not in masks] + [masks[k] for k in masks if k not in images]
-    if lonely:
-        no_mask = [os.path.basename(images[k]) for k in images if k not in masks]
-        no_image = [os.path.basename(masks[k]) for k in masks if k not in images]
-        parts = ([f"{len(no_mask)} image(s) without a mask in {mask_dir}: {', '.join(no_mask[:5])}"] if no_mask
-                 else []) + ([f"{len(no_image)} mask(s) without an image in {image_dir}: "
-                              f"{', '.join(no_image[:5])}"] if no_image else [])
-        raise DataError(lonely[0], "unpaired: " + "; ".join(parts))
-    if not images:
-        raise DataError(image_dir, "holds no image file")
-    return [(images[k], masks[k]) for k in sorted(images)]
-
-
-def _listed(root: str, split_file: str) -> List[Pair]:
-    """The pairs of a list file: stems over ``images/`` + ``masks/``, or ``image mask`` relative paths."""
-    images, masks = _by_stem(os.path.join(root, "images")), _by_stem(os.path.join(root, "masks"))
-    pairs = []
-    with open(split_file, encoding="utf-8") as f:
-        lines = [line.split() for line in f if line.strip() and not line.lstrip().startswith("#")]
-    for parts in lines:
-        if len(parts) >= 2:
-            pairs.append((os.path.join(root, parts[0]), os.path.join(root, parts[1])))
-            continue
-        stem = os.path.splitext(parts[0])[0] if parts[0] not in images else parts[0]
-        if stem not in images or stem not in masks:
-            side = "an image in images/" if stem not in images else "a mask in masks/"
-            raise DataError(split_file, f"lists {parts[0]!r}, which has no {side}")
-        pairs.append((images[stem], masks[stem]))
-    for image, mask in pairs:
-        for path, kind in ((image, "image"), (mask, "mask")):
-            if not os.path.isfile(path):
-                raise DataError(path, f"{kind} file is missing (listed in {split_file})")
-    if not pairs:
-        raise DataError(split_file, "split file is empty")
-    return pairs
-
-
-def find_splits(root: str) -> Tuple[str, Dict[str, List[Pair]]]:
-    """``(layout name, split -> pairs)`` of a folder dataset; ``all`` is the only key of an unsplit folder.
+def read_holdout(path: str) -> List[str]:
+    """The image paths (relative to the data root) of a hold-out list: JSON (``{"images": [...]}``), or an earlier
+    run's text file (one name per line, the whole line: names with spaces survive).
 
     Raises:
-        DatasetError: no known layout, unpaired files (listed), or list entries without files.
+        DatasetError: the file is unreadable or lists nothing.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(path, f"cannot read the hold-out list ({err})") from None
+    if not path.endswith(".json"):
+        names = [n for n in text.split("\n") if n.strip() and not n.lstrip().startswith("#")]
+        return [n[:-1] if n.endswith("\r") else n for n in names]
+    try:
+        names = json.loads(text).get("images")
+    except (ValueError, AttributeError):
+        names = None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise DataError(path, 'is not a hold-out list ({"images": [paths relative to the data root]}); delete it '
+                              "to draw a new hold-out")
+    return names
+
+
+def find_splits(root: str) -> Tuple[str, Dict[str, List[Pair]], List[Problem]]:
+    """``(layout name, split -> pairs, unpaired files)`` of a folder dataset; ``all`` is the only key of an unsplit
+    folder. The unpaired files are problems for the scan's report (:func:`~.pairing.pair_folders`).
+
+    Raises:
+        DatasetError: no known layout, no file that pairs, or list entries without files.
     """
     join = os.path.join
     if os.path.isdir(join(root, "splits")):
         names = sorted(n[:-4] for n in os.listdir(join(root, "splits")) if n.endswith(".txt"))
         if not names:
             raise DataError(join(root, "splits"), "holds no <split>.txt list file")
-        return "splits", {n: _listed(root, join(root, "splits", n + ".txt")) for n in names}
+        return "splits", {n: read_pair_list(root, join(root, "splits", n + ".txt")) for n in names}, []
     split_dirs = [n for n in ("train", "val", "test") if os.path.isdir(join(root, n, "images"))]
     if split_dirs:
-        return "split folders", {n: _pairs(join(root, n, "images"), join(root, n, "masks")) for n in split_dirs}
-    if os.path.isdir(join(root, "img_dir")):
+        layout, folders = "split folders", {n: (join(root, n, "images"), join(root, n, "masks")) for n in split_dirs}
+    elif os.path.isdir(join(root, "img_dir")):
         names = sorted(n for n in os.listdir(join(root, "img_dir")) if os.path.isdir(join(root, "img_dir", n)))
-        return "mmsegmentation", {n: _pairs(join(root, "img_dir", n), join(root, "ann_dir", n)) for n in names}
-    if os.path.isdir(join(root, "images")):
-        return "images + masks", {"all": _pairs(join(root, "images"), join(root, "masks"))}
-    raise DataError(root, "is not a folder dataset: expected images/ + masks/, train/ and val/ each holding "
-                             "images/ + masks/, img_dir/ + ann_dir/ (mmsegmentation), or splits/{train,val}.txt "
-                             "(see docs/own-data.md)")
+        layout, folders = "mmsegmentation", {n: (join(root, "img_dir", n), join(root, "ann_dir", n)) for n in names}
+    elif os.path.isdir(join(root, "images")):
+        layout, folders = "images + masks", {"all": (join(root, "images"), join(root, "masks"))}
+    else:
+        raise DataError(root, "is not a folder dataset: expected images/ + masks/, train/ and val/ each holding "
+                              "images/ + masks/, img_dir/ + ann_dir/ (mmsegmentation), or splits/{train,val}.txt "
+                              "(see docs/own-data.md)")
+    splits, problems = {}, []
+    for name, (images, masks) in folders.items():
+        splits[name], unpaired = pair_folders(images, masks)
+        problems += unpaired
+    return layout, splits, problems
 
 
 def hold_out(pairs: List[Pair], fraction: float, seed: int, root: str,
@@ -136,15 +115,15 @@ def hold_out(pairs: List[Pair], fraction: float, seed: int, root: str,
     """
     by_name = {os.path.relpath(image, root): (image, mask) for image, mask in pairs}
     if holdout_file and os.path.isfile(holdout_file):
-        names = read_split_file(holdout_file)
+        names = read_holdout(holdout_file)
         missing = [n for n in names if n not in by_name]
-        if missing:
+        if missing or not names:
             raise DataError(holdout_file, f"lists {missing[0]!r}, which is not in {root} any more; delete the "
-                                             "file to draw a new hold-out")
+                                          "file to draw a new hold-out" if missing else "lists no image")
     else:
         if not 0.0 < fraction < 1.0 or len(pairs) < 2:
             raise DataError(root, f"has no val split and {len(pairs)} sample(s): a hold-out needs 2 or more "
-                                     f"samples and 0 < --val-fraction < 1 (got {fraction})")
+                                  f"samples and 0 < --val-fraction < 1 (got {fraction})")
         order = sorted(by_name)
         random.Random(seed).shuffle(order)
         names = sorted(order[:min(len(order) - 1, max(1, round(fraction * len(order))))])
@@ -162,11 +141,15 @@ class FolderSegmentation(BaseDataset):
         holdout_file: where the hold-out list is read from (when it exists); :meth:`save_holdout` writes it.
         holdout_seed: the seed of the hold-out draw.
         unknown_labels: ``error`` (default): a mask value outside the classes stops the scan; ``ignore``: such
-            pixels are ignored (and counted).
-        scan_cache: keep the scan records in ``DIR/.encoding-scan.json``.
+            pixels are ignored (and counted), 16-bit values past 255 too.
+        binary: a ``--binary`` run: 0/255 masks are background / foreground even with a two-class file; masks mixing
+            0/1 and 0/255 are refused.
+        scan_cache: the scan's cache file: ``True`` (default) the user's cache folder
+            (:func:`~.scan.cache_file`), a path, or ``False`` (no cache). Never in ``root``.
 
     The instance carries the metadata a registered class declares: ``CLASSES``, ``NUM_CLASS``, ``PALETTE`` (the
-    class file's colours, else generated), ``IGNORE_COLOR``; ``scan`` is the :class:`~.scan.FolderScan`.
+    class file's colours, else generated), ``IGNORE_COLOR``; ``scan`` is the :class:`~.scan.FolderScan` (with the
+    label audit's ``warnings``).
     """
 
     NAME = "folder"
@@ -176,13 +159,14 @@ class FolderSegmentation(BaseDataset):
 
     def __init__(self, root: Optional[str] = None, split: str = "train", mode: Optional[str] = None, *args: Any,
                  val_fraction: float = 0.1, holdout_file: Optional[str] = None, holdout_seed: int = 0,
-                 unknown_labels: str = "error", scan_cache: bool = True, **kwargs: Any) -> None:
+                 unknown_labels: str = "error", binary: bool = False, scan_cache: Union[bool, str] = True,
+                 **kwargs: Any) -> None:
         if root is None:
             raise DataError("--data-root", "the folder dataset needs the folder: --data-root DIR (root= in Python)")
         root = os.path.abspath(os.path.expanduser(root))
         if not os.path.isdir(root):
             raise DataError(root, "folder dataset not found")
-        self.layout, splits = find_splits(root)
+        self.layout, splits, unpaired = find_splits(root)
         self.holdout: Optional[List[str]] = None
         if "train" not in splits and "all" not in splits:
             raise DataError(root, f"has no train split ({self.layout} layout with {', '.join(sorted(splits))})")
@@ -193,9 +177,13 @@ class FolderSegmentation(BaseDataset):
         self.SPLITS = tuple(splits)
         self._split_pairs = splits
         self.unknown_labels = unknown_labels
-        spec = read_class_file(root)
+        self.UNKNOWN_LABEL = LABEL_IGNORE if unknown_labels == "ignore" else INVALID_LABEL
         every = [pair for name in sorted(splits) for pair in splits[name]]
-        self.scan: FolderScan = check_scan(scan_pairs(root, every, cache=scan_cache), spec, unknown_labels)
+        cache = cache_file(root) if scan_cache is True else scan_cache or None
+        records = scan_pairs(root, every, cache=cache)
+        train = [record_key(root, image, mask) for image, mask in splits["train"]]
+        self.scan: FolderScan = check_scan(records, read_class_file(root), unknown_labels, root=root,
+                                           problems=unpaired, binary=binary, train=train)
         spec = self.scan.spec
         self.CLASSES, self.NUM_CLASS = tuple(spec.names), len(spec.names)
         self.PALETTE = spec.colors or generated_palette(len(spec.names))
@@ -215,8 +203,7 @@ class FolderSegmentation(BaseDataset):
     def label_table(self) -> np.ndarray:  # type: ignore[override]
         """Raw value -> class index: the class ids, the ignore value (255 = foreground for 0/255 masks), and
         values outside the classes ignored with ``unknown_labels="ignore"``."""
-        fill = LABEL_IGNORE if self.unknown_labels == "ignore" else INVALID_LABEL
-        table = np.full(256, fill, dtype=np.uint8)
+        table = np.full(256, self.UNKNOWN_LABEL, dtype=np.uint8)
         table[:self.NUM_CLASS] = np.arange(self.NUM_CLASS)
         if self.scan.binary_255:
             table[255] = 1
@@ -229,15 +216,13 @@ class FolderSegmentation(BaseDataset):
         if kind == "index":
             return values
         found, inverse = np.unique(values, return_inverse=True)
-        unknown = LABEL_IGNORE if self.unknown_labels == "ignore" else INVALID_LABEL
-        mapped = np.array([self._colors.get(int(c), unknown) for c in found], dtype=np.int64)
+        mapped = np.array([self._colors.get(int(c), self.UNKNOWN_LABEL) for c in found], dtype=np.uint8)
         return mapped[inverse].reshape(values.shape)
 
     def save_holdout(self, path: str) -> Optional[str]:
-        """Write the hold-out list (one image path relative to the root per line) to ``path``; ``None`` when the
-        folder has its own ``val`` split or ``path`` already holds the list."""
+        """Write the hold-out list to ``path`` as JSON (``{"root": ..., "images": [paths relative to the root]}``);
+        ``None`` when the folder has its own ``val`` split or ``path`` already exists."""
         if self.holdout is None or os.path.isfile(path):
             return None
-        atomic_write(path, "# the hold-out validation images of this run (relative to the data root)\n"
-                     + "".join(f"{name}\n" for name in self.holdout))
-        return path
+        return atomic_write(path, json.dumps({"root": self.root, "images": self.holdout}, ensure_ascii=False,
+                                             indent=1) + "\n")

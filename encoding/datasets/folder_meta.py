@@ -17,31 +17,38 @@ masks that hold only 0 and 255 are binary masks (255 = foreground).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
 
-from .layout import DatasetError as _BaseDatasetError
+from ..utils.images import ImageTooLarge, open_image, upright
+from .layout import DatasetError
 
-__all__ = ["DataError", "CLASS_FILES", "ClassSpec", "read_class_file", "read_mask", "pack_colors", "color_lookup", "format_colors"]
-
-class DataError(_BaseDatasetError):
-    """A problem of a user's folder dataset found before training (one line naming the file; exit status 2)."""
-
-    exit_status = 2
+__all__ = ["DataError", "CLASS_FILES", "MAX_CLASS_FILE", "MAX_CLASSES", "ClassSpec", "read_class_file", "read_mask",
+           "mask_histogram", "pack_colors", "color_lookup", "format_colors"]
 
 
-DatasetError = DataError  # every error raised here is a DataError
+#: A problem of a user's folder dataset (one line naming the file; exit status 2): the one dataset error,
+#: :class:`~encoding.datasets.DatasetError`, under the name this module gave it.
+DataError = DatasetError
 
 #: The class files looked for in a folder dataset's root, in this order.
 CLASS_FILES = ("classes.yaml", "classes.yml", "classes.json", "classes.txt")
 RGB = Tuple[int, int, int]
-_INDEX_MODES = ("L", "P", "I", "I;16", "1")
+_INDEX_MODES = ("L", "P", "I", "I;16", "I;16L", "I;16B", "1")
+#: The bounds of a class file: its size in bytes and its number of classes (ids 0..253, 255 = ignore).
+MAX_CLASS_FILE = 1 << 20
+MAX_CLASSES = 254
+#: The scan counts a mask's values in pieces of this many pixels; a mask with more distinct values is no mask.
+PIECE_PIXELS = 1 << 20
+MAX_MASK_VALUES = 4096
 
 
 @dataclass(frozen=True)
@@ -59,12 +66,35 @@ def _color(value: Any, where: str) -> RGB:
     if isinstance(value, str):
         value = [v for v in re.split(r"[\s,]+", value.strip().lstrip("#")) if v]
     try:
-        rgb = tuple(int(v) for v in value)
+        rgb = tuple(_whole(v) for v in value)
     except (TypeError, ValueError):
         rgb = ()
     if len(rgb) != 3 or not all(0 <= v <= 255 for v in rgb):
-        raise DatasetError(where, f"colour {value!r} is not an (r, g, b) triple of 0..255")
+        raise DatasetError(where, f"colour {_short(value)} is not an (r, g, b) triple of 0..255")
     return rgb  # type: ignore[return-value]
+
+
+def _whole(value: Any) -> int:
+    """A whole number of a class file (an int or digits), never a bool (YAML's ``true`` / ``yes``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(value)
+    return int(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _name(item: Any, path: str) -> str:
+    """A class name: text (a number is taken as its text), one line; YAML's ``yes`` / ``no`` / ``null`` are not."""
+    if isinstance(item, bool) or item is None or not isinstance(item, (str, int, float)):
+        raise DatasetError(path, f"class name {_short(item)} is not text (quote it: \"{item}\")" if isinstance(
+            item, bool) or item is None else f"class name {_short(item)} is not text")
+    name = str(item).strip()
+    if not name or not name.isprintable():
+        raise DatasetError(path, f"class name {_short(item)} is empty or holds control characters")
+    return name
 
 
 def _from_mapping(data: Any, path: str) -> ClassSpec:
@@ -72,18 +102,22 @@ def _from_mapping(data: Any, path: str) -> ClassSpec:
         data = {"classes": data}
     if not isinstance(data, dict) or not isinstance(data.get("classes"), list) or not data["classes"]:
         raise DatasetError(path, "expected a list of class names, or a mapping with a non-empty 'classes' list")
+    _check_count(len(data["classes"]), path)
     names, colors = [], []
     for item in data["classes"]:
         if isinstance(item, dict):
             if "name" not in item:
-                raise DatasetError(path, f"class entry {item!r} has no 'name'")
-            names.append(str(item["name"]))
+                raise DatasetError(path, f"class entry {_short(item)} has no 'name'")
+            names.append(_name(item["name"], path))
             if "color" in item or "colour" in item:
                 colors.append(_color(item.get("color", item.get("colour")), path))
         else:
-            names.append(str(item))
+            names.append(_name(item, path))
     given = data.get("colors", data.get("colours", data.get("palette")))
     if given is not None:
+        if not isinstance(given, list):
+            raise DatasetError(path, f"colors must be a list of (r, g, b) triples, got {_short(given)}")
+        _check_count(len(given), path)
         colors = [_color(c, path) for c in given]
     ignore = data.get("ignore_index", data.get("ignore", 255))
     ignore_color = data.get("ignore_color", data.get("ignore_colour"))
@@ -98,88 +132,180 @@ def _from_text(text: str, path: str) -> ClassSpec:
             continue
         parts = re.split(r"[\s,]+", line)
         if len(parts) >= 4 and all(p.isdigit() for p in parts[-3:]):
-            names.append(" ".join(parts[:-3]))
+            names.append(_name(" ".join(parts[:-3]), path))
             colors.append(_color(parts[-3:], path))
         else:
-            names.append(line)
+            names.append(_name(line, path))
+        _check_count(len(names), path)
     return _spec(names, colors, 255, None, path)
+
+
+def _check_count(count: int, path: str) -> None:
+    if count > MAX_CLASSES:
+        raise DatasetError(path, f"names {count if count <= 10 * MAX_CLASSES else 'more than ' + str(count)} "
+                                 f"classes: at most {MAX_CLASSES} (mask values 0..{MAX_CLASSES - 1}, 255 = ignore)")
 
 
 def _spec(names: List[str], colors: List[RGB], ignore: Any, ignore_color: Optional[RGB], path: str) -> ClassSpec:
     if not names:
         raise DatasetError(path, "names no class")
-    if len(set(names)) != len(names):
-        raise DatasetError(path, f"class names repeat: {sorted({n for n in names if names.count(n) > 1})}")
+    repeated = sorted(n for n, k in Counter(names).items() if k > 1)
+    if repeated:
+        raise DatasetError(path, f"class names repeat: {repeated[:10]}")
     if colors and len(colors) != len(names):
         raise DatasetError(path, f"gives {len(colors)} colours for {len(names)} classes (one per class, or none)")
     if colors and len(set(colors)) != len(colors):
         raise DatasetError(path, "two classes have the same colour")
-    if not isinstance(ignore, int) or not 0 <= ignore <= 255 or ignore < len(names) or len(names) > 254:
-        raise DatasetError(path, f"ignore_index {ignore!r} must be an integer in [{len(names)}, 255] (at most 254 "
-                                 "classes)")
+    if type(ignore) is not int or not len(names) <= ignore <= 255:  # noqa: E721 (a bool is not an ignore value)
+        raise DatasetError(path, f"ignore_index {_short(ignore)} must be an integer in [{len(names)}, 255] (the "
+                                 "mask value of unlabelled pixels, after the class ids)")
     return ClassSpec(tuple(names), tuple(colors) or None, ignore, ignore_color, path)
+
+
+def _read_text(path: str) -> str:
+    """The text of a class file: at most :data:`MAX_CLASS_FILE` bytes of UTF-8, else one line saying why not."""
+    size = os.path.getsize(path)
+    if size > MAX_CLASS_FILE:
+        raise DatasetError(path, f"class file of {size:,} bytes is over {MAX_CLASS_FILE:,} bytes: is it the right "
+                                 "file?")
+    with open(path, "rb") as f:
+        raw = f.read(MAX_CLASS_FILE + 1)
+    if b"\0" in raw:
+        raise DatasetError(path, "is a binary file, not a class file (text: one class per line, or YAML / JSON)")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise DatasetError(path, f"is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}): save it "
+                                 "as UTF-8") from None
+
+
+def _load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` without aliases (``*name``): a "billion laughs" file is refused, not expanded."""
+    import yaml  # PyYAML: only for a classes.yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(f"line {mark.line + 1}: YAML aliases (*{self.peek_event().anchor}) are not "
+                                     "allowed in a class file")
+            return super().compose_node(parent, index)
+
+    return yaml.load(text, Loader=NoAliases)  # noqa: S506 (a SafeLoader)
 
 
 def read_class_file(root: str) -> Optional[ClassSpec]:
     """The :class:`ClassSpec` of the first of :data:`CLASS_FILES` in ``root``, or ``None`` when there is none.
 
+    The file is read with bounds: at most :data:`MAX_CLASS_FILE` bytes of UTF-8 text, :data:`MAX_CLASSES` classes,
+    no YAML aliases, names that are text, colours of three whole numbers, an integer ``ignore_index`` (a bool is
+    not one); in time linear in the number of classes.
+
     Raises:
-        DatasetError: the file cannot be parsed or is inconsistent (the message names it).
+        DatasetError: the file cannot be read or parsed, or is inconsistent (one line naming it).
     """
     for name in CLASS_FILES:
         path = os.path.join(root, name)
         if not os.path.isfile(path):
             continue
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = _read_text(path)
         if name.endswith(".txt"):
             return _from_text(text, path)
         try:
-            if name.endswith(".json"):
-                data = json.loads(text)
-            else:
-                import yaml  # PyYAML: only for a classes.yaml
-                data = yaml.safe_load(text)
+            data = json.loads(text) if name.endswith(".json") else _load_yaml(text)
         except ImportError:
             raise DatasetError(path, "reading a YAML class file needs PyYAML (pip install pyyaml), or write "
                                      "classes.json / classes.txt") from None
-        except ValueError as err:  # json.JSONDecodeError, yaml.YAMLError is not one: caught below
-            raise DatasetError(path, f"cannot parse ({str(err).splitlines()[0]})") from None
-        except Exception as err:  # yaml.YAMLError
-            raise DatasetError(path, f"cannot parse ({str(err).splitlines()[0]})") from None
+        except RecursionError:
+            raise DatasetError(path, "cannot parse (nested too deeply)") from None
+        except Exception as err:  # json.JSONDecodeError, yaml.YAMLError
+            raise DatasetError(path, f"cannot parse ({(str(err).splitlines() or [type(err).__name__])[0]})") from None
         return _from_mapping(data, path)
     return None
 
 
 def pack_colors(rgb: np.ndarray) -> np.ndarray:
-    """``... x 3`` uint8 colours -> one int64 per colour (``r << 16 | g << 8 | b``)."""
-    rgb = rgb.astype(np.int64)
+    """``... x 3`` uint8 colours -> one ``uint32`` per colour (``r << 16 | g << 8 | b``)."""
+    rgb = rgb.astype(np.uint32)
     return (rgb[..., 0] << 16) | (rgb[..., 1] << 8) | rgb[..., 2]
 
 
-def read_mask(path: str) -> Tuple[str, np.ndarray]:
-    """``("index", H x W ints)`` or ``("color", H x W packed colours)`` of a mask file.
-
-    Raises:
-        DatasetError: the file is missing or unreadable, or not a mask (the message names it).
-    """
+@contextlib.contextmanager
+def _opened_mask(path: str) -> Iterator[Tuple[Image.Image, str]]:
+    """``(mask, file format)``: the mask ``path`` opened (size checked from the header), upright, mode checked;
+    errors as one line."""
     try:
-        with Image.open(path) as im:
-            mode = im.mode
-            if mode in _INDEX_MODES:
-                return "index", np.array(im).astype(np.int64)
-            if mode not in ("RGB", "RGBA"):
-                raise DatasetError(path, f"mask has mode {mode}; expected an index image (mode L or P) or RGB")
-            rgb = np.array(im.convert("RGB"))
+        with open_image(path) as im:
+            if im.mode not in _INDEX_MODES + ("RGB", "RGBA"):
+                raise DatasetError(path, f"mask has mode {im.mode}; expected an index image (mode L or P, or 16-bit) "
+                                         "or RGB")
+            yield upright(im), im.format or ""
     except FileNotFoundError:
         raise DatasetError(path, "mask file is missing") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        if isinstance(err, DatasetError):
+        if isinstance(err, (DatasetError, ImageTooLarge)):
             raise
         raise DatasetError(path, f"cannot decode mask ({err})") from err
-    if (rgb[..., 0] == rgb[..., 1]).all() and (rgb[..., 1] == rgb[..., 2]).all():
-        return "index", rgb[..., 0].astype(np.int64)  # a grey index mask saved as RGB
+
+
+def _as_labels(im: Image.Image) -> Tuple[str, np.ndarray]:
+    if im.mode in _INDEX_MODES:
+        values = np.asarray(im)
+        return "index", values.astype(np.uint8) if values.dtype == bool else values
+    rgb = np.asarray(im.convert("RGB"))
     return "color", pack_colors(rgb)
+
+
+def read_mask(path: str) -> Tuple[str, np.ndarray]:
+    """``("index", H x W values)`` (uint8, or 16/32-bit) or ``("color", H x W packed colours)`` of a mask file, as
+    displayed (:func:`~encoding.utils.images.upright`, the images' rule); an RGB mask whose channels are equal is an
+    index mask.
+
+    Raises:
+        DatasetError: the file is missing or unreadable, or not a mask (the message names it).
+        ImageTooLarge: over the pixel limit (checked before decoding).
+    """
+    with _opened_mask(path) as (im, _):
+        kind, values = _as_labels(im)
+    if kind == "color" and _grey(values).all():
+        return "index", (values & 255).astype(np.uint8)  # a grey index mask saved as RGB
+    return kind, values
+
+
+def _grey(packed: np.ndarray) -> np.ndarray:
+    return ((packed >> 16) & 255 == (packed >> 8) & 255) & ((packed >> 8) & 255 == packed & 255)
+
+
+def mask_histogram(path: str) -> Dict[str, Any]:
+    """Every value of the mask ``path`` counted, in pieces of :data:`PIECE_PIXELS` pixels (never a wide copy of the
+    whole mask): ``{"size": [w, h], "format", "kind", "values", "counts"}``, as :func:`read_mask` reads it.
+
+    Raises:
+        DatasetError: as :func:`read_mask`, or the mask holds more than :data:`MAX_MASK_VALUES` distinct values.
+        ImageTooLarge: over the pixel limit (checked before decoding).
+    """
+    counts: Dict[int, int] = {}
+    with _opened_mask(path) as (im, fmt):
+        (w, h), kind = im.size, "index" if im.mode in _INDEX_MODES else "color"
+        rows = max(1, PIECE_PIXELS // max(w, 1))
+        for top in range(0, h, rows):
+            kind, piece = _as_labels(im.crop((0, top, w, min(h, top + rows))))
+            if piece.dtype == np.uint8:
+                n = np.bincount(piece.ravel(), minlength=256)
+                found = np.flatnonzero(n)
+                n = n[found]
+            else:
+                found, n = np.unique(piece, return_counts=True)
+            for v, c in zip(found.tolist(), n.tolist()):
+                counts[v] = counts.get(v, 0) + c
+            if len(counts) > MAX_MASK_VALUES:
+                raise DatasetError(path, f"holds more than {MAX_MASK_VALUES} different values: not a label mask (a "
+                                         "photo, or a smoothed export?)")
+    values = sorted(counts)
+    if kind == "color" and values and _grey(np.array(values, dtype=np.uint32)).all():
+        kind, values = "index", [v & 255 for v in values]
+    return {"size": [w, h], "format": fmt, "kind": kind, "values": values,
+            "counts": [counts[v] for v in sorted(counts)]}
 
 
 def color_lookup(spec: Optional[ClassSpec]) -> Dict[int, int]:

@@ -1,0 +1,242 @@
+"""The one scan of a folder dataset before training: every image and mask decoded once, every bad file named.
+
+:func:`scan_pairs` decodes each image fully (a truncated file is caught) and counts each mask's values in pieces
+(:func:`~.folder_meta.mask_histogram`), both as the loader reads them: the pixel limit checked from the header
+(:func:`~encoding.utils.images.open_image`) and the EXIF orientation applied
+(:func:`~encoding.utils.images.upright`, the one rule). It keeps per pair the sizes, the mask's encoding and value
+histogram, or the problem that stopped reading. The records are cached in a cache folder (:func:`cache_file`:
+``$XDG_CACHE_HOME/encoding/scans`` or ``~/.cache/encoding/scans``, never in the dataset's folder, which may be
+read-only), each stamped with its files' sizes and modification times: only new or changed files are read again.
+
+:func:`check_scan` then finds, without reading anything, **every** bad file -- unreadable or truncated files,
+images over the pixel limit, lossy (JPEG) masks, masks whose size differs from their image's, values or colours of
+no class -- and raises one :class:`~.folder_meta.DataError` naming them grouped by problem (the count and the
+first names of each group; the full list in a file of the temp folder when there are more), before any run
+directory is written. The label audit (:mod:`.audit`) follows. ``python -m encoding.datasets.scan DIR`` runs the
+scan alone and prints its summary and the class-pixel table.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ...utils.files import atomic_write
+from ...utils.images import ImageTooLarge, max_pixels
+from .audit import UNKNOWN_LABELS, FolderScan, audit, resolve_classes
+from ..base import check_image
+from ..folder_meta import ClassSpec, DataError, color_lookup, format_colors, mask_histogram
+from ..layout import DatasetError as _BaseDatasetError
+
+__all__ = ["UNKNOWN_LABELS", "LOSSY_FORMATS", "FolderScan", "Problem", "cache_file", "record_key", "scan_pairs",
+           "check_scan", "report"]
+
+#: A bad file: ``(problem group, path, detail)``.
+Problem = Tuple[str, str, str]
+Pair = Tuple[str, str]
+#: Mask formats that alter values when saved (masks must be lossless: PNG, TIFF, BMP, ...).
+LOSSY_FORMATS = ("JPEG", "MPO")
+#: The problem groups in the order a report lists them, with what each one means.
+GROUPS = {
+    "unpaired": "without its image or mask",
+    "unreadable": "unreadable or truncated",
+    "too large": "over the pixel limit (raise it with --max-pixels or ENCODING_MAX_PIXELS)",
+    "lossy": "JPEG masks (lossy: compression alters label values; masks must be PNG or another lossless format)",
+    "size": "mask size differs from its image",
+    "values": "values of no class",
+}
+#: Names shown per group in the one-line report (all of them go to the list file when there are more).
+SHOWN = 3
+_CACHE_VERSION = 2
+
+
+def _stamp(path: str) -> List[int]:
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _record(image: str, mask: str) -> Dict[str, Any]:
+    """One pair's record: sizes, the mask's format, encoding and value histogram, or the problem that stopped it."""
+    record: Dict[str, Any] = {"stamp": [_stamp(image), _stamp(mask)]}
+    for path, read in ((image, check_image), (mask, mask_histogram)):
+        try:
+            found = read(path)
+        except ImageTooLarge as err:
+            record["error"] = ["too large", path, str(err)[len(path) + 2:].split(" (checked")[0]]
+        except _BaseDatasetError as err:
+            record["error"] = ["unreadable", err.path, err.problem]
+        else:
+            if path == image:
+                record["image_size"] = list(found)
+            else:
+                record.update(mask_size=found["size"], format=found["format"], kind=found["kind"],
+                              values=found["values"], counts=found["counts"])
+            continue
+        break
+    return record
+
+
+def record_key(root: str, image: str, mask: str) -> str:
+    """The key of a pair's scan record: its two paths relative to ``root``, as JSON (any file name survives)."""
+    return json.dumps([os.path.relpath(image, root), os.path.relpath(mask, root)], ensure_ascii=False)
+
+
+def cache_file(root: str) -> str:
+    """Where the scan records of the dataset ``root`` are cached: a file of the user's cache folder named after the
+    root's absolute path (``$XDG_CACHE_HOME/encoding/scans/<hash>.json``, default ``~/.cache/encoding/...``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    digest = hashlib.sha256(os.path.abspath(root).encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    return os.path.join(base, "encoding", "scans", digest + ".json")
+
+
+def _read_cache(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    ok = isinstance(data, dict) and data.get("version") == _CACHE_VERSION and isinstance(data.get("records"), dict)
+    return data["records"] if ok else {}
+
+
+def scan_pairs(root: str, pairs: Sequence[Pair], *, cache: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
+    """The scan record of every ``(image, mask)`` pair (key: the pair's relative paths as JSON), from the cache
+    where the files are unchanged.
+
+    Args:
+        root: the dataset's root (nothing is written there).
+        pairs: the image and mask paths.
+        cache: the cache file (:func:`cache_file`), ``None``: no cache. A cache that cannot be written only warns.
+    """
+    cached = _read_cache(cache) if cache else {}
+    records, changed = {}, False
+    for image, mask in pairs:
+        key = record_key(root, image, mask)
+        old = cached.get(key)
+        try:
+            fresh = isinstance(old, dict) and old.get("stamp") == [_stamp(image), _stamp(mask)]
+        except OSError:
+            fresh = False
+        if not fresh:
+            try:
+                old, changed = _record(image, mask), True
+            except OSError as err:  # vanished between the listing and the read
+                old = {"error": ["unreadable", image, f"cannot read ({err})"]}
+        records[key] = dict(old, image=image, mask=mask)
+    if cache and (changed or set(records) != set(cached)):
+        keep = {k: {n: v for n, v in r.items() if n not in ("image", "mask")} for k, r in records.items()
+                if "stamp" in r and "error" not in r}
+        try:
+            os.makedirs(os.path.dirname(cache), exist_ok=True)
+            atomic_write(cache, json.dumps({"version": _CACHE_VERSION, "root": os.path.abspath(root),
+                                            "records": keep}))
+        except OSError as err:
+            warnings.warn(f"cannot cache the scan of the dataset in {cache}: {err}")
+    return records
+
+
+def _problem(record: Dict[str, Any], allowed: Dict[int, int], spec: ClassSpec) -> Optional[Tuple[Problem, int]]:
+    """``((group, path, detail), pixels of no class)`` of one record, ``None`` when it is good."""
+    if "error" in record:
+        return tuple(record["error"]), 0  # type: ignore[return-value]
+    for side in ("image", "mask"):  # a record cached under a higher limit
+        w, h = record[f"{side}_size"]
+        if w * h > max_pixels():
+            return ("too large", record[side], f"image of {w} x {h} = {w * h:,} pixels is over the limit of "
+                                               f"{max_pixels():,} pixels"), 0
+    if record.get("format") in LOSSY_FORMATS:
+        return ("lossy", record["mask"], f"mask is {record['format']}, a lossy format: compression alters label "
+                                         "values; save masks as PNG (or another lossless format)"), 0
+    if record["image_size"] != record["mask_size"]:
+        (iw, ih), (mw, mh) = record["image_size"], record["mask_size"]
+        return ("size", record["mask"], f"mask size {mw}x{mh} (WxH) differs from its image {record['image']} "
+                                        f"({iw}x{ih}, as displayed)"), 0
+    bad = [(v, c) for v, c in zip(record["values"], record["counts"]) if v not in allowed]
+    if not bad:
+        return None
+    shown = [v for v, _ in bad[:10]]
+    what = (f"colours {format_colors(shown)} are not class colours" if record["kind"] == "color"
+            else f"label values {shown} are outside the {len(spec.names)} classes (and not ignore {spec.ignore_index})")
+    what += f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
+    return ("values", record["mask"], what), sum(c for _, c in bad)
+
+
+def _show(path: str, root: str) -> str:
+    """A file as a report names it: relative to ``root``, escaped when it holds a newline or another control."""
+    rel = os.path.relpath(path, root) if root and os.path.isabs(path) else path
+    return rel if rel.isprintable() else json.dumps(rel, ensure_ascii=False)
+
+
+def report(problems: Sequence[Problem], root: str) -> DataError:
+    """The one-line error of every bad file: the file and its problem when there is one; else each group with its
+    count and first :data:`SHOWN` names, and (when more) the file of the temp folder listing them all."""
+    if len(problems) == 1:
+        _, path, detail = problems[0]
+        return DataError(path if path.isprintable() else json.dumps(path, ensure_ascii=False), detail)
+    groups: Dict[str, List[Problem]] = {}
+    for problem in problems:
+        groups.setdefault(problem[0], []).append(problem)
+    parts = []
+    for group in sorted(groups, key=lambda g: list(GROUPS).index(g) if g in GROUPS else len(GROUPS)):
+        found = groups[group]
+        shown = [(p, detail.replace(root + os.sep, "") if root else detail) for _, p, detail in found[:SHOWN]]
+        names = ", ".join(f"{_show(p, root)} ({detail})" if len(detail) <= 100 else _show(p, root)
+                          for p, detail in shown)
+        parts.append(f"{len(found)} {GROUPS.get(group, group)}: {names}" + (", ..." if len(found) > SHOWN else ""))
+    text = f"{len(problems)} bad files, nothing was written; " + "; ".join(parts)
+    if any(len(found) > SHOWN for found in groups.values()):
+        text += f"; every bad file is listed in {_write_list(problems, root)}"
+    return DataError(root, text)
+
+
+def _write_list(problems: Sequence[Problem], root: str) -> str:
+    """The full list of bad files, one per line (``problem<TAB>file<TAB>detail``, the file escaped as JSON when it
+    holds a tab or a newline), in the temp folder (never the dataset's)."""
+    digest = hashlib.sha256(os.path.abspath(root).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), f"encoding-scan-{digest}.txt")
+    lines = [f"# the bad files of {root} (problem, file, detail)\n"]
+    lines += [f"{group}\t{_show(p, root)}\t{' '.join(detail.split())}\n" for group, p, detail in problems]
+    return atomic_write(path, "".join(lines))
+
+
+def check_scan(records: Dict[str, Dict[str, Any]], spec: Optional[ClassSpec], unknown: str = "error", *,
+               root: str = "", problems: Sequence[Problem] = (), binary: bool = False,
+               train: Optional[Sequence[str]] = None) -> FolderScan:
+    """Check the scan records against the classes (resolved from the masks when ``spec`` is ``None``), then audit
+    the labels (:func:`.audit.audit`).
+
+    Args:
+        records: :func:`scan_pairs`' records.
+        spec: the class file's classes, or ``None``.
+        unknown: ``error`` or ``ignore`` (values of no class become ignored pixels, counted).
+        root: the dataset's root (names in the report are relative to it).
+        problems: bad files found before the scan (unpaired files).
+        binary: a ``--binary`` run: 0/255 masks are foreground 255 even with a class file; mixed 0/1 and 0/255 masks
+            are refused.
+        train: the keys of the training split's records (the audit warns of classes it lacks).
+
+    Raises:
+        DataError: every bad file in one line (:func:`report`), or the audit's refusal.
+    """
+    if unknown not in UNKNOWN_LABELS:
+        raise ValueError(f"unknown must be one of {UNKNOWN_LABELS}, got {unknown!r}")
+    readable = {k: r for k, r in records.items() if "error" not in r and r.get("format") not in LOSSY_FORMATS}
+    spec, binary_255 = resolve_classes(list(readable.values()), spec, binary)
+    index = {i: i for i in range(len(spec.names))}
+    index.update({255: 1} if binary_255 else {spec.ignore_index: -1})
+    colors = {c: (i if i != spec.ignore_index else -1) for c, i in color_lookup(spec).items()}
+    found, unknown_pixels, mapped = list(problems), {}, {}
+    for key, record in records.items():
+        allowed = colors if record.get("kind") == "color" else index
+        problem = _problem(record, allowed, spec)
+        if problem is not None and not (problem[1] and unknown == "ignore"):
+            found.append(problem[0])
+        elif problem is not None:
+            unknown_pixels[key] = problem[1]
+        mapped[key] = allowed
+    if found:
+        raise report(found, root)
+    return audit(records, mapped, spec, binary_255, unknown_pixels, binary=binary, train=train, root=root)
