@@ -15,8 +15,12 @@ Subpackages:
     export: a trained network as an ONNX file or a torch.export program, with its metadata
         (``python -m encoding.export``).
     legacy: PyTorch-Encoding / vacancy / mmcv names and conventions on the core, each old name declared beside its
-        object with the module where users import it (imported last, by this module). PE's module paths
-        ``encoding.functions`` and ``encoding.transforms`` load when imported (``import encoding.transforms``).
+        object with the module where users import it (imported last, by this module).
+    functions, transforms: PyTorch-Encoding's module paths (its functional forms and classification transforms,
+        from ``encoding.legacy``), attributes after a bare ``import encoding`` as in PyTorch-Encoding.
+
+``import encoding`` stays light: the memory tool's measuring and command-line modules, the web page (``encoding.app``,
+gradio) and matplotlib load only when used.
 """
 from .version import __version__
 from . import utils, parallel, nn, datasets, models
@@ -25,6 +29,7 @@ from . import engine
 from .engine import load_model, segment  # a trained network back from its checkpoint; its labels of an image
 from . import export  # python -m encoding.export: ONNX / torch.export files with their metadata
 from . import legacy  # old names declared on top of the core (last: it builds on everything above)
+from . import functions, transforms  # PyTorch-Encoding's module paths (cheap: torch / torchvision are loaded)
 
 __all__ = ["__version__", "parallel", "nn", "models", "datasets", "utils", "memory", "engine", "legacy", "export",
-           "load_model", "segment"]
+           "functions", "transforms", "load_model", "segment"]

@@ -289,8 +289,8 @@ def test_transforms_map_onto_torchvision():
 
 
 def test_top_level_package_exposes_functions_and_transforms():
-    """PE's module paths load when imported (``import encoding`` alone does not: tests/test_compat_conventions.py)."""
-    import encoding.transforms
+    """PE's module paths are attributes of the package (``import encoding`` imports them, as PE's did:
+    tests/test_peers_pe.py checks it in a fresh interpreter)."""
     from encoding.legacy import functions as moved, transforms as moved_transforms
 
     assert encoding.functions is functions

@@ -1,4 +1,7 @@
-"""Issue 33 item 3: one error base with an exit status; the scripts print it in one line, a bug keeps its traceback."""
+"""One error base with an exit status; the scripts print it in one line, a bug keeps its traceback."""
+import importlib
+import pkgutil
+
 import pytest
 from conftest import load_script
 
@@ -21,7 +24,7 @@ from encoding.utils.rundir import RunDirLocked
     (ConfigError, ValueError, 2), (ConfigFileError, ValueError, 2), (UsageError, ValueError, 2),
     (MonitorUnavailable, ImportError, 2), (MissingDependency, ImportError, 2),
     (RunFailed, RuntimeError, 1), (RunDirLocked, RuntimeError, 1), (CheckpointError, ValueError, 1),
-    (CheckpointError, RuntimeError, 1), (DatasetError, ValueError, 1), (NonFiniteError, FloatingPointError, 1),
+    (CheckpointError, RuntimeError, 1), (DatasetError, ValueError, 2), (NonFiniteError, FloatingPointError, 1),
     (ExportError, RuntimeError, 1), (DownloadError, RuntimeError, 1), (ChecksumError, RuntimeError, 1),
     (WeightsUnavailable, RuntimeError, 1),
 ])
@@ -36,7 +39,7 @@ def test_an_interrupt_is_no_exception_of_the_package():
 
 
 def _main_raising(error):
-    def main(argv):
+    def main(argv, *args, **kwargs):  # also stands for load_model(path, trust_code=...)
         main.argv = argv
         raise error
     return main
@@ -147,3 +150,57 @@ def test_train_py_shows_the_trace_of_its_error_on_request(how, tmp_path, capsys,
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and "CheckpointError" in err
     assert err.strip().splitlines()[-1].startswith("train.py: error: ") and "broken.pth" in err
+
+
+def _package_modules():
+    """Every module of ``encoding`` (``__main__`` modules, which run a command, left out), imported."""
+    import encoding
+
+    names = [info.name for info in pkgutil.walk_packages(encoding.__path__, "encoding.")
+             if not info.name.endswith(".__main__")]
+    return [importlib.import_module(name) for name in sorted(names)]
+
+
+def _exception_classes(module):
+    """The exception classes ``module`` defines, at its top level and inside its classes."""
+    found, seen = [], set()
+    pending = [obj for obj in vars(module).values() if isinstance(obj, type)]
+    while pending:
+        cls = pending.pop()
+        if id(cls) in seen or cls.__module__ != module.__name__:
+            continue
+        seen.add(id(cls))
+        pending.extend(obj for obj in vars(cls).values() if isinstance(obj, type))
+        if issubclass(cls, BaseException) and not issubclass(cls, Warning):
+            found.append(cls)
+    return found
+
+
+def test_every_exception_class_of_the_package_derives_from_encoding_error():
+    """One error root: each exception class defined anywhere in ``encoding`` is an EncodingError, except the
+    documented interrupt (a SystemExit, which ``except Exception`` lets through)."""
+    modules = _package_modules()
+    assert len(modules) > 100  # the walk saw the package
+    classes = {f"{cls.__module__}.{cls.__qualname__}": cls for m in modules for cls in _exception_classes(m)}
+    assert {"encoding.errors.UsageError", "encoding.engine.predict.InferenceOptionError",
+            "encoding.engine.loop.Interrupted", "encoding.parallel.parallel_apply.ReplicaAbortedError"} <= set(classes)
+    outside = sorted(name for name, cls in classes.items() if not issubclass(cls, EncodingError))
+    assert outside == ["encoding.errors.RunInterrupted"], outside
+    assert issubclass(RunInterrupted, SystemExit)
+
+
+def test_dataset_errors_are_one_class():
+    from encoding.datasets import folder_meta, layout
+
+    assert folder_meta.DataError is DatasetError is layout.DatasetError
+    assert DatasetError("x.png", "mask file is missing").exit_status == 2
+
+
+def test_a_stride_past_the_window_is_a_one_line_usage_error(tiny_run, tmp_path, capsys, monkeypatch):
+    """test.py --mode slide --window 16 --stride 40: a refusal in one line with exit status 2, not a traceback."""
+    monkeypatch.delenv("ENCODING_TRACEBACK", raising=False)
+    argv = ["--resume", tiny_run[1], "--workers", "0", "--out-dir", str(tmp_path), "--mode", "slide", "--window",
+            "16", "--stride", "40"]
+    assert load_script("test").cli(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stride 40 is larger than the window 16" in err[0], err

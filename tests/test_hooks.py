@@ -1,5 +1,6 @@
 """Issue 33 item 2: the rules of a run are hooks; a user's hook sees every event of the run in order."""
 import os
+import re
 
 import pytest
 import torch
@@ -99,7 +100,7 @@ def test_the_default_hooks_put_the_rules_in_order_and_the_user_hooks_before_the_
     hooks = default_hooks(run, verify_data=True, user=[mine])
     names = [type(h).__name__ for h in hooks]
     assert names == ["DivergenceCheck", "VerifyData", "Evaluation", "Hook", "Checkpointer", "EpochLog", "Previews",
-                     "ConsoleLine", "CurvePlot", "StopOnSignal"]
+                     "ConsoleLine", "RunEstimate", "CurvePlot", "StopOnSignal"]
     assert hooks[3] is mine and isinstance(hooks[-1], StopOnSignal) and isinstance(hooks[4], Checkpointer)
     assert hooks[-1].checkpointer is hooks[4]  # the stop saves through the one checkpointer
 
@@ -130,3 +131,50 @@ def test_a_user_hook_refuses_a_step_before_anything_of_it_is_applied(tiny_shapes
     with pytest.raises(RunFailed, match="refused"):
         run_training(_config(tmp_path), tiny_shapes, hooks=[refuse])
     assert all(torch.equal(p, w) for p, w in zip(refuse.model.parameters(), refuse.weights))
+
+
+@pytest.mark.parametrize("failure, one_line", [(KeyError("a bug in the metric"), False),
+                                               (OSError(5, "Input/output error", "val/img0.png"), True)])
+def test_a_failed_evaluation_saves_the_epoch_and_a_bug_keeps_its_traceback(failure, one_line, tiny_shapes, tmp_path,
+                                                                            monkeypatch, capsys):
+    """Only what the package explains (an EncodingError, an OSError) becomes the one-line RunFailed; a bug in the
+    evaluation propagates as itself (the traceback errors.py promises), after the trained epoch is saved."""
+    from encoding.engine import hooks
+
+    def failing(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(hooks, "evaluate", failing)
+    with pytest.raises(Exception) as caught:
+        run_training(_config(tmp_path, epochs=1), tiny_shapes)
+    saved = [os.path.join(d, CHECKPOINT_NAME) for d, _, files in os.walk(tmp_path) if CHECKPOINT_NAME in files]
+    assert len(saved) == 1 and load_checkpoint(saved[0])["epoch"] == 0  # the trained epoch is saved either way
+    saved = saved[0]
+    if one_line:
+        assert type(caught.value) is RunFailed and caught.value.__cause__ is failure
+        assert str(caught.value).startswith("evaluation after epoch 0 failed") and saved in str(caught.value)
+    else:
+        assert caught.value is failure  # not wrapped: run_cli prints its whole traceback
+        assert f"evaluation after epoch 0 failed; the trained epoch is saved in {saved}" in capsys.readouterr().err
+
+
+def test_the_run_prints_its_whole_run_estimate_after_its_first_iterations(tiny_shapes, tmp_path, capsys):
+    """Four steps per epoch: the estimate comes after the first of them are timed, before the epoch's line, as
+    ``estimated whole run: ~T (2 epochs x E)`` with T the two epochs of E."""
+    run_training(_config(tmp_path, batch_size=2, epochs=2), tiny_shapes)
+    out = capsys.readouterr().out.splitlines()
+    lines = [i for i, line in enumerate(out) if line.startswith("estimated whole run: ~")]
+    assert lines and lines[0] < next(i for i, line in enumerate(out) if line.startswith("epoch 0:")), out
+    match = re.fullmatch(r"estimated whole run: ~([\d.]+) s \(2 epochs x ([\d.]+) s(; epoch 0 measured)?\)",
+                         out[lines[0]])
+    assert match and match.group(3) is None, out[lines[0]]
+    assert float(match.group(1)) == pytest.approx(2 * float(match.group(2)), rel=0.1, abs=0.2)
+
+
+def test_an_epoch_too_short_to_time_gets_its_estimate_after_it(tiny_shapes, tmp_path, capsys):
+    run_training(_config(tmp_path, epochs=3), tiny_shapes)  # two steps an epoch
+    out = capsys.readouterr().out.splitlines()
+    estimates = [line for line in out if line.startswith("estimated whole run: ~")]
+    assert len(estimates) == 1 and re.fullmatch(r"estimated whole run: ~[\d.]+ s \(3 epochs x [\d.]+ s; epoch 0 "
+                                                r"measured\)", estimates[0]), out
+    assert out.index(estimates[0]) > next(i for i, line in enumerate(out) if line.startswith("epoch 0:"))

@@ -225,3 +225,29 @@ def test_moved_names_still_resolve_from_the_dataset_modules():
             assert old not in module.__all__  # the dataset modules only load data
         with pytest.raises(AttributeError, match="has no attribute 'missing'"):
             getattr(module, "missing")
+
+
+def test_each_dataset_command_says_where_it_writes(tmp_path, capsys, monkeypatch):
+    """The first write under a data folder says where (once), and where the root came from: the --root given,
+    ENCODING_DATA, or the default ~/.encoding/data."""
+    from encoding.datasets import prepare
+    from encoding.datasets.prepare import location
+
+    make_ade(str(tmp_path / "src"))
+    archive = pack(str(tmp_path / "src"), str(tmp_path / "mirror" / "ADEChallengeData2016.zip"),
+                   ["ADEChallengeData2016"], "zip")
+    args = common(tmp_path, "--checksum", f"ADEChallengeData2016.zip={sha256(archive)}")
+    assert prepare.main(["ade20k", *args]) == 0
+    out = capsys.readouterr().out.splitlines()
+    folder = tmp_path / "data" / "ADEChallengeData2016"
+    assert out[0] == f"data: writing the prepared dataset to {folder} (the data root given)", out
+    assert sum(line.startswith("data: ") for line in out) == 1  # downloads, extraction, check: said once
+    monkeypatch.setenv("ENCODING_DATA", str(tmp_path / "env"))
+    assert prepare.main(["shapes", "--num-train", "2", "--num-val", "1", "--no-progress"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (f"data: writing the generated shapes dataset to "
+                                                       f"{tmp_path / 'env' / 'shapes-seed0-2-1'} (the data root, "
+                                                       "from ENCODING_DATA)")
+    monkeypatch.delenv("ENCODING_DATA")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert location.root_origin(os.path.expanduser("~/.encoding/data")) == (
+        "the default data root ~/.encoding/data; set ENCODING_DATA to choose another")

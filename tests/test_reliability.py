@@ -276,7 +276,8 @@ def test_failing_evaluation_keeps_the_trained_epoch_and_verify_data_finds_it_fir
     bad = _truncate_first_val_image(data)
     script = load_train_script()
     out = str(tmp_path / "runs")
-    assert script.cli(TINY + ["--output-dir", out, "--verify-data"], datasets=tiny_shapes_pair(data)) == 1
+    # a bad file found by --verify-data before the run is the data refused (2); met during the run, it fails it (1)
+    assert script.cli(TINY + ["--output-dir", out, "--verify-data"], datasets=tiny_shapes_pair(data)) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert bad in err and not os.path.exists(os.path.join(_run_dir(out), CHECKPOINT_NAME))
     assert script.cli(TINY + ["--output-dir", out], datasets=tiny_shapes_pair(data)) == 1

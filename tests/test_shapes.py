@@ -221,3 +221,24 @@ def test_generation_workers_die_with_a_killed_parent(tmp_path):
             os.kill(pid, signal.SIGKILL)
         proc.communicate()
         pytest.fail("the workers outlived their parent, holding its pipes open")
+
+
+def test_the_main_job_says_where_it_generates_the_dataset(tmp_path, monkeypatch, capsys):
+    """train.py on the shapes dataset generates it on first use: one line names the folder and ENCODING_DATA; a run
+    that finds it complete writes nothing and says nothing."""
+    from conftest import TINY, load_script
+
+    from encoding.datasets.prepare import location
+
+    monkeypatch.setenv("ENCODING_DATA", str(tmp_path / "data"))
+    small = {**ShapesSegmentation.__init__.__kwdefaults__, "num_train": 4, "num_val": 2}  # a quick generation
+    monkeypatch.setattr(ShapesSegmentation.__init__, "__kwdefaults__", small)
+    train = load_script("train")
+    for run in ("first", "second"):
+        monkeypatch.setattr(location, "_ANNOUNCED", set())  # as a new process: the second says nothing, not again
+        train.main(TINY + ["--output-dir", str(tmp_path / run), "--dataset", "shapes"])
+        said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("data: ")]
+        folder = tmp_path / "data" / "shapes-seed0-4-2"
+        assert said == ([f"data: writing the generated shapes dataset to {folder} (the data root, from "
+                         "ENCODING_DATA)"] if run == "first" else []), said
+    assert os.path.isfile(folder / shapes.MARKER)

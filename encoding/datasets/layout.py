@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import List
 
-from ..errors import EncodingError
+from ..errors import EXIT_USAGE, EncodingError
 
 __all__ = [
     "DatasetError", "default_root", "read_split_file",
@@ -27,12 +27,15 @@ __all__ = [
 
 
 class DatasetError(ValueError, EncodingError):
-    """A dataset file is missing, unreadable or inconsistent.
+    """A dataset file is missing, unreadable or inconsistent: the data handed to the package cannot be used (one line
+    naming the file; exit status 2). ``encoding.datasets.folder_meta.DataError`` is the same class.
 
     Attributes:
         path: the offending file or folder.
         problem: what is wrong with it.
     """
+
+    exit_status = EXIT_USAGE
 
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(f"{path}: {problem}")

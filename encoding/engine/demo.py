@@ -1,11 +1,14 @@
 """What ``demo.py`` does with its images: where each one's outputs go, and one image at a time through the network.
 
+* :func:`expand_images`: the images the arguments name, as users type them: files, folders (every image in it,
+  sorted) and quoted globs (``"photos/*.jpg"``);
 * :func:`demo_outputs`: the ``(mask, overlay)`` PNGs of each input, never colliding, never silently replacing a file;
 * :func:`segment_files`: read, segment and write one image at a time (the memory does not grow with their number);
 * :func:`write_pngs`: several PNGs all or nothing (atomic files; a failure leaves none of them).
 """
 from __future__ import annotations
 
+import glob
 import io
 import os
 from typing import Iterator, List, Sequence, Tuple
@@ -22,7 +25,40 @@ from .inference import overlay_with_legend, read_image
 from .loading import ModelInfo
 from .predict import segment
 
-__all__ = ["demo_outputs", "segment_files", "write_pngs"]
+__all__ = ["expand_images", "demo_outputs", "segment_files", "write_pngs"]
+
+
+def _folder_images(folder: str) -> List[str]:
+    """The image files directly in ``folder`` (any extension PIL reads; hidden files skipped), sorted by name."""
+    extensions = {ext.lower() for ext in Image.registered_extensions()}
+    names = sorted(name for name in os.listdir(folder) if not name.startswith(".")
+                   and os.path.splitext(name)[1].lower() in extensions
+                   and os.path.isfile(os.path.join(folder, name)))
+    return [os.path.join(folder, name) for name in names]
+
+
+def expand_images(arguments: Sequence[str]) -> List[str]:
+    """The image files that ``demo.py``'s arguments name, in order: a file as it is (checked later, when it is
+    read), a folder as every image in it (sorted by name; not its sub-folders), and a glob that the shell did not
+    expand (``"photos/*.jpg"``, ``photos/**/*.png``) as the files it matches (sorted).
+
+    Raises:
+        UsageError: a folder holding no image, or a glob matching no file (the message names it).
+    """
+    images: List[str] = []
+    for argument in arguments:
+        if os.path.isdir(argument):
+            found = _folder_images(argument)
+            if not found:
+                raise UsageError(f"{argument}: the folder holds no image file (any format PIL reads)")
+        elif not os.path.exists(argument) and glob.has_magic(argument):
+            found = sorted(p for p in glob.glob(argument, recursive=True) if os.path.isfile(p))
+            if not found:
+                raise UsageError(f"{argument}: no file matches this pattern")
+        else:
+            found = [argument]
+        images.extend(found)
+    return images
 
 
 def demo_outputs(paths: Sequence[str], out_dir: str, overwrite: bool = False) -> List[Tuple[str, str]]:

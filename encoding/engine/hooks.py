@@ -9,7 +9,9 @@ stops with an error (``state.error`` then holds it). Each call gets the :class:`
 * :class:`DivergenceCheck`: a NaN/inf loss stops the run before its step (:class:`RunFailed`; nothing of the epoch
   is saved);
 * :class:`VerifyData`: read every sample once before training (``--verify-data``);
-* :class:`Evaluation`: score the model after every epoch (an evaluation that fails saves the trained epoch first);
+* :class:`Evaluation`: score the model after every epoch (an evaluation that fails saves the trained epoch first;
+  an :class:`~encoding.errors.EncodingError` or ``OSError`` becomes a one-line :class:`RunFailed`, any other
+  exception, a bug, keeps its traceback);
 * :class:`SkippedSamples`: log how many bad samples the datasets skipped (``--skip-bad``);
 * the user's hooks (``train(run, hooks=[...])``, ``run_training(config, hooks=[...])``): they see the evaluation,
   and the numbers they add to ``state.stats`` are saved and logged with the epoch;
@@ -18,6 +20,8 @@ stops with an error (``state.error`` then holds it). Each call gets the :class:`
 * :class:`EpochLog`: the epoch's row in ``log.csv`` / ``log.jsonl`` (and TensorBoard / W&B);
 * :class:`Previews`: preview images of validation predictions for TensorBoard / W&B;
 * :class:`ConsoleLine`: one line per epoch on stdout;
+* :class:`RunEstimate`: the whole run's estimated time, after its first iterations (and again after the first epoch
+  when the measured epoch differs);
 * :class:`CurvePlot`: ``curves.png`` from ``log.csv`` after the last epoch;
 * :class:`StopOnSignal`: Ctrl-C, SIGTERM or SIGHUP saves a resumable checkpoint after the current iteration
   (:class:`~encoding.errors.RunInterrupted`, exit status 128 + signal); last, so every other hook saw the step.
@@ -26,6 +30,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -40,8 +46,9 @@ from .previews import validation_previews
 from .sharding import full_state
 from .state import Checkpoint, restore_best, training_state
 
-__all__ = ["RunFailed", "RunState", "Hook", "DivergenceCheck", "VerifyData", "Evaluation", "SkippedSamples", "Checkpointer", "EpochLog",
-           "Previews", "ConsoleLine", "CurvePlot", "StopOnSignal", "default_hooks"]
+__all__ = ["RunFailed", "RunState", "Hook", "DivergenceCheck", "VerifyData", "Evaluation", "SkippedSamples",
+           "Checkpointer", "EpochLog", "Previews", "ConsoleLine", "RunEstimate", "CurvePlot", "StopOnSignal",
+           "default_hooks"]
 
 
 class RunFailed(RuntimeError, EncodingError):
@@ -216,7 +223,8 @@ class StopOnSignal(Hook):
 class Evaluation(Hook):
     """Score the model on the validation loader after every epoch (``state.result``; ``pixAcc``, ``mIoU`` (and a
     binary run's ``fgIoU``) join ``state.stats``). An interrupt or a failure during the evaluation saves the trained
-    epoch first."""
+    epoch first; a failure the package explains (:class:`~encoding.errors.EncodingError`, ``OSError``) is then a
+    one-line :class:`RunFailed`, while any other exception is a bug and propagates with its traceback."""
 
     def __init__(self, checkpointer: Checkpointer, stop: StopOnSignal) -> None:
         self.checkpointer, self.stop = checkpointer, stop
@@ -234,8 +242,12 @@ class Evaluation(Hook):
                                     f"with --resume {path})") from None
         except Exception as err:  # the trained epoch is saved before the failure is reported
             path = self.checkpointer.write_checkpoint(state, epoch)
-            raise RunFailed(f"evaluation after epoch {epoch} failed ({err}); the trained epoch is saved in "
-                            f"{path}") from err
+            if isinstance(err, (EncodingError, OSError)):  # explained in one line
+                raise RunFailed(f"evaluation after epoch {epoch} failed ({err}); the trained epoch is saved in "
+                                f"{path}") from err
+            if is_main_process():  # a bug: it keeps its traceback
+                print(f"evaluation after epoch {epoch} failed; the trained epoch is saved in {path}", file=sys.stderr)
+            raise
         scores = ("pixAcc", "mIoU", "fgIoU")  # fgIoU: a binary run's
         state.stats.update({k: state.result[k] for k in scores if k in state.result})
 
@@ -289,6 +301,61 @@ class ConsoleLine(Hook):
             print(f"epoch {state.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in state.stats.items()))
 
 
+def _duration(seconds: float) -> str:
+    """``45 s``, ``40 min``, ``2 h 05 min``: a time as people read an estimate."""
+    if seconds < 90:
+        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 90 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+class RunEstimate(Hook):
+    """The whole run's time on stdout (main process), once its first iterations are timed: ``estimated whole run:
+    ~40 min (50 epochs x 48 s)``, the epochs left times an epoch's time: its training iterations at the pace of
+    :attr:`MEASURED` steps after the first (which warms up), plus its validation at a third of a training step per
+    batch of samples (a forward without its backward). After the first epoch, validation measured, the line comes
+    again when the measured epoch differs by more than a quarter (or first, when the epoch was too short to time)."""
+
+    MEASURED = 3
+
+    def before_train(self, state: RunState) -> None:
+        self.first, self.steps, self.epoch_time = state.epoch, 0, None
+        self.epochs = state.run.epochs - state.epoch
+
+    def before_epoch(self, state: RunState) -> None:
+        self.started = time.perf_counter()
+
+    def after_step(self, state: RunState) -> None:
+        self.steps += 1
+        if self.steps == 1:
+            self.timed = time.perf_counter()
+        elif self.steps == 1 + self.MEASURED and state.epoch == self.first:
+            step = (time.perf_counter() - self.timed) / self.MEASURED
+            self.epoch_time = step * (len(state.run.train_loader) + self._validation_steps(state.run) / 3)
+            self.report("")
+
+    def after_epoch(self, state: RunState) -> None:
+        if state.epoch != self.first:
+            return
+        measured, estimated = time.perf_counter() - self.started, self.epoch_time
+        if estimated is None or abs(measured - estimated) > estimated / 4:
+            self.epoch_time = measured
+            self.report(f"; epoch {state.epoch} measured")
+
+    @staticmethod
+    def _validation_steps(run: Any) -> float:
+        """The validation of an epoch in training batches (its samples over the training batch size)."""
+        if not run.validate:
+            return 0.0
+        return len(run.val_loader) * (run.val_loader.batch_size or 1) / (run.train_loader.batch_size or 1)
+
+    def report(self, note: str) -> None:
+        """Print the estimate (main process)."""
+        if is_main_process():
+            print(f"estimated whole run: ~{_duration(self.epochs * self.epoch_time)} ({self.epochs} epochs x "
+                  f"{_duration(self.epoch_time)}{note})", flush=True)
+
+
 class CurvePlot(Hook):
     """``curves.png`` beside ``log.csv`` when the run ends without an error
     (:func:`~encoding.utils.plot.write_curves`)."""
@@ -309,4 +376,4 @@ def default_hooks(run: Any, *, verify_data: bool = False, user: Sequence[Hook] =
     stop = StopOnSignal(checkpointer)
     hooks: List[Hook] = [DivergenceCheck()] + ([VerifyData()] if verify_data else [])
     hooks += [Evaluation(checkpointer, stop)] + ([SkippedSamples()] if run.count_skipped else []) + list(user)
-    return hooks + [checkpointer, log, Previews(log), ConsoleLine(), CurvePlot(log), stop]
+    return hooks + [checkpointer, log, Previews(log), ConsoleLine(), RunEstimate(), CurvePlot(log), stop]

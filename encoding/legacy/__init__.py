@@ -22,8 +22,9 @@ Declaring modules (each on the core it is built on), imported with this package:
 * :mod:`.aliases`: core objects under old names (``get_dataset``, ``DistSyncBatchNorm``, ``download``, the heads PE
   exported from ``encoding.nn``, the preparation names the dataset modules had).
 
-Rooms imported only when used (PE's module paths ``encoding.functions`` / ``encoding.transforms`` name the first
-two):
+Rooms not imported by this package: the first two are PE's module paths ``encoding.functions`` /
+``encoding.transforms``, which ``import encoding`` imports after this package (as PE's ``__init__`` did); the third
+is imported only when used:
 
 * :mod:`.functions`: PE's functional forms (``scaled_l2``, ``aggregate``, ``syncbatchnorm``, ``batchnormtrain``,
   ``NonMaxSuppression``, ...).

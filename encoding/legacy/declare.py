@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import importlib
 import warnings
-from typing import Any, Callable, Dict, Optional, TypeVar
+from typing import Any, Callable, Dict, Optional, Sequence, TypeVar
 
 __all__ = ["DECLARED", "old_name", "alias"]
 
@@ -61,13 +61,16 @@ def _deprecate(obj: T, message: str) -> T:
     return warned  # type: ignore[return-value]
 
 
-def old_name(*where: str, new: Optional[str] = None, name: Optional[str] = None) -> Callable[[T], T]:
+def old_name(*where: str, new: Optional[str] = None, name: Optional[str] = None,
+             star: Sequence[str] = ()) -> Callable[[T], T]:
     """Decorator: bind the decorated object as ``name`` (default: its ``__name__``) in each module of ``where``.
 
     Args:
         *where: the modules users import the name from (``"encoding.nn"``, ...).
         new: the spelling to use instead; given, using the object emits a ``FutureWarning`` naming it.
         name: the old name, when it differs from the object's ``__name__``.
+        star: the modules of ``where`` whose ``__all__`` lists the name, as the old module's did, so that users'
+            ``from module import *`` brings it (PyTorch-Encoding's tests star-import ``encoding.utils.metrics``).
 
     Raises:
         RuntimeError: a module of ``where`` already defines a different object under that name (an old name never
@@ -85,6 +88,8 @@ def old_name(*where: str, new: Optional[str] = None, name: Optional[str] = None)
                                    f"{obj!r} would hide it")
             setattr(module, key, obj)
             DECLARED.setdefault(module_name, {})[key] = obj
+            if module_name in star and key not in module.__all__:
+                module.__all__ = [*module.__all__, key]
         return obj
     return declare
 

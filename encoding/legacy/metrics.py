@@ -2,7 +2,8 @@
 
 ``batch_pix_accuracy`` / ``batch_intersection_union`` use PE's label convention (``-1`` = unlabeled);
 ``pixel_accuracy`` / ``intersection_and_union`` the CSAIL scene-parsing one (``0`` = unlabeled). Each is
-declared in ``encoding.utils`` and ``encoding.utils.metrics`` beside its definition.
+declared in ``encoding.utils`` and ``encoding.utils.metrics`` beside its definition, and listed in the latter's
+``__all__`` as PE's was (``from encoding.utils.metrics import *``).
 """
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ from .declare import old_name
 __all__ = ["batch_pix_accuracy", "batch_intersection_union", "pixel_accuracy", "intersection_and_union"]
 
 _NEW = "encoding.utils.SegmentationMetric (update(output, target), then get())"
+#: PyTorch-Encoding's ``encoding.utils.metrics.__all__`` listed them: ``from encoding.utils.metrics import *`` (its
+#: tests' import) brings them.
+_STAR = ("encoding.utils.metrics",)
 
 
-@old_name("encoding.utils", "encoding.utils.metrics", new=_NEW)
+@old_name("encoding.utils", "encoding.utils.metrics", new=_NEW, star=_STAR)
 def batch_pix_accuracy(output: Tensor, target: Tensor) -> Tuple[int, int]:
     """Correct and labeled pixel counts of a batch (PyTorch-Encoding helper).
 
@@ -37,7 +41,7 @@ def batch_pix_accuracy(output: Tensor, target: Tensor) -> Tuple[int, int]:
     return int(correct.sum()), int(labeled.sum())
 
 
-@old_name("encoding.utils", "encoding.utils.metrics", new=_NEW)
+@old_name("encoding.utils", "encoding.utils.metrics", new=_NEW, star=_STAR)
 def batch_intersection_union(output: Tensor, target: Tensor, nclass: int) -> Tuple[np.ndarray, np.ndarray]:
     """Per-class intersection and union pixel counts of a batch (PyTorch-Encoding helper).
 
@@ -56,7 +60,7 @@ def batch_intersection_union(output: Tensor, target: Tensor, nclass: int) -> Tup
     return inter.numpy().astype(np.int64), union.numpy().astype(np.int64)
 
 
-@old_name("encoding.utils", "encoding.utils.metrics", new=_NEW)
+@old_name("encoding.utils", "encoding.utils.metrics", new=_NEW, star=_STAR)
 def pixel_accuracy(im_pred: Any, im_lab: Any) -> Tuple[int, int]:
     """Correct and labeled pixel counts of one image, CSAIL scene-parsing convention (label 0 = unlabeled).
 
@@ -72,7 +76,7 @@ def pixel_accuracy(im_pred: Any, im_lab: Any) -> Tuple[int, int]:
     return int(np.sum((pred == lab) & labeled)), int(np.sum(labeled))
 
 
-@old_name("encoding.utils", "encoding.utils.metrics", new=_NEW)
+@old_name("encoding.utils", "encoding.utils.metrics", new=_NEW, star=_STAR)
 def intersection_and_union(im_pred: Any, im_lab: Any, num_class: int) -> Tuple[np.ndarray, np.ndarray]:
     """Per-class intersection and union of one image, PyTorch-Encoding's CSAIL-style helper.
 

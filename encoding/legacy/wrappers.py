@@ -4,6 +4,8 @@
 """
 from __future__ import annotations
 
+from typing import Any, Optional
+
 from torch import nn
 
 from ..parallel import DataParallelCriterion
@@ -11,9 +13,27 @@ from .declare import old_name
 
 __all__ = ["MODULE_WRAPPERS", "is_module_wrapper"]
 
+class WrapperList(list):
+    """A list of wrapper classes with mmcv's registry decorator: ``@MODULE_WRAPPERS.register_module()``."""
+
+    def register_module(self, name: Optional[str] = None, force: bool = False,
+                        module: Optional[type] = None) -> Any:
+        """Add a wrapper class (mmcv's ``Registry.register_module``: as a decorator, or with ``module=``); ``name``
+        and ``force`` are accepted for mmcv's signature (the list has no names)."""
+        def register(cls: type) -> type:
+            if not isinstance(cls, type):
+                raise TypeError(f"register_module expects a class, got {cls!r}")
+            if cls not in self:
+                self.append(cls)
+            return cls
+
+        return register(module) if module is not None else register
+
+
 #: Classes whose instances wrap a ``.module``: torch's data-parallel wrappers (``DataParallelModel`` and
-#: ``DataParallelWithCallback`` are ``nn.DataParallel``s) and ``DataParallelCriterion``. Append your own.
-MODULE_WRAPPERS = [nn.DataParallel, nn.parallel.DistributedDataParallel, DataParallelCriterion]
+#: ``DataParallelWithCallback`` are ``nn.DataParallel``s) and ``DataParallelCriterion``. Append your own, or
+#: register it as mmcv does (``@MODULE_WRAPPERS.register_module()``).
+MODULE_WRAPPERS = WrapperList([nn.DataParallel, nn.parallel.DistributedDataParallel, DataParallelCriterion])
 
 
 @old_name("encoding.parallel")

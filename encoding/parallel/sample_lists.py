@@ -10,7 +10,8 @@ every image has as many boxes as channels. The rule (docs/parallel.md, "Lists"):
   (``model(images, targets)``): they are scattered like :class:`~encoding.parallel.PerSample` lists;
 * a list of tensors is a list of samples when only that reading fits the call's batch size, a list of batched
   tensors (split along ``dim``) when only that one fits; when both fit, the call is refused, naming ``PerSample``
-  (for samples) and a tuple (for batched tensors), which say it without ambiguity.
+  (for samples) and a tuple (for batched tensors), which say it without ambiguity (:class:`AmbiguousList`;
+  :func:`~encoding.parallel.scatter_gather.scatter` to one device needs no reading: it splits nothing).
 """
 from __future__ import annotations
 
@@ -18,9 +19,15 @@ from typing import Any, List, Optional, Sequence, Set, Tuple
 
 from torch import Tensor
 
+from ..errors import UsageError
 from .structures import PerSample, _children, _is_container, _join, _rebuild, iter_leaves
 
-__all__ = ["leaf_batch_size", "resolve_sample_lists", "is_sample_list_output"]
+__all__ = ["AmbiguousList", "leaf_batch_size", "resolve_sample_lists", "is_sample_list_output"]
+
+
+class AmbiguousList(UsageError):
+    """A plain list of tensors reads as samples and as batched tensors alike, and the split depends on the reading
+    (the message names ``PerSample`` and a tuple, which say it without ambiguity)."""
 
 
 def leaf_batch_size(path: str, leaf: Any, dim: int) -> Optional[int]:
@@ -84,7 +91,7 @@ def _decide(path: str, items: list, kind: str, batch: Optional[int], lengths: Se
         return False
     if per_sample:
         size = next(iter(inner))
-        raise ValueError(
+        raise AmbiguousList(
             f"cannot scatter {path}: a list of {len(items)} tensors of size {size} along dim {dim} may be "
             f"{len(items)} samples (e.g. a detector's images) or batched tensors of {size} samples each; wrap a list "
             f"with one entry per sample in encoding.parallel.PerSample(...) and pass batched tensors as a tuple")
@@ -102,7 +109,7 @@ def resolve_sample_lists(tree: Any, dim: int = 0, name: str = "inputs", batch_si
             targets); otherwise the call's batched tensors (or a list of dicts) decide it.
 
     Raises:
-        ValueError: a list of tensors reads as samples and as batched tensors alike (the message names
+        AmbiguousList: a list of tensors reads as samples and as batched tensors alike (the message names
             ``PerSample``).
     """
     found: List[Tuple[str, list]] = []

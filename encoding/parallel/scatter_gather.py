@@ -8,7 +8,7 @@ from torch import Tensor
 from torch.nn.parallel._functions import Scatter as _CudaScatter
 
 from .devices import DeviceLike, all_distinct_cuda, resolve_device, resolve_devices
-from .sample_lists import is_sample_list_output, leaf_batch_size, resolve_sample_lists
+from .sample_lists import AmbiguousList, is_sample_list_output, leaf_batch_size, resolve_sample_lists
 from .structures import PerSample, device_of, iter_leaves, transpose_map, zip_map
 
 __all__ = ["get_split_sizes", "batch_size_of", "scatter", "scatter_kwargs", "gather", "to_device"]
@@ -94,7 +94,9 @@ def scatter(inputs: Any, devices: Sequence[DeviceLike], dim: int = 0,
     sliced alike; 0-dim tensors are copied to every device; other values (``None``, numbers, strings, plain lists)
     are passed to every replica unchanged. A plain list of tensors or dicts with one entry per sample (a detector's
     images and targets) is scattered per sample, never cut along each image's first dimension, and a list that
-    reads either way is refused (:mod:`encoding.parallel.sample_lists`).
+    reads either way is refused (:mod:`encoding.parallel.sample_lists`) where the reading changes the split: with
+    one target device nothing is split, and the inputs come back as they are, on that device (mmcv's
+    ``scatter([a, b], [-1])``).
 
     Args:
         inputs: any nesting of tuples, lists, dicts, namedtuples and dataclasses.
@@ -116,7 +118,13 @@ def scatter(inputs: Any, devices: Sequence[DeviceLike], dim: int = 0,
 def _scatter_tree(tree: Any, devices: Sequence[DeviceLike], dim: int, split_sizes: Optional[Sequence[int]],
                   name: str) -> Tuple[List[Any], List[Optional[int]]]:
     devices = resolve_devices(devices)
-    tree = resolve_sample_lists(tree, dim, name, None if split_sizes is None else sum(split_sizes))
+    try:
+        tree = resolve_sample_lists(tree, dim, name, None if split_sizes is None else sum(split_sizes))
+    except AmbiguousList:
+        if len(devices) != 1 or split_sizes is not None:
+            raise
+        # one replica: samples or batched tensors, it gets the whole list as it is; its size depends on the reading
+        return [to_device(tree, devices[0])], [None]
     sizes = _check_sizes(_batch_size(tree, dim, name), devices, split_sizes)
     parts = transpose_map(lambda leaf: _split_leaf(leaf, devices[:len(sizes)], sizes, dim), tree, len(sizes))
     return parts, sizes

@@ -3,6 +3,9 @@ blended with the mask, with a legend of the classes present) into ``--out-dir``.
 
     python experiments/segmentation/demo.py image.jpg --resume runs/shapes/unet/default/model_best.pth
     python experiments/segmentation/demo.py a.jpg b.png --model-zoo fcn_resnet50_voc --out-dir demo/ --multi-scale
+    python experiments/segmentation/demo.py photos/ "more/*.jpg" --resume model_best.pth
+
+A folder stands for every image in it (sorted by name), a quoted glob for the files it matches.
 
 Any image size; JPEG or PNG; grey-scale (16-bit too), palette and RGBA images are converted to RGB, EXIF-rotated
 photos are read upright. Inputs of the same name in different folders keep their folders under ``--out-dir``; an
@@ -17,7 +20,7 @@ from options import parse_args  # noqa: E402
 
 from encoding.engine.builders import select_devices  # noqa: E402
 from encoding.datasets.base import check_image  # noqa: E402
-from encoding.engine.demo import demo_outputs, segment_files  # noqa: E402
+from encoding.engine.demo import demo_outputs, expand_images, segment_files  # noqa: E402
 from encoding.engine.inference import EvaluationConfig, evaluation_module  # noqa: E402
 from encoding.utils.cli import run_cli  # noqa: E402
 
@@ -25,14 +28,15 @@ from encoding.utils.cli import run_cli  # noqa: E402
 def main(argv=None) -> list:
     """Run ``demo.py`` with ``argv``; returns the written ``(mask, overlay)`` paths, one pair per image."""
     args = parse_args(argv, "demo")
-    for path in args.images:  # every input and output is checked before any work (headers only)
+    images = expand_images(args.images)  # folders and quoted globs, as users type them
+    for path in images:  # every input and output is checked before any work (headers only)
         check_image(path)
-    outputs = demo_outputs(args.images, args.out_dir, args.overwrite)
+    outputs = demo_outputs(images, args.out_dir, args.overwrite)
     device = select_devices(None, use_cuda=not args.no_cuda).model_device  # the first GPU, else the CPU
     config = EvaluationConfig.from_options(args)
     model = evaluation_module(config.network(device), config)
-    images = segment_files(model, args.images, outputs, args.dataset, device, args.alpha, args.blend_background)
-    for path, (mask_path, overlay_path), present in zip(args.images, outputs, images):
+    results = segment_files(model, images, outputs, args.dataset, device, args.alpha, args.blend_background)
+    for path, (mask_path, overlay_path), present in zip(images, outputs, results):
         print(f"{path}: {', '.join(present)} -> {mask_path}, {overlay_path}")
     return outputs
 

@@ -43,6 +43,7 @@ from ..layout import (SHAPES_CLASSES, SHAPES_DEFAULT_NUM_TRAIN, SHAPES_DEFAULT_N
                       default_root, shapes_folder)
 from ...utils.files import staged_dir
 from ...utils.rundir import FileLock, die_with_parent
+from .location import announce_writing
 
 __all__ = ["GENERATOR_VERSION", "MARKER", "DEFAULT_SEED", "DEFAULT_NUM_TRAIN", "DEFAULT_NUM_VAL", "render_scene",
            "generate_shapes", "ensure_shapes"]
@@ -376,7 +377,8 @@ def ensure_shapes(root: Optional[str] = None, *, seed: int = DEFAULT_SEED, num_t
 
     The folder is ``<root>/shapes`` for the default settings and ``<root>/shapes-seed<seed>-<train>-<val>``
     otherwise, so different settings never overwrite each other. Processes that find it missing at the same time
-    take turns: one generates, the others wait for its lock and find the dataset complete.
+    take turns: one generates, the others wait for its lock and find the dataset complete. Generating, it says
+    where it writes (:func:`~.location.announce_writing`).
     """
     root = os.path.expanduser(root or default_root())
     folder = os.path.join(root, shapes_folder(seed, num_train, num_val))
@@ -384,5 +386,6 @@ def ensure_shapes(root: Optional[str] = None, *, seed: int = DEFAULT_SEED, num_t
     if overwrite or not _is_complete(folder, config):
         with _lock(folder):
             if overwrite or not _is_complete(folder, config):  # not done by another process meanwhile
+                announce_writing("the generated shapes dataset", folder, root)
                 _generate(folder, seed, num_train, num_val, progress, None)
     return folder

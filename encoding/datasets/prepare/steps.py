@@ -18,6 +18,7 @@ from ..layout import (ADE20K_DIR, CITYS_DIR, COCO_DIR, CONTEXT_DIR, SBD_DIR, VOC
 from ...utils.files import verify_checksum
 from .coco_masks import build_coco_masks
 from .download import Resource, extract, fetch_resources
+from .location import announce_writing
 from .pcontext_json import convert_context_annotations
 from .sbd import convert_sbd_masks, write_sbd_trainval
 from .shapes_render import ensure_shapes
@@ -134,7 +135,8 @@ def resolve_root(root: Optional[str] = None) -> str:
 
 def install(recipe: Recipe, root: str, archives: Sequence[str], files: Sequence[str] = (), *,
             overwrite: bool = False, progress: bool = True) -> str:
-    """Extract local ``archives`` into the root, check the recipe's layout and run its converter.
+    """Extract local ``archives`` into the root, check the recipe's layout and run its converter (saying first
+    where the dataset goes: :func:`~.location.announce_writing`).
 
     Args:
         recipe: what lands where (:class:`Recipe`).
@@ -150,6 +152,7 @@ def install(recipe: Recipe, root: str, archives: Sequence[str], files: Sequence[
     Raises:
         DatasetError: an expected path is missing after extraction (the wrong archive).
     """
+    announce_writing("the prepared dataset", os.path.join(root, recipe.folder), root)
     dest = os.path.join(root, recipe.extract_to) if recipe.extract_to else root
     for archive in archives:
         extract(archive, dest, rename=recipe.rename, overwrite=overwrite, progress=progress)
@@ -178,6 +181,7 @@ def run_recipe(recipe: Recipe, root: Optional[str] = None, *, download_dir: Opti
         The dataset folder ``<root>/<recipe.folder>``.
     """
     root = resolve_root(root)
+    announce_writing("the prepared dataset", os.path.join(root, recipe.folder), root)  # before the first download
     paths = fetch_resources(recipe.archives + recipe.files, download_dir or os.path.join(root, "downloads"),
                             mirror=mirror, checksums=checksums, overwrite=overwrite, progress=progress)
     count = len(recipe.archives)
