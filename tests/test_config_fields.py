@@ -82,7 +82,7 @@ def test_the_evaluation_config_is_made_from_test_py_s_fields_and_follows_its_rul
     assert set(made) == set(specs) | {"inference"}
     for name, spec in specs.items():  # the option's default, but the network's own stride / head width
         assert made[name].default == (None if name in MODEL_SPECIFIC else spec.default), name
-    assert made["mode"].default is None and EvaluationConfig().mode == "val"  # test.py's rule, not a restated default
+    assert made["mode"].default is None and EvaluationConfig().mode == "testval"  # test.py's rule, not a restated default
     assert EvaluationConfig(split="test").mode == "test" and EvaluationConfig(multi_scale=True).mode == "testval"
     slide = EvaluationConfig(inference="slide", crop_size=30)
     assert (slide.mode, slide.window, slide.stride) == ("testval", 30, 20)

@@ -12,10 +12,11 @@ from PIL import Image
 from conftest import SCRIPTS, load_script, tiny_eval_set
 from encoding.datasets.shapes import SHAPES_CLASSES, SHAPES_PALETTE
 from encoding.engine.inference import read_image
+from encoding.engine.loading import load_model
 from encoding.engine.predict import segment
 from encoding.engine.state import read
 from encoding.models import get_segmentation_model
-from encoding.utils import load_checkpoint
+from encoding.utils import SegmentationMetric, load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 5 validation images (conftest's tiny_run): two processes get 3 + 2
@@ -26,7 +27,7 @@ import sys
 sys.path[:0] = [{tests!r}, {scripts!r}]
 from conftest import tiny_eval_set
 import test
-sys.exit(test.cli(sys.argv[1:], data=tiny_eval_set()))
+sys.exit(test.cli(sys.argv[1:], data=tiny_eval_set(mode="testval")))
 """
 
 
@@ -36,7 +37,7 @@ def trained(tiny_run):
     return tiny_run
 
 
-def run_test(*argv, root, mode="val"):
+def run_test(*argv, root, mode="testval"):
     return load_script("test").main(["--workers", "0", *argv], data=tiny_eval_set(root, mode))
 
 
@@ -51,22 +52,82 @@ def val_images(base):
 
 def test_test_py_reproduces_the_last_validation(trained, tmp_path):
     base, checkpoint, result = trained
-    scores = run_test("--resume", checkpoint, "--out-dir", str(tmp_path), root=base)
+    scores = run_test("--resume", checkpoint, "--mode", "val", "--out-dir", str(tmp_path), root=base, mode="val")
     saved = read_metrics(tmp_path)
     for key in ("pixAcc", "mIoU"):
         assert scores[key] == result[key]
         assert saved[key] == pytest.approx(result[key], abs=1e-12)
+    assert list(saved)[0] == "protocol" and saved["protocol"] == "resized centre crops of 32 px"
     assert saved["split"] == "val" and saved["mode"] == "val" and saved["weights"] == checkpoint
     assert list(saved["per_class"]) == list(SHAPES_CLASSES)
     # the network options came from the checkpoint: nothing but --resume was needed
     assert load_checkpoint(checkpoint)["args"]["model"] == "unet"
 
 
+def test_whole_images_are_the_default_protocol(trained, tmp_path, capsys):
+    """test.py scores each image whole at its size (PE's --eval, mmseg), says so first in metrics.json and above
+    the table; the crops training validates on are the explicit --mode val."""
+    base, checkpoint, _ = trained
+    scores = run_test("--resume", checkpoint, "--out-dir", str(tmp_path), root=base)
+    saved = read_metrics(tmp_path)
+    assert list(saved)[0] == "protocol" and saved["protocol"] == "whole images" and saved["mode"] == "testval"
+    out = capsys.readouterr().out
+    assert "whole images (val split):\nclass" in out and f"mIoU {scores['mIoU']:.4f} (whole images)" in out
+    model, metric = load_model(checkpoint), SegmentationMetric(len(SHAPES_CLASSES))
+    pixels = 0
+    for image, mask, _ in tiny_eval_set(base, "testval"):
+        metric.update(segment(model, image).unsqueeze(0), mask.unsqueeze(0))
+        pixels += int((mask != -1).sum())
+    torch.testing.assert_close(scores["confusion"], metric.compute()["confusion"], rtol=0, atol=0)
+    assert int(scores["confusion"].sum()) == pixels and saved["mIoU"] == pytest.approx(metric.compute()["mIoU"])
+    crops = run_test("--resume", checkpoint, "--mode", "val", "--out-dir", str(tmp_path / "crops"), root=base,
+                     mode="val")
+    assert int(crops["confusion"].sum()) != pixels  # the two protocols score different pixels
+
+
+def test_the_protocol_names_what_is_scored():
+    from encoding.config.evaluation import protocol
+    from encoding.engine.inference import EvaluationConfig
+    assert protocol(EvaluationConfig()) == "whole images"
+    assert protocol(EvaluationConfig(mode="val", crop_size=64)) == "resized centre crops of 64 px"
+    assert protocol(EvaluationConfig(inference="slide", crop_size=30)) == "whole images, sliding windows 30 / stride 20"
+    assert protocol(EvaluationConfig(multi_scale=True, scales=(0.75, 1.0))) == "whole images, scales 0.75, 1 + flip"
+    assert protocol(EvaluationConfig(split="test")) == "predictions only"
+
+
+def test_save_pred_leaves_the_score_unchanged(trained, tmp_path):
+    base, checkpoint, _ = trained
+    for mode in ("testval", "slide"):
+        plain = run_test("--resume", checkpoint, "--mode", mode, "--out-dir", str(tmp_path / mode / "plain"),
+                         root=base)
+        saved = run_test("--resume", checkpoint, "--mode", mode, "--out-dir", str(tmp_path / mode / "saved"),
+                         "--save-pred", str(tmp_path / mode / "preds"), root=base)
+        torch.testing.assert_close(saved["confusion"], plain["confusion"], rtol=0, atol=0)
+        first, second = read_metrics(tmp_path / mode / "plain"), read_metrics(tmp_path / mode / "saved")
+        assert first["mIoU"] == second["mIoU"] and first["pixAcc"] == second["pixAcc"]
+        assert first["protocol"] == second["protocol"]
+        assert len(os.listdir(tmp_path / mode / "preds")) == len(val_images(base)) + 1  # + errors/
+
+
+@pytest.mark.parametrize("mode", ["val", "testval"])
+def test_the_progress_bar_ends_with_the_final_score(trained, tmp_path, capsys, monkeypatch, mode):
+    """Piped into a log, the bar's last line (100 %) shows the scores test.py then prints, not those of the last
+    refresh (batch 0 of 5 here)."""
+    base, checkpoint, _ = trained
+    monkeypatch.setenv("ENCODING_PROGRESS", "lines")
+    scores = run_test("--resume", checkpoint, "--mode", mode, "--test-batch-size", "1", "--out-dir", str(tmp_path),
+                      root=base, mode=mode)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval")]
+    assert "100%" in lines[-1] and "5/5" in lines[-1], lines
+    assert f"mIoU={scores['mIoU']:.4f}" in lines[-1] and f"pixAcc={scores['pixAcc']:.4f}" in lines[-1], lines
+    assert sum("100%" in line for line in lines) == 1
+
+
 def test_two_cpu_devices_score_like_one(trained, tmp_path):
     base, checkpoint, _ = trained
-    one = run_test("--resume", checkpoint, "--out-dir", str(tmp_path / "one"), root=base)
-    two = run_test("--resume", checkpoint, "--out-dir", str(tmp_path / "two"), "--device-ids", "cpu,cpu",
-                   "--test-batch-size", "3", root=base)
+    one = run_test("--resume", checkpoint, "--mode", "val", "--out-dir", str(tmp_path / "one"), root=base, mode="val")
+    two = run_test("--resume", checkpoint, "--mode", "val", "--out-dir", str(tmp_path / "two"), "--device-ids",
+                   "cpu,cpu", "--test-batch-size", "3", root=base, mode="val")
     torch.testing.assert_close(two["confusion"], one["confusion"], rtol=0, atol=0)
     ms_one = run_test("--resume", checkpoint, "--multi-scale", "--scales", "0.75,1.25", "--out-dir",
                       str(tmp_path / "ms1"), root=base, mode="testval")
@@ -107,11 +168,16 @@ def test_torchrun_two_processes_score_like_one(trained, tmp_path):
     env = {**os.environ, "ENCODING_DATA": str(base / "data"), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(launcher), "--resume", checkpoint, "--workers", "0", "--out-dir",
-                           str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=300)
+                           str(tmp_path / "two"), "--save-pred", str(tmp_path / "preds")], env=env,
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     two = read_metrics(tmp_path / "two")
     assert two["pixAcc"] == pytest.approx(one["pixAcc"], abs=1e-12)
     assert two["mIoU"] == pytest.approx(one["mIoU"], abs=1e-12)
+    # each process wrote the error maps of its shard; rank 0 drew the worst images of both (gathered)
+    assert len(os.listdir(tmp_path / "preds" / "errors")) == len(val_images(base))
+    gallery = Image.open(tmp_path / "two" / "worst_images.png")
+    assert gallery.height == 16 + len(val_images(base)) * (14 + 160)
 
 
 def test_test_py_needs_exactly_one_source_of_weights(trained, capsys):
@@ -148,7 +214,7 @@ def test_demo_names_a_file_that_is_not_an_image(trained, tmp_path, capsys):
     _, checkpoint, _ = trained
     bogus = tmp_path / "notes.jpg"
     bogus.write_text("not an image")
-    assert load_script("demo").cli([str(bogus), "--resume", checkpoint, "--out-dir", str(tmp_path / "o")]) == 1
+    assert load_script("demo").cli([str(bogus), "--resume", checkpoint, "--out-dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "notes.jpg" in err[0] and "cannot decode image" in err[0]
     assert not (tmp_path / "o").exists()  # inputs are checked before any work

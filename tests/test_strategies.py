@@ -230,6 +230,6 @@ def test_torchrun_strategy_writes_a_checkpoint_test_py_evaluates(strategy, shape
     assert all(type(t) is torch.Tensor for t in saved["model"].values())
     assert sorted(saved["optimizer"]["state"]) == list(range(len(list(model.parameters()))))  # ordinary, full
     builders.build_optimizer(model, 0.1, kind="adamw").load_state_dict(saved["optimizer"])  # a plain run's groups
-    result = load_script("test").main(["--workers", "0", "--amp", "bf16", "--resume", str(checkpoint), "--out-dir",
-                                       str(tmp_path / "eval")], data=tiny_eval_set(shapes_root))
+    result = load_script("test").main(["--workers", "0", "--mode", "val", "--amp", "bf16", "--resume", str(checkpoint),
+                                       "--out-dir", str(tmp_path / "eval")], data=tiny_eval_set(shapes_root))
     assert result["pixAcc"] == pytest.approx(saved["metrics"]["pixAcc"], abs=1e-6)  # the run's own evaluation

@@ -13,7 +13,7 @@ from .groups import GROUPS, EvalOptions
 from .parser import option_specs
 
 __all__ = ["NETWORK_OPTIONS", "MODEL_SPECIFIC", "MULTI_SCALES", "DEFAULT_SCALES", "weights_layer", "evaluation_rules",
-           "evaluation_fields", "fill_evaluation"]
+           "evaluation_fields", "fill_evaluation", "protocol"]
 
 #: The options that define a trained network (and the sizes its inputs were trained at): the fields marked
 #: ``network``. ``test.py`` / ``demo.py`` take them from the weights when not given; a checkpoint records them.
@@ -47,7 +47,11 @@ def weights_layer(script: str, given: Dict[str, Any],
     if given.get("resume"):
         if not os.path.isfile(given["resume"]):
             raise ConfigError(f"argument --resume: no such file: {given['resume']}")
-        saved = dict(read_saved(given["resume"], NETWORK_OPTIONS)) if read_saved else {}
+        from ..utils.trust import check_trusted, reading
+        trust = bool(given.get("trust_code"))
+        with reading(given["resume"], trust):  # a dataset class it names is imported only with --trust-code
+            saved = dict(read_saved(given["resume"], NETWORK_OPTIONS)) if read_saved else {}
+        check_trusted({"model": given.get("model") or saved.get("model")}, given["resume"], trust)
         return f"checkpoint {given['resume']}", {k: v for k, v in saved.items() if v is not None}
     if given.get("model_zoo"):
         return f"checkpoint model-zoo:{given['model_zoo']}", _preset(given["model_zoo"])
@@ -84,9 +88,8 @@ def evaluation_rules(script: str, values: Dict[str, Any], sources: Dict[str, str
         raise ConfigError("--mode slide is single-scale, without --multi-scale" if slide else "--window / --stride "
                           "are options of --mode slide")
     if values["mode"] in (None, "slide"):
-        mode = "test" if values["split"] == "test" else "testval" if values["multi_scale"] or values["save_pred"] \
-            or slide else "val"
-        rule(values, sources, "mode", mode, "the split and the other options")
+        mode = "test" if values["split"] == "test" else "testval"  # whole images, as PE's --eval and mmseg score
+        rule(values, sources, "mode", mode, "the split")
     values["inference"] = "slide" if slide else "whole"
     if slide and not values["window"]:
         rule(values, sources, "window", values["crop_size"], "--crop-size")
@@ -126,3 +129,22 @@ def fill_evaluation(values: Dict[str, Any]) -> None:
     evaluation_rules("test", values, {}, rule)
     if values["inference"] == "slide" and explicit not in (None, "slide"):  # an explicit testval / test is kept
         values["mode"] = explicit
+
+
+def protocol(values: Any) -> str:
+    """What an evaluation scores, in words (``metrics.json``'s first key, the title of ``test.py``'s table):
+    ``"whole images"`` (``testval``; ``", sliding windows 512 / stride 341"`` or ``", scales 0.75, 1, 1.25 +
+    flip"`` added), ``"resized centre crops of 480 px"`` (``val``, as training validates) or ``"predictions only"``.
+
+    Args:
+        values: an evaluation's options (``test.py``'s namespace or an ``EvaluationConfig``), its rules applied.
+    """
+    if values.mode == "val":
+        return f"resized centre crops of {values.crop_size} px" if values.crop_size else "resized centre crops"
+    if values.mode == "test":
+        return "predictions only"
+    if values.inference == "slide":
+        return f"whole images, sliding windows {values.window} / stride {values.stride}"
+    if values.multi_scale:
+        return f"whole images, scales {', '.join(f'{s:g}' for s in values.scales)} + flip"
+    return "whole images"

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
+from ..errors import EncodingError
 from ..utils.progress import progress_bar as tqdm
 
 from .builders import param_groups  # the optimizer's groups are built there; the engine exports them too
@@ -88,7 +89,7 @@ def check_finite_loss(value: float, epoch: int, iteration: int) -> None:
                                  "rate or check the data")
 
 
-class Interrupted(Exception):
+class Interrupted(EncodingError):
     """A stop was requested (:class:`GracefulInterrupt`); raised after a whole iteration, never in the middle of one.
 
     Attributes:
@@ -267,25 +268,57 @@ def evaluate(model: nn.Module, loader: Iterable, metric: Any, device: Optional[t
     metric.reset()
     autocast_device = device if device is not None else torch.device("cpu")
     unscored = _unscored_forwards(model, loader)
-    bar = tqdm(loader, desc="eval", disable=not is_main_process(), dynamic_ncols=True, leave=False)
-    for i, batch in enumerate(bar):
+    bar = _ScoreBar(metric, loader)
+    for i, batch in enumerate(loader):
+        bar.next_batch(i)
         image, target = _inputs_on(batch[:2], model, device)
         with autocast_context(autocast_device, amp_dtype):
             outputs = model(image)
         metric.update(outputs, target)
         if on_outputs is not None:
             on_outputs(outputs, batch)
-        if i % _EVAL_POSTFIX_EVERY == 0:  # scores need a host sync: refresh the bar only now and then
-            pix_acc, miou = metric.get()
-            bar.set_postfix(pixAcc=f"{pix_acc:.4f}", mIoU=f"{miou:.4f}")
         if stop is not None and stop():
-            bar.close()
+            bar.bar.close()
             raise Interrupted(epoch, None)
     for _ in range(unscored):  # FSDP2 gathers the weights from every rank in each forward: as many on each rank
         with autocast_context(autocast_device, amp_dtype):
             model(_inputs_on([loader.dataset[0][0].unsqueeze(0)], model, device)[0])
     metric.reduce_from_all_processes()
-    return metric.compute()
+    return bar.finish(metric.compute())
+
+
+class _ScoreBar:
+    """The evaluation loops' progress bar: the running pixAcc / mIoU now and then, and the final (all-process)
+    scores on its last step. A batch is counted when the next one starts, the last one by :meth:`finish`, so the bar
+    reaches 100 % showing the scores the caller prints (piped: the last line of the log shows them)."""
+
+    def __init__(self, metric: Optional[Any], loader: Iterable) -> None:
+        self.metric, self.done = metric, 0
+        total = len(loader) if hasattr(loader, "__len__") else None
+        self.bar = tqdm(total=total, desc="eval", disable=not is_main_process(), dynamic_ncols=True, leave=False)
+
+    def next_batch(self, index: int) -> None:
+        """Batch ``index`` starts: count the one before; refresh the scores every ``_EVAL_POSTFIX_EVERY`` batches
+        (a host sync)."""
+        if index:
+            if self.metric is not None and index % _EVAL_POSTFIX_EVERY == 0:
+                self._show(*self.metric.get())
+            self.bar.update(1)
+        self.done = index + 1
+
+    def _show(self, pix_acc: float, miou: float) -> None:
+        self.bar.set_postfix(pixAcc=f"{pix_acc:.4f}", mIoU=f"{miou:.4f}", refresh=False)
+
+    def finish(self, result: Any) -> Any:
+        """Count the last batch with the final scores of ``result`` (``None``: no scores) and close; returns
+        ``result``."""
+        if result is not None:
+            self._show(result["pixAcc"], result["mIoU"])
+        if self.done:
+            self.bar.update(1)
+            self.bar.refresh()
+        self.bar.close()
+        return result
 
 
 def _unscored_forwards(model: nn.Module, loader: Iterable) -> int:
@@ -341,9 +374,12 @@ def evaluate_images(evaluator: nn.Module, loader: Iterable, metric: Optional[Any
         metric.reset()
     devices = list(devices)
     replicas = replicate(evaluator, devices) if len(devices) > 1 else [evaluator]
-    for batch in tqdm(loader, desc="eval", disable=not is_main_process(), dynamic_ncols=True, leave=False):
+    bar = _ScoreBar(metric, loader)
+    for i, batch in enumerate(loader):
+        bar.next_batch(i)
         images = batch[0]
         if len(images) > len(devices):
+            bar.bar.close()
             raise ValueError(f"a batch of {len(images)} images for {len(devices)} device(s): use batch_size "
                              f"<= {len(devices)}")
         inputs = [(image.unsqueeze(0).to(device),) for image, device in zip(images, devices)]
@@ -359,6 +395,6 @@ def evaluate_images(evaluator: nn.Module, loader: Iterable, metric: Optional[Any
         if on_outputs is not None:
             on_outputs(logits, batch)
     if metric is None:
-        return None
+        return bar.finish(None)
     metric.reduce_from_all_processes()
-    return metric.compute()
+    return bar.finish(metric.compute())

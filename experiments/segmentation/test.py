@@ -9,11 +9,13 @@
     torchrun --nproc_per_node 2 experiments/segmentation/test.py --resume model_best.pth   # confusion matrices summed
 
 The network's options (dataset, model, backbone, ...) come from the checkpoint's training options unless given.
-Modes: ``val`` (default) scores resized centre crops in batches exactly as ``train.py`` validates, through
-DataParallelModel on ``--device-ids`` (outputs never gathered onto one device); ``testval`` (default with
-``--multi-scale``) scores whole images, one per device at a time; ``test`` (default for the ``test`` split, which
-has no masks) only predicts; ``slide`` (mmsegmentation's ``mode='slide'``) is ``testval`` (``test`` on the test split)
-by overlapping ``--window`` windows every ``--stride`` pixels. Prints pixAcc / mIoU, the per-class table, metrics.json.
+Modes: ``testval`` (default) scores whole images at their size, one per device at a time, as PyTorch-Encoding's
+``test.py --eval`` and mmsegmentation do; ``val`` scores resized centre crops in batches exactly as ``train.py``
+validates, through DataParallelModel on ``--device-ids``; ``test`` (default for the ``test`` split, which has no
+masks) only predicts; ``slide`` (mmsegmentation's ``mode='slide'``) is ``testval`` (``test`` on the test split) by
+overlapping ``--window`` windows every ``--stride`` pixels. Prints the protocol, pixAcc / mIoU and the per-class
+table; writes metrics.json (its first key: the protocol), confusion.png and iou.png; with ``--save-pred DIR`` the
+predictions, DIR/errors/<name>.png (correct / wrong / ignored over each image) and worst_images.png.
 """
 import json
 import os
@@ -22,7 +24,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from options import parse_args  # noqa: E402
 
+from encoding.config.evaluation import protocol  # noqa: E402
 from encoding.engine import evaluate, evaluate_images  # noqa: E402
+from encoding.engine.error_maps import WORST_NAME, error_maps_of  # noqa: E402
+from encoding.engine.evaluation_plots import write_charts  # noqa: E402
 from encoding.engine.inference import EvaluationConfig, build_evaluation  # noqa: E402
 from encoding.utils import format_table, is_main_process  # noqa: E402
 from encoding.utils.cli import run_cli  # noqa: E402
@@ -35,25 +40,39 @@ def main(argv=None, data=None) -> dict:
     mode, which only predicts)."""
     args = parse_args(argv, "test")
     job = build_evaluation(EvaluationConfig.from_options(args), data)
+    scoring = protocol(job.config)
     if is_main_process():
-        print(job.describe())
+        print(f"{job.describe()}; scores {scoring}")
+    maps = error_maps_of(job)
+
+    def on_outputs(outputs, batch) -> None:
+        job.write_predictions(outputs, batch)
+        if maps is not None:
+            maps(outputs, batch)
     if args.mode == "val":
         result = evaluate(job.model, job.loader, job.metric, job.input_device, job.amp_dtype,
-                          on_outputs=job.write_predictions)
+                          on_outputs=on_outputs)
     else:
         result = evaluate_images(job.model, job.loader, None if args.mode == "test" else job.metric, job.devices,
-                                 job.amp_dtype, on_outputs=job.write_predictions)
+                                 job.amp_dtype, on_outputs=on_outputs)
+    worst = maps.worst_images() if maps is not None else None  # every rank: their worst images are gathered
     if job.writer is not None:
-        print(f"wrote {len(job.writer.written)} prediction(s) to {job.writer.out_dir}")
+        print(f"wrote {len(job.writer.written)} prediction(s) to {job.writer.out_dir}"
+              + (f" and their error maps to {maps.out_dir}" if maps is not None else ""))
     if not result or not is_main_process():
         return result or {}
+    print(f"{scoring} ({args.split} split):")
     print(format_table(result, job.class_names))
-    report = {"split": args.split, "mode": args.mode, "inference": args.inference, "weights": job.config.weights,
-              "scales": list(args.scales) if args.multi_scale else [1.0], "flip": args.multi_scale,
-              **scores_to_json(result, job.class_names)}
+    report = {"protocol": scoring, "split": args.split, "mode": args.mode, "inference": args.inference,
+              "weights": job.config.weights, "scales": list(args.scales) if args.multi_scale else [1.0],
+              "flip": args.multi_scale, **scores_to_json(result, job.class_names)}
     os.makedirs(job.out_dir, exist_ok=True)
     path = atomic_write(os.path.join(job.out_dir, "metrics.json"), json.dumps(report, indent=2) + "\n")
-    print(f"pixAcc {result['pixAcc']:.4f}, mIoU {result['mIoU']:.4f}; wrote {path}")
+    pictures = write_charts(result, job.class_names, job.out_dir)
+    if worst:
+        pictures.append(maps.write_gallery(os.path.join(job.out_dir, WORST_NAME), worst))
+    print(f"pixAcc {result['pixAcc']:.4f}, mIoU {result['mIoU']:.4f} ({scoring}); wrote {path}"
+          + "".join(f", {os.path.basename(p)}" for p in pictures))
     return result
 
 
