@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(model="fcn", backbone="vgg_tiny")
 #: The memory plan every check makes: a tiny network, two simulated devices, the advice under a limit.
 PLAN = PlanRequest(model="fcn", backbone="vgg_tiny", dataset="shapes", crop_size=32, devices=2, memory_limit="11GiB",
-                   reserve="0B", strategies=("gather", "ddp"), advise=True)
+                   reserve="0B", strategies=("gather", "ddp"), advise=True, recompute="none", amp="none")
 START_S = 120  # the server's start (torch, gradio) on a loaded machine
 REQUEST_S = 240  # the longest answer (the plan with its advice, on a loaded machine)
 SCREENSHOT_ENV = "ENCODING_APP_SCREENSHOT"  # also save the browser test's screenshot there (docs/_static/app.png)
@@ -77,18 +77,20 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_folder, tmp_path_factory):
-    """``python -m encoding.app --model FOLDER`` on a free port of 127.0.0.1; its URL. Killed at the end."""
+@contextlib.contextmanager
+def serve_app(argv, work, **env):
+    """``python -m encoding.app ARGV --port FREE`` started in the folder ``work`` (Gradio's uploads under
+    ``work/gradio`` unless ``GRADIO_TEMP_DIR`` is given in ``env``); ``{"url", "process", "log"}`` once it answers.
+    Killed at the end."""
     pytest.importorskip("gradio", reason="the web page needs the app extra: pip install -e '.[app]'")
     pytest.importorskip("gradio_client", reason="the tests drive the page with gradio_client (the app extra)")
-    port, work = _free_port(), tmp_path_factory.mktemp("app_server")
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               GRADIO_TEMP_DIR=str(work / "gradio"), GRADIO_ANALYTICS_ENABLED="False",
-               ENCODING_DATA=str(work / "data"))  # no validation images: the page offers none
+    port = _free_port()
+    env = dict(os.environ, **{"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                              "GRADIO_TEMP_DIR": str(work / "gradio"), "GRADIO_ANALYTICS_ENABLED": "False",
+                              "ENCODING_DATA": str(work / "data"), **env})  # no validation images: none offered
     log = open(work / "server.log", "w+")
-    process = subprocess.Popen([sys.executable, "-m", "encoding.app", "--model", tiny_folder, "--port", str(port),
-                                "--device", "cpu"], cwd=str(work), env=env, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen([sys.executable, "-m", "encoding.app", *argv, "--port", str(port)], cwd=str(work),
+                               env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + START_S
@@ -115,6 +117,13 @@ def server(tiny_folder, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def server(tiny_folder, tmp_path_factory):
+    """``python -m encoding.app --model FOLDER`` on a free port of 127.0.0.1; its URL. Killed at the end."""
+    with serve_app(["--model", tiny_folder, "--device", "cpu"], tmp_path_factory.mktemp("app_server")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
 def client(server):
     from gradio_client import Client
 
@@ -131,7 +140,8 @@ def _segment(client, path, mode="whole", flip=False, window=None, stride=None, s
 def _plan(client, request):
     return client.submit(request.model, request.backbone, request.dataset, request.nclass, request.crop_size,
                          request.batch_size, request.devices, request.memory_limit, request.reserve,
-                         list(request.strategies), request.amp, request.recompute, request.advise,
+                         list(request.strategies), request.amp or "none", request.recompute or "none",
+                         request.advise, request.aux, request.se_loss, request.timeline,
                          api_name="/plan").result(timeout=REQUEST_S)
 
 
@@ -142,7 +152,7 @@ def _plan(client, request):
     ("multi-scale", False, None, None, dict(mode="whole", scales=[0.5, 1.0]))])
 def test_the_segment_tabs_mask_is_encoding_segments(client, tiny_folder, images, mode, flip, window, stride,
                                                    keywords):
-    overlay, mask, shares, mask_png = _segment(client, images["scene"], mode, flip, window, stride, "0.5, 1")
+    overlay, mask, legend, shares, mask_png = _segment(client, images["scene"], mode, flip, window, stride, "0.5, 1")
     expected = encoding.segment(encoding.load_model(tiny_folder), images["scene"], **keywords)
     saved = np.array(Image.open(mask_png))  # palettised: the pixel values are the class ids
     np.testing.assert_array_equal(saved, expected.numpy())
@@ -151,12 +161,14 @@ def test_the_segment_tabs_mask_is_encoding_segments(client, tiny_folder, images,
     assert sum(row[3] for row in shares["data"]) == pytest.approx(100.0, abs=0.05)
     classes = ModelInfo.of_dataset("shapes").classes
     assert {row[0] for row in shares["data"]} == {classes[c] for c in np.unique(expected.numpy())}
-    assert Image.open(overlay).size[0] == 61 and Image.open(overlay).size[1] > 45  # the image above its legend
-    assert Image.open(mask).size == (61, 45)
+    assert Image.open(overlay).size == (61, 45) and Image.open(overlay).format == "JPEG"  # the legend is beside it
+    assert np.array_equal(np.array(Image.open(mask)), saved)  # the mask shown is the file offered
+    assert all(f"{row[0]} (" in legend for row in shares["data"])  # the classes present, beside the image
 
 
 def test_the_plan_tabs_numbers_are_the_memory_tools(client, tmp_path):
-    command, table, chart, recommended, advice, text, report_json = _plan(client, PLAN)
+    command, table, chart, recommended, advice, text, report_json, timeline, timeline_html = _plan(client, PLAN)
+    assert timeline is None and timeline_html is None  # drawn only when asked for
     assert command == "python -m encoding.memory " + " ".join(plan_argv(PLAN))
     with contextlib.redirect_stdout(io.StringIO()) as printed, contextlib.redirect_stderr(io.StringIO()):
         expected = encoding.memory.main(plan_argv(PLAN) + ["--out-dir", str(tmp_path)])
@@ -194,7 +206,7 @@ def test_bad_input_gets_a_message_and_the_next_request_succeeds(client, server, 
     text = str(caught.value)
     assert message in text and "Traceback" not in text and len(text.splitlines()) == 1, text
     assert server["process"].poll() is None
-    assert _segment(client, images["scene"])[3].endswith("_mask.png")  # still serving
+    assert _segment(client, images["scene"])[4].endswith("_mask.png")  # still serving
 
 
 def test_serving_writes_nothing_into_the_package(server):
@@ -241,6 +253,8 @@ def test_a_real_browser_uploads_an_image_and_sees_the_overlay(server, images, tm
         assert browser.execute_script("return arguments[0].naturalWidth", shown[0]) == 61
         legend = browser.find_element(By.CSS_SELECTOR, "#encoding-legend").text
         assert "background" in legend and "triangle" in legend
+        present = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "#encoding-present-legend").text)
+        assert " %)" in present  # the classes present, beside the image, in the page's text
         path = tmp_path / "app.png"
         browser.save_screenshot(str(path))
     finally:
@@ -259,6 +273,12 @@ def test_segment_image_is_encoding_segment_with_legend_and_shares(tiny_folder, i
     assert sum(n for _, _, n, _ in shares) == 45 * 61 and sum(f for *_, f in shares) == pytest.approx(1.0)
     assert [n for _, _, n, _ in shares] == sorted((n for _, _, n, _ in shares), reverse=True)
     assert np.array(result.mask).tolist() == result.labels.tolist()
+    image, ids = np.array(Image.open(images["scene"])).astype(int), result.labels.numpy()
+    colours = np.array(model.info.palette)[ids]
+    blended = (image * 128 + colours * 128 + 128) >> 8  # half the image, half the class colour, rounded
+    background = (ids == 0)[..., None]  # 'background' shows the image as it is
+    np.testing.assert_array_equal(result.overlay, np.where(background, image, blended))
+    assert all(f"{name} (" in result.legend for name, *_ in shares)
     assert all(name in legend_html(model.info) for name in model.info.classes)
     with pytest.raises(UsageError, match="the image has no pixels"):
         segment_image(model, np.zeros((0, 4, 3), np.uint8))
@@ -294,7 +314,7 @@ def test_a_preset_stands_for_its_network_and_plan_memory_refuses_in_one_line(tmp
     assert spec[:2] == ["--model", "torchvision:deeplabv3_mobilenet_v3_large"]
     with pytest.raises(UsageError, match=r"^argument --crop-size: must be > 0, got 0$"):
         plan_memory(PlanRequest(**{**PLAN.__dict__, "crop_size": 0}), str(tmp_path))
-    with pytest.raises(UsageError, match="--memory-limit: memory size '12' has no unit"):
+    with pytest.raises(UsageError, match="memory limit: memory size '12' has no unit"):
         plan_memory(PlanRequest(**{**PLAN.__dict__, "memory_limit": "12"}), str(tmp_path))
     assert os.listdir(tmp_path) == []
 
@@ -306,6 +326,16 @@ def test_the_plan_reports_the_tools_progress_line_by_line(tmp_path):
     assert all(" simulated in " in line for line in lines)
     assert sorted(os.listdir(tmp_path)) == ["memory_balance.json", "memory_balance.png"]
     assert json.loads((tmp_path / "memory_balance.json").read_text())["strategies"] == result.report["strategies"]
+
+
+def test_the_plan_draws_the_memory_tools_timeline_of_the_same_step(tmp_path):
+    result = plan_memory(PlanRequest(**{**PLAN.__dict__, "advise": False, "timeline": True}), str(tmp_path))
+    data = json.loads((tmp_path / "timeline" / "timeline.json").read_text())
+    for name, entry in result.report["strategies"].items():  # the report's simulation, device for device
+        assert [round(p / 2 ** 20, 2) for p in data["strategies"][name]["peak_bytes"]] == entry["peak_mib"]
+    assert Image.open(result.timeline_png).format == "PNG"
+    assert result.timeline_html.endswith("timeline.html") and os.path.getsize(result.timeline_html) > 0
+    assert result.command.endswith("--timeline timeline")
 
 
 def test_the_command_line_binds_localhost_and_refuses_bad_options_in_one_line(tmp_path, capsys):

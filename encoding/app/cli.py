@@ -1,9 +1,12 @@
-"""The command line of the web page: ``python -m encoding.app [--resume CKPT | --model DIR_OR_PRESET] [--host
-127.0.0.1] [--port 7860]``.
+"""The command line of the web page: ``python -m encoding.app [--resume CKPT | --model DIR_OR_PRESET] [--trust-code]
+[--host 127.0.0.1] [--port 7860] [--max-pixels N] [--plan-model MODEL] [--max-devices N] [--concurrency-limit N]
+[--max-queue N]``.
 
 The options are fields of :mod:`encoding.config` (:class:`~encoding.config.tools.AppOptions`, and ``--resume``
 shared with ``train.py``). The network is loaded once by :func:`encoding.load_model` before the page is served
-(an unreadable checkpoint ends here in one line, exit status 2); without one, only the Plan memory tab works.
+(a missing or unreadable checkpoint or folder, or one naming code without ``--trust-code``, ends here in one line,
+exit status 2); without one, only the Plan memory tab works. The page computes ``--concurrency-limit`` requests at
+a time and keeps ``--max-queue`` more waiting (Gradio's queue); a request beyond them is refused with a message.
 """
 from __future__ import annotations
 
@@ -16,10 +19,20 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ..config.parser import build_parser as config_parser
+from ..engine.loading import model_info
 from ..errors import MissingDependency, UsageError
+from ..models.external import names_code
 from ..utils.cli import run_cli
+from ..utils.images import max_pixels, set_max_pixels
+from .planning import PlanLimits
 
-__all__ = ["build_parser", "parse_args", "load_network", "require_gradio", "main", "cli"]
+__all__ = ["BYTES_PER_PIXEL", "build_parser", "parse_args", "load_network", "plan_limits", "require_gradio", "main",
+           "cli"]
+
+
+#: The largest upload Gradio stores, per pixel of ``--max-pixels``: an uncompressed 16-bit RGBA image has 8 bytes a
+#: pixel, so no image the page reads is refused for its file size (a larger file is refused before it is stored).
+BYTES_PER_PIXEL = 8
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,10 +52,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def load_network(args: argparse.Namespace) -> Optional[torch.nn.Module]:
-    """The network of ``--resume`` / ``--model`` (:func:`encoding.load_model`) on ``--device``; ``None``: neither.
+    """The network of ``--resume`` / ``--model`` (:func:`encoding.load_model`, with ``--trust-code``) on
+    ``--device``; ``None``: neither.
 
     Raises:
-        UsageError: an unknown device. The errors of :func:`encoding.load_model` (one line, naming the file).
+        UsageError: an unknown device; no such file, folder or preset. UntrustedCode: the file names code and
+            ``--trust-code`` was not given. The other errors of :func:`encoding.load_model` (one line, naming the
+            file).
     """
     from ..engine.loading import load_model
 
@@ -53,7 +69,18 @@ def load_network(args: argparse.Namespace) -> Optional[torch.nn.Module]:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError as err:
         raise UsageError(f"--device {args.device!r}: {str(err).splitlines()[0]}") from None
-    return load_model(source, device=device)
+    try:
+        return load_model(source, device=device, trust_code=args.trust_code)
+    except FileNotFoundError as err:  # the starter's option names nothing: a usage error (exit status 2)
+        raise UsageError(str(err).splitlines()[0] if str(err) else f"no such file: {source!r}") from None
+
+
+def plan_limits(args: argparse.Namespace, model: Optional[torch.nn.Module]) -> PlanLimits:
+    """What the Plan memory tab plans: ``--plan-model`` (alone), the served network's model when it names code and
+    ``--trust-code`` loaded it, at most ``--max-devices`` devices."""
+    served = model_info(model).options.get("model") if model is not None else None
+    trusted = tuple(name for name in (args.plan_model, served) if name and names_code(name))
+    return PlanLimits(trusted=trusted, only=args.plan_model or None, max_devices=args.max_devices)
 
 
 def require_gradio() -> Any:
@@ -75,17 +102,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     """Entry point of ``python -m encoding.app``: load the network, serve the page until interrupted."""
     args = parse_args(argv)
     require_gradio()
+    set_max_pixels(args.max_pixels)  # every image the page reads: checked from its header before decoding
     model = load_network(args)
     from .page import build_page
     from .segmentation import validation_images
 
     examples = validation_images(model.info.dataset) if model is not None else []
     with tempfile.TemporaryDirectory(prefix="encoding-app-") as workdir:
-        page = build_page(model, workdir, examples)
+        page = build_page(model, workdir, examples, plan_limits(args, model))
         what = "no network (Plan memory only)" if model is None else f"{args.resume or args.model_source}"
         print(f"encoding.app: serving {what} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
-        page.queue().launch(server_name=args.host, server_port=args.port, show_error=True, quiet=True,
-                            allowed_paths=[workdir, *sorted({os.path.dirname(p) for p in examples})])
+        page.queue(default_concurrency_limit=args.concurrency_limit, max_size=args.max_queue).launch(
+            server_name=args.host, server_port=args.port, show_error=True, quiet=True,
+            allowed_paths=[workdir, *sorted({os.path.dirname(p) for p in examples})],
+            max_file_size=BYTES_PER_PIXEL * max_pixels())
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:

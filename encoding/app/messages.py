@@ -1,5 +1,5 @@
 """How the page answers a request that fails: a message on the page (``gradio.Error``), never a stack trace, and
-the server keeps serving."""
+the server keeps serving; and the one queue group of the handlers that compute (:data:`COMPUTE`)."""
 from __future__ import annotations
 
 import functools
@@ -9,7 +9,11 @@ from typing import Any, Callable
 
 from ..errors import EncodingError
 
-__all__ = ["one_line", "on_page"]
+__all__ = ["COMPUTE", "one_line", "on_page"]
+
+#: The concurrency group of the handlers that compute (segment, plan): together they run at most
+#: ``--concurrency-limit`` requests at a time (Gradio's ``concurrency_id``).
+COMPUTE = "compute"
 
 
 def one_line(err: BaseException) -> str:

@@ -5,7 +5,10 @@ from typing import Any, Optional, Sequence
 
 from torch import nn
 
+from ..engine.loading import model_info
+
 from .plan_tab import plan_tab
+from .planning import PlanLimits, PlanRequest, served_request
 from .segment_tab import segment_tab
 
 __all__ = ["TITLE", "build_page"]
@@ -13,14 +16,23 @@ __all__ = ["TITLE", "build_page"]
 TITLE = "encoding: segment an image, plan the memory of training"
 
 
-def build_page(model: Optional[nn.Module], workdir: str, examples: Sequence[str] = ()) -> Any:
-    """The page (a ``gradio.Blocks``, not yet launched).
+def _plan_start(model: Optional[nn.Module], limits: PlanLimits) -> PlanRequest:
+    if limits.only is not None:
+        return PlanRequest(model=limits.only)
+    return served_request(model_info(model)) if model is not None else PlanRequest()
+
+
+def build_page(model: Optional[nn.Module], workdir: str, examples: Sequence[str] = (),
+               limits: PlanLimits = PlanLimits()) -> Any:
+    """The page (a ``gradio.Blocks``, not yet launched). The Plan memory tab starts on the served network (else on
+    ``limits.only``, else on the memory tool's defaults).
 
     Args:
         model: the network of the Segment tab (from :func:`encoding.load_model`), ``None``: the tab says how to
             give one.
         workdir: where the mask PNGs and the memory reports are written (one fresh folder per request).
         examples: images the Segment tab offers to pick.
+        limits: what the Plan memory tab plans (:class:`~.planning.PlanLimits`).
     """
     import gradio as gr
 
@@ -30,5 +42,5 @@ def build_page(model: Optional[nn.Module], workdir: str, examples: Sequence[str]
             with gr.Tab("Segment", id="segment"):
                 segment_tab(model, workdir, examples)
             with gr.Tab("Plan memory", id="plan"):
-                plan_tab(workdir)
+                plan_tab(workdir, _plan_start(model, limits), limits)
     return page

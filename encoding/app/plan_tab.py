@@ -5,14 +5,16 @@ from __future__ import annotations
 import tempfile
 from typing import Any, List, Tuple
 
-from ..config.tools import DEFAULT_MEMORY_LIMIT, DEFAULT_RESERVE, DEFAULT_STRATEGIES, MEMORY_STRATEGIES
 from ..config.groups import AMP_CHOICES, RECOMPUTE
-from .messages import on_page
-from .planning import PlanRequest, advice_rows, device_rows, plan_memory
+from ..config.tools import MEMORY_STRATEGIES
+from ..errors import UsageError
+from .messages import COMPUTE, on_page
+from .planning import PlanLimits, PlanRequest, advice_rows, device_rows, form_defaults, plan_memory
 
 __all__ = ["SPEC_EXAMPLES", "model_choices", "dataset_sizes", "preset_network", "plan_handler", "plan_tab"]
 
-#: Model specs offered beside the architectures and presets (any ``torchvision:NAME`` / ``module:factory`` is taken).
+#: Model specs offered beside the architectures and presets (any ``torchvision:NAME`` / ``transformers:PATH`` is taken;
+#: a ``module:factory`` only where the page's starter named it).
 SPEC_EXAMPLES = ("torchvision:deeplabv3_mobilenet_v3_large", "torchvision:lraspp_mobilenet_v3_large",
                  "torchvision:fcn_resnet50")
 
@@ -43,31 +45,35 @@ def dataset_sizes(dataset: str) -> Tuple[Any, Any]:
     return datasets[dataset].NUM_CLASS, datasets[dataset].CROP_SIZE
 
 
-def preset_network(model: str) -> Tuple[Any, Any]:
-    """The backbone and dataset the form shows for a preset ``model`` (unchanged for any other model)."""
+def preset_network(model: str) -> Tuple[Any, ...]:
+    """The backbone, dataset and heads the form shows for a preset ``model`` (unchanged for any other model)."""
     import gradio as gr
     from ..models.registry import PRESETS
 
     preset = PRESETS.get(str(model or "").strip().lower())
     if preset is None:
-        return gr.update(), gr.update()
-    return preset["backbone"], preset["dataset"]
+        return gr.update(), gr.update(), gr.update(), gr.update()
+    return preset["backbone"], preset["dataset"], bool(preset.get("aux")), bool(preset.get("se_loss"))
 
 
-def plan_handler(workdir: str):
+def plan_handler(workdir: str, limits: PlanLimits = PlanLimits()):
     """The function the tab calls: the options -> ``(command, table, chart, recommendation, advice, text table,
-    JSON path)``; progress lines of the simulation go to the page's progress bar."""
+    JSON path, timeline PNG, timeline HTML)``; progress lines of the simulation go to the page's progress bar.
+    ``limits``: what the page plans (:class:`~.planning.PlanLimits`: a model naming code is refused unless its
+    starter named it)."""
     import gradio as gr
 
     @on_page
     def plan(model: str, backbone: str, dataset: str, nclass: Any, crop_size: Any, batch_size: Any, devices: Any,
              memory_limit: str, reserve: str, strategies: List[str], amp: str, recompute: str, advise: bool,
+             aux: bool = False, se_loss: bool = False, timeline: bool = False,
              progress: Any = gr.Progress()) -> Tuple[Any, ...]:
-        request = PlanRequest(model=model or "", backbone=backbone or "", dataset=dataset or "", nclass=nclass,
-                              crop_size=crop_size, batch_size=batch_size, devices=devices, memory_limit=memory_limit,
-                              reserve=reserve, strategies=tuple(strategies or ()), amp=amp, recompute=recompute,
-                              advise=bool(advise))
-        steps = len(request.strategies) + bool(advise)
+        request = PlanRequest(model=model or None, backbone=backbone or None, dataset=dataset or None, nclass=nclass,
+                              crop_size=crop_size, batch_size=batch_size, devices=devices,
+                              memory_limit=memory_limit, reserve=reserve, strategies=tuple(strategies or ()),
+                              amp=amp or None, recompute=recompute or None, advise=bool(advise), aux=bool(aux),
+                              se_loss=bool(se_loss), timeline=bool(timeline))
+        steps = len(request.strategies) + bool(advise) + bool(timeline)
         done = [0]
 
         def step(line: str) -> None:
@@ -75,48 +81,72 @@ def plan_handler(workdir: str):
             progress((min(done[0], steps), steps), desc=line)
 
         progress((0, steps), desc="simulating ...")
-        result = plan_memory(request, tempfile.mkdtemp(dir=workdir), progress=step)
+        result = plan_memory(request, tempfile.mkdtemp(dir=workdir), progress=step, limits=limits)
         header, rows = device_rows(result.report)
         advice_header, advice = advice_rows(result.report)
         return (result.command, {"headers": header, "data": rows}, result.chart_path,
                 _recommendation(result.report), {"headers": advice_header, "data": advice}, result.table,
-                result.json_path)
+                result.json_path, result.timeline_png, result.timeline_html)
 
     return plan
 
 
-def plan_tab(workdir: str) -> None:
-    """The tab's components and events (inside a ``gradio.Blocks``)."""
+def plan_tab(workdir: str, start: PlanRequest = PlanRequest(), limits: PlanLimits = PlanLimits()) -> None:
+    """The tab's components and events (inside a ``gradio.Blocks``).
+
+    Args:
+        workdir: where each plan's report files go.
+        start: the plan the form starts on (the served network's, :func:`~.planning.served_request`; by default the
+            memory tool's defaults), completed by the tool (:func:`~.planning.form_defaults`; the tool's defaults where
+            it refuses the served network).
+        limits: what the page plans; with ``limits.only`` the model box holds that model alone.
+
+    Raises:
+        UsageError: the memory tool refuses ``limits.only`` (``--plan-model``), when the page is built.
+    """
     import gradio as gr
     from ..datasets import datasets
     from ..models import backbone_list
 
-    defaults = PlanRequest()
+    try:
+        values = form_defaults(start)
+    except UsageError:  # a served network the memory tool cannot build: its defaults; a bad --plan-model: refused
+        if limits.only is not None:
+            raise
+        values = form_defaults()
+    fixed = limits.only is not None
     with gr.Row():
         with gr.Column(scale=1):
-            model = gr.Dropdown(model_choices(), value=defaults.model, allow_custom_value=True, label="model",
-                                info="architecture, model spec (torchvision:NAME) or preset", elem_id="plan-model")
-            backbone = gr.Dropdown(backbone_list(), value=defaults.backbone, allow_custom_value=True,
+            model = gr.Dropdown([limits.only] if fixed else model_choices(), value=values["model"],
+                                allow_custom_value=not fixed, interactive=not fixed, label="model",
+                                info="the page's network (--plan-model)" if fixed else
+                                "architecture, built-in model spec (torchvision:NAME) or preset; no module:factory "
+                                "code", elem_id="plan-model")
+            backbone = gr.Dropdown(backbone_list(), value=values["backbone"], allow_custom_value=True,
                                    label="backbone", info="a preset names its own")
-            dataset = gr.Dropdown(list(datasets), value=defaults.dataset, label="dataset",
+            dataset = gr.Dropdown(list(datasets), value=values["dataset"], label="dataset",
                                   info="its class count and crop are the defaults")
-            nclass_default, crop_default = dataset_sizes(defaults.dataset)
             with gr.Row():
-                nclass = gr.Number(nclass_default, precision=0, label="classes", info="the dataset's by default")
-                crop = gr.Number(crop_default, precision=0, label="crop", info="the dataset's by default")
+                nclass = gr.Number(values["nclass"], precision=0, label="classes", info="the dataset's by default")
+                crop = gr.Number(values["crop_size"], precision=0, label="crop", info="the dataset's by default")
             with gr.Row():
-                batch = gr.Number(2 * defaults.devices, precision=0, label="batch", info="in all")
-                devices = gr.Number(defaults.devices, precision=0, label="devices", info="simulated")
+                batch = gr.Number(values["batch_size"], precision=0, label="batch", info="in all")
+                devices = gr.Number(values["devices"], precision=0, label="devices",
+                                    info=f"simulated, at most {limits.most_devices}")
             with gr.Row():
-                limit = gr.Textbox(DEFAULT_MEMORY_LIMIT, label="memory limit per device",
+                limit = gr.Textbox(values["memory_limit"], label="memory limit per device",
                                    info="11GiB, 11000MiB, 12GB; empty: no limit line", elem_id="plan-limit")
-                reserve = gr.Textbox(DEFAULT_RESERVE, label="reserve", info="kept free by the advice; 0B: none",
+                reserve = gr.Textbox(values["reserve"], label="reserve", info="kept free by the advice; 0B: none",
                                      elem_id="plan-reserve")
-            strategies = gr.CheckboxGroup(list(MEMORY_STRATEGIES), value=list(DEFAULT_STRATEGIES),
-                                          label="strategies")
-            amp = gr.Radio(list(AMP_CHOICES), value="none", label="AMP")
-            recompute = gr.Radio(list(RECOMPUTE), value="none", label="recompute (activation checkpointing)")
+            strategies = gr.CheckboxGroup(list(MEMORY_STRATEGIES), value=values["strategies"], label="strategies")
+            amp = gr.Radio(list(AMP_CHOICES), value=values["amp"], label="AMP")
+            recompute = gr.Radio(list(RECOMPUTE), value=values["recompute"],
+                                 label="recompute (activation checkpointing)")
+            with gr.Row():
+                aux = gr.Checkbox(values["aux"], label="aux head")
+                se_loss = gr.Checkbox(values["se_loss"], label="SE loss head")
             advise = gr.Checkbox(True, label="advise", info="what fits the limit, per strategy x recompute policy")
+            timeline = gr.Checkbox(False, label="timeline", info="each device's memory over one step, by kind")
             button = gr.Button("Plan", variant="primary", elem_id="plan-run")
         with gr.Column(scale=2):
             command = gr.Textbox(label="the same on the command line", interactive=False, elem_id="plan-command")
@@ -127,9 +157,12 @@ def plan_tab(workdir: str) -> None:
             advice = gr.Dataframe(label="advice", interactive=False, elem_id="plan-advice")
             text = gr.Code(label="the memory tool's table", language=None, interactive=False, elem_id="plan-text")
             report = gr.File(label="report (JSON)", interactive=False)
+            timeline_png = gr.Image(type="filepath", label="memory over one step (timeline)", interactive=False,
+                                    elem_id="plan-timeline")
+            timeline_html = gr.File(label="timeline (interactive HTML)", interactive=False)
     inputs = [model, backbone, dataset, nclass, crop, batch, devices, limit, reserve, strategies, amp, recompute,
-              advise]
-    model.change(preset_network, [model], [backbone, dataset], api_name=False)
+              advise, aux, se_loss, timeline]
+    model.change(preset_network, [model], [backbone, dataset, aux, se_loss], api_name=False)
     dataset.change(dataset_sizes, [dataset], [nclass, crop], api_name=False)
-    button.click(plan_handler(workdir), inputs, [command, table, chart, recommended, advice, text, report],
-                 api_name="plan")
+    outputs = [command, table, chart, recommended, advice, text, report, timeline_png, timeline_html]
+    button.click(plan_handler(workdir, limits), inputs, outputs, api_name="plan", concurrency_id=COMPUTE)

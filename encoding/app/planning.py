@@ -5,7 +5,8 @@ which the tool's own parser checks (:func:`encoding.memory.cli.parse_args`) and 
 (:func:`encoding.memory.report.memory_report`, :func:`~encoding.memory.report.format_report`,
 :func:`~encoding.memory.report.write_json`, :func:`~encoding.memory.report.write_chart`): the page's numbers are the
 command line's. A preset name of :data:`encoding.models.model_list` stands for its architecture, backbone, dataset and
-heads.
+heads. A request is checked first (:func:`check_request`): the page imports no code a request names, simulates at most
+``--max-devices`` devices and plans no memory size a real device does not have.
 """
 from __future__ import annotations
 
@@ -13,57 +14,86 @@ import contextlib
 import io
 import os
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..config.fields import defaults
+from ..config.tools import AppOptions
 from ..errors import UsageError
+from ..models.external import UntrustedCode, names_code
 from ..models.registry import PRESETS
+from ..utils.trust import reading
 
-__all__ = ["PlanRequest", "MemoryPlanResult", "plan_argv", "plan_memory", "device_rows", "advice_rows"]
-
+__all__ = ["PlanRequest", "PlanLimits", "MemoryPlanResult", "served_request", "check_request",
+           "plan_argv", "form_defaults", "plan_memory", "device_rows", "advice_rows"]
 
 @dataclass(frozen=True)
 class PlanRequest:
-    """The Plan memory tab's options: what ``python -m encoding.memory`` simulates.
+    """The Plan memory tab's options: what ``python -m encoding.memory`` simulates. ``None`` (and ``False``) is the
+    memory tool's own default, which the page does not restate (its parser fills it: ``--help``).
 
     Attributes:
-        model: an architecture (``fcn``), a model spec (``torchvision:deeplabv3_mobilenet_v3_large``) or a preset of
-            :data:`encoding.models.model_list` (its backbone, dataset and heads replace those given here).
+        model: an architecture (``fcn``), a built-in model spec (``torchvision:deeplabv3_mobilenet_v3_large``) or a
+            preset of :data:`encoding.models.model_list` (its backbone, dataset and heads replace those given here).
+            A ``package.module:factory`` spec names code: planned only where the page's starter trusts it.
         backbone, dataset: the backbone, and the dataset whose class count and crop are the defaults.
-        nclass, crop_size, batch_size: ``None``: the dataset's class count and crop, two samples per device.
+        aux, se_loss: the auxiliary head and the semantic-encoding loss head.
+        nclass, crop_size, batch_size: the class count, the crop and the batch in all.
         devices: simulated devices.
-        memory_limit: memory per device (``11GiB``): the chart's line, what the advice fits; ``None``: no line.
+        memory_limit: memory per device (``11GiB``): the chart's line, what the advice fits.
         strategies: from :data:`encoding.config.tools.MEMORY_STRATEGIES`.
-        amp: ``none``, ``bf16`` or ``fp16``.
+        amp: ``none`` (the tool's default), ``bf16`` or ``fp16``.
         recompute: ``none``, ``backbone`` or ``all`` (activation checkpointing).
         advise: per strategy x checkpointing policy, the largest batch and crop that fit ``memory_limit``.
-        reserve: what the advice keeps free of ``memory_limit`` (``None``: the tool's default, ``0B``: none).
+        reserve: what the advice keeps free of ``memory_limit`` (``0B``: none).
+        timeline: also draw each device's memory over one step, by kind (:mod:`encoding.memory.timeline`).
     """
 
-    model: str = "fcn"
-    backbone: str = "resnet50"
-    dataset: str = "pascal_voc"
+    model: Optional[str] = None
+    backbone: Optional[str] = None
+    dataset: Optional[str] = None
     nclass: Optional[int] = None
     crop_size: Optional[int] = None
     batch_size: Optional[int] = None
-    devices: int = 4
+    devices: Optional[int] = None
     memory_limit: Optional[str] = None
-    strategies: Tuple[str, ...] = ("gather", "balanced", "balanced-auto", "ddp")
-    amp: str = "none"
-    recompute: str = "none"
+    strategies: Optional[Tuple[str, ...]] = None
+    amp: Optional[str] = None
+    recompute: Optional[str] = None
     advise: bool = False
     reserve: Optional[str] = None
+    aux: bool = False
+    se_loss: bool = False
+    timeline: bool = False
 
 
 @dataclass
 class MemoryPlanResult:
-    """The report (the tool's JSON), its table, the files (JSON, chart PNG) and the equivalent command line."""
+    """The report (the tool's JSON), its table, the files (JSON, chart PNG; with ``timeline``, the memory of each
+    device over one step: PNG and interactive HTML) and the equivalent command line."""
 
     report: Dict[str, Any]
     table: str
     json_path: str
     chart_path: Optional[str]
     command: str
+    timeline_png: Optional[str] = None
+    timeline_html: Optional[str] = None
+
+
+def served_request(info: Any) -> PlanRequest:
+    """The plan of a served network (its :class:`~encoding.engine.ModelInfo`): its model, backbone and heads, its
+    class count and training crop, its dataset when the memory tool knows it."""
+    from ..datasets import datasets
+
+    options = info.options
+    return PlanRequest(model=options.get("model"), backbone=options.get("backbone"),
+                       dataset=info.dataset if info.dataset in datasets else None, nclass=info.out_channels,
+                       crop_size=info.crop_size, aux=bool(options.get("aux")), se_loss=bool(options.get("se_loss")))
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value).strip()
 
 
 def _number(value: Any) -> Optional[str]:
@@ -75,30 +105,97 @@ def _number(value: Any) -> Optional[str]:
     return str(value)
 
 
-def plan_argv(request: PlanRequest) -> List[str]:
-    """The options of ``python -m encoding.memory`` that simulate ``request`` (without ``--out-dir``)."""
-    network = dict(model=request.model, backbone=request.backbone, dataset=request.dataset, aux=False, se_loss=False)
-    preset = PRESETS.get(str(request.model).strip().lower())
+def _size(name: str, text: str, zero: bool = False) -> int:
+    """A memory size of one device, in bytes: the memory tool's reader
+    (:func:`encoding.memory.planner.parse_memory`, which refuses a size no real device has).
+
+    Raises:
+        UsageError: not a size, not positive, or more than any device has (one line naming the field).
+    """
+    from ..memory.planner import parse_memory
+
+    if zero and text.upper() in ("0", "0B"):
+        return 0
+    try:
+        return parse_memory(text, per_device=True)
+    except ValueError as err:
+        raise UsageError(f"{name}: {err}") from None
+
+
+@dataclass(frozen=True)
+class PlanLimits:
+    """What the page plans, as its starter set it (``python -m encoding.app``).
+
+    Attributes:
+        trusted: models naming code (``package.module:factory``) whose code may be imported: the network served with
+            ``--trust-code``, the ``--plan-model``. Any other such model is refused before anything is imported.
+        only: ``--plan-model``: the one model the tab plans (any other is refused).
+        max_devices: the most simulated devices (``None``: ``--max-devices``' default).
+    """
+
+    trusted: Tuple[str, ...] = ()
+    only: Optional[str] = None
+    max_devices: Optional[int] = None
+
+    @property
+    def most_devices(self) -> int:
+        """``max_devices``, else the default of ``python -m encoding.app --max-devices``."""
+        return defaults(AppOptions)["max_devices"] if self.max_devices is None else self.max_devices
+
+
+def check_request(request: PlanRequest, limits: PlanLimits = PlanLimits()) -> None:
+    """Refuse, before the memory tool sees it, a request the page does not plan.
+
+    Raises:
+        UntrustedCode: the model names code (``package.module:factory``) its starter did not name: nothing imported.
+        UsageError: another model than ``--plan-model``'s; more devices than the page simulates; a memory size that
+            is not one, or that no device has (one line naming the field).
+    """
+    model = _text(request.model)
+    if limits.only is not None and model != limits.only:
+        raise UsageError(f"model {model!r}: this page plans {limits.only} only (its --plan-model)")
+    if names_code(model) and model not in limits.trusted:
+        raise UntrustedCode(f"model {model!r} names code to import ({model.partition(':')[0]}): this page imports no "
+                            "code a request names (its starter can name it: python -m encoding.app --plan-model)")
+    most = limits.most_devices
+    devices = _number(request.devices)
+    if devices is not None and devices.lstrip("-").isdigit() and int(devices) > most:
+        raise UsageError(f"devices: this page simulates at most {most} devices, got {devices} (its starter sets "
+                         "--max-devices; python -m encoding.memory --simulate N has no such bound)")
+    if _text(request.memory_limit):
+        _size("memory limit", _text(request.memory_limit))
+    if _text(request.reserve):
+        _size("reserve", _text(request.reserve), zero=True)
+
+
+def _option(flag: str, value: str) -> List[str]:
+    """``[flag, value]``; ``flag=value`` where the value starts with ``-`` (argparse would take it for an option)."""
+    return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
+
+
+def plan_argv(request: PlanRequest, out_dir: Optional[str] = None) -> List[str]:
+    """The options of ``python -m encoding.memory`` that simulate ``request`` (without ``--out-dir``); what the
+    request leaves ``None`` is left to the tool's defaults. The timeline's folder is ``timeline`` (in ``out_dir``)."""
+    network = dict(model=request.model, backbone=request.backbone, dataset=request.dataset, aux=request.aux,
+                   se_loss=request.se_loss)
+    preset = PRESETS.get(_text(request.model).lower())
     if preset is not None:
         network = dict(model=preset["name"], backbone=preset["backbone"], dataset=preset["dataset"],
                        aux=preset.get("aux", False), se_loss=preset.get("se_loss", False))
-    argv = ["--model", str(network["model"]).strip(), "--backbone", str(network["backbone"]).strip(),
-            "--dataset", str(network["dataset"]).strip(), "--simulate", _number(request.devices) or "",
-            "--strategies", ",".join(request.strategies), "--recompute", request.recompute]
+    argv: List[str] = []
+    texts = [("--model", network["model"]), ("--backbone", network["backbone"]), ("--dataset", network["dataset"]),
+             ("--simulate", _number(request.devices)),
+             ("--strategies", None if request.strategies is None else ",".join(request.strategies)),
+             ("--recompute", request.recompute), ("--nclass", _number(request.nclass)),
+             ("--crop-size", _number(request.crop_size)), ("--batch-size", _number(request.batch_size)),
+             ("--memory-limit", request.memory_limit), ("--amp", None if request.amp == "none" else request.amp),
+             ("--reserve", request.reserve)]
+    for flag, value in texts:
+        if value is not None and (_text(value) or flag == "--strategies"):
+            argv += _option(flag, _text(value))
     argv += ["--aux"] * bool(network["aux"]) + ["--se-loss"] * bool(network["se_loss"])
-    for flag, value in (("--nclass", request.nclass), ("--crop-size", request.crop_size),
-                        ("--batch-size", request.batch_size)):
-        if _number(value) is not None:
-            argv += [flag, _number(value)]
-    if request.memory_limit and str(request.memory_limit).strip():
-        argv += ["--memory-limit", str(request.memory_limit).strip()]
-    if request.amp and request.amp != "none":
-        argv += ["--amp", request.amp]
-    if request.advise:
-        argv.append("--advise")
-    if request.reserve and str(request.reserve).strip():
-        argv += ["--reserve", str(request.reserve).strip()]
-    return argv
+    argv += ["--timeline", os.path.join(out_dir, "timeline") if out_dir else "timeline"] * bool(request.timeline)
+    return argv + ["--advise"] * bool(request.advise)
 
 
 class _Lines(io.TextIOBase):
@@ -131,31 +228,58 @@ def _parse(argv: Sequence[str]) -> Any:
         raise UsageError(message.replace("python -m encoding.memory: error: ", "").replace(" (see --help)", ""))
 
 
-def plan_memory(request: PlanRequest, out_dir: str,
-                progress: Optional[Callable[[str], None]] = None) -> MemoryPlanResult:
+def form_defaults(request: PlanRequest = PlanRequest()) -> Dict[str, Any]:
+    """The form's first values for ``request`` (with the advice): the memory tool's own completion of it (its
+    defaults, the dataset's class count and crop, two samples per device, the advice's memory limit).
+
+    Raises:
+        UsageError: the tool refuses ``request`` (its one-line message).
+    """
+    args = _parse(plan_argv(replace(request, advise=True)))
+    return dict(model=args.model, backbone=args.backbone, dataset=args.dataset, nclass=args.nclass,
+                crop_size=args.crop_size, batch_size=args.batch_size, devices=args.simulate,
+                memory_limit=args.memory_limit, reserve=args.reserve, strategies=list(args.strategies),
+                amp=args.amp or "none",
+                recompute=args.recompute, aux=args.aux, se_loss=args.se_loss)
+
+
+def plan_memory(request: PlanRequest, out_dir: str, progress: Optional[Callable[[str], None]] = None,
+                limits: PlanLimits = PlanLimits()) -> MemoryPlanResult:
     """Simulate ``request`` with the memory tool and write its JSON and chart into ``out_dir``.
 
     Args:
         request: the options.
-        out_dir: the folder of ``memory_balance.json`` / ``memory_balance.png`` (the tool's ``--out-dir``).
+        out_dir: the folder of ``memory_balance.json`` / ``memory_balance.png`` (the tool's ``--out-dir``) and,
+            with ``request.timeline``, of ``timeline/``.
         progress: called with each progress line of the tool (``"gather: simulated in 0.4 s"``).
+        limits: what the page plans (:class:`PlanLimits`): :func:`check_request` checks the request first.
 
     Raises:
-        UsageError: options the tool refuses (its one-line message: a crop of 0, an unknown model...).
+        UntrustedCode: a model naming code that ``limits`` does not trust (nothing is imported).
+        UsageError: what :func:`check_request` refuses; options the tool refuses (its one-line message: a crop of
+            0, an unknown model...).
     """
     from ..memory.cli import check_outputs
     from ..memory.report import format_report, memory_report, write_chart, write_json
 
-    argv = plan_argv(request) + ["--out-dir", out_dir]
-    args = _parse(argv)
-    check_outputs(args)  # as the tool's main: its files can be written
-    with contextlib.redirect_stderr(_Lines(progress or (lambda line: None))):
-        report = memory_report(args, progress=True)
-    write_json(report, args.json_path)
-    with contextlib.redirect_stderr(io.StringIO()):
-        chart = args.chart_path if write_chart(report, args.chart_path) else None
+    check_request(request, limits)
+    # and, should anything of the request still name code, the one gate of imports refuses it (encoding.utils.trust)
+    with reading("a request to the page", trust_code=_text(request.model) in limits.trusted):
+        args = _parse(plan_argv(request, out_dir) + ["--out-dir", out_dir])
+        check_outputs(args)  # as the tool's main: its files can be written
+        if args.timeline:  # as the tool's main: the memory of one step, from the same simulation
+            from ..memory.timeline import check_options, write_report_timeline
+            check_options(args)
+        with contextlib.redirect_stderr(_Lines(progress or (lambda line: None))):
+            report = memory_report(args, progress=True)
+        write_json(report, args.json_path)
+        with contextlib.redirect_stderr(io.StringIO()):
+            chart = args.chart_path if write_chart(report, args.chart_path) else None
+            drawn = write_report_timeline(args, report) if args.timeline else []
     command = "python -m encoding.memory " + " ".join(shlex.quote(a) for a in plan_argv(request))
-    return MemoryPlanResult(report, format_report(report), args.json_path, chart, command)
+    return MemoryPlanResult(report, format_report(report), args.json_path, chart, command,
+                            next((p for p in drawn if p.endswith(".png")), None),
+                            next((p for p in drawn if p.endswith(".html")), None))
 
 
 def device_rows(report: Dict[str, Any]) -> Tuple[List[str], List[List[Any]]]:

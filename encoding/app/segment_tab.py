@@ -1,15 +1,21 @@
-"""The Segment tab's layout: an image in, the overlay with its legend, the mask, each class's share and the mask PNG
-out (computed by :mod:`.segmentation`)."""
+"""The Segment tab's layout: an image in, the overlay and the legend of the classes present beside it, the mask,
+each class's share and the mask PNG out (computed by :mod:`.segmentation`)."""
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import tempfile
 from typing import Any, List, Optional, Sequence, Tuple
+from urllib.parse import unquote_to_bytes
 
 from torch import nn
 
 from ..engine.loading import model_info
-from .messages import on_page
+from ..utils.files import atomic_write
+from ..utils.images import max_pixels
+from .messages import COMPUTE, on_page
+from .rendering import write_overlay
 from .segmentation import MODES, SegmentRequest, legend_html, parse_scales, segment_image, write_mask
 
 __all__ = ["SHARE_HEADERS", "image_input", "segment_handler", "segment_tab"]
@@ -28,32 +34,49 @@ def _window(value: Any, name: str) -> Optional[int]:
     return int(float(value))
 
 
-def image_input(**options: Any) -> Any:
-    """A ``gradio.Image`` upload that hands the handler the uploaded file as it is (its path): the datasets' reader
-    reads it (EXIF orientation, 16-bit grey) and a file that is no image gets this page's message (Gradio's own
-    preprocessing would open it first and answer with its internals). The one method is replaced on the instance:
-    a subclass of a Gradio component makes Gradio write a ``.pyi`` file beside this module."""
+def _data_url_file(url: str, folder: str) -> str:
+    """The bytes of a ``data:`` URL (an image an API client sent inline) written to a file of ``folder``, not decoded
+    as an image (the handler checks its header like an upload's)."""
+    header, _, data = url.partition(",")
+    try:
+        raw = base64.b64decode(data, validate=True) if header.endswith(";base64") else unquote_to_bytes(data)
+    except binascii.Error:
+        raw = b""  # not base64: an empty file, which the handler refuses as no image
+    path = os.path.join(tempfile.mkdtemp(dir=folder), "inline-image")
+    atomic_write(path, raw)
+    return path
+
+
+def image_input(workdir: str, **options: Any) -> Any:
+    """A ``gradio.Image`` upload that hands the handler the uploaded file as it is (its path), never decoded by
+    Gradio: the handler checks its size from its header (:func:`~.segmentation.check_image_size`) before the
+    datasets' reader reads it (EXIF orientation, 16-bit grey), and a file that is no image gets this page's message
+    (Gradio's own preprocessing would decode it first, whatever its size, and answer with its internals). An image
+    sent inline (a ``data:`` URL) is written to a file of ``workdir`` as it is. The one method is replaced on the
+    instance: a subclass of a Gradio component makes Gradio write a ``.pyi`` file beside this module."""
     import gradio as gr
 
     image = gr.Image(type="filepath", image_mode=None, **options)
-    opened = image.preprocess
 
     def uploaded_file(payload: Any) -> Optional[str]:
-        if payload is not None and getattr(payload, "path", None) and not str(payload.url or "").startswith("data:"):
-            return str(payload.path)
-        return opened(payload)
+        if payload is None:
+            return None
+        if str(payload.url or "").startswith("data:"):
+            return _data_url_file(str(payload.url), workdir)
+        return str(payload.path) if getattr(payload, "path", None) else None
 
     image.preprocess = uploaded_file
     return image
 
 
 def segment_handler(model: nn.Module, workdir: str):
-    """The function the tab calls: ``(image path, mode, flip, window, stride, scales) -> (overlay, mask, shares,
-    mask PNG path)``; its errors are messages on the page."""
+    """The function the tab calls: ``(image path, mode, flip, window, stride, scales) -> (overlay JPEG, mask PNG,
+    legend HTML, shares, mask PNG)``; its errors are messages on the page. Each picture is encoded once, at the
+    image's size (the mask PNG is shown and offered for download as the same file)."""
 
     @on_page
     def segment(image: Optional[str], mode: str, flip: bool, window: Any, stride: Any,
-                scales: str) -> Tuple[Any, Any, List[List[Any]], str]:
+                scales: str) -> Tuple[str, str, str, List[List[Any]], str]:
         request = SegmentRequest(mode=mode, flip=bool(flip), window=_window(window, "window"),
                                  stride=_window(stride, "stride"),
                                  scales=parse_scales(scales) if mode == "multi-scale" else SegmentRequest.scales)
@@ -61,9 +84,10 @@ def segment_handler(model: nn.Module, workdir: str):
         folder = tempfile.mkdtemp(dir=workdir)
         stem = os.path.splitext(os.path.basename(image))[0] if isinstance(image, str) else "image"
         mask_path = write_mask(result.mask, os.path.join(folder, f"{stem}_mask.png"))
+        overlay_path = write_overlay(result.overlay, os.path.join(folder, f"{stem}_overlay.jpg"))
         shares = [[name, "#%02x%02x%02x" % colour, pixels, round(100 * share, 2)]
                   for name, colour, pixels, share in result.shares]
-        return result.overlay, result.mask.convert("RGB"), shares, mask_path
+        return overlay_path, mask_path, result.legend, shares, mask_path
 
     return segment
 
@@ -81,11 +105,11 @@ def segment_tab(model: Optional[nn.Module], workdir: str, examples: Sequence[str
     options = info.options
     gr.Markdown(f"**{options.get('model', type(model).__name__)}** / {options.get('backbone', '-')} trained on "
                 f"**{info.dataset}**: {info.num_classes} classes (training crop {info.crop_size}, base size "
-                f"{info.base_size})")
+                f"{info.base_size}); images of at most {max_pixels():,} pixels")
     gr.HTML(legend_html(info), elem_id="encoding-legend")
     with gr.Row():
         with gr.Column():
-            image = image_input(label="image", sources=["upload", "clipboard"], elem_id="encoding-image")
+            image = image_input(workdir, label="image", sources=["upload", "clipboard"], elem_id="encoding-image")
             mode = gr.Radio(list(MODES), value="whole", label="mode",
                             info="whole image at once, overlapping windows, or several scales")
             flip = gr.Checkbox(False, label="flip", info="average with the mirrored image")
@@ -99,14 +123,14 @@ def segment_tab(model: Optional[nn.Module], workdir: str, examples: Sequence[str
             if examples:
                 gr.Examples([[path] for path in examples], [image], label=f"validation images of {info.dataset}")
         with gr.Column():
-            overlay = gr.Image(type="pil", format="png", label="overlay", interactive=False,
-                               elem_id="encoding-overlay")
-            mask = gr.Image(type="pil", format="png", label="mask", interactive=False, elem_id="encoding-mask")
+            overlay = gr.Image(type="filepath", label="overlay", interactive=False, elem_id="encoding-overlay")
+            present = gr.HTML(elem_id="encoding-present-legend")
+            mask = gr.Image(type="filepath", label="mask", interactive=False, elem_id="encoding-mask")
             shares = gr.Dataframe(headers=SHARE_HEADERS, label="share of the image", interactive=False,
                                   elem_id="encoding-shares")
             download = gr.File(label="mask PNG (pixel values: class ids)", interactive=False,
                                elem_id="encoding-mask-file")
     handler = segment_handler(model, workdir)
-    inputs, outputs = [image, mode, flip, window, stride, scales], [overlay, mask, shares, download]
-    button.click(handler, inputs, outputs, api_name="segment")
-    image.upload(handler, inputs, outputs, api_name=False)
+    inputs, outputs = [image, mode, flip, window, stride, scales], [overlay, mask, present, shares, download]
+    button.click(handler, inputs, outputs, api_name="segment", concurrency_id=COMPUTE)
+    image.upload(handler, inputs, outputs, api_name=False, concurrency_id=COMPUTE)

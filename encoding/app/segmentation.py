@@ -1,6 +1,9 @@
 """What the Segment tab computes, without Gradio: an image's labels by :func:`encoding.segment` (whole, by sliding
-windows or multi-scale, with or without flip), the overlay with its class legend, the mask PNG and each class's share
-of the image.
+windows or multi-scale, with or without flip), the overlay and the legend of the classes present beside it (made by
+:mod:`.rendering`), the mask PNG and each class's share of the image.
+
+An image file is checked from its header before a pixel is decoded (:func:`encoding.utils.images.open_image`: at most
+``--max-pixels`` pixels).
 
 The labels are ``encoding.segment``'s, so an image of any size keeps its bounded memory (see
 :func:`encoding.engine.predict.segment`); the colours and names are the network's (:class:`~encoding.engine.ModelInfo`,
@@ -13,6 +16,7 @@ import html
 import inspect
 import io
 import os
+import warnings
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -22,16 +26,17 @@ from PIL import Image
 from torch import nn
 
 from ..datasets.base import read_rgb
-from ..engine.inference import overlay_with_legend
 from ..engine.loading import ModelInfo, model_info
 from ..engine.predict import segment
 from ..errors import UsageError
 from ..utils.cli import scales
 from ..utils.files import atomic_write
+from ..utils.images import ImageTooLarge, check_pixels, open_image
 from ..utils.palette import colorize
+from .rendering import blend, present_legend_html
 
-__all__ = ["MODES", "SegmentRequest", "Segmentation", "parse_scales", "segment_image", "class_shares",
-           "legend_html", "write_mask", "validation_images"]
+__all__ = ["MODES", "SegmentRequest", "Segmentation", "parse_scales", "check_image_size", "segment_image",
+           "class_shares", "legend_html", "write_mask", "validation_images"]
 
 #: The Segment tab's choices: the whole image at once, overlapping windows, several scales (PyTorch-Encoding's
 #: multi-scale evaluation, :class:`~encoding.models.MultiEvalModule`).
@@ -65,14 +70,16 @@ class SegmentRequest:
 
 @dataclass
 class Segmentation:
-    """One image segmented: ``labels`` (``H x W`` int64), the ``overlay`` (the image blended with the mask, above a
-    legend of the classes present), the palettised ``mask`` (pixel values = class ids) and ``shares`` (one
-    ``(class name, colour, pixels, fraction)`` per class present, largest first)."""
+    """One image segmented: ``labels`` (``H x W`` int64), the ``overlay`` (``H x W x 3`` uint8: the image blended
+    with the class colours, :func:`~.rendering.blend`), the palettised ``mask`` (pixel values = class ids),
+    ``shares`` (one ``(class name, colour, pixels, fraction)`` per class present, largest first) and ``legend``
+    (those classes as HTML, shown beside the image)."""
 
     labels: torch.Tensor
-    overlay: Image.Image
+    overlay: np.ndarray
     mask: Image.Image
     shares: List[Tuple[str, Tuple[int, int, int], int, float]]
+    legend: str
 
 
 def parse_scales(text: str) -> Tuple[float, ...]:
@@ -88,26 +95,54 @@ def parse_scales(text: str) -> Tuple[float, ...]:
         raise UsageError(f"scales: {err} (such as 0.75,1,1.25)") from None
 
 
-def _image_array(image: object) -> np.ndarray:
-    """``image`` (a file path, a PIL image or an ``H x W x 3`` uint8 array) as the datasets read it.
+def check_image_size(path: str) -> None:
+    """Refuse the image file ``path`` above the pixel limit (:func:`encoding.utils.images.max_pixels`, the page's
+    ``--max-pixels``) from its header, before a pixel is decoded.
 
     Raises:
-        UsageError: no image, an unreadable file, or an image without pixels (the message names it).
+        ImageTooLarge: too many pixels (one line naming the file by its name, not the server's folder).
+        UsageError: a file that is no image (its header is not one).
+    """
+    name = os.path.basename(path)
+    try:
+        with warnings.catch_warnings():  # Pillow's decompression-bomb warning: the limit below says it in one line
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with open_image(path):
+                pass
+    except ImageTooLarge as err:
+        raise ImageTooLarge(str(err).replace(path, repr(name), 1)) from None
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{name!r} is not an image this page can read ({_reason(err, path)})") from None
+
+
+def _reason(err: BaseException, path: str) -> str:
+    return (str(err).splitlines()[0] if str(err) else type(err).__name__).replace(path, "the file")
+
+
+def _image_array(image: object) -> np.ndarray:
+    """``image`` (a file path, a PIL image or an ``H x W x 3`` uint8 array) as the datasets read it; a file is
+    checked from its header first (:func:`check_image_size`).
+
+    Raises:
+        ImageTooLarge: more pixels than the limit. UsageError: no image, an unreadable file, or an image without
+            pixels (the message names it).
     """
     if image is None:
         raise UsageError("no image: upload one first")
     if isinstance(image, (str, os.PathLike)):
         path = os.fspath(image)
+        check_image_size(path)
         try:
             array = read_rgb(path)
         except (OSError, ValueError) as err:  # DatasetError is a ValueError
-            reason = (str(err).splitlines()[0] if str(err) else type(err).__name__).replace(path, "the file")
-            raise UsageError(f"{os.path.basename(path)!r} is not an image this page can read ({reason})") from None
+            raise UsageError(f"{os.path.basename(path)!r} is not an image this page can read "
+                             f"({_reason(err, path)})") from None
     else:
         array = np.asarray(image.convert("RGB") if isinstance(image, Image.Image) else image)
     if array.ndim != 3 or array.shape[0] == 0 or array.shape[1] == 0:
         raise UsageError(f"the image has no pixels (size {array.shape[1] if array.ndim > 1 else 0} x "
                          f"{array.shape[0]}): nothing to segment")
+    check_pixels(array.shape[1], array.shape[0], "the image")
     return array
 
 
@@ -118,14 +153,17 @@ def segment_image(model: nn.Module, image: object, request: SegmentRequest = Seg
         The :class:`Segmentation`; its labels are ``encoding.segment(model, image, **request.keywords())``.
 
     Raises:
+        ImageTooLarge: an image above the pixel limit (a file: from its header, nothing decoded).
         UsageError: no image, an unreadable one, one without pixels, an unknown mode. ValueError: windows that
             ``encoding.segment`` refuses (a stride larger than the window).
     """
     info = model_info(model)
+    keywords = request.keywords()
     array = _image_array(image)
-    labels = segment(model, array, **request.keywords())
-    overlay = overlay_with_legend(array, labels, info.palette, list(info.classes))
-    return Segmentation(labels, overlay, colorize(labels, info.palette), class_shares(labels, info))
+    labels = segment(model, array, **keywords)
+    shares = class_shares(labels, info)
+    return Segmentation(labels, blend(array, labels, info), colorize(labels, info.palette), shares,
+                        present_legend_html(shares))
 
 
 def class_shares(labels: torch.Tensor, info: ModelInfo) -> List[Tuple[str, Tuple[int, int, int], int, float]]:

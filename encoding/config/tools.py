@@ -74,6 +74,9 @@ class MemoryOptions:
                                  scripts=MEMORY)
     chart: Optional[str] = option(None, "PNG chart (default: OUT_DIR/memory_balance.png)", metavar="PATH",
                                   scripts=MEMORY)
+    timeline: Optional[str] = option(None, "also draw each device's memory over one simulated step, stacked by kind "
+                                     "(timeline.png, timeline.html, timeline.json in DIR)", metavar="DIR",
+                                     scripts=MEMORY)
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ def port_number(text: str) -> int:
 
 @dataclass(frozen=True)
 class AppOptions:
-    """The web page's network (``--resume`` or ``--model``) and where it listens."""
+    """The web page's network (``--resume`` or ``--model``), where it listens and what it accepts."""
 
     model_source: Optional[str] = option(None, "a save_pretrained folder, a Hugging Face id user/repo or a preset name "
                                          "of encoding.models.model_list (instead of --resume)", flags=("--model",),
@@ -113,6 +116,15 @@ class AppOptions:
     port: int = option(7860, "the TCP port", parse=port_number, scripts=APP)
     device: Optional[str] = option(None, "where the network runs, e.g. cpu or cuda:0 (default: cuda when there is "
                                    "a GPU, else cpu)", scripts=APP)
+    plan_model: Optional[str] = option(None, "the one network the Plan memory tab plans, e.g. your "
+                                       "package.module:factory (a request naming code is refused otherwise)",
+                                       metavar="MODEL", scripts=APP)
+    max_devices: int = option(256, "the most devices the Plan memory tab simulates", parse=positive_int,
+                              metavar="N", scripts=APP)
+    concurrency_limit: int = option(1, "requests computed at the same time (Gradio's concurrency_limit)",
+                                    parse=positive_int, metavar="N", scripts=APP)
+    max_queue: int = option(16, "requests waiting beyond those; more are refused with a message (Gradio's "
+                            "max_size)", parse=positive_int, metavar="N", scripts=APP)
 
 
 #: The tools' own groups, by ``--help`` section name.
