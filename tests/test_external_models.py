@@ -58,6 +58,7 @@ def test_spec_parsing_and_errors(factory_module):
     assert parse_model_spec("transformers:/a/b") == ("transformers", "/a/b")
     assert parse_model_spec("pkg.mod:build").kind == "factory"
     for bad, message in [("pkg.mod:", "expected"), ("1pkg:build", "package.module:function"),
+                         ("timm:resnet18", "--backbone timm:resnet18"),
                          ("torchvision:no_such_net", "no model"), ("transformers:/no/such/dir", "no such folder"),
                          ("no_such_pkg_xyz.mod:build", "cannot import"), ("my_models.tiny:missing", "cannot import"),
                          ("my_models.tiny:not_a_module", "not an nn.Module")]:
@@ -123,16 +124,16 @@ def test_factory_spec_trains_tests_reloads_exports_and_plans(tmp_path, factory_m
     assert 0.0 <= result["mIoU"] <= 1.0
     run_dir = os.path.join(out, "shapes", "my_models.tiny_build", "default")
     checkpoint = os.path.join(run_dir, "model_best.pth")
-    model = encoding.load_model(checkpoint)
+    model = encoding.load_model(checkpoint, trust_code=True)  # the checkpoint names code: the user trusts it
     assert isinstance(model, ExternalModel) and model.spec == factory_module
     assert model.info.options["model"] == factory_module and model.info.num_classes == 7
     labels = encoding.segment(model, torch.rand(3, 37, 41))
     assert labels.shape == (37, 41)
-    scores = load_script("test").main(["--resume", checkpoint, "--workers", "0", "--limit", "4",
+    scores = load_script("test").main(["--resume", checkpoint, "--trust-code", "--workers", "0", "--limit", "4",
                                        "--out-dir", str(tmp_path / "eval")], data=tiny_shapes[1])
     assert set(scores) >= {"mIoU", "pixAcc"}
     from encoding.export.cli import main as export_main
-    export_main(["--resume", checkpoint, "--format", "exported", "--output", str(tmp_path / "m.pt2")])
+    export_main(["--resume", checkpoint, "--trust-code", "--format", "exported", "--output", str(tmp_path / "m.pt2")])
     program = torch.export.load(str(tmp_path / "m.pt2"))
     x = torch.rand(1, 3, 32, 32)
     exported = program.module()(x)
@@ -187,3 +188,166 @@ def test_spec_batchnorm_that_cannot_be_synchronised_is_named():
     assert [type(m).__name__ for m in net] == ["Conv2d", "SyncBatchNorm", "ScaledBatchNorm"]
     with pytest.raises(ValueError, match="norm_layer=GroupNorm cannot be applied"):
         build_external_model("torchvision:lraspp_mobilenet_v3_large", 3, norm_layer=nn.GroupNorm)
+
+
+BAD_OUTPUTS = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self, num_classes, kind):
+            super().__init__()
+            self.num_classes, self.kind = num_classes, kind
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            if self.kind == "flat":
+                return y.mean((2, 3))[:, :self.num_classes]                   # a classifier's vector
+            if self.kind == "channels":
+                return y[:, : self.num_classes + 1]                           # one channel too many
+            if self.kind == "coarse":
+                return F.adaptive_avg_pool2d(y, 1)[:, :self.num_classes]      # 1 x 1: no map
+            return F.avg_pool2d(y, 4)[:, :self.num_classes]                   # stride 4: resized, as SegFormer's
+
+    def build(num_classes, kind="stride4"):
+        return Net(num_classes, kind)
+''')
+
+
+@pytest.fixture
+def output_module(tmp_path, monkeypatch):
+    (tmp_path / "bad_outputs.py").write_text(BAD_OUTPUTS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "bad_outputs", raising=False)
+    return "bad_outputs:build"
+
+
+@pytest.mark.parametrize("kind,shape", [("flat", "[2, 5]"), ("channels", "[2, 6, 64, 64]"),
+                                        ("coarse", "[2, 5, 1, 1]")])
+def test_spec_output_that_is_no_map_of_the_classes_is_one_line(output_module, kind, shape):
+    """Before: a 45-line traceback ('a bug'). Now one line naming the spec and the shape it returned."""
+    model = get_segmentation_model(output_module, nclass=5, kind=kind)
+    with pytest.raises(ValueError) as caught:
+        model(torch.rand(2, 3, 64, 64))
+    message = str(caught.value)
+    assert "\n" not in message and output_module in message and shape in message, message
+    assert caught.value.exit_status == 2
+
+
+def test_spec_output_at_a_lower_resolution_is_resized(output_module):
+    out = get_segmentation_model(output_module, nclass=5)(torch.rand(2, 3, 64, 48))["out"]
+    assert out.shape == (2, 5, 64, 48)
+
+
+SPEC = "torchvision:lraspp_mobilenet_v3_large"
+
+
+@pytest.mark.parametrize("option,value,named", [
+    ("se_loss", True, "--se-loss"), ("output_stride", 16, "--output-stride"), ("jpu", True, "jpu"),
+    ("pretrained", "weights.pth", "pretrained"), ("pretrained_backbone", "backbone.pth", "--pretrained-backbone"),
+    ("channels", 64, "--head-channels"), ("dilated", False, "dilated"), ("norm_layer", torch.nn.GroupNorm, "GroupNorm"),
+    ("checkpoint", "everything", "--recompute")])
+def test_every_network_option_on_a_spec_is_applied_or_refused(option, value, named):
+    """No option is accepted and ignored on a spec network: those that cannot apply are one line naming them."""
+    with pytest.raises(ValueError, match=named) as caught:
+        get_segmentation_model(SPEC, nclass=3, **{option: value})
+    assert "\n" not in str(caught.value) and SPEC in str(caught.value)
+
+
+def test_aux_and_factory_options_apply_to_spec_networks(factory_module):
+    torch.manual_seed(0)
+    with_aux = get_segmentation_model(SPEC.replace("lraspp", "deeplabv3"), nclass=3, aux=True).eval()
+    assert set(with_aux(torch.rand(1, 3, 32, 32))) == {"out", "aux"}
+    wide = get_segmentation_model(factory_module, nclass=3, width=12)  # a keyword the factory takes: applied
+    assert wide.net.conv.out_channels == 12
+    with pytest.raises(ValueError, match="takes no option channels"):
+        get_segmentation_model(factory_module, nclass=3, channels=12)  # --head-channels: the factory has none
+
+
+def test_recompute_wraps_a_spec_networks_backbone_blocks_exactly():
+    """Before: --recompute backbone on a spec network was accepted and did nothing. Now its backbone's blocks (and
+    with 'all' its heads) run under the toolkit's exact recomputation: the same loss, gradients and BatchNorm
+    statistics as without it."""
+    from encoding.nn.recompute import is_checkpointed
+    models = {}
+    for policy in ("none", "backbone", "all"):
+        torch.manual_seed(0)
+        models[policy] = get_segmentation_model(SPEC, nclass=3, checkpoint=policy).train()
+    counts = {p: sum(is_checkpointed(m) for m in models[p].modules()) for p in models}
+    assert counts["none"] == 0 < counts["backbone"] < counts["all"]
+    assert all(is_checkpointed(b) for b in models["backbone"].net.backbone.children()
+               if type(b).__name__ == "InvertedResidual")
+    x = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    grads, stats = {}, {}
+    for policy, model in models.items():
+        model(x)["out"].square().mean().backward()
+        grads[policy] = [p.grad.clone() for p in model.parameters()]
+        stats[policy] = [b.clone() for b in model.buffers()]
+    for policy in ("backbone", "all"):
+        for a, b in zip(grads["none"], grads[policy]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert all(torch.equal(a, b) for a, b in zip(stats["none"], stats[policy]))
+
+
+def test_recompute_on_a_spec_network_without_backbone_is_refused(factory_module):
+    with pytest.raises(ValueError, match="no backbone") as caught:
+        get_segmentation_model(factory_module, nclass=3, checkpoint="backbone")
+    assert "\n" not in str(caught.value) and factory_module in str(caught.value)
+
+
+def test_memory_planner_plans_what_recompute_builds_on_a_spec(tmp_path):
+    """The planner builds through the same path: its peak with --recompute backbone is below none's."""
+    from encoding.memory.cli import main as memory_main
+    peaks = {}
+    for policy in ("none", "backbone"):
+        report = memory_main(["--model", SPEC, "--dataset", "shapes", "--simulate", "1", "--crop-size", "160",
+                              "--strategies", "balanced", "--recompute", policy, "--out-dir", str(tmp_path / policy)])
+        peaks[policy] = report["strategies"]["balanced"]["peak_mib"][0]
+    assert peaks["backbone"] < 0.8 * peaks["none"], peaks
+
+
+def test_no_phantom_backbone_in_names_of_spec_networks():
+    from encoding.models.external import network_flags, network_name
+    assert network_name(SPEC, "vgg_tiny") == SPEC and network_flags(SPEC, "resnet50") == f"--model {SPEC}"
+    assert network_name("fcn", "resnet50") == "fcn-resnet50"
+    assert network_flags("fcn", "resnet50") == "--model fcn --backbone resnet50"
+
+
+def test_memory_report_and_errors_name_no_backbone_for_a_spec(tmp_path, capsys):
+    from encoding.memory.cli import main as memory_main
+    memory_main(["--model", SPEC, "--dataset", "shapes", "--simulate", "1", "--crop-size", "32", "--strategies",
+                 "balanced", "--out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert f"{SPEC}," in out and f"{SPEC}-" not in out
+    from encoding.engine.config import check_network
+    with pytest.raises(ValueError) as caught:
+        check_network("shapes", SPEC, "vgg_tiny", se_loss=True)
+    assert "--backbone" not in str(caught.value) and "vgg_tiny" not in str(caught.value)
+
+
+def test_factory_imports_from_the_working_directory(tmp_path, monkeypatch):
+    """`--model my_models.tiny:build` run from the folder holding my_models/ works as `python -m` would; a failed
+    import says where it looked."""
+    (tmp_path / "cwd_models").mkdir()
+    (tmp_path / "cwd_models" / "__init__.py").write_text("")
+    (tmp_path / "cwd_models" / "tiny.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd(), str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "cwd_models", raising=False)
+    monkeypatch.delitem(sys.modules, "cwd_models.tiny", raising=False)
+    model = get_segmentation_model("cwd_models.tiny:build", nclass=3)
+    assert model(torch.rand(1, 3, 16, 16))["out"].shape == (1, 3, 16, 16)
+    assert str(tmp_path) not in sys.path  # the working directory was importable for the import only
+    with pytest.raises(ValueError) as caught:
+        get_segmentation_model("cwd_modelz.tiny:build", nclass=3)
+    assert f"looked in the working directory {tmp_path}" in str(caught.value)
+
+
+def test_relative_transformers_path_is_recorded_absolute(tmp_path, monkeypatch):
+    from encoding.config import resolve
+    monkeypatch.chdir(tmp_path)
+    model = resolve("train", ["--model", "transformers:segformer"]).options()["model"]
+    assert model == f"transformers:{tmp_path / 'segformer'}"
+    assert resolve("train", ["--model", "fcn"]).options()["model"] == "fcn"

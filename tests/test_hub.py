@@ -115,6 +115,10 @@ def test_push_to_hub_uploads_the_shared_folder(tmp_path, monkeypatch):
         def __init__(self, token=None):
             calls.append(("token", token))
 
+        def whoami(self):
+            calls.append(("whoami",))
+            return {"name": "someone"}
+
         def create_repo(self, repo_id, private=False, exist_ok=False):
             calls.append(("create_repo", repo_id, private, exist_ok))
 
@@ -127,7 +131,7 @@ def test_push_to_hub_uploads_the_shared_folder(tmp_path, monkeypatch):
     model = _model()
     url = push_to_hub(model, "someone/shapes-fcn", private=True, token="secret", metrics={"mIoU": 0.25})
     assert url == "https://hub.example/someone/shapes-fcn/commit/1"
-    assert calls == [("token", "secret"), ("create_repo", "someone/shapes-fcn", True, True),
+    assert calls == [("token", "secret"), ("whoami",), ("create_repo", "someone/shapes-fcn", True, True),
                      ("upload_folder", "someone/shapes-fcn", "Upload encoding model")]
     assert sorted(os.listdir(remote)) == ["README.md", "config.json", "model.safetensors"]
     _no_pickle(remote)
@@ -162,3 +166,133 @@ def test_binary_network_round_trip(tmp_path):
     loaded = encoding.load_model(str(save_pretrained(model, tmp_path / "shared")))
     assert loaded.info == model.info and loaded.info.out_channels == 1
     assert torch.equal(encoding.segment(loaded, _image()), encoding.segment(model, _image()))
+
+
+@pytest.mark.parametrize("offline", ["no network", "not logged in", "HF_HUB_OFFLINE"])
+def test_push_to_hub_offline_is_one_line_before_any_work(tmp_path, monkeypatch, offline):
+    """Before: a 64-line traceback ending in ConnectError, after the model was saved. Now: one line, before any
+    file is written (save_pretrained is never called), whatever huggingface_hub raises."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    import encoding.engine.hub as hub
+    from encoding.engine import push_to_hub
+
+    errors = {"no network": OSError("[Errno -3] Temporary failure in name resolution"),
+              "not logged in": huggingface_hub.errors.LocalTokenNotFoundError("Token is required (`token=True`), "
+                                                                              "but no token found.\nmore text"),
+              "HF_HUB_OFFLINE": huggingface_hub.errors.OfflineModeIsEnabled("Cannot reach the Hub: offline mode")}
+
+    class OfflineHub:
+        def __init__(self, token=None):
+            pass
+
+        def whoami(self):
+            raise errors[offline]
+
+        def create_repo(self, *args, **kwargs):  # pragma: no cover - must not be reached
+            raise AssertionError("create_repo after a failed login check")
+
+    saved = []
+    monkeypatch.setattr(huggingface_hub, "HfApi", OfflineHub)
+    monkeypatch.setattr(hub, "save_pretrained", lambda *a, **k: saved.append(a))
+    with pytest.raises(hub.HubUnavailable) as caught:
+        push_to_hub(_model(), "someone/shapes-fcn")
+    message = str(caught.value)
+    assert "\n" not in message and "someone/shapes-fcn" in message and "huggingface-cli login" in message
+    assert type(errors[offline]).__name__ in message and not saved
+    assert caught.value.exit_status == 2
+    with pytest.raises(ValueError, match="user/name"):
+        push_to_hub(_model(), "no-slash")
+
+
+def test_load_model_of_an_uncached_repository_offline_is_one_line(tmp_path, monkeypatch):
+    """load_model("user/repo") with the Hub unreachable and nothing cached: one FileNotFoundError line."""
+    pytest.importorskip("huggingface_hub")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    import huggingface_hub.constants as constants
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(FileNotFoundError) as caught:
+        encoding.load_model("someone/not-cached")
+    assert "\n" not in str(caught.value) and "someone/not-cached" in str(caught.value)
+
+
+def _edited(folder, edit):
+    path = os.path.join(folder, "config.json")
+    config = json.load(open(path))
+    edit(config)
+    with open(path, "w") as f:
+        json.dump(config, f)
+
+
+MEASURE = ("import resource, sys, encoding\n"
+           "try:\n    encoding.load_model(sys.argv[1])\nexcept ValueError as err:\n    print('refused', err)\n"
+           "print('maxrss_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+
+
+def _peak_kib(folder):
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(folder)], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return int(done.stdout.split("maxrss_kib")[-1]), done.stdout
+
+
+def test_edited_head_width_is_refused_before_any_allocation(tmp_path):
+    """Before: head_channels 10**7 in config.json made load_model allocate 2.88 GB. Now the network is built on the
+    meta device and compared with the safetensors header first: refused in one line, the peak memory of the process
+    within 150 MiB of loading the intact folder (measured in two fresh processes)."""
+    torch.manual_seed(0)
+    model = get_segmentation_model("deeplab", dataset="shapes", backbone="vgg_tiny", channels=16).eval()
+    model.info = ModelInfo.of_dataset("shapes", model="deeplab", backbone="vgg_tiny", head_channels=16)
+    intact = save_pretrained(model, tmp_path / "intact")
+    edited = shutil.copytree(intact, tmp_path / "edited")
+    _edited(edited, lambda c: c["info"]["options"].update(head_channels=10 ** 7))
+    with pytest.raises(ValueError, match="weights do not fit") as caught:
+        encoding.load_model(str(edited))
+    assert "\n" not in str(caught.value) and str(edited) in str(caught.value)
+    base, _ = _peak_kib(intact)
+    peak, out = _peak_kib(edited)
+    assert "refused" in out and peak - base < 150 * 1024, (base, peak)
+
+
+def _damage(folder, how):
+    weights, config = os.path.join(folder, "model.safetensors"), os.path.join(folder, "config.json")
+    if how == "truncated weights":
+        data = open(weights, "rb").read()
+        open(weights, "wb").write(data[: len(data) // 2])
+    elif how == "huge header":
+        data = open(weights, "rb").read()
+        open(weights, "wb").write((10 ** 12).to_bytes(8, "little") + data[8:])
+    elif how == "garbage header":
+        data = open(weights, "rb").read()
+        open(weights, "wb").write(data[:8] + b"\xff" * 16 + data[24:])
+    elif how == "wrong dtype":
+        from safetensors.torch import load_file, save_file
+        save_file({k: v.half() if v.is_floating_point() else v for k, v in load_file(weights).items()}, weights)
+    elif how == "missing info":
+        _edited(folder, lambda c: c.pop("info"))
+    elif how == "classes of the wrong type":
+        _edited(folder, lambda c: c["info"].update(classes=3))
+    elif how == "unknown info field":
+        _edited(folder, lambda c: c["info"].update(colour="red"))
+    elif how == "deeply nested json":
+        open(config, "w").write("[" * 200000 + "]" * 200000)
+    elif how == "missing weights":
+        os.remove(weights)
+
+
+DAMAGE_SAID = {"truncated weights": "byte range", "huge header": "a header of 1000000000000 bytes",
+               "garbage header": "no safetensors header", "wrong dtype": "wrong dtype", "missing info": "no 'info'",
+               "classes of the wrong type": "wrong type", "unknown info field": "colour",
+               "deeply nested json": "nested too deeply", "missing weights": "model.safetensors"}
+
+
+@pytest.mark.parametrize("how", list(DAMAGE_SAID))
+def test_damaged_folder_is_one_line_naming_it(tmp_path, how):
+    folder = str(save_pretrained(_model(), tmp_path / "shared"))
+    _damage(folder, how)
+    with pytest.raises(ValueError) as caught:  # UsageError: never SafetensorError, KeyError, TypeError, RecursionError
+        encoding.load_model(folder)
+    assert type(caught.value).__name__ == "UsageError" and caught.value.exit_status == 2
+    assert "\n" not in str(caught.value) and folder in str(caught.value), str(caught.value)
+    assert DAMAGE_SAID[how] in str(caught.value), str(caught.value)

@@ -23,7 +23,8 @@ from ..registry import Registry
 from ..utils.cli import non_negative_float, non_negative_int, positive_float, positive_int, scales, unit_float
 from .fields import ALL, EVAL, option
 
-__all__ = ["BUILTIN_SIZES", "AMP_CHOICES", "OPTIMIZERS", "STRATEGIES", "RECOMPUTE", "DIST_TIMEOUT_S", "AUX_WEIGHT_LIBRARY",
+__all__ = ["BUILTIN_SIZES", "AMP_CHOICES", "COMPILE_CHOICES", "OPTIMIZERS", "STRATEGIES", "RECOMPUTE",
+           "DIST_TIMEOUT_S", "AUX_WEIGHT_LIBRARY",
            "ModelOptions", "DataOptions", "OptimOptions", "DeviceOptions", "RunOptions", "WeightOptions",
            "EvalOptions", "DemoOptions", "GROUPS"]
 
@@ -36,6 +37,9 @@ OPTIMIZERS = ("sgd", "adamw")
 STRATEGIES: Registry[str] = Registry("strategy", {"ddp": "DistributedDataParallel",
                                                   "fsdp": "FSDP2 fully_shard",
                                                   "zero1": "DistributedDataParallel + ZeroRedundancyOptimizer"})
+#: ``--compile``: eager, ``auto`` (a bare ``--compile``: CUDA graphs on one CUDA device per process, else inductor's
+#: default) or a ``torch.compile`` mode (``encoding.engine.compiled``).
+COMPILE_CHOICES = ("none", "auto", "default", "reduce-overhead", "max-autotune")
 #: ``--recompute``: activation recomputation (``encoding.nn.recompute``) of nothing, every residual block, or
 #: blocks and heads.
 RECOMPUTE = ("none", "backbone", "all")
@@ -57,6 +61,14 @@ TRAIN = ("train",)
 WITH_MEMORY = ALL + ("memory",)
 
 
+def model_name(text: str) -> str:
+    """``--model``: a name as given; a relative ``transformers:PATH`` made absolute (a checkpoint records it, and
+    is used from other folders)."""
+    from ..models.external import absolute_spec  # lazy: the model package is not needed to parse options
+
+    return absolute_spec(text)
+
+
 def memory(**spelling: object) -> dict:
     """``per_script`` of a field the memory tool spells with its own default or help."""
     return {"memory": spelling}
@@ -67,7 +79,7 @@ class ModelOptions:
     """The network (``test.py`` / ``demo.py``: unset = the checkpoint's, else the recipe's)."""
 
     model: str = option("unet", "fcn, psp, deeplab, deeplabv3plus, encnet, danet, upernet, fcfpn, unet, segformer "
-                        "(default: the recipe's)", network=True, recipe=True, scripts=WITH_MEMORY,
+                        "(default: the recipe's)", parse=model_name, network=True, recipe=True, scripts=WITH_MEMORY,
                         per_script=memory(default="fcn", help="segmentation model (default: fcn)"))
     backbone: str = option("vgg_tiny_s2", "resnet18/34/50/101/152, resnext50_32x4d, ..., mobilenet_v3_large/small, "
                            "vgg_tiny(_s2), resnest50/101/200/269, timm:<any timm model>, mit_b0..mit_b5 (SegFormer)",
@@ -103,7 +115,8 @@ class DataOptions:
                           network=True, scripts=WITH_MEMORY, per_script=memory(
                               default="pascal_voc", help="gives the class count and the default crop"))
     data_root: Optional[str] = option(None, "data root (default: $ENCODING_DATA or ~/.encoding/data)",
-                                      scripts=("train", "test"))
+                                      scripts=("train", "test", "memory"), per_script=memory(
+                                          help="--dataset folder: its folder (its classes give the class count)"))
     base_size: Optional[int] = option(None, "default: the recipe's, else the dataset's", parse=positive_int,
                                       network=True, recipe=True)
     crop_size: Optional[int] = option(None, "default: the recipe's, else the dataset's", parse=positive_int,
@@ -123,6 +136,12 @@ class DataOptions:
                                "--skip-bad: drop the bad ones)", scripts=TRAIN)
     skip_bad: bool = option(False, "skip unreadable or inconsistent samples with a warning instead of stopping",
                             scripts=TRAIN)
+    max_pixels: Optional[int] = option(
+        None, "refuse an image or mask of more pixels, read from its header before decoding (default: "
+        "$ENCODING_MAX_PIXELS or 100000000)", parse=positive_int, metavar="N", recorded=False,
+        scripts=TRAIN + ("app",), per_script={"app": dict(help="refuse an uploaded image of more pixels, read from its "
+                                                               "header before decoding (default: $ENCODING_MAX_PIXELS "
+                                                               "or 100000000)")})
     # own data and binary segmentation (docs/own-data.md)
     val_fraction: float = option(0.1, "folder without val: hold-out share", parse=positive_float, scripts=TRAIN)
     unknown_labels: str = option("error", "values of no class", choices=("error", "ignore"), scripts=TRAIN)
@@ -180,6 +199,9 @@ class DeviceOptions:
                       per_script=memory(nargs="?", const="auto", choices=("auto",) + AMP_CHOICES[1:], default=None,
                                         help="mixed precision: bf16 or fp16 autocast (a bare --amp: bf16 when "
                                         "simulating, fp16 on GPUs)"))
+    compile: str = option("none", "torch.compile the network (a bare --compile: auto, CUDA graphs on one GPU per "
+                          "process, else inductor; C++ kernels on a CPU); eager, with one line saying why, where it "
+                          "cannot", choices=COMPILE_CHOICES, nargs="?", const="auto", scripts=("train", "test"))
     seed: int = option(1, "random seed", parse=int, scripts=("train", "test", "memory"),
                        per_script=memory(default=0))
     deterministic: bool = option(False, "deterministic kernels (torch.use_deterministic_algorithms): "
@@ -227,6 +249,12 @@ class WeightOptions:
                                       " e.g. fcn_resnet50_voc", metavar="NAME", scripts=EVAL)
     torchvision_weights: bool = option(False, "torchvision's published weights of the whole network: --model "
                                        "fcn/deeplab with --backbone resnet50/101", scripts=EVAL)
+    trust_code: bool = option(False, "import and run the code the checkpoint's network names (a module:factory "
+                              "model, a dataset class of its author's); without it such a checkpoint is refused "
+                              "(docs/sharing.md, 'Trust')", recorded=False, scripts=EVAL + ("export", "app"),
+                              per_script={"app": dict(help="import and run the code the --model folder or --resume "
+                                                      "checkpoint names (a module:factory network, a dataset class): "
+                                                      "only for files you trust")})
 
 
 @dataclass(frozen=True)
@@ -235,21 +263,25 @@ class EvalOptions:
 
     split: str = option("val", "split to evaluate (test: predictions only, no masks)", scripts=("test",))
     mode: Optional[str] = option(
-        None, "val: resized centre crops, batched, as validated during training (default); testval: whole images "
-        "(default with --multi-scale); test: predict only (default for the test split); slide: whole images by "
+        None, "testval: whole images at their size, as PyTorch-Encoding and mmsegmentation score (default); val: "
+        "resized centre crops, batched, as validated during training; test: predict only (default for the test "
+        "split); slide: whole images by "
         "overlapping windows (mmsegmentation's; testval, or test on the test split)",
         choices=("val", "testval", "test", "slide"), scripts=("test",))
     window: Optional[int] = option(None, "--mode slide window (default: --crop-size)", parse=positive_int,
                                    scripts=("test",))
     stride: Optional[int] = option(None, "--mode slide stride (default: 2/3 of --window)", parse=positive_int,
                                    scripts=("test",))
+    window_batch: Optional[int] = option(None, "windows per forward of --mode slide / --multi-scale (default: as "
+                                         "many as 512 MiB holds on a CPU, half the free memory of a GPU; the labels "
+                                         "do not depend on it)", parse=positive_int, metavar="N", scripts=EVAL)
     multi_scale: bool = option(False, "average over scales and flips with sliding windows (MultiEvalModule)",
                                scripts=EVAL)
     scales: Optional[Tuple[float, ...]] = option(None, "comma-separated scales for --multi-scale (default: "
                                                  "PyTorch-Encoding's for the dataset)", parse=scales, scripts=EVAL)
     limit: Optional[int] = option(None, "use only the first N samples", parse=positive_int, scripts=("test",))
     save_pred: Optional[str] = option(None, "write each whole-image prediction as a coloured PNG (dataset palette) "
-                                      "named after its input file, at its size (default mode with it: testval)",
+                                      "named after its input file, at its size, with error maps (refused with --mode val)",
                                       metavar="DIR", scripts=("test",))
     out_dir: Optional[str] = option(None, "where metrics.json goes (default: the checkpoint's folder, else "
                                     "runs/<dataset>/<model>/eval)", scripts=EVAL + ("memory",), per_script={
@@ -264,7 +296,7 @@ class EvalOptions:
 class DemoOptions:
     """What ``demo.py`` segments and draws."""
 
-    images: Tuple[str, ...] = option((), "JPEG/PNG images (any size; grey/RGBA converted)", flags=("images",),
+    images: Tuple[str, ...] = option((), "images, folders of images or quoted globs (any size)", flags=("images",),
                                      nargs="+", metavar="IMAGE", scripts=("demo",))
     alpha: float = option(0.5, "weight of the mask in the overlay, 0..1 (default: 0.5)", parse=unit_float,
                           scripts=("demo",))

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from ..errors import UsageError
 from ..utils.palette import palette_of
+from ..utils.trust import allow_import
 from .transforms import IGNORE_INDEX
 
 __all__ = ["METADATA_KEYS", "dataset_metadata", "class_path", "resolve_dataset", "BinaryTarget", "binary_class_id"]
@@ -57,12 +58,21 @@ def dataset_metadata(dataset: Any, binary_class: Optional[str] = None) -> Dict[s
             "dataset_class": class_path(cls), **sizes}
 
 
-def resolve_dataset(name: str, dataset_class: Optional[str] = None) -> Type[Any]:
+def resolve_dataset(name: str, dataset_class: Optional[str] = None, *, trust_code: Optional[bool] = None
+                    ) -> Type[Any]:
     """The dataset class registered as ``name``, else the class at ``dataset_class`` (``module:QualName``),
     registered under ``name`` (its palette too).
 
+    A class path is data (a checkpoint's): a module outside the package is imported only when trusted
+    (``encoding.utils.trust.allow_import``).
+
+    Args:
+        trust_code: ``True``: import the class's module; ``False``: refuse it; ``None``: as the enclosing
+            ``encoding.utils.trust.reading`` says (outside one: imported).
+
     Raises:
         ValueError: neither is found (the message names both).
+        UntrustedCode: the class's module is not trusted (one line naming it and the opt-in).
     """
     from . import datasets  # the registry (this module is imported by the package)
 
@@ -70,7 +80,11 @@ def resolve_dataset(name: str, dataset_class: Optional[str] = None) -> Type[Any]
     if key in datasets:
         return datasets[key]
     if dataset_class:
+        if not isinstance(dataset_class, str):
+            raise UsageError(f"dataset {name!r}: its class path must be module:QualName, got "
+                             f"{str(repr(dataset_class))[:60]}")
         module, _, qualname = dataset_class.partition(":")
+        allow_import(module, f"the dataset class {dataset_class!r}", trust_code)
         try:
             target: Any = importlib.import_module(module)
             for part in qualname.split("."):

@@ -30,11 +30,13 @@ from ..config.parser import option_specs
 from ..config.resolve import describe_sources
 from ..datasets import class_weights as weights, datasets as DATASETS
 from ..models import get_segmentation_model
+from ..models.external import network_flags
 from ..parallel import resolve_devices
 from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME
 from ..utils.configfile import write_config
 from ..utils.determinism import enable_determinism
 from ..utils.dist import get_rank, init_distributed_mode, is_main_process, timeout_problem
+from ..utils.images import set_max_pixels
 from ..utils.metrics import SegmentationMetric
 from ..utils.monitor import MonitorUnavailable, require
 from ..utils.rundir import run_lock
@@ -87,7 +89,7 @@ def check_network(dataset: str, model: str, backbone: str, *, aux: bool = False,
                                    checkpoint=False if recompute == "none" else recompute,
                                    nclass=nclass or DATASETS[dataset].NUM_CLASS or 2, **options)
     except (ValueError, KeyError, TypeError, NotImplementedError) as err:
-        given = f"--model {model} --backbone {backbone}" + (f" --output-stride {output_stride}" if output_stride
+        given = network_flags(model, backbone) + (f" --output-stride {output_stride}" if output_stride
                                                             else "")
         given += f" --head-channels {head_channels}" if head_channels else ""
         raise ConfigError(f"{given}: {str(err).splitlines()[0]}") from None
@@ -278,7 +280,7 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
                                  nclass=1 if binary else len(class_names))
     criterion = run_criterion(c, len(class_names), binary, device, loaders.train.dataset)
     model, criterion = builders.wrap_model(model, criterion, placement, strategy=c.strategy,
-                                           balance=None if c.balance == "none" else c.balance)
+                                           balance=None if c.balance == "none" else c.balance, compile=c.compile)
     optimizer = builders.build_optimizer(model, c.lr, kind=c.optimizer, momentum=c.momentum,
                                          weight_decay=c.weight_decay, zero_redundancy=c.strategy == "zero1")
     scheduler = builders.build_scheduler(optimizer, c.lr_scheduler, c.lr, c.epochs, len(loaders.train),
@@ -337,6 +339,10 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
     started = time.perf_counter()
     if datasets is not None:  # the run is named after the datasets given, not config.dataset
         config = replace(config, dataset=dataset_name(datasets[0]))
+    if config.max_pixels is not None:
+        set_max_pixels(config.max_pixels)  # every image the run reads: checked from its header before decoding
+    if config.data_root:  # recorded absolute: test.py, demo.py and load_model find the data from any folder
+        config = replace(config, data_root=os.path.abspath(os.path.expanduser(config.data_root)))
     check_training(config, given_datasets=datasets is not None)
     check_run_dir(config)
     if config.deterministic:

@@ -14,7 +14,7 @@ from torch.utils.data import Subset
 from . import builders
 from ..config import BUILTIN_SIZES, ConfigError  # noqa: F401 (their home: encoding.config)
 from ..datasets import datasets as DATASETS
-from ..datasets.folder import HOLDOUT_NAME
+from ..datasets.folder import holdout_path
 from ..datasets.metadata import BinaryTarget, binary_class_id, binary_setup, dataset_metadata
 from ..datasets.scan import UNKNOWN_LABELS
 from ..nn.binary import BINARY_LOSSES
@@ -58,8 +58,8 @@ def dataset_options(config: Any) -> Dict[str, Any]:
     (``val_fraction``, seeded, listed in the run directory) and ``unknown_labels``."""
     if config.dataset != "folder":
         return {}
-    return {"val_fraction": config.val_fraction, "unknown_labels": config.unknown_labels,
-            "holdout_file": os.path.join(config.run_dir, HOLDOUT_NAME), "holdout_seed": config.seed}
+    return {"val_fraction": config.val_fraction, "unknown_labels": config.unknown_labels, "binary": config.binary,
+            "holdout_file": holdout_path(config.run_dir), "holdout_seed": config.seed}
 
 
 def image_sizes(config: Any) -> Dict[str, Any]:
@@ -93,7 +93,7 @@ def data_metadata(c: Any, train_data: Any, val_data: Any, binary: bool) -> Dict[
     if scan is not None and is_main_process():
         print(scan.summary())
         if hasattr(train_data, "save_holdout") and not c.eval:
-            train_data.save_holdout(os.path.join(c.run_dir, HOLDOUT_NAME))
+            train_data.save_holdout(holdout_path(c.run_dir))
     return dataset_metadata(train_data, c.binary_class)
 
 
@@ -102,8 +102,9 @@ def eval_dataset_options(dataset: str, checkpoint: Optional[str], info: Any) -> 
     its run listed next to the checkpoint, with the run's ``unknown_labels``."""
     if dataset != "folder":
         return {}
-    options = {"unknown_labels": info.options.get("unknown_labels") or "error"}
-    holdout = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), HOLDOUT_NAME) if checkpoint else None
+    options = {"unknown_labels": info.options.get("unknown_labels") or "error",
+               "binary": bool(info.options.get("binary"))}
+    holdout = holdout_path(os.path.dirname(os.path.abspath(checkpoint))) if checkpoint else None
     return {**options, "holdout_file": holdout} if holdout and os.path.isfile(holdout) else options
 
 

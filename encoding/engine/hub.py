@@ -11,6 +11,7 @@ config too), ``model.safetensors`` and a ``README.md`` model card; :func:`load_p
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -19,13 +20,16 @@ from typing import Any, Dict, Optional, Union
 import torch
 from torch import nn
 
-from ..errors import MissingDependency, UsageError
+from ..errors import EXIT_USAGE, EncodingError, MissingDependency, UsageError
 from ..models import get_segmentation_model
-from ..models.external import ExternalModel, parse_model_spec
+from ..models.external import ExternalModel, network_name, parse_model_spec
+from ..utils.checkpoint import CheckpointError, check_state_fits
 from ..utils.files import atomic_write, makedirs
-from .loading import SOURCE_READERS, ModelInfo, model_info
+from ..utils.trust import OPT_IN, UntrustedCode, check_trusted, code_named, reading
+from .loading import SOURCE_READERS, ModelInfo, check_network_options, model_info, to_import
 
-__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "save_pretrained", "load_pretrained", "push_to_hub", "is_pretrained_source"]
+__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "MAX_CONFIG_BYTES", "MAX_HEADER_BYTES", "save_pretrained", "load_pretrained",
+           "read_safetensors_header", "push_to_hub", "HubUnavailable", "is_pretrained_source"]
 
 #: The files of a shared model.
 CONFIG_NAME, WEIGHTS_NAME, CARD_NAME = "config.json", "model.safetensors", "README.md"
@@ -75,7 +79,7 @@ def model_card(info: ModelInfo, metrics: Optional[Dict[str, Any]] = None,
     """The ``README.md`` of a shared model: its classes and colours, the run's metrics and configuration."""
     name = info.options.get("model", "model")
     lines = ["---", "library_name: encoding", "tags:", "- semantic-segmentation", "- encoding", "---", "",
-             f"# {name} ({info.options.get('backbone', '')}) on {info.dataset}", "",
+             f"# {network_name(name, info.options.get('backbone'))} on {info.dataset}", "",
              f"{info.num_classes} classes; inputs normalised with mean {list(info.mean)} and std {list(info.std)}; "
              f"trained around {info.base_size} px with {info.crop_size} px crops.", "",
              "| id | class | colour |", "|---|---|---|"]
@@ -86,6 +90,12 @@ def model_card(info: ModelInfo, metrics: Optional[Dict[str, Any]] = None,
     lines += ["", "## Use", "", "```python", "import encoding", "",
               'model = encoding.load_model("THIS_FOLDER_OR_USER/REPO")', 'labels = encoding.segment(model, "image.jpg")',
               "```"]
+    named = code_named(info.options)
+    if named:
+        lines += ["", "## Code", "", "This model names code that is not part of `encoding`: "
+                  + "; ".join(f"{what} (module `{module}`)" for what, module in named)
+                  + f". Loading it needs that code importable and the opt-in {OPT_IN}: "
+                  "`encoding.load_model(..., trust_code=True)`. Read the code before you trust it."]
     if config:
         lines += ["", "## Configuration", "", "```json", json.dumps(config, indent=2, default=str), "```"]
     return "\n".join(lines) + "\n"
@@ -114,57 +124,187 @@ def _snapshot(repo_id: str, revision: Optional[str]) -> str:
                                 f"that name cannot be read ({type(err).__name__}: {reason})") from None
 
 
+#: The largest ``config.json`` and safetensors header read (safetensors' own header limit is 100 MB).
+MAX_CONFIG_BYTES, MAX_HEADER_BYTES = 16 << 20, 100 << 20
+#: safetensors' dtype names -> torch's.
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+def _bad(folder: str, what: str) -> UsageError:
+    return UsageError(f"{folder}: not a usable shared encoding model: {what}")
+
+
+def _read_config(folder: str) -> Dict[str, Any]:
+    """``config.json``, bounded in size; a damaged file is one line naming the folder."""
+    path = os.path.join(folder, CONFIG_NAME)
+    try:
+        if os.path.getsize(path) > MAX_CONFIG_BYTES:
+            raise _bad(folder, f"{CONFIG_NAME} is larger than {MAX_CONFIG_BYTES >> 20} MiB")
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise _bad(folder, f"{CONFIG_NAME}: {str(err).splitlines()[0]}") from None
+    except RecursionError:
+        raise _bad(folder, f"{CONFIG_NAME} is nested too deeply") from None
+    if not isinstance(data, dict) or data.get("format") != _FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise _bad(folder, f"{CONFIG_NAME} is no {_FORMAT} config (format {str(repr(found))[:40]})")
+    return data
+
+
+def _read_info(folder: str, data: Dict[str, Any]) -> ModelInfo:
+    """The :class:`ModelInfo` of ``config.json``'s ``info``, every field checked."""
+    fields = data.get("info")
+    if not isinstance(fields, dict):
+        raise _bad(folder, f"{CONFIG_NAME} has no 'info' object")
+    try:
+        classes, palette = fields["classes"], fields["palette"]
+        ok = (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)
+              and isinstance(palette, list) and len(palette) == len(classes)
+              and all(isinstance(c, list) and len(c) == 3 and all(type(v) is int and 0 <= v < 256 for v in c)
+                      for c in palette)
+              and all(isinstance(fields.get(k), list) and len(fields[k]) == 3
+                      and all(isinstance(v, (int, float)) for v in fields[k]) for k in ("mean", "std"))
+              and isinstance(fields.get("options", {}), dict) and isinstance(fields.get("dataset"), str))
+        if not ok:
+            raise TypeError("classes, palette, mean, std, options or dataset of the wrong type or length")
+        info = ModelInfo(**{**fields, "classes": tuple(classes), "mean": tuple(fields["mean"]),
+                            "std": tuple(fields["std"]), "palette": tuple(tuple(c) for c in palette)})
+        check_network_options(info.options, "options")
+    except (KeyError, TypeError, ValueError) as err:
+        raise _bad(folder, f"{CONFIG_NAME} 'info': {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+                   ) from None
+    if not isinstance(info.options.get("model"), str) or not info.options["model"]:
+        raise _bad(folder, f"{CONFIG_NAME} names no model")
+    return info
+
+
+def read_safetensors_header(path: str, folder: str) -> Dict[str, torch.Tensor]:
+    """The tensors a safetensors file holds, as ``meta`` tensors of their dtype and shape, from its header alone
+    (at most :data:`MAX_HEADER_BYTES` read; every entry's byte range checked against the file's size).
+
+    Raises:
+        UsageError: a missing, truncated or damaged file, a header too large, an unknown dtype (naming ``folder``).
+    """
+    name = os.path.basename(path)
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little") if size >= 8 else -1
+            raw = f.read(length) if 0 < length <= min(MAX_HEADER_BYTES, size - 8) else None
+    except OSError as err:
+        raise _bad(folder, f"{name}: {str(err).splitlines()[0]}") from None
+    if raw is None:
+        raise _bad(folder, f"{name}: a header of {length} bytes in a file of {size} (truncated or damaged; at most "
+                   f"{MAX_HEADER_BYTES >> 20} MiB)")
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        header = None
+    if not isinstance(header, dict):
+        raise _bad(folder, f"{name}: its header is no safetensors header")
+    tensors, data_size = {}, size - 8 - length
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            dtype, shape, (start, end) = _DTYPES[entry["dtype"]], entry["shape"], entry["data_offsets"]
+            ok = all(type(d) is int and d >= 0 for d in (*shape, start, end)) and len(shape) <= 8
+            numel = math.prod(shape) if ok else -1
+            ok = ok and end - start == numel * dtype.itemsize and start <= end <= data_size
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise _bad(folder, f"{name}: entry {str(key)[:80]!r} is damaged (dtype, shape or byte range; the file "
+                       f"holds {data_size} bytes of data)")
+        tensors[key] = torch.empty(shape, dtype=dtype, device="meta")
+    return tensors
+
+
+def _check_fits(model: nn.Module, stored: Dict[str, torch.Tensor], folder: str, name: str) -> None:
+    """Refuse stored tensors of other keys, shapes or dtypes than ``model``'s (a ``meta`` twin)."""
+    try:
+        check_state_fits(model, stored, source=WEIGHTS_NAME)
+    except CheckpointError as err:
+        raise UsageError(f"{folder}: the weights do not fit {name}: {str(err).splitlines()[0]}") from None
+    own = model.state_dict()
+    wrong = [f"{k} ({stored[k].dtype}, expected {own[k].dtype})" for k in own if stored[k].dtype != own[k].dtype]
+    if wrong:
+        raise _bad(folder, f"{WEIGHTS_NAME} holds tensors of the wrong dtype: {', '.join(wrong[:3])}")
+
+
 def _build(info: ModelInfo, data: Dict[str, Any]) -> nn.Module:
     options = info.options
-    name = options.get("model")
-    if not name:
-        raise UsageError("config.json names no model")
+    name = options["model"]
     hf_config = data.get("transformers_config")
     if hf_config is not None and parse_model_spec(name).kind == "transformers":
         from transformers import AutoConfig, AutoModelForSemanticSegmentation
         config = AutoConfig.for_model(**hf_config)
-        return ExternalModel(AutoModelForSemanticSegmentation.from_config(config), name)
+        return ExternalModel(AutoModelForSemanticSegmentation.from_config(config), name, info.out_channels)
     head = {"channels": options["head_channels"]} if options.get("head_channels") else {}
     return get_segmentation_model(name, dataset=info.dataset, backbone=options.get("backbone") or "resnet50",
                                   aux=bool(options.get("aux")), se_loss=bool(options.get("se_loss")),
                                   nclass=info.out_channels, output_stride=options.get("output_stride"), **head)
 
 
+def _fitting_model(info: ModelInfo, data: Dict[str, Any], stored: Dict[str, torch.Tensor], folder: str
+                   ) -> nn.Module:
+    """The network of ``config.json``, built only once its ``meta`` twin (no memory) has the stored tensors' keys,
+    shapes and dtypes: an edited ``head_channels`` is refused before anything is allocated."""
+    name = info.options["model"]
+    try:
+        with torch.device("meta"):
+            twin = _build(info, data)
+    except UntrustedCode:
+        raise
+    except (ValueError, KeyError, TypeError, NotImplementedError, AttributeError) as err:
+        raise _bad(folder, f"its network ({name}) cannot be built: "
+                   f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    _check_fits(twin, stored, folder, name)
+    return _build(info, data)
+
+
 def load_pretrained(source: Union[str, os.PathLike], *, device: Optional[Union[str, torch.device]] = None,
-                    revision: Optional[str] = None) -> nn.Module:
+                    revision: Optional[str] = None, trust_code: bool = False) -> nn.Module:
     """The model of a :func:`save_pretrained` folder or Hub repository, in eval mode, with its ``model.info``.
+
+    Everything is checked before the network is built: ``config.json`` (bounded, every field), the code it names
+    (refused without ``trust_code``), the safetensors header (keys, shapes and dtypes against the network built on
+    the ``meta`` device); then the network is built and the weights read with ``safetensors`` (nothing unpickled).
 
     Args:
         source: a folder, or a Hub id ``user/repo`` (read through ``huggingface_hub``'s cache; ``HF_HUB_OFFLINE=1``
             reads the cache only).
         device: where to put the model (default: the CPU).
         revision: a Hub branch, tag or commit.
+        trust_code: import the code that ``config.json`` names (a ``module:factory`` network, a dataset class of
+            the author's); without it such a folder is refused (``encoding.utils.trust``).
 
     Raises:
-        ValueError: a folder that is not a shared model, or weights that do not fit the network (one line, naming
-            the folder).
+        ValueError: a folder that is not a shared model, a damaged one, or weights that do not fit the network (one
+            ``UsageError`` line, naming the folder).
+        UntrustedCode: ``config.json`` names code and ``trust_code`` is not set.
         FileNotFoundError: a Hub id that cannot be read (offline and not cached, no such repository).
     """
     source = os.fspath(source)
     folder = source if os.path.isdir(source) else _snapshot(source, revision)
-    path = os.path.join(folder, CONFIG_NAME)
+    data = _read_config(folder)
+    info = _read_info(folder, data)
+    check_trusted(to_import({**info.options, "dataset": info.dataset}), folder, trust_code)
+    if data.get("transformers_config") is not None and not isinstance(data["transformers_config"], dict):
+        raise _bad(folder, f"{CONFIG_NAME}: 'transformers_config' is no object")
+    stored = read_safetensors_header(os.path.join(folder, WEIGHTS_NAME), folder)
+    with reading(folder, trust_code):
+        model = _fitting_model(info, data, stored, folder)
+    reader = _safetensors()
+    from safetensors import SafetensorError
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, json.JSONDecodeError) as err:
-        raise UsageError(f"{path}: not a shared encoding model ({err})") from None
-    if data.get("format") != _FORMAT:
-        raise UsageError(f"{path}: not a shared encoding model (format {data.get('format')!r})")
-    fields = data["info"]
-    info = ModelInfo(**{**fields, "classes": tuple(fields["classes"]), "mean": tuple(fields["mean"]),
-                        "std": tuple(fields["std"]), "palette": tuple(tuple(c) for c in fields["palette"])})
-    model = _build(info, data)
-    state = _safetensors().load_file(os.path.join(folder, WEIGHTS_NAME))
-    try:
+        state = reader.load_file(os.path.join(folder, WEIGHTS_NAME))
         model.load_state_dict(state, strict=True)
-    except RuntimeError as err:
-        raise UsageError(f"{folder}: the weights do not fit {info.options.get('model')}: "
-                         f"{str(err).splitlines()[0]}") from None
+    except (OSError, RuntimeError, ValueError, SafetensorError) as err:
+        raise _bad(folder, f"{WEIGHTS_NAME}: {str(err).splitlines()[0]}") from None
     model.info = info
     return (model if device is None else model.to(device)).eval()
 
@@ -173,20 +313,47 @@ def push_to_hub(model: nn.Module, repo_id: str, *, private: bool = False, token:
                 metrics: Optional[Dict[str, Any]] = None, config: Optional[Dict[str, Any]] = None,
                 commit_message: str = "Upload encoding model") -> str:
     """:func:`save_pretrained` into a temporary folder and upload it to the Hub repository ``repo_id`` (created
-    when missing).
+    when missing). Before any work: the id's form, the model's info, and that the Hub answers as a logged-in user.
 
     Returns:
         The URL of the commit.
+
+    Raises:
+        UsageError: a malformed ``repo_id``, a model without info.
+        HubUnavailable: offline, ``HF_HUB_OFFLINE=1``, not logged in, or the Hub refusing the upload (one line).
     """
     try:
         from huggingface_hub import HfApi
     except ImportError:
         raise MissingDependency("push_to_hub needs huggingface_hub: pip install encoding[hub]") from None
+    if not isinstance(repo_id, str) or not _REPO_ID.fullmatch(repo_id):
+        raise UsageError(f"push_to_hub: repository id {str(repr(repo_id))[:80]} is not of the form user/name")
+    model_info(model)
     api = HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True)
+    _on_hub(repo_id, "cannot reach the Hugging Face Hub as a logged-in user", api.whoami)
+    _on_hub(repo_id, "cannot create the repository", api.create_repo, repo_id, private=private, exist_ok=True)
     with tempfile.TemporaryDirectory() as folder:
         save_pretrained(model, folder, metrics=metrics, config=config)
-        return str(api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message))
+        return str(_on_hub(repo_id, "the upload failed", api.upload_folder, repo_id=repo_id, folder_path=folder,
+                           commit_message=commit_message))
+
+
+class HubUnavailable(ConnectionError, EncodingError):
+    """The Hugging Face Hub cannot be used now: offline, ``HF_HUB_OFFLINE=1``, not logged in, or a refused request
+    (one line; exit status 2)."""
+
+    exit_status = EXIT_USAGE
+
+
+def _on_hub(repo: str, what: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` of ``huggingface_hub``; its errors (network, login, refusals) as one line."""
+    try:
+        return call(*args, **kwargs)
+    except Exception as err:  # httpx / requests errors, HfHubHTTPError, OfflineModeIsEnabled, LocalTokenNotFound...
+        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        raise HubUnavailable(f"push_to_hub({repo!r}): {what} ({type(err).__name__}{': ' if reason else ''}"
+                             f"{reason}); log in with `huggingface-cli login` (or pass token=) and check the network "
+                             "(HF_HUB_OFFLINE unset)") from None
 
 
 SOURCE_READERS.append((is_pretrained_source, load_pretrained))  # encoding.load_model(folder | "user/repo")

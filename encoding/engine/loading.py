@@ -21,12 +21,15 @@ from ..datasets.metadata import resolve_dataset
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ..errors import UsageError
 from ..models import get_model, pretrained_model_list
+from ..models.external import is_model_spec
 from ..models.registry import PRESETS
 from ..utils.checkpoint import CheckpointError, check_state_fits
 from ..utils.palette import generated_palette, palette_of
+from ..utils.trust import check_trusted, reading
 from . import state
 
-__all__ = ["ModelInfo", "NETWORK_OPTIONS", "DATA_OPTIONS", "load_model", "model_info", "check_network_options"]
+__all__ = ["ModelInfo", "NETWORK_OPTIONS", "DATA_OPTIONS", "load_model", "model_info", "check_network_options",
+           "to_import"]
 
 #: What a checkpoint records about its data (:func:`encoding.datasets.metadata.dataset_metadata`) and the binary
 #: options: :class:`ModelInfo` takes them from the checkpoint, so no dataset class is needed to use the model.
@@ -46,7 +49,7 @@ def check_network_options(options: Dict[str, Any], where: str) -> None:
         if value is None or key not in NETWORK_OPTIONS:
             continue
         if key in _NAMES:
-            ok = isinstance(value, str) and value != ""
+            ok = isinstance(value, str) and (value != "" or key == "backbone")  # "": a spec network's none
         elif key in _SWITCHES:
             ok = isinstance(value, (bool, int)) and value in (0, 1)
         else:
@@ -54,6 +57,16 @@ def check_network_options(options: Dict[str, Any], where: str) -> None:
         if not ok:
             kind = "a name" if key in _NAMES else "true or false" if key in _SWITCHES else "a positive int"
             raise ValueError(f"{where}: network option {key!r} must be {kind}, got {str(repr(value))[:80]}")
+
+
+def to_import(options: Dict[str, Any]) -> Dict[str, Any]:
+    """``options`` less a ``dataset_class`` that loading would not import: its dataset is registered (the user's
+    own process registered it, or a built-in of that name): what ``encoding.utils.trust.check_trusted`` asks
+    about."""
+    from ..datasets import datasets
+
+    registered = isinstance(options.get("dataset"), str) and options["dataset"].lower() in datasets
+    return {k: v for k, v in options.items() if not (k == "dataset_class" and registered)}
 
 
 @dataclass(frozen=True)
@@ -144,7 +157,8 @@ def _with_info(model: nn.Module, info: ModelInfo, device: Optional[Union[str, to
 
 
 def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, torch.device]] = None,
-               weights: Optional[Union[str, os.PathLike]] = None, **options: Any) -> nn.Module:
+               weights: Optional[Union[str, os.PathLike]] = None, trust_code: bool = False,
+               **options: Any) -> nn.Module:
     """The network of a ``train.py`` checkpoint, or a model-zoo preset, with its weights, in eval mode.
 
     Args:
@@ -155,6 +169,10 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
             ``"fcn_resnet50_voc"``: the published weights, or ``weights``).
         device: where to put the model (default: the CPU).
         weights: a preset's weights from a local file instead of the published ones.
+        trust_code: import and run the code that the network's options name (a ``module:factory`` model spec, a
+            dataset class path: the author's code, see ``encoding.utils.trust``); without it such a source is
+            refused in one line naming the module. Registry architectures and ``torchvision:`` /
+            ``transformers:`` networks need no opt-in.
         **options: network options (:data:`NETWORK_OPTIONS`) given explicitly: they replace the recorded ones
             (needed for a file that records none, e.g. a plain state dict).
 
@@ -165,6 +183,7 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
         FileNotFoundError: ``source`` is neither a file nor a preset name.
         CheckpointError: an unreadable or unsafe file, or weights that do not match the network.
         UsageError: an unknown option, or a file that records no network options (the message names the file).
+        UntrustedCode: the network names code and ``trust_code`` is not set (one line naming the module).
         WeightsUnavailable: published weights that are not cached while offline (one line, naming where to put them).
     """
     unknown = sorted(set(options) - set(NETWORK_OPTIONS))
@@ -178,7 +197,7 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
     path = os.fspath(source)
     if not os.path.isfile(path) and path.lower() in PRESETS:
         return _load_preset(path.lower(), device, weights, given)
-    shared = _load_shared(path, device, given)
+    shared = _load_shared(path, device, given, trust_code)
     if shared is not None:
         return shared
     if not os.path.exists(path):
@@ -189,19 +208,22 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
     recorded = {k: v for k, v in (args if isinstance(args, dict) else {}).items()
                 if k in NETWORK_OPTIONS + DATA_OPTIONS}
     network = {**recorded, **given}
-    missing = [k for k in ("dataset", "model", "backbone") if not network.get(k)]
+    needed = ("dataset", "model") if is_model_spec(network.get("model")) else ("dataset", "model", "backbone")
+    missing = [k for k in needed if not network.get(k)]  # a spec network has no backbone of ours
     if missing:
         raise UsageError(f"{path!r} records no {', '.join(missing)}: pass them, e.g. load_model(path, "
                          "dataset='pascal_voc', model='fcn', backbone='resnet50')")
     check_network_options(network, repr(path))
-    info = ModelInfo.of_dataset(**network)
-    model = _fitting_network(network, info.out_channels, checkpoint.data["model"], path)
+    check_trusted(to_import(network), path, trust_code)
+    with reading(path, trust_code):
+        info = ModelInfo.of_dataset(**network)
+        model = _fitting_network(network, info.out_channels, checkpoint.data["model"], path)
     checkpoint.restore_weights(model)
     return _with_info(model, info, device)
 
 
 def _build(network: Dict[str, Any], nclass: int) -> nn.Module:
-    return builders.build_model(network["model"], network["dataset"], backbone=network["backbone"],
+    return builders.build_model(network["model"], network["dataset"], backbone=network.get("backbone") or "",
                                 aux=bool(network.get("aux")), se_loss=bool(network.get("se_loss")),
                                 output_stride=network.get("output_stride"),
                                 head_options={"channels": network["head_channels"]}
@@ -227,20 +249,20 @@ def _fitting_network(network: Dict[str, Any], nclass: int, weights: Any, path: s
     return _build(network, nclass)
 
 
-#: Readers of shared models (``(accepts(source), load(source, device=...))``) that :func:`load_model` asks before
-#: reading a checkpoint file: :mod:`encoding.engine.hub` registers its folders and Hub ids.
+#: Readers of shared models (``(accepts(source), load(source, device=..., trust_code=...))``) that
+#: :func:`load_model` asks before reading a checkpoint file: :mod:`encoding.engine.hub` registers its folders and Hub ids.
 SOURCE_READERS: List[Tuple[Callable[[str], bool], Callable[..., nn.Module]]] = []
 
 
-def _load_shared(path: str, device: Optional[Union[str, torch.device]], options: Dict[str, Any]
-                 ) -> Optional[nn.Module]:
+def _load_shared(path: str, device: Optional[Union[str, torch.device]], options: Dict[str, Any],
+                 trust_code: bool) -> Optional[nn.Module]:
     """The model of the first :data:`SOURCE_READERS` entry that accepts ``path``; ``None`` when none does."""
     for accepts, load in SOURCE_READERS:
         if accepts(path):
             if options:
                 raise ValueError(f"load_model({path!r}): a shared model records its network; options "
                                  f"{', '.join(sorted(options))} apply to checkpoint files")
-            return load(path, device=device)
+            return load(path, device=device, trust_code=trust_code)
     return None
 
 

@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from ..errors import EXIT_INTERRUPTED, RunInterrupted
+from ..models.external import network_name
 from ..utils.determinism import SeededSamples, set_rng_state
 from ..utils.dist import get_rank, get_world_size
 from .hooks import Hook, RunFailed, RunState, default_hooks
@@ -103,8 +104,8 @@ class TrainingRun:
         where = (f"{strategy} rank {get_rank()}/{get_world_size()}" if self.distributed
                  else f"DataParallelModel on {[str(d) for d in self.device_ids] or ['cpu (direct)']}")
         o = self.options
-        return (f"{o.get('model')}-{o.get('backbone')} on {o.get('dataset')}: {len(self.train_loader.dataset)} train "
-                f"/ {len(self.val_loader.dataset)} val samples, batch {o.get('batch_size')}, {self.epochs} epochs, "
+        return (f"{network_name(o.get('model'), o.get('backbone'))} on {o.get('dataset')}: "
+                f"{len(self.train_loader.dataset)} train / {len(self.val_loader.dataset)} val samples, batch {o.get('batch_size')}, {self.epochs} epochs, "
                 f"lr {o.get('lr')}, {where}; writing to {self.output_dir}")
 
     def evaluate(self) -> Dict[str, Any]:

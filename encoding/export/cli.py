@@ -38,7 +38,7 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
         check_output(output, inputs)
     except ValueError as err:
         parser.error(str(err))
-    model = load_model(args.resume)
+    model = load_model(args.resume, trust_code=args.trust_code)
     if args.dynamic:
         message = "--dynamic is the default now (--static fixes the shape); the option will go"
         warnings.warn(message, FutureWarning, stacklevel=2)

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from ..config.tools import FORMATS
 from ..errors import EncodingError
 from ..engine.loading import ModelInfo, model_info
+from ..models.external import network_name
 from ..utils.files import atomic_path, atomic_write, refuse_own_input
 from ..utils.metrics import main_output
 from .pooling import exportable_pooling
@@ -256,7 +257,7 @@ def export_model(model: nn.Module, path: str, fmt: str, input_size: Optional[Tup
     check_output(path, inputs)
     info = model_info(model)
     size = tuple(input_size or (info.crop_size, info.crop_size))
-    name = "-".join(str(info.options.get(k)) for k in ("model", "backbone") if info.options.get(k))
+    name = network_name(str(info.options.get("model") or ""), info.options.get("backbone"))
     program = export_program(model, size, dynamic, name or None)
     verify = _verifier(model, fmt, size, name or type(model).__name__) if dynamic else None
     return _write(program, path, fmt, metadata(info, fmt, size, dynamic), verify)

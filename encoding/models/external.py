@@ -12,27 +12,38 @@ A *model spec* is a string with a colon, accepted wherever a model name is (``tr
 
 Whatever the network returns (a tensor, a dict such as torchvision's ``{"out", "aux"}``, a transformers
 ``ModelOutput`` with ``logits``, a tuple) goes through ONE adapter, :func:`segmentation_output`, to the toolkit's
-``{"out": B x N x H x W[, "aux": ...]}`` at the input resolution. The spec is the run's ``model`` option, so the
-checkpoint records it and :func:`encoding.load_model` rebuilds the network from it.
+``{"out": B x N x H x W[, "aux": ...]}`` at the input resolution; :func:`check_logits` refuses, in one line naming
+the spec and the shape, what is no map of the N classes. The spec is the run's ``model`` option (a relative
+``transformers:PATH`` made absolute: :func:`absolute_spec`), so the checkpoint records it and
+:func:`encoding.load_model` rebuilds the network from it.
+
+Every network option is applied to a spec network or refused in one line (:func:`build_external_model`); a spec
+network has no backbone of the toolkit's (:func:`network_name`). A factory's module is imported from the working
+directory first (as ``python -m`` does), and only through the trust gate (:mod:`encoding.utils.trust`): a spec read
+from someone's checkpoint or model folder is imported only with ``trust_code=True``.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import os
-import warnings
+import sys
 from collections.abc import Mapping
-from typing import Any, Dict, NamedTuple
+from typing import Any, Dict, Iterator, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import UsageError
+from ..utils.trust import UntrustedCode, allow_import, names_code, untrusted_source
+from .spec_layers import recompute_spec_network, sync_batchnorm
+from .timm_backbones import TIMM_PREFIX
 
-__all__ = ["ModelSpec", "is_model_spec", "parse_model_spec", "segmentation_output", "ExternalModel",
-           "build_external_model", "sync_batchnorm"]
+__all__ = ["ModelSpec", "is_model_spec", "parse_model_spec", "absolute_spec", "network_name", "network_flags",
+           "names_code", "UntrustedCode", "SpecOutputError", "segmentation_output", "check_logits", "ExternalModel",
+           "NOT_FOR_SPECS", "build_external_model", "sync_batchnorm"]
 
 
 class ModelSpec(NamedTuple):
@@ -58,9 +69,36 @@ def parse_model_spec(spec: str) -> ModelSpec:
         raise UsageError(f"model spec {spec!r}: expected torchvision:NAME, transformers:PATH or module:factory")
     if prefix in ("torchvision", "transformers"):
         return ModelSpec(prefix, target)
+    if prefix + ":" == TIMM_PREFIX:
+        raise UsageError(f"model spec {spec!r}: a timm model is a backbone: --model ARCH --backbone {spec} (e.g. "
+                         f"--model fcn --backbone {spec})")
     if not all(part.isidentifier() for part in prefix.split(".")) or not target.isidentifier():
         raise UsageError(f"model spec {spec!r}: a factory is written package.module:function")
     return ModelSpec("factory", spec)
+
+
+def absolute_spec(spec: str) -> str:
+    """``spec`` with a relative ``transformers:PATH`` made absolute (what a run records, so that its checkpoint
+    works from another folder); any other name unchanged."""
+    prefix, colon, target = spec.partition(":")
+    if prefix == "transformers" and colon and target and not os.path.isabs(target):
+        return f"transformers:{os.path.abspath(target)}"
+    return spec
+
+
+def network_name(model: str, backbone: Any = None) -> str:
+    """How banners, reports and errors name a network: ``fcn-resnet50``; a spec alone (it has no backbone of ours,
+    whatever ``--backbone`` says)."""
+    return model if is_model_spec(model) or not backbone else f"{model}-{backbone}"
+
+
+def network_flags(model: str, backbone: Any = None) -> str:
+    """The command-line options that name a network: ``--model fcn --backbone resnet50``; a spec: ``--model SPEC``."""
+    return f"--model {model}" if is_model_spec(model) or not backbone else f"--model {model} --backbone {backbone}"
+
+
+class SpecOutputError(UsageError, TypeError):
+    """A spec network returned what is no per-pixel map of its classes (one line naming the spec and the shape)."""
 
 
 def _resize(value: Any, size: torch.Size) -> Any:
@@ -79,7 +117,7 @@ def segmentation_output(output: Any, size: torch.Size) -> Dict[str, Tensor]:
         size: the input's ``(H, W)``.
 
     Raises:
-        TypeError: an output none of these describes (the message names what came back).
+        SpecOutputError: an output none of these describes (a ``TypeError`` too; the message names what came back).
     """
     if isinstance(output, Tensor):
         main, aux = output, None
@@ -93,32 +131,82 @@ def segmentation_output(output: Any, size: torch.Size) -> Dict[str, Tensor]:
         main = aux = None
     if not isinstance(main, Tensor):
         keys = f" with keys {list(output)}" if isinstance(output, Mapping) else ""
-        raise TypeError(f"cannot read segmentation logits from a {type(output).__name__}{keys}: return a tensor, "
-                        "a dict with 'out' or 'logits', or a tuple (logits, aux)")
+        raise SpecOutputError(f"cannot read segmentation logits from a {type(output).__name__}{keys}: return a "
+                              "tensor, a dict with 'out' or 'logits', or a tuple (logits, aux)")
     result = {"out": _resize(main, size)}
     if aux is not None:
         result["aux"] = _resize(aux, size)
     return result
 
 
+#: The coarsest map :class:`ExternalModel` resizes to the input: stride 32 (torchvision's and SegFormer's logits
+#: come at stride 8 and 4); a coarser map, or one of another shape, is no per-pixel map of the classes.
+MAX_OUTPUT_STRIDE = 32
+
+
+def check_logits(spec: str, logits: Tensor, image: Tensor, num_classes: Optional[int]) -> None:
+    """Refuse logits that cannot be a per-pixel map of ``num_classes`` classes for ``image``: not ``B x N x h x w``
+    with the image's batch, ``N = num_classes`` and ``h, w`` at most :data:`MAX_OUTPUT_STRIDE` times coarser.
+
+    Raises:
+        SpecOutputError: one line naming the spec, the shape it returned and the expected one.
+    """
+    batch, _, height, width = image.shape
+    shape = tuple(logits.shape)
+    if not all(isinstance(d, int) for d in (*shape, height, width)):  # traced with free sizes (export): unchecked
+        return
+    ok = (len(shape) == 4 and shape[0] == batch and (num_classes is None or shape[1] == num_classes)
+          and shape[2] >= max(height // MAX_OUTPUT_STRIDE, 1) and shape[3] >= max(width // MAX_OUTPUT_STRIDE, 1))
+    if not ok:
+        classes = "N" if num_classes is None else str(num_classes)
+        raise SpecOutputError(
+            f"model spec {spec}: returned logits of shape {list(shape)} for an input of shape {list(image.shape)}; "
+            f"a segmentation network returns {batch} x {classes} x H' x W' (a map of the classes, at most "
+            f"{MAX_OUTPUT_STRIDE} times coarser than the input)")
+
+
 class ExternalModel(nn.Module):
-    """A network built from a spec, its output adapted by :func:`segmentation_output`.
+    """A network built from a spec, its output adapted by :func:`segmentation_output` and checked by
+    :func:`check_logits`.
 
     Attributes:
         net: the wrapped network (state-dict keys ``net.*``).
         spec: the spec it was built from.
+        num_classes: the output channels it must return (``None``: unchecked).
     """
 
-    def __init__(self, net: nn.Module, spec: str):
+    def __init__(self, net: nn.Module, spec: str, num_classes: Optional[int] = None):
         super().__init__()
         self.net = net
         self.spec = spec
+        self.num_classes = num_classes
 
     def forward(self, x: Tensor) -> Dict[str, Tensor]:
-        return segmentation_output(self.net(x), x.shape[-2:])
+        raw = self.net(x)
+        try:
+            output = segmentation_output(raw, x.shape[-2:])
+        except SpecOutputError as err:
+            raise SpecOutputError(f"model spec {self.spec}: {err}") from None
+        check_logits(self.spec, _main_logits(raw), x, self.num_classes)
+        return output
 
     def extra_repr(self) -> str:
         return f"spec={self.spec!r}"
+
+
+def _main_logits(output: Any) -> Tensor:
+    """The main logits of an output :func:`segmentation_output` reads, before resizing."""
+    if isinstance(output, Tensor):
+        return output
+    if isinstance(output, Mapping):
+        return output.get("out", output.get("logits"))
+    return output[0]
+
+
+def _refuse_unknown(spec: str, unknown: Any, takes: str) -> None:
+    if unknown:
+        names = ", ".join(f"{k} (--head-channels)" if k == "channels" else k for k in sorted(unknown))
+        raise UsageError(f"model spec {spec}: takes no option {names}; {takes}")
 
 
 def _torchvision(name: str, num_classes: int, aux: bool, pretrained_backbone: Any, **kwargs: Any) -> nn.Module:
@@ -128,7 +216,15 @@ def _torchvision(name: str, num_classes: int, aux: bool, pretrained_backbone: An
     except ValueError:
         raise UsageError(f"model spec torchvision:{name}: torchvision has no model {name!r}") from None
     params = inspect.signature(builder).parameters
+    own = [p for p, v in params.items() if v.kind == v.KEYWORD_ONLY and p not in (
+        "weights", "progress", "num_classes", "aux_loss", "weights_backbone")]
+    _refuse_unknown(f"torchvision:{name}", set(kwargs) - set(own),
+                    f"its builder's options: {', '.join(own) or 'none'}")
     options: Dict[str, Any] = {"weights": None, "num_classes": num_classes}
+    if pretrained_backbone not in (False, None, True) or (pretrained_backbone and "weights_backbone" not in params):
+        raise UsageError(f"model spec torchvision:{name}: --pretrained-backbone {pretrained_backbone}: only "
+                         "torchvision's own backbone weights (--pretrained-backbone alone) apply, where the builder "
+                         "has a backbone")
     if "weights_backbone" in params:
         options["weights_backbone"] = "DEFAULT" if pretrained_backbone is True else None
     if "aux_loss" in params:
@@ -143,59 +239,80 @@ def _transformers(path: str, num_classes: int, **kwargs: Any) -> nn.Module:
     if not os.path.isdir(path):
         raise UsageError(f"model spec transformers:{path}: no such folder (a save_pretrained folder of a "
                          "semantic-segmentation model)")
-    config = AutoConfig.from_pretrained(path, num_labels=num_classes, **kwargs)
+    config, unused = AutoConfig.from_pretrained(path, num_labels=num_classes, return_unused_kwargs=True, **kwargs)
+    _refuse_unknown(f"transformers:{path}", unused, "options of its config.json only")
     if torch.empty(0).device.type == "meta":  # a shape check: no weights read
         return AutoModelForSemanticSegmentation.from_config(config)
-    return AutoModelForSemanticSegmentation.from_pretrained(path, config=config, ignore_mismatched_sizes=True)
+    safe = {"use_safetensors": True} if untrusted_source() is not None else {}  # data's folder: no pickle
+    return AutoModelForSemanticSegmentation.from_pretrained(path, config=config, ignore_mismatched_sizes=True,
+                                                            **safe)
 
 
-def _factory(spec: str, num_classes: int, **kwargs: Any) -> nn.Module:
-    module_name, _, attr = spec.partition(":")
+@contextlib.contextmanager
+def _working_directory_importable() -> Iterator[str]:
+    """The working directory on ``sys.path`` (first), as ``python -m`` has it, for the duration; yields it."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise UsageError(f"model spec {spec}: cannot import it ({err})") from None
-    net = factory(num_classes=num_classes, **kwargs)
+        yield cwd
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def _factory(spec: str, num_classes: int, pretrained_backbone: Any, **kwargs: Any) -> nn.Module:
+    module_name, _, attr = spec.partition(":")
+    allow_import(module_name, f"the model spec {spec!r}")
+    with _working_directory_importable() as cwd:
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except ImportError as err:
+            raise UsageError(f"model spec {spec}: cannot import {module_name!r} ({err}); looked in the working "
+                             f"directory {cwd} and on sys.path (PYTHONPATH)") from None
+        except AttributeError:
+            raise UsageError(f"model spec {spec}: cannot import {attr!r}: module {module_name!r} has none") from None
+        params = _parameters(factory)
+        if pretrained_backbone:
+            kwargs["pretrained_backbone"] = pretrained_backbone
+        if params is not None:
+            _refuse_unknown(spec, set(kwargs) - params, f"the factory takes {', '.join(sorted(params)) or 'none'}")
+        net = factory(num_classes=num_classes, **kwargs)
     if not isinstance(net, nn.Module):
         raise UsageError(f"model spec {spec}: the factory returned a {type(net).__name__}, not an nn.Module")
     return net
 
 
-def sync_batchnorm(net: nn.Module, spec: str) -> nn.Module:
-    """``net`` with its BatchNorm layers made :class:`~encoding.nn.SyncBatchNorm` (the same parameter and buffer
-    tensors, state-dict keys unchanged), as registry models are built with ``norm_layer=SyncBatchNorm`` when several
-    replicas or processes train: the statistics span the whole batch.
-
-    torch's ``BatchNorm1d/2d/3d`` and ``SyncBatchNorm`` and timm's ``BatchNormAct2d`` convert exactly. A BatchNorm
-    subclass with a forward of its own, or a layer named like a batch norm that is no ``_BatchNorm`` (statistics
-    computed functionally), cannot: it is left as it is and a ``UserWarning`` names it (its statistics stay per
-    replica).
-    """
-    from ..nn.syncbn import convert_sync_batchnorm, swap_modules
-
-    kept = {name: type(m).__name__ for name, m in net.named_modules()
-            if (isinstance(m, _BatchNorm) and not _converts_exactly(m))
-            or (not isinstance(m, _BatchNorm) and "batchnorm" in type(m).__name__.lower()
-                and "frozen" not in type(m).__name__.lower())}  # frozen: no batch statistics
-    if kept:
-        names = ", ".join(f"{name} ({kind})" for name, kind in list(kept.items())[:5])
-        warnings.warn(f"model spec {spec}: {len(kept)} normalisation layer(s) cannot become SyncBatchNorm and keep "
-                      f"per-replica statistics: {names}{' ...' if len(kept) > 5 else ''}", stacklevel=3)
-    return swap_modules(net, lambda m: convert_sync_batchnorm(m) if isinstance(m, _BatchNorm)
-                        and _converts_exactly(m) else None)
+def _parameters(function: Any) -> Optional[set]:
+    """The keyword names ``function`` takes; ``None`` when it takes any (``**kwargs``) or has no signature."""
+    try:
+        params = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return None
+    return {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"num_classes"}
 
 
-def _converts_exactly(layer: _BatchNorm) -> bool:
-    """torch's BatchNorm forward (or SyncBatchNorm's, ours), or timm's ``BatchNormAct2d`` (drop / act modules)."""
-    from ..nn.syncbn import SyncBatchNorm
-
-    exact = (_BatchNorm.forward, nn.SyncBatchNorm.forward, SyncBatchNorm.forward)
-    return type(layer).forward in exact or any(isinstance(getattr(layer, k, None), nn.Module) for k in ("drop", "act"))
+#: The network options a spec network cannot take, each with why (refused in one line when set).
+NOT_FOR_SPECS = {
+    "se_loss": "--se-loss: the SE branch is EncNet's head; a spec network has none (drop it)",
+    "output_stride": "--output-stride dilates the toolkit's own backbones, not a spec network (drop it)",
+    "jpu": "jpu (FastFCN's neck) goes on the toolkit's own backbones, not on a spec network (drop it)",
+    "pretrained": "pretrained= loads published weights of the toolkit's architectures, not of a spec network (load "
+                  "a spec network's weights with encoding.load_model, or through its own builder)",
+}
 
 
 def build_external_model(spec: str, num_classes: int, *, aux: bool = False, pretrained_backbone: Any = False,
-                         norm_layer: Any = None, **kwargs: Any) -> ExternalModel:
+                         norm_layer: Any = None, recompute: Any = False, **kwargs: Any) -> ExternalModel:
     """Build the network ``spec`` names for ``num_classes`` classes, wrapped in :class:`ExternalModel`.
+
+    Every network option is applied or refused in one line (never ignored): ``aux`` (torchvision's builders),
+    ``pretrained_backbone`` (torchvision's backbone weights; a factory that takes the keyword), ``norm_layer``
+    (SyncBatchNorm), ``recompute`` (the backbone's blocks), builder keywords (``channels`` of ``--head-channels``
+    too) where the builder, config or factory takes them; :data:`NOT_FOR_SPECS` are refused when set.
 
     Args:
         spec: ``torchvision:NAME``, ``transformers:PATH`` or ``package.module:factory``.
@@ -203,13 +320,15 @@ def build_external_model(spec: str, num_classes: int, *, aux: bool = False, pret
         aux: torchvision's auxiliary head (``aux_loss=True``).
         pretrained_backbone: ``True``: torchvision's default backbone weights (a download); default none.
         norm_layer: :class:`~encoding.nn.SyncBatchNorm` (what ``build_model(sync_bn=True)`` passes when several
-            replicas or processes train): the network's BatchNorm layers are converted (:func:`sync_batchnorm`);
-            ``None`` or ``nn.BatchNorm2d``: the network's own layers.
-        **kwargs: passed to the builder, the transformers config or the factory.
+            replicas or processes train): the network's BatchNorm layers are converted
+            (:func:`~.spec_layers.sync_batchnorm`); ``None`` or ``nn.BatchNorm2d``: the network's own layers.
+        recompute: ``"none"`` / ``False``, ``"backbone"`` or ``"all"`` (:func:`~.spec_layers.recompute_spec_network`).
+        **kwargs: passed to the builder, the transformers config or the factory (those it does not take are
+            refused); :data:`NOT_FOR_SPECS` (refused when set).
 
     Raises:
-        ValueError: a malformed spec, an unknown torchvision name, a missing folder or factory, a ``norm_layer``
-            other than these (one line).
+        ValueError: a malformed spec, an unknown torchvision name, a missing folder or factory, an option the
+            network cannot take (one line naming it).
 
     Example:
         >>> model = build_external_model("torchvision:lraspp_mobilenet_v3_large", 3)
@@ -219,6 +338,9 @@ def build_external_model(spec: str, num_classes: int, *, aux: bool = False, pret
     from ..nn.syncbn import SyncBatchNorm
 
     parsed = parse_model_spec(spec)
+    for key, why in NOT_FOR_SPECS.items():
+        if kwargs.pop(key, None) not in (None, False):
+            raise UsageError(f"model spec {spec}: {why}")
     synced = isinstance(norm_layer, type) and issubclass(norm_layer, SyncBatchNorm)
     if norm_layer not in (None, nn.BatchNorm2d) and not synced:
         raise UsageError(f"model spec {spec}: norm_layer={getattr(norm_layer, '__name__', norm_layer)} cannot be "
@@ -228,7 +350,10 @@ def build_external_model(spec: str, num_classes: int, *, aux: bool = False, pret
     elif aux:
         raise UsageError(f"model spec {spec}: --aux is for torchvision's segmentation builders")
     elif parsed.kind == "transformers":
+        if pretrained_backbone:
+            raise UsageError(f"model spec {spec}: --pretrained-backbone: its weights are the folder's own")
         net = _transformers(parsed.target, num_classes, **kwargs)
     else:
-        net = _factory(parsed.target, num_classes, **kwargs)
-    return ExternalModel(sync_batchnorm(net, spec) if synced else net, spec)
+        net = _factory(parsed.target, num_classes, pretrained_backbone, **kwargs)
+    net = recompute_spec_network(sync_batchnorm(net, spec) if synced else net, recompute, spec)
+    return ExternalModel(net, spec, num_classes)

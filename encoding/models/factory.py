@@ -114,9 +114,11 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
         >>> model = get_segmentation_model("encnet", dataset="pcontext", backbone="resnet50", aux=True,
         ...                                se_loss=True)
     """
-    if is_model_spec(name):  # torchvision:NAME, transformers:PATH, module:factory (encoding.models.external)
+    if is_model_spec(name):  # torchvision:NAME, transformers:PATH, module:factory: every option applied or refused
         return build_external_model(name, nclass if nclass is not None else _nclass_of(dataset), aux=aux,
-                                    pretrained_backbone=pretrained_backbone, norm_layer=norm_layer, **head_options)
+                                    pretrained_backbone=pretrained_backbone, norm_layer=norm_layer,
+                                    recompute=checkpoint, se_loss=se_loss, output_stride=output_stride, jpu=jpu,
+                                    pretrained=pretrained, **head_options)
     arch = get_architecture(name)
     output_stride, jpu = _pe_options(name, head_options, output_stride, jpu)
     if nclass is None:

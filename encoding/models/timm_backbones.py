@@ -33,6 +33,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
+from ..errors import UsageError
 from ..nn.blocks import NormLayer
 from .stages import DILATIONS, StagedBackbone, dilate_stage, stage_channels
 from .weights import Pretrained
@@ -123,7 +124,7 @@ def create_timm_model(model: str, pretrained: Pretrained = False, **kwargs: Any)
     return network
 
 
-class _Unsupported(ValueError):
+class _Unsupported(UsageError):
     """An option the timm family does not have."""
 
 
