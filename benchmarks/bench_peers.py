@@ -8,16 +8,23 @@ per round and the median is reported with the range of the rounds. Parameter cou
 (``torch.utils.flop_counter.FlopCounterMode``, a multiply-add counts 2) show where a difference is architecture; the
 last column, ``ratio x GFLOPs`` = (ours img/s x ours GFLOPs) / (smp img/s x smp GFLOPs), is the ratio at equal work.
 
+With ``--compile`` our model also runs compiled (``encoding.engine.compile_model``: ``torch.compile``, inductor; C++
+kernels on a CPU), in the same alternating rounds: the table adds compiled img/s, compiled / smp and compiled / eager,
+and the seconds the first compiled step took (the compilation).
+
 Needs ``segmentation-models-pytorch`` (in the ``test`` extras).
 
     python benchmarks/bench_peers.py                               # 2 x 3 x 128 x 128, 5 rounds
     python benchmarks/bench_peers.py --models deeplabv3plus --rounds 3
     python benchmarks/bench_peers.py --smp-like                   # our heads' smp-like options (see docs/models.md)
     python benchmarks/bench_peers.py --models fcfpn --profile 12  # + torch.profiler's top operators of each side
+    python benchmarks/bench_peers.py --smp-like --compile          # + ours compiled (goal: >= 1.2 x smp)
+    python benchmarks/bench_peers.py --smp-like --compile --device cuda
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -26,6 +33,7 @@ from typing import Callable, Dict, List, Tuple
 import torch
 from torch import nn
 
+from encoding.engine.compiled import compile_model
 from encoding.models import get_segmentation_model
 from encoding.models.flops import count_flops
 
@@ -60,10 +68,12 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tens
     return step
 
 
-def images_per_second(step: Callable[[], None], batch: int, iters: int) -> float:
+def images_per_second(step: Callable[[], None], batch: int, iters: int, device: torch.device) -> float:
     start = time.perf_counter()
     for _ in range(iters):
         step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return iters * batch / (time.perf_counter() - start)
 
 
@@ -83,33 +93,44 @@ def parameters(model: nn.Module) -> float:
 def compare(name: str, args: argparse.Namespace) -> Dict[str, object]:
     """Alternating rounds of ours and smp's train steps for the pair ``name``; returns the row of the table."""
     torch.manual_seed(0)
+    device = torch.device(args.device)
     ours, theirs = build_pair(name, args.nclass, args.smp_like)
-    x = torch.randn(args.batch, 3, args.size, args.size)
-    target = torch.randint(0, args.nclass, (args.batch, args.size, args.size))
-    steps = {}
-    for side, model in (("ours", ours), ("smp", theirs)):
+    models = {"ours": ours.to(device), "smp": theirs.to(device)}
+    if args.compile:
+        models["compiled"] = compile_model(copy.deepcopy(ours), dynamic=False)
+    x = torch.randn(args.batch, 3, args.size, args.size, device=device)
+    target = torch.randint(0, args.nclass, (args.batch, args.size, args.size), device=device)
+    steps, first = {}, {}
+    for side, model in models.items():
         model.train()
         steps[side] = train_step(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), x, target)
-        steps[side]()  # warm-up: kernel selection, allocator, optimizer state
-    rounds: Dict[str, List[float]] = {"ours": [], "smp": []}
+        first[side] = 1 / images_per_second(steps[side], 1, 1, device)  # warm-up (compilation, kernels, state)
+    rounds: Dict[str, List[float]] = {side: [] for side in models}
     for _ in range(args.rounds):
-        for side in ("ours", "smp"):
-            rounds[side].append(images_per_second(steps[side], args.batch, args.iters))
+        for side in models:
+            rounds[side].append(images_per_second(steps[side], args.batch, args.iters, device))
     ratios = [o / s for o, s in zip(rounds["ours"], rounds["smp"])]
     for side in ("ours", "smp") if args.profile else ():
         print(f"\n{name}, {side}: one train step, top {args.profile} operators by self CPU time\n"
               f"{profile(steps[side], args.profile)}")
-    gflops = {side: count_flops(model, (args.size, args.size)) / 1e9 for side, model in (("ours", ours),
-                                                                                          ("smp", theirs))}
+    gflops = {side: count_flops(copy.deepcopy(model).cpu(), (args.size, args.size)) / 1e9
+              for side, model in (("ours", ours), ("smp", theirs))}
     ratio = statistics.median(ratios)
-    return {"name": name, "smp": PAIRS[name][0], "ours": statistics.median(rounds["ours"]),
-            "theirs": statistics.median(rounds["smp"]), "ratio": ratio, "low": min(ratios), "high": max(ratios),
-            "params": (parameters(ours), parameters(theirs)), "gflops": (gflops["ours"], gflops["smp"]),
-            "work_ratio": ratio * gflops["ours"] / gflops["smp"]}
+    row = {"name": name, "smp": PAIRS[name][0], "ours": statistics.median(rounds["ours"]),
+           "theirs": statistics.median(rounds["smp"]), "ratio": ratio, "low": min(ratios), "high": max(ratios),
+           "params": (parameters(ours), parameters(theirs)), "gflops": (gflops["ours"], gflops["smp"]),
+           "work_ratio": ratio * gflops["ours"] / gflops["smp"]}
+    if args.compile:
+        row.update(compiled=statistics.median(rounds["compiled"]), compile_s=first["compiled"],
+                   vs_smp=statistics.median(c / s for c, s in zip(rounds["compiled"], rounds["smp"])),
+                   vs_eager=statistics.median(c / o for c, o in zip(rounds["compiled"], rounds["ours"])))
+    return row
 
 
 def print_table(rows: List[Dict[str, object]], args: argparse.Namespace) -> None:
-    print(f"\nTrain step (forward, cross-entropy, backward, SGD), CPU, {torch.get_num_threads()} threads, input "
+    where = f"CPU, {torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name(
+        args.device)
+    print(f"\nTrain step (forward, cross-entropy, backward, SGD), {where}, input "
           f"{args.batch}x3x{args.size}x{args.size}, {args.nclass} classes, {args.rounds} alternating rounds x "
           f"{args.iters} steps (median; per-round ratios in brackets){', our smp-like options' if args.smp_like else ''}"
           ":\n")
@@ -120,6 +141,13 @@ def print_table(rows: List[Dict[str, object]], args: argparse.Namespace) -> None
         print(f"| {r['name']} | {r['smp']} | {r['ours']:.2f} | {r['theirs']:.2f} | "
               f"**{r['ratio']:.2f}** ({r['low']:.2f}-{r['high']:.2f}) | {r['params'][0]:.1f} / {r['params'][1]:.1f} | "
               f"{r['gflops'][0]:.1f} / {r['gflops'][1]:.1f} | {r['work_ratio']:.2f} |")
+    if args.compile:
+        print("\nCompiled (encoding.engine.compile_model, inductor), same rounds:\n")
+        print("| ours | compiled img/s | compiled / smp | compiled / eager | first compiled step (s) |")
+        print("|---|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['name']} | {r['compiled']:.2f} | **{r['vs_smp']:.2f}** | {r['vs_eager']:.2f} | "
+                  f"{r['compile_s']:.1f} |")
 
 
 def main(argv=None) -> None:
@@ -133,6 +161,8 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--profile", type=int, default=0, metavar="ROWS",
                         help="also print torch.profiler's top ROWS operators of one step of each side")
+    parser.add_argument("--compile", action="store_true", help="also run ours compiled (torch.compile, inductor)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--smp-like", action="store_true",
                         help="build ours with the head options closest to smp's (PAIRS in this file)")
     args = parser.parse_args(argv)

@@ -58,10 +58,25 @@ def test_segment_takes_paths_pil_arrays_and_tensors(tiny_run):
         assert torch.equal(encoding.segment(model, image), expected)
     batch = encoding.segment(model, torch.stack([normalised, normalised.flip(-1)]))
     assert batch.shape == (2, *expected.shape) and torch.equal(batch[0], expected)
-    with pytest.raises(ValueError, match=r"H x W x 3 uint8 array, got float64 \(4, 4\)"):
+    with pytest.raises(ValueError, match=r"H x W / H x W x 1 \(grey\) uint8 array, got float64 \(4, 4\)"):
         encoding.segment(model, np.zeros((4, 4)))
+    with pytest.raises(ValueError, match=r"got uint8 \(4, 4, 2\)"):
+        encoding.segment(model, np.zeros((4, 4, 2), np.uint8))
     with pytest.raises(ValueError, match="unknown inference mode 'tile'"):
         encoding.segment(model, rgb, mode="tile")
+
+
+def test_segment_takes_grey_arrays_as_it_takes_grey_files(tiny_run, tmp_path):
+    """An H x W (or H x W x 1) uint8 array is grey, as a grey PNG is read: the same labels as the file's."""
+    torch.manual_seed(0)
+    model = get_segmentation_model("unet", dataset="shapes", backbone="vgg_tiny_s2").eval()  # untrained: varied labels
+    grey = np.array(Image.open(tiny_eval_set(tiny_run[0], "test").images[0]).convert("L"))
+    Image.fromarray(grey).save(tmp_path / "grey.png")
+    expected = encoding.segment(model, str(tmp_path / "grey.png"))
+    assert expected.shape == grey.shape and len(expected.unique()) > 1
+    assert torch.equal(encoding.segment(model, grey), expected)
+    assert torch.equal(encoding.segment(model, grey[..., None]), expected)
+    assert torch.equal(encoding.segment(model, np.repeat(grey[..., None], 3, axis=2)), expected)
 
 
 def test_segment_scales_reuse_multieval(tiny_run):

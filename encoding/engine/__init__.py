@@ -14,9 +14,10 @@ from .run import RunFailed, RunInterrupted, TrainingRun, train
 from .config import TrainingConfig, build_training, run_training
 from .loading import ModelInfo, load_model, model_info
 from .predict import inference_module, segment
+from .compiled import compile_model
 from .hub import load_pretrained, push_to_hub, save_pretrained
 
 __all__ = ["param_groups", "autocast_context", "backward_step", "train_one_epoch", "evaluate", "evaluate_images",
            "predicted_labels", "Interrupted", "GracefulInterrupt", "TrainingRun", "RunFailed", "RunInterrupted",
            "Hook", "RunState", "train", "TrainingConfig", "build_training", "run_training", "ModelInfo", "load_model",
-           "model_info", "inference_module", "segment", "save_pretrained", "load_pretrained", "push_to_hub"]
+           "model_info", "inference_module", "segment", "compile_model", "save_pretrained", "load_pretrained", "push_to_hub"]

@@ -45,6 +45,7 @@ from ..parallel import DataParallelCriterion, DataParallelModel, resolve_devices
 from ..utils.determinism import EpochSampler, SeededSamples, seed_worker
 from ..utils.dist import ShardSampler, fsdp_units, get_local_rank, get_world_size
 from ..utils.lr_scheduler import IterationLR
+from .compiled import compile_mode, compile_model
 
 __all__ = ["Placement", "Loaders", "select_devices", "build_model", "build_criterion", "build_loaders",
            "build_eval_loader", "OPTIMIZERS", "param_groups", "build_optimizer", "build_scheduler", "STRATEGIES",
@@ -315,7 +316,8 @@ def _fully_shard(model: nn.Module, device: torch.device) -> nn.Module:
 
 
 def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
-               balance: Optional[str] = None, strategy: str = "ddp") -> Tuple[nn.Module, nn.Module]:
+               balance: Optional[str] = None, strategy: str = "ddp",
+               compile: str = "none") -> Tuple[nn.Module, nn.Module]:
     """Wrap for the placement: ``DataParallelModel`` + ``DataParallelCriterion`` (exact loss reduction), or under
     ``torchrun`` the ``strategy``.
 
@@ -329,6 +331,8 @@ def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
         strategy: under ``torchrun``: ``"ddp"`` and ``"zero1"`` (``DistributedDataParallel``; ZeRO-1 is the
             optimizer's, :func:`build_optimizer`), or ``"fsdp"``: FSDP2 ``fully_shard`` on each module of
             :func:`~encoding.utils.dist.fsdp_units` in order (the backbone's stages, the heads, then the root).
+        compile: ``--compile``: ``"none"``, ``"auto"`` or a ``torch.compile`` mode; the network is compiled
+            (:func:`~encoding.engine.compiled.compile_model`) before it is wrapped.
 
     Returns:
         ``(model, criterion)`` wrapped; build the optimizer over this model.
@@ -340,6 +344,9 @@ def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
     problem = strategy_problem(strategy, distributed=placement.distributed)
     if problem:
         raise ValueError(problem)
+    devices = placement.device_ids or [placement.model_device]
+    if compile_mode(compile, devices):
+        compile_model(model, compile_mode(compile, devices), devices=devices)
     if placement.distributed:
         if balance is not None:
             raise ValueError("balance applies to DataParallelModel; under torchrun (DDP) each process has one device")

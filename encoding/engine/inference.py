@@ -30,11 +30,13 @@ from ..datasets.transforms import image_transform
 from ..config.evaluation import evaluation_fields, fill_evaluation
 from ..errors import UsageError
 from ..models import get_segmentation_model
+from ..models.external import network_name
 from ..parallel import DataParallelModel
 from ..utils.dist import get_rank, get_world_size, init_distributed_mode
 from ..utils.files import atomic_write
 from ..utils.metrics import SegmentationMetric
 from ..utils.palette import colorize, get_palette, overlay
+from .compiled import compile_mode, compile_model
 from .config import AMP_DTYPES, parse_device_ids
 from .data import binary_targets, eval_dataset_options
 from .loading import NETWORK_OPTIONS, ModelInfo, load_model
@@ -169,7 +171,7 @@ class _Evaluation:
         """
         options = {name: getattr(self, name) for name in NETWORK_OPTIONS}
         if not self.torchvision_weights:
-            return load_model(self.resume or self.model_zoo, device=device, **options)
+            return load_model(self.resume or self.model_zoo, device=device, trust_code=self.trust_code, **options)
         model = get_segmentation_model(self.model, dataset=self.dataset, backbone=self.backbone, aux=self.aux,
                                        pretrained="torchvision")
         model.info = ModelInfo.of_dataset(**options)
@@ -190,9 +192,12 @@ EvaluationConfig = make_dataclass("EvaluationConfig", evaluation_fields(), bases
 
 def evaluation_module(model: nn.Module, config: EvaluationConfig) -> nn.Module:
     """``model`` inside the inference module of ``config`` (:func:`~encoding.engine.predict.inference_module`):
-    ``--mode slide`` windows, or ``--multi-scale`` scales + flip; ``model`` itself for single-scale whole images."""
+    ``--mode slide`` windows, or ``--multi-scale`` scales + flip, ``--window-batch`` windows per forward (default:
+    from the memory they may take, :class:`~encoding.engine.predict.WindowBudget`); ``model`` itself for
+    single-scale whole images."""
     return inference_module(model, mode=config.inference, window=config.window, stride=config.stride,
-                            scales=config.scales if config.multi_scale else None, flip=config.multi_scale)
+                            scales=config.scales if config.multi_scale else None, flip=config.multi_scale,
+                            window_batch=config.window_batch)
 
 
 @dataclass
@@ -222,7 +227,8 @@ class EvaluationJob:
                  else f"devices {[str(d) for d in self.devices]}")
         how = (f"multi-scale {list(c.scales)} + flip" if c.multi_scale else
                f"sliding window {c.window} / stride {c.stride}" if c.inference == "slide" else "single scale")
-        return (f"{c.model}-{c.backbone} ({c.weights}) on {c.dataset} {c.split!r} ({len(self.loader.dataset)} "
+        return (f"{network_name(c.model, c.backbone)} ({c.weights}) on {c.dataset} {c.split!r} "
+                f"({len(self.loader.dataset)} "
                 f"samples, mode {c.mode}, {how}), {where}")
 
 
@@ -253,6 +259,9 @@ def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -
     """
     c = config
     check_windows(c.window, c.stride)  # before any work: a stride past the window leaves pixels no window covers
+    if c.window_batch is not None and c.inference != "slide" and not c.multi_scale:
+        raise UsageError(f"--window-batch {c.window_batch}: an option of --mode slide / --multi-scale (whole images "
+                         "run in one pass)")
     if c.save_pred and c.mode == "val":  # a mask saved under an image's name has that image's size
         raise UsageError("save_pred writes whole-image predictions: use mode 'testval' or 'test', not 'val' "
                          "(resized centre crops)")
@@ -262,8 +271,10 @@ def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -
     device = placement.model_device
     devices = list(placement.device_ids) or [device]
     network = c.network(device)
+    if compile_mode(c.compile, devices):
+        compile_model(network, compile_mode(c.compile, devices), devices=devices)
     info = network.info
-    resolve_dataset(c.dataset, info.options.get("dataset_class"))  # a user's dataset class, from the checkpoint
+    resolve_dataset(c.dataset, info.options.get("dataset_class"), trust_code=c.trust_code)  # from the checkpoint
     model = evaluation_module(network, c)
     if c.mode == "val":
         batch_size = c.test_batch_size

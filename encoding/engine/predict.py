@@ -11,11 +11,17 @@ Three ways to turn an image of any size into logits at its size:
   windows (``window`` when given), the logits averaged over scales.
 
 ``flip=True`` averages each pass with the horizontally flipped image's.
+
+Windows run in batches (:class:`WindowBudget`): as many per forward as the memory allowed to them holds
+(``window_memory``; default :func:`default_window_memory`), or ``window_batch`` of them; the labels are those of one
+window at a time.
 """
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence, Union
+import warnings
+import weakref
+from typing import Dict, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -24,19 +30,26 @@ from torch import Tensor, nn
 
 from ..datasets.base import BaseDataset
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD, image_transform
+from ..errors import UsageError
+from ..memory.simulate import new_fake_mode
+from ..memory.tracker import AllocationTracker
 from ..models import MultiEvalModule, SlidingWindow
+from ..models.multieval import WindowBatch, flip_average
 from ..utils.metrics import labels_of, main_output
 from .loading import ModelInfo, model_info
 
-__all__ = ["INFERENCE_MODES", "InferenceOptionError", "check_windows", "to_batch", "inference_module", "segment"]
+__all__ = ["INFERENCE_MODES", "DEFAULT_WINDOW_MEMORY", "InferenceOptionError", "check_windows", "to_batch",
+           "default_window_memory", "window_bytes", "WindowBudget", "inference_module", "segment"]
 
 #: The values of ``mode``: the whole image at once, or mmsegmentation's sliding window.
 INFERENCE_MODES = ("whole", "slide")
 
 ImageLike = Union[str, os.PathLike, Image.Image, np.ndarray, Tensor]
+#: The memory the windows of one forward may take on a CPU, by default (bytes): 512 MiB.
+DEFAULT_WINDOW_MEMORY = 512 * 2 ** 20
 
 
-class InferenceOptionError(ValueError):
+class InferenceOptionError(UsageError):
     """A window / stride that inference cannot use (one line naming the value; scripts exit with status 2)."""
 
     exit_status = 2
@@ -57,13 +70,77 @@ def check_windows(window: Optional[int], stride: Optional[int]) -> None:
                                    "windows would be covered by none; use a stride of at most the window")
 
 
+def default_window_memory(device: Union[str, torch.device]) -> int:
+    """The memory the windows of one forward may take on ``device`` by default: :data:`DEFAULT_WINDOW_MEMORY` on a
+    CPU, half of the free memory of a CUDA device (``torch.cuda.mem_get_info``)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] // 2
+    return DEFAULT_WINDOW_MEMORY
+
+
+_WINDOW_BYTES: "weakref.WeakKeyDictionary[nn.Module, Dict[tuple, int]]" = weakref.WeakKeyDictionary()
+
+
+def window_bytes(model: nn.Module, window: Tensor, flip: bool = False) -> int:
+    """The peak bytes of one window's forward (its input, the model's activations, its logits; with ``flip`` its
+    flip's too), simulated on fake tensors (:class:`~encoding.memory.tracker.AllocationTracker`: no memory allocated,
+    no kernel run) in the caller's grad / autocast mode; remembered per model, window shape and mode."""
+    model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: its module's tensors
+    key = (tuple(window.shape), window.dtype, window.device, flip, model.training, torch.is_grad_enabled(),
+           torch.get_autocast_dtype(window.device.type) if torch.is_autocast_enabled(window.device.type) else None)
+    known = _WINDOW_BYTES.setdefault(model, {})
+    if key not in known:
+        with new_fake_mode(), AllocationTracker() as tracker:  # a compiled network runs its eager code here
+            fake = torch.empty(window.shape, dtype=window.dtype, device=window.device)
+            tracker.track(fake)
+            flip_average(model, fake, flip)
+        known[key] = max(tracker.peak, 1)
+    return known[key]
+
+
+class WindowBudget:
+    """How many windows one forward runs (a :data:`~encoding.models.multieval.WindowBatch` function): as many as
+    ``memory`` bytes hold, by :func:`window_bytes` of the first window (at least 1).
+
+    Args:
+        model: the network the windows run through.
+        memory: bytes (or ``"2GiB"``) the windows of one forward may take (default: :func:`default_window_memory`
+            of the window's device).
+        flip: the windows are run with their flips.
+
+    A model the simulation cannot run (fake tensors) gets one window per forward, with a warning saying so.
+    """
+
+    def __init__(self, model: nn.Module, memory: Union[None, int, str] = None, flip: bool = False) -> None:
+        if memory is not None:
+            from ..memory.planner import parse_memory  # the tool's reader of "2GiB", loaded only for a string
+
+            try:
+                memory = parse_memory(memory)
+            except ValueError as error:
+                raise InferenceOptionError(f"window_memory: {error}") from None
+        self.model, self.memory, self.flip = model, memory, flip
+
+    def __call__(self, window: Tensor) -> int:
+        memory = self.memory or default_window_memory(window.device)
+        try:
+            return max(1, memory // window_bytes(self.model, window, self.flip))
+        except Exception as error:  # noqa: BLE001 - any model fake tensors cannot run: one window at a time
+            warnings.warn(f"window batch: the memory of one window could not be simulated ({type(error).__name__}: "
+                          f"{str(error).splitlines()[0] if str(error) else ''}); running one window per forward",
+                          RuntimeWarning, stacklevel=2)
+            return 1
+
+
 def to_batch(image: ImageLike, mean: Sequence[float] = IMAGENET_MEAN,
              std: Sequence[float] = IMAGENET_STD) -> Tensor:
     """``image`` as a normalised ``float32 B x 3 x H x W`` batch.
 
     Args:
         image: a path (read by the datasets' reader: EXIF-upright, any mode converted to RGB), a PIL image, an
-            ``H x W x 3`` ``uint8`` array, a ``uint8`` tensor ``3 x H x W`` / ``B x 3 x H x W`` (normalised here), or a
+            ``H x W x 3`` ``uint8`` array (``H x W`` or ``H x W x 1``: grey, its value in each channel, as a grey
+            file is read), a ``uint8`` tensor ``3 x H x W`` / ``B x 3 x H x W`` (normalised here), or a
             float tensor ``3 x H x W`` / ``B x 3 x H x W`` taken as already normalised (as the datasets give them).
         mean, std: the normalisation of ``uint8`` inputs.
 
@@ -76,8 +153,11 @@ def to_batch(image: ImageLike, mean: Sequence[float] = IMAGENET_MEAN,
     if isinstance(image, Image.Image):
         image = np.array(image.convert("RGB"))
     if isinstance(image, np.ndarray):
+        if image.dtype == np.uint8 and (image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1)):
+            image = np.repeat(image.reshape(*image.shape[:2], 1), 3, axis=2)  # grey: as PIL's convert("RGB")
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
-            raise ValueError(f"segment: expected an H x W x 3 uint8 array, got {image.dtype} {image.shape}")
+            raise ValueError(f"segment: expected an H x W x 3 (colour) or H x W / H x W x 1 (grey) uint8 array, got "
+                             f"{image.dtype} {image.shape}")
         image = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
     if not isinstance(image, Tensor):
         raise ValueError(f"segment: expected a path, PIL image, array or tensor, got {type(image).__name__}")
@@ -95,7 +175,8 @@ def to_batch(image: ImageLike, mean: Sequence[float] = IMAGENET_MEAN,
 
 def inference_module(model: nn.Module, *, mode: str = "whole", window: Optional[int] = None,
                      stride: Optional[int] = None, scales: Optional[Sequence[float]] = None, flip: bool = False,
-                     info: Optional[ModelInfo] = None) -> nn.Module:
+                     info: Optional[ModelInfo] = None, window_batch: Optional[int] = None,
+                     window_memory: Union[None, int, str] = None) -> nn.Module:
     """``model`` inside the module that computes logits at the input's size as ``mode`` / ``scales`` / ``flip`` say
     (see the module's description); ``model`` itself for ``mode="whole"`` without scales or flip.
 
@@ -108,42 +189,67 @@ def inference_module(model: nn.Module, *, mode: str = "whole", window: Optional[
         flip: average with the flipped image.
         info: the sizes and classes (default: ``model.info``, see :func:`~encoding.engine.loading.model_info`;
             needed for the default window and for ``scales``).
+        window_batch: windows per forward (default: as many as ``window_memory`` holds, :class:`WindowBudget`).
+        window_memory: bytes (or ``"2GiB"``) the windows of one forward may take (default:
+            :func:`default_window_memory`: 512 MiB on a CPU, half the free memory of a GPU).
 
     Raises:
-        ValueError: an unknown mode, or a window / scales without the sizes to use. InferenceOptionError: a window or
-            stride that is not positive, or a stride larger than the window (see :func:`check_windows`).
+        ValueError: an unknown mode, or a window / scales without the sizes to use. InferenceOptionError: a window,
+            stride or window batch that is not positive, a stride larger than the window (see
+            :func:`check_windows`), both ``window_batch`` and ``window_memory``, or an unreadable memory size.
     """
     check_windows(window, stride)
+    batch = _window_batch(model, window_batch, window_memory, flip)
     if mode not in INFERENCE_MODES:
         raise ValueError(f"unknown inference mode {mode!r}; valid: {', '.join(INFERENCE_MODES)}")
     if mode == "whole" and (window is not None or stride is not None) and not scales:
         raise ValueError("window / stride are options of mode='slide' (or of scales=...), not of mode='whole'")
+    if mode == "whole" and (window_batch is not None or window_memory is not None) and not scales:
+        raise ValueError("window_batch / window_memory are options of mode='slide' (or of scales=...), not of "
+                         "mode='whole' (one pass over the whole image)")
     if scales:
         info = info or model_info(model)
         window = window or info.crop_size
         check_windows(window, stride)
         return MultiEvalModule(model, info.out_channels, base_size=info.base_size, crop_size=window, scales=scales,
                                flip=flip, stride_rate=min((stride or window * 2 / 3) / window, 1.0),
-                               mean=info.mean, std=info.std)
+                               mean=info.mean, std=info.std, window_batch=batch)
     if mode == "slide":
         window = window or (info or model_info(model)).crop_size
         check_windows(window, stride)
     elif not flip:
         return model
-    return SlidingWindow(model, window, stride, flip)
+    return SlidingWindow(model, window, stride, flip, window_batch=batch)
+
+
+def _window_batch(model: nn.Module, window_batch: Optional[int], window_memory: Union[None, int, str],
+                  flip: bool) -> WindowBatch:
+    """``window_batch`` checked, else the :class:`WindowBudget` of ``window_memory``."""
+    if window_batch is None:
+        return WindowBudget(model, window_memory, flip)
+    if window_memory is not None:
+        raise InferenceOptionError(f"window_batch={window_batch!r} and window_memory={window_memory!r}: give one "
+                                   "(the batch, or the memory it is chosen from)")
+    if isinstance(window_batch, bool) or not isinstance(window_batch, (int, np.integer)) or window_batch < 1:
+        raise InferenceOptionError(f"window_batch must be a positive number of windows, got {window_batch!r}")
+    return int(window_batch)
 
 
 @torch.inference_mode()
 def segment(model: nn.Module, image: ImageLike, *, mode: str = "whole", window: Optional[int] = None,
             stride: Optional[int] = None, scales: Optional[Sequence[float]] = None, flip: bool = False,
-            device: Optional[Union[str, torch.device]] = None) -> Tensor:
+            device: Optional[Union[str, torch.device]] = None, window_batch: Optional[int] = None,
+            window_memory: Union[None, int, str] = None) -> Tensor:
     """The class ids of ``image``, at its size.
 
     Args:
         model: a segmentation model in eval mode (from :func:`~encoding.engine.loading.load_model`, or any model
             whose output is ``{"out": logits}`` or logits at its input's size).
-        image: a path, PIL image, ``H x W x 3`` ``uint8`` array or tensor (see :func:`to_batch`); any size.
+        image: a path, PIL image, ``H x W x 3`` (or grey ``H x W``) ``uint8`` array or tensor (see
+            :func:`to_batch`); any size.
         mode, window, stride, scales, flip: how (see :func:`inference_module`).
+        window_batch, window_memory: how many windows one forward runs, or the memory they may take (see
+            :func:`inference_module`).
         device: where to run (default: the model's parameters' device).
 
     Returns:
@@ -151,8 +257,9 @@ def segment(model: nn.Module, image: ImageLike, *, mode: str = "whole", window: 
 
     Memory (on ``device``): the normalised image (``B x 3 x H x W`` float32) and the logits at its size (``B x nclass
     x H x W`` float32, accumulated in place by ``"slide"`` and ``scales``) plus, for ``"slide"``, an ``H x W`` count
-    and one window's activations (``"whole"``: the model's activations on the whole image); the labels are ``int64``
-    ``B x H x W``. A 2000 x 2000 image with 150 classes: 2.4 GB of logits, held once.
+    and one forward's windows: at most ``window_memory`` bytes (inputs, activations and logits of ``window_batch``
+    windows; at least one window); ``"whole"``: the model's activations on the whole image. The labels are
+    ``int64`` ``B x H x W``. A 2000 x 2000 image with 150 classes: 2.4 GB of logits, held once.
 
     Raises:
         ValueError: an image of the wrong type or shape, or empty (``0 x 0``); a bad mode, window or stride.
@@ -167,7 +274,8 @@ def segment(model: nn.Module, image: ImageLike, *, mode: str = "whole", window: 
     if device is None:
         device = next(model.parameters()).device
     module = inference_module(model, mode=mode, window=window, stride=stride, scales=scales, flip=flip,
-                              info=info if isinstance(info, ModelInfo) else None)
+                              info=info if isinstance(info, ModelInfo) else None, window_batch=window_batch,
+                              window_memory=window_memory)
     threshold = info.options.get("threshold", 0.5) if isinstance(info, ModelInfo) else 0.5
     labels = labels_of(main_output(module(batch.to(device))), threshold).cpu()
     return labels if isinstance(image, Tensor) and image.dim() == 4 else labels[0]

@@ -10,13 +10,17 @@ logits are resized to the original size; with ``flip`` the horizontally flipped 
 Difference from PyTorch-Encoding: the result is the *mean* over scales and flips (PE summed them); the argmax is the
 same.
 
+Both modules run ``window_batch`` windows per forward (stacked along the batch dimension; default 1, one at a time)
+and add each window's logits into the result in the same order as one at a time: the logits equal those of single
+windows up to the kernels' float rounding for another batch size, and the labels are the same.
+
 :class:`SlidingWindow` is the single-scale alternative: mmsegmentation's ``mode='slide'`` (windows shifted inside the
 image, no padding, logits averaged by coverage count), or the whole image at once.
 """
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -25,7 +29,13 @@ from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ..nn.blocks import resize
 from ..utils.metrics import main_output
 
-__all__ = ["MultiEvalModule", "SlidingWindow", "flip_average"]
+__all__ = ["MultiEvalModule", "SlidingWindow", "WindowBatch", "flip_average", "batched_windows"]
+
+#: How many windows one forward runs: a positive int, or a function of one window (the input of one window position,
+#: ``B x C x h x w``) that returns it (e.g. from a memory budget: :class:`encoding.engine.predict.WindowBudget`),
+#: called once per call of the module.
+WindowBatch = Union[int, Callable[[Tensor], int]]
+Box = Tuple[int, int, int, int]
 
 
 def flip_average(module: nn.Module, image: Tensor, flip: bool = True) -> Tensor:
@@ -36,6 +46,39 @@ def flip_average(module: nn.Module, image: Tensor, flip: bool = True) -> Tensor:
     if flip:
         logits = (logits + main_output(module(image.flip(-1))).flip(-1)) / 2
     return logits
+
+
+def batched_windows(module: nn.Module, boxes: Sequence[Box], take: Callable[[Box], Tensor],
+                    window_batch: WindowBatch = 1, flip: bool = False) -> Iterator[Tuple[Box, Tensor]]:
+    """``(box, logits)`` of every window, in the order of ``boxes``, ``window_batch`` windows per forward.
+
+    Args:
+        module: the model (see :func:`flip_average`).
+        boxes: ``(top, bottom, left, right)`` of each window; ``take(box)`` is its input, ``B x C x h x w``, every
+            window of the same size.
+        window_batch: windows per forward (see :data:`WindowBatch`; more than ``len(boxes)`` runs them all at once).
+        flip: average each window with its horizontal flip (:func:`flip_average`).
+
+    The windows of one forward are concatenated along the batch dimension (window-major); each window's ``B``
+    rows of the output are yielded in order.
+
+    Raises:
+        ValueError: a ``window_batch`` (or what its function returns) that is not a positive int.
+    """
+    if not boxes:
+        return
+    first = take(boxes[0])
+    size = window_batch(first) if callable(window_batch) else window_batch
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"window_batch must be a positive int, got {size!r}")
+    rows = first.shape[0]
+    for start in range(0, len(boxes), size):
+        chunk = boxes[start:start + size]
+        inputs = [first if start == 0 and i == 0 else take(box) for i, box in enumerate(chunk)]
+        logits = flip_average(module, inputs[0] if len(inputs) == 1 else torch.cat(inputs), flip)
+        del inputs
+        for i, box in enumerate(chunk):
+            yield box, logits[i * rows:(i + 1) * rows]
 
 
 class MultiEvalModule(nn.Module):
@@ -52,13 +95,14 @@ class MultiEvalModule(nn.Module):
         stride_rate: window stride as a fraction of ``crop_size``.
         mean: per-channel normalization mean of the input (for the padding value ``-mean/std``).
         std: per-channel normalization std of the input.
+        window_batch: windows per forward (an int, or a function of one window: :data:`WindowBatch`).
 
     Shape:
         - Input: normalized images ``B x C x H x W`` (any size; all images of the batch share it).
         - Output: averaged logits ``B x nclass x H x W``, on the input's device, computed without autograd.
 
-    Memory: one window (and its flip) is evaluated at a time; only the current scale's accumulated logits and the
-    running sum are held, on the image's device.
+    Memory: ``window_batch`` windows (and then their flips) are evaluated at a time; only the current scale's
+    accumulated logits and the running sum are held, on the image's device.
 
     Example:
         >>> evaluator = MultiEvalModule(model.eval(), nclass=21, base_size=520, crop_size=480)
@@ -68,7 +112,7 @@ class MultiEvalModule(nn.Module):
     def __init__(self, module: nn.Module, nclass: int, base_size: int = 520, crop_size: int = 480,
                  scales: Sequence[float] = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75), flip: bool = True,
                  stride_rate: float = 2.0 / 3.0, mean: Sequence[float] = IMAGENET_MEAN,
-                 std: Sequence[float] = IMAGENET_STD) -> None:
+                 std: Sequence[float] = IMAGENET_STD, window_batch: WindowBatch = 1) -> None:
         super().__init__()
         if not scales:
             raise ValueError("MultiEvalModule needs at least one scale")
@@ -83,6 +127,7 @@ class MultiEvalModule(nn.Module):
         self.flip = flip
         self.stride = max(int(crop_size * stride_rate), 1)
         self.pad_value = tuple(-m / s for m, s in zip(mean, std))
+        self.window_batch = window_batch
 
     @torch.no_grad()
     def forward(self, image: Tensor) -> Tensor:
@@ -114,12 +159,15 @@ class MultiEvalModule(nn.Module):
         dtype = torch.promote_types(image.dtype, torch.float32)
         logits = image.new_zeros(image.shape[0], self.nclass, ph, pw, dtype=dtype)
         count = image.new_zeros(1, 1, ph, pw, dtype=dtype)
-        for h0 in self._window_starts(ph):
-            for w0 in self._window_starts(pw):
-                h1, w1 = min(h0 + crop, ph), min(w0 + crop, pw)
-                window = self._pad(padded[..., h0:h1, w0:w1], crop, crop)
-                logits[..., h0:h1, w0:w1] += self._infer(window)[..., :h1 - h0, :w1 - w0]
-                count[..., h0:h1, w0:w1] += 1
+        boxes = [(h0, min(h0 + crop, ph), w0, min(w0 + crop, pw))
+                 for h0 in self._window_starts(ph) for w0 in self._window_starts(pw)]
+
+        def take(box: Box) -> Tensor:
+            return self._pad(padded[..., box[0]:box[1], box[2]:box[3]], crop, crop)
+
+        for (h0, h1, w0, w1), out in batched_windows(self.module, boxes, take, self.window_batch, self.flip):
+            logits[..., h0:h1, w0:w1] += out[..., :h1 - h0, :w1 - w0]
+            count[..., h0:h1, w0:w1] += 1
         return logits.div_(count)[..., :height, :width]
 
     def _window_starts(self, length: int) -> range:
@@ -155,22 +203,24 @@ class SlidingWindow(nn.Module):
         window: window size ``(height, width)`` or one int; ``None``: the whole image in one pass.
         stride: distance between window starts (default: two thirds of the window, mmsegmentation's 512 / 341).
         flip: average each window's logits with those of its horizontal flip.
+        window_batch: windows per forward (an int, or a function of one window: :data:`WindowBatch`).
 
     Shape:
         - Input: ``B x C x H x W`` (any size).
         - Output: logits ``B x nclass x H x W`` (at least float32), computed without autograd.
 
-    Memory: the result (``B x nclass x H x W`` floats, accumulated in place), a ``H x W`` count, and one window's
-    input and output (and the model's activations on one window).
+    Memory: the result (``B x nclass x H x W`` floats, accumulated in place), a ``H x W`` count, and
+    ``window_batch`` windows' inputs and outputs (and the model's activations on them).
 
     Raises:
         ValueError: a window or stride that is not a positive int, or a stride larger than the window.
     """
 
     def __init__(self, module: nn.Module, window: Optional[Union[int, Sequence[int]]] = None,
-                 stride: Optional[Union[int, Sequence[int]]] = None, flip: bool = False) -> None:
+                 stride: Optional[Union[int, Sequence[int]]] = None, flip: bool = False,
+                 window_batch: WindowBatch = 1) -> None:
         super().__init__()
-        self.module, self.flip = module, flip
+        self.module, self.flip, self.window_batch = module, flip, window_batch
         self.window = None if window is None else _pair(window, "window")
         if stride is None and self.window is not None:
             stride = tuple(max(w * 2 // 3, 1) for w in self.window)
@@ -186,15 +236,17 @@ class SlidingWindow(nn.Module):
         if self.window is None:
             return flip_average(self.module, image, self.flip)
         height, width = image.shape[-2:]
+        boxes = [(top, bottom, left, right) for top, bottom in _windows(height, self.window[0], self.stride[0])
+                 for left, right in _windows(width, self.window[1], self.stride[1])]
         logits = count = None
-        for top, bottom in _windows(height, self.window[0], self.stride[0]):
-            for left, right in _windows(width, self.window[1], self.stride[1]):
-                out = flip_average(self.module, image[..., top:bottom, left:right], self.flip)
-                if logits is None:
-                    logits = out.new_zeros(*out.shape[:2], height, width)
-                    count = out.new_zeros(1, 1, height, width)
-                logits[..., top:bottom, left:right] += out
-                count[..., top:bottom, left:right] += 1
+        for (top, bottom, left, right), out in batched_windows(
+                self.module, boxes, lambda box: image[..., box[0]:box[1], box[2]:box[3]], self.window_batch,
+                self.flip):
+            if logits is None:
+                logits = out.new_zeros(*out.shape[:2], height, width)
+                count = out.new_zeros(1, 1, height, width)
+            logits[..., top:bottom, left:right] += out
+            count[..., top:bottom, left:right] += 1
         return logits.div_(count)  # in place: the result is the only full-size copy of the logits
 
 

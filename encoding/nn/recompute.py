@@ -175,6 +175,8 @@ def checkpoint_module(module: nn.Module, function: Callable[..., Any], *args: An
     """
     if not torch.is_grad_enabled():
         return function(*args, **kwargs)
+    if torch.compiler.is_compiling():  # traced (--compile): the compiled backward recomputes pure operators only
+        return torch_checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
     frame = _Frame(module)
     return torch_checkpoint.checkpoint(function, *args, use_reentrant=False, context_fn=frame.contexts, **kwargs)
 

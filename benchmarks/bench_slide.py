@@ -1,0 +1,68 @@
+"""Batched sliding windows vs one window at a time: ``encoding.segment(mode="slide")`` on one large image.
+
+The main job's network (the shapes recipe: U-Net on ``vgg_tiny_s2``, output stride 8, windows of its 64 px crop every
+42 px), untrained, on a random 2048 x 1024 image: seconds of one window per forward, then of the default window
+batch (as many windows as 512 MiB holds on a CPU, :class:`encoding.engine.predict.WindowBudget`), the window batch
+chosen, the ratio, and whether the labels are identical. Each way runs once after a warm-up on a small image.
+
+Usage: ``python benchmarks/bench_slide.py [--height 1024] [--width 2048] [--window 64] [--device cpu]
+[--threads N]``
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+import encoding
+from _timing import sync
+from encoding.engine.predict import WindowBudget, to_batch
+from encoding.models import get_segmentation_model
+from encoding.models.multieval import _windows
+
+
+def seconds(model: torch.nn.Module, image: np.ndarray, window: int, device: torch.device, **how) -> tuple:
+    """``(seconds, labels)`` of one ``encoding.segment`` call."""
+    sync(device)
+    start = time.perf_counter()
+    labels = encoding.segment(model, image, mode="slide", window=window, device=device, **how)
+    sync(device)
+    return time.perf_counter() - start, labels
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--height", type=int, default=1024)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--window", type=int, default=64)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    model = get_segmentation_model("unet", dataset="shapes", backbone="vgg_tiny_s2", output_stride=8).to(device).eval()
+    image = np.random.default_rng(0).integers(0, 256, (args.height, args.width, 3), dtype=np.uint8)
+    for how in ({"window_batch": 1}, {}):  # warm-up: kernels and caches of both batch sizes
+        seconds(model, image[:2 * args.window, :4 * args.window], args.window, device, **how)
+    single, labels_single = seconds(model, image, args.window, device, window_batch=1)
+    print(f"one window per forward: {single:.2f} s", flush=True)
+    batched, labels_batched = seconds(model, image, args.window, device)
+    stride = args.window * 2 // 3
+    count = len(_windows(args.height, args.window, stride)) * len(_windows(args.width, args.window, stride))
+    with torch.no_grad():
+        chosen = WindowBudget(model)(to_batch(image[:args.window, :args.window]).to(device))
+    print(f"unet-vgg_tiny_s2 slide, {args.width} x {args.height} image, window {args.window} / stride {stride} "
+          f"({count} windows), {device} ({torch.get_num_threads()} threads):")
+    print(f"  one window per forward    {single:7.2f} s")
+    print(f"  {min(chosen, count):4d} windows per forward {batched:7.2f} s   (default budget: "
+          f"{chosen} windows)")
+    print(f"  ratio single / batched = {single / batched:.2f}  (goal >= 2)   labels identical: "
+          f"{bool(torch.equal(labels_single, labels_batched))}")
+
+
+if __name__ == "__main__":
+    main()
