@@ -6,6 +6,8 @@
     python benchmarks/bench_memory.py table       # per-device peaks and max batch at 11 GiB (docs/memory.md)
     python benchmarks/bench_memory.py advise      # --advise time: FCN-ResNet50, 150 classes, 8 x 11 GiB
                                                   #   (--baseline: and simulating every point, the same run)
+    python benchmarks/bench_memory.py scale       # --simulate N of FCN-ResNet50, 5 strategies: time vs devices
+                                                  #   (8, 64, 256, 1024; --scale-devices)
     python benchmarks/bench_memory.py loops       # both loops (--keep-outputs), simulated vs real CPU programs
     python benchmarks/bench_memory.py sharded     # fsdp / zero1 ranks vs a real multi-process gloo run
     python benchmarks/bench_memory.py amp         # bf16: one device, simulated vs a real CPU bf16 step
@@ -13,6 +15,7 @@
 Every figure is a ratio or an error measured in the same run (these machines are noisy); nothing is asserted.
 """
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -137,6 +140,29 @@ def advise(args):
               f"{report['advise_cpu_s'] / cpu:.2f} CPU; answers {'the same' if same else 'DIFFERENT'}", flush=True)
 
 
+def scale(args):
+    """The tool's --simulate N for FCN-ResNet50 (150 classes, 5 strategies) at each device count: wall and CPU
+    seconds of the whole tool in this process (its imports measured once, in a fresh interpreter), the device
+    programs simulated, and the load average (these machines are shared)."""
+    import subprocess
+
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import encoding.memory.cli"], check=True)
+    imports = time.perf_counter() - start
+    print(f"scale: FCN-ResNet50, 150 classes, 2 images per device, crop 480, strategies gather,balanced,ddp,fsdp,"
+          f"zero1; a fresh interpreter importing the tool: {imports:.1f} s", flush=True)
+    print(f"{'devices':>8} {'wall s':>8} {'CPU s':>8} {'+ imports':>10} {'load avg':>9}")
+    for devices in args.scale_devices:
+        argv = ["--model", "fcn", "--backbone", "resnet50", "--dataset", "ade20k", "--aux", "--simulate",
+                str(devices), "--strategies", "gather,balanced,ddp,fsdp,zero1", "--out-dir", args.out_dir]
+        load = os.getloadavg()[0]
+        start, cpu = time.perf_counter(), time.process_time()
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+            tool_main(argv)
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        print(f"{devices:>8} {wall:8.1f} {cpu:8.1f} {wall + imports:10.1f} {load:9.1f}", flush=True)
+
+
 def _compare(label, spec, program, workspaces=None, **calibrations):
     """One device program: real CPU peak against the simulation, and the calibrated ones (``workspaces``:
     "calibrated"; each keyword: its name)."""
@@ -214,7 +240,7 @@ def amp(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parts = ["speed", "accuracy", "zoo", "table", "advise", "loops", "sharded", "amp"]
+    parts = ["speed", "accuracy", "zoo", "table", "advise", "loops", "sharded", "amp", "scale"]
     parser.add_argument("parts", nargs="*", default=parts[:5], choices=parts)
     parser.add_argument("--crop", type=int, default=480, help="loops, sharded, amp: the crop")
     parser.add_argument("--per-device", type=int, default=2, help="loops, sharded, amp: images per device (rank)")
@@ -233,6 +259,8 @@ def main():
                         "docs/memory.md count allocations only)")
     parser.add_argument("--baseline", action="store_true",
                         help="advise: also the advice simulating every point (the search before replays), same run")
+    parser.add_argument("--scale-devices", type=int, nargs="*", default=[8, 64, 256, 1024],
+                        help="scale: the device counts")
     parser.add_argument("--zoo-images", type=int, default=2)
     parser.add_argument("--zoo-crop", type=int, default=480)
     parser.add_argument("--models", nargs="*", default=None,

@@ -288,7 +288,7 @@ def test_zero_and_negative_counts_are_errors_naming_the_option(option, value, ca
 
 @pytest.mark.parametrize("argv,message", [
     (["--memory-limit", "11"], "--memory-limit: memory size '11' has no unit; write e.g. 11GiB"),
-    (["--memory-limit=-1GiB"], "--memory-limit: cannot read memory size '-1GiB'"),
+    (["--memory-limit=-1GiB"], "--memory-limit: memory size '-1GiB' must be positive"),
     (["--strategies", "gather,fastest"], "unknown 'fastest'"),
     (["--simulate", "4", "--batch-size", "3"], "smaller than the 4 devices"),
     (["--memory-limit", "eleven"], "cannot read memory size 'eleven'"),
@@ -468,3 +468,54 @@ def test_docs_give_the_tools_sizes_in_its_units():
         decimal = [m.group(0) for m in re.finditer(r"\b\d+(\.\d+)?\s?(GB|MB|KB|TB)\b", text)
                    if m.group(0) != "12GB"]  # "12GB" is the documented decimal spelling --memory-limit accepts
         assert not decimal, f"{name}: {decimal}"
+
+
+# ------------------------------------------------------------------------------------------------ sizes, reserve, data
+@pytest.mark.parametrize("argv,message", [
+    (["--memory-limit", "-5GiB"], "--memory-limit: memory size '-5GiB' must be positive"),
+    (["--reserve", "-1MiB"], "--reserve: memory size '-1MiB' must be positive"),
+    (["--memory-limit", "99999999TiB"], "no real device has 99999999TiB of memory (a plan takes at most 1TiB"),
+    (["--memory-limit", "200MiB", "--advise"], "--reserve 512MiB (its default) is not smaller than --memory-limit "
+                                               "200MiB"),
+    (["--memory-limit", "400MiB", "--reserve", "400MiB", "--advise"], "--reserve 400MiB is not smaller"),
+    (["--simulate", "100000"], "--simulate 100000: the planner simulates at most 16384 devices"),
+    (["--backbone", "resnet50", "--simulate", "1024", "--memory-limit", "1KiB", "--reserve", "0B", "--advise"],
+     "--memory-limit 1KiB: nothing fits: the network's parameters alone take"),
+    (["--dataset", "folder"], "--dataset folder: give --data-root DIR"),
+])
+def test_sizes_reserve_and_device_counts_are_refused_in_one_line(argv, message, capsys):
+    """A negative size is a size (not an option argparse cannot find), a limit no device has, a reserve that
+    leaves nothing, more devices than the planner takes and a limit below the parameters' share are refused
+    before any simulation (issue 44)."""
+    assert message in _one_line_error(["--model", "fcn", "--backbone", "vgg_tiny"] + argv, capsys)
+
+
+def test_parse_memory_per_device_and_signs():
+    assert parse_memory("1TiB", per_device=True) == 2 ** 40
+    assert parse_memory("2TiB") == 2 ** 41  # not one device's memory: no limit
+    with pytest.raises(ValueError, match="no real device has 2TiB"):
+        parse_memory("2TiB", per_device=True)
+    for bad in ("-5GiB", "-0.5MiB", -3, 0):
+        with pytest.raises(ValueError, match="must be positive"):
+            parse_memory(bad)
+
+
+def test_folder_dataset_takes_its_classes_from_data_root(tmp_path):
+    """``--dataset folder --data-root D`` reads D's classes as training does (classes.txt: 3 classes), the
+    report simulates that many; without a class file the scan of the masks gives them."""
+    import numpy as np
+    from PIL import Image
+
+    for sub in ("images", "masks"):
+        (tmp_path / "data" / sub).mkdir(parents=True)
+    for i in range(4):
+        Image.fromarray(np.zeros((24, 32, 3), np.uint8)).save(tmp_path / "data" / "images" / f"s{i}.png")
+        mask = np.zeros((24, 32), np.uint8)
+        mask[4:12, 4:20] = 1 + i % 2
+        Image.fromarray(mask).save(tmp_path / "data" / "masks" / f"s{i}.png")
+    argv = ["--model", "fcn", "--backbone", "vgg_tiny", "--dataset", "folder", "--data-root", str(tmp_path / "data"),
+            "--simulate", "2", "--crop-size", "32", "--strategies", "ddp", "--out-dir", str(tmp_path / "out")]
+    assert cli.parse_args(argv).nclass == 3  # mask values 0, 1, 2
+    (tmp_path / "data" / "classes.txt").write_text("background\ncat\ndog\nbird\n")
+    report = cli.main(argv)
+    assert report["config"]["nclass"] == 4 and len(report["strategies"]["ddp"]["peak_mib"]) == 2

@@ -142,3 +142,30 @@ def test_dict_output_without_output_key_is_one_clear_error():
     with pytest.raises(ValueError, match="output_key='out'"):
         plan(model, nn.CrossEntropyLoss(), crop=32, batch=2, num_devices=1)
     assert plan(model, nn.CrossEntropyLoss(), crop=32, batch=2, num_devices=1, output_key="out").peaks["balanced"]
+
+
+# ------------------------------------------------------------------------------------------------ spec networks
+def headless_factory(num_classes=21, **kwargs):
+    """A ``module:`` network without a ``backbone``: recomputation has no blocks to wrap, so its build refuses it."""
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, num_classes, 1))
+
+
+def test_spec_network_recompute_is_planned_as_built():
+    """Issue 44: the planner plans what the build builds. ``--recompute backbone`` on a torchvision spec network
+    wraps its backbone's blocks: forward and backward hold less (at a crop where they make the peak, the peak is
+    lower); a network the build refuses it for gets advice rows for ``none`` only."""
+    from encoding.memory import Simulator, segmentation_spec
+    from encoding.memory.program import DeviceProgram
+    from encoding.memory.report import buildable_policies
+
+    peaks = {}
+    for policy in ("none", "backbone"):
+        spec = segmentation_spec("torchvision:lraspp_mobilenet_v3_large", "resnet50", 21, 256, checkpoint=policy)
+        peaks[policy] = Simulator(spec, 512).result(DeviceProgram("ddp", 2, 2, False, 1)).phases
+    assert peaks["backbone"][1] < peaks["none"][1] and peaks["backbone"][0] == peaks["none"][0]
+    assert max(peaks["backbone"][1:3]) < max(peaks["none"][1:3])
+    common = dict(backbone="resnet50", nclass=21, crop_size=64, aux=False, se_loss=False, amp_dtype=None, seed=0,
+                  checkpoint=False, keep_outputs=False)
+    assert buildable_policies(dict(common, model="torchvision:lraspp_mobilenet_v3_large")) == ("none", "backbone",
+                                                                                              "all")
+    assert buildable_policies(dict(common, model="test_plan_foreign:headless_factory")) == ("none",)

@@ -18,33 +18,29 @@ in what they hold around it (DDP's buckets, the optimizer state of a partition, 
 their replays are ``ddp``'s with their own state, traced once. Where a replay does not fit (a size that is no
 monomial, different events), every point is simulated: device programs cached per (crop, policy), the fake model
 and the model sharded for ``fsdp`` shared across crops, ``balanced`` and ``zero1`` composed from ``ddp``'s
-simulation at each point where that is exact (:class:`_Peaks`). The FCN-ResNet50 advice of ``docs/memory.md``
-(5 strategies x 3 policies) simulates 14 device programs instead of 63.
+simulation at each point where that is exact (:class:`_Peaks`).
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .program import DeviceProgram, StepSpec
 from .replay import Replay, compose, fit, refit, size_table
-from .simulate import Simulator, new_fake_mode
+from .search import confirm_boundary, largest_fitting
+from .simulate import Simulator
 
 __all__ = ["CROP_STEP", "ADVISED_STRATEGIES", "Advice", "advise", "recommend", "heaviest_program",
            "largest_fitting", "confirm_boundary"]
 
 #: Crops are searched in multiples of this many pixels (the output stride of the dilated backbones).
 CROP_STEP = 8
-#: The strategies :func:`advise` answers for (``balanced-auto`` plans the split of a given batch; its batch that
-#: fits is at least ``balanced``'s).
+#: The strategies :func:`advise` answers for (``balanced-auto``'s batch that fits is at least ``balanced``'s).
 ADVISED_STRATEGIES = ("gather", "balanced", "ddp", "fsdp", "zero1")
 #: Policies from the cheapest (no recomputation) to the dearest: the tie-break of the recommendation.
 POLICY_ORDER = ("none", "backbone", "all")
-#: Where the verification gives up stepping down (a line that far off is a bug, not a rounding).
-_MAX_STEPS = 8
 #: Strategies whose heaviest device runs ``ddp``'s forward and backward: composed from it where exact.
 _COMPOSED = ("balanced", "zero1")
 #: The smallest share a replay answers for (one sample behind global pooling trains BatchNorm another way).
@@ -81,8 +77,9 @@ class Advice:
 
 def heaviest_program(simulator: Simulator, strategy: str, share: int, num_devices: int) -> DeviceProgram:
     """The device program with the largest peak of ``strategy`` when every device holds ``share`` samples: device 0
-    of ``gather`` / ``balanced`` (it holds what the others hold and the module's state), any ``ddp`` / ``fsdp`` rank,
-    the ``zero1`` rank that owns the most parameter elements."""
+    of ``gather`` / ``balanced`` (it holds what the others hold and the module's state), any ``ddp`` rank, ``fsdp``'s
+    rank 0 (``torch.chunk``'s first chunk is the longest: its shards, gradients and state are each at least any other
+    rank's, allocated in the same order), the ``zero1`` rank that owns the most parameter elements."""
     total = share * num_devices
     if strategy in ("gather", "balanced"):
         return DeviceProgram(strategy, share, total, True, num_devices)
@@ -214,93 +211,6 @@ class _Peaks:
         return own[0], own[2] - own[0], ddp[2] - ddp[0]
 
 
-def largest_fitting(peak: Callable[[int], int], start: int, limit: int, step: int = 1,
-                    axis: Callable[[int], float] = float,
-                    reference: Optional[Callable[[int], int]] = None) -> int:
-    """The largest ``v`` (a multiple of ``step``) with ``peak(v) <= limit`` (``0`` when even ``step`` does not fit),
-    for a ``peak`` that is convex and piecewise affine in ``axis(v)``: the larger of a fixed level (e.g. the
-    optimizer step's) and a line (the activations).
-
-    The line's growth comes from two points of ``reference`` (default ``peak`` itself; a strategy whose devices
-    grow alike, simulated once for all of them, whose fixed level may be another, even above ``limit``): ``start``
-    and ``start + step``, doubling while it is flat (still the fixed level) and ``peak`` estimated from it fits. With one point of ``peak`` the line's crossing of ``limit`` is the candidate, and one simulation
-    verifies it: it stands when its peak fits and lies on the line; otherwise the line is refitted through the
-    newest points of ``peak`` (secant steps).
-    """
-    known: Dict[Tuple[int, int], int] = {}
-
-    def cached(function: Callable[[int], int], which: int) -> Callable[[int], int]:
-        def at(v: int) -> int:
-            if (which, v) not in known:
-                known[which, v] = function(v)
-            return known[which, v]
-        return at
-
-    at = cached(peak, 0)
-    ref = cached(reference, 1) if reference is not None else at
-
-    def estimate(v: int) -> int:  # peak(v) from the reference's growth since start (its own level may differ)
-        return at(start) + ref(v) - ref(start)
-
-    a, b = start, start + step
-    while ref(b) <= ref(a) and estimate(b) <= limit and b < 2 ** 32:
-        a, b = b, 2 * b
-    if a != start:  # past the fixed level: two points on the line
-        a, b = b, b + step
-    slope = (ref(b) - ref(a)) / (axis(b) - axis(a))
-    for _ in range(_MAX_STEPS):
-        if slope <= 0:
-            break
-        candidate = _on_grid(axis(b) + (limit - at(b)) / slope, axis, step)
-        if candidate <= 0:
-            return step if at(step) <= limit else 0
-        predicted = at(b) + slope * (axis(candidate) - axis(b))
-        if at(candidate) <= limit and abs(at(candidate) - predicted) <= 1e-3 * limit:
-            return candidate
-        if candidate == b:
-            break
-        a, b = sorted((b, candidate))
-        slope = (at(b) - at(a)) / (axis(b) - axis(a))
-    fitting = [v for (which, v), p in known.items() if which == 0 and p <= limit]
-    return max(fitting) if fitting else 0
-
-
-def confirm_boundary(peak: Callable[[int], int], value: int, limit: int, step: int = 1) -> int:
-    """``value`` (a multiple of ``step``) moved to the boundary and confirmed by ``peak``: the result fits (or is
-    ``0``: not even ``step`` fits) and one ``step`` more does not. A search whose line was exact costs two ``peak``
-    calls; one that missed gallops (doubling its step) to a bracket and bisects it.
-    """
-    gap = step
-    if value == 0 or peak(value) <= limit:
-        low, high = value, value + step
-        while peak(high) <= limit:
-            low, gap = high, gap * 2
-            high = low + gap
-    else:
-        low, high = value - step, value
-        while low > 0 and peak(low) > limit:
-            high, gap = low, gap * 2
-            low = max(0, high - gap)
-    while high - low > step:
-        mid = max(low + step, (low + high) // 2 // step * step)
-        low, high = (mid, high) if peak(mid) <= limit else (low, mid)
-    return low
-
-
-def _on_grid(target: float, axis: Callable[[int], float], step: int) -> int:
-    """The largest multiple of ``step`` whose ``axis`` value is at most ``target`` (``axis`` increasing)."""
-    if target < axis(step):
-        return 0
-    value = step
-    while axis(value * 2) <= target:
-        value *= 2
-    high = value * 2
-    while high - value > step:
-        mid = (value + high) // 2 // step * step
-        value, high = (mid, high) if axis(mid) <= target else (value, mid)
-    return value
-
-
 def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], num_devices: int, batch: int,
            crop: int, limit_bytes: int, round_to: int = 1, policies: Sequence[str] = POLICY_ORDER,
            stats: Optional[Dict[str, int]] = None, backend: str = "nccl", replay: bool = True,
@@ -367,8 +277,8 @@ def _confirmed(peaks: _Peaks, rows: List[Advice], crop: int, limit: int) -> List
 
 
 def _line_of(strategy: str) -> str:
-    """Whose growth ``strategy``'s heaviest device shares: ``gather``'s device 0 (which also holds the whole
-    batch's outputs) its own; the strategies whose devices compute their own share's loss ``ddp``'s."""
+    """Whose growth ``strategy``'s heaviest device shares: ``gather``'s its own (device 0 holds the whole batch's
+    outputs), the others' (each device computes its own share's loss) ``ddp``'s."""
     return "gather" if strategy == "gather" else "ddp"
 
 

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from ..config.parser import build_parser as config_parser, warn_old_spellings
-from ..config.tools import DEFAULT_MEMORY_LIMIT
+from ..config.tools import DEFAULT_MEMORY_LIMIT, DEFAULT_RESERVE
 from ..errors import UsageError
 from ..utils.cli import run_cli
 from ..utils.files import refuse_own_input
@@ -26,7 +26,13 @@ from .planner import parse_memory
 from .program import STRATEGIES
 from .report import format_report, memory_report, write_chart, write_json
 
-__all__ = ["parse_memory", "build_parser", "parse_args", "main", "cli"]
+__all__ = ["MAX_SIMULATED_DEVICES", "parse_memory", "build_parser", "parse_args", "main", "cli"]
+
+#: The most devices ``--simulate`` takes: past it the device lists themselves (a ``zero1`` partition and an ``fsdp``
+#: shard per rank and parameter) cost more than the simulation, and no data-parallel job runs that wide.
+MAX_SIMULATED_DEVICES = 16384
+#: The options that take a memory size (a negative one is read as a size, to be refused as one, not as an option).
+SIZE_OPTIONS = ("--memory-limit", "--reserve")
 
 
 # ------------------------------------------------------------------------------------------------ options
@@ -39,13 +45,26 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Parse and check the options; every bad value ends in a one-line argparse error (exit 2)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    warn_old_spellings("memory", sys.argv[1:] if argv is None else argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(_signed_sizes(given))
+    warn_old_spellings("memory", given)
     try:
         _complete(args)
     except ValueError as exc:
         parser.error(str(exc))
     return args
+
+
+def _signed_sizes(argv: List[str]) -> List[str]:
+    """``--memory-limit -5GiB`` as ``--memory-limit=-5GiB`` (argparse takes ``-5GiB`` for an option and says only
+    "expected one argument"); the size's own check then refuses it."""
+    out: List[str] = []
+    for item in argv:
+        if out and out[-1] in SIZE_OPTIONS and item[:1] == "-" and item[1:2].isdigit():
+            out[-1] = f"{out[-1]}={item}"
+        else:
+            out.append(item)
+    return out
 
 
 def _complete(args: argparse.Namespace) -> None:
@@ -63,11 +82,13 @@ def _complete(args: argparse.Namespace) -> None:
         args.device_list = _cuda_devices(args.devices)
     elif args.simulate is None:
         args.simulate = 4
+    if args.simulate is not None and args.simulate > MAX_SIMULATED_DEVICES:
+        raise ValueError(f"--simulate {args.simulate}: the planner simulates at most {MAX_SIMULATED_DEVICES} devices")
     count = args.simulate if args.devices is None else len(args.device_list)
     if args.dataset not in datasets:
         raise ValueError(f"--dataset: unknown {args.dataset!r}; valid: {', '.join(datasets)}")
-    args.nclass = datasets[args.dataset].NUM_CLASS if args.nclass is None else args.nclass
-    _check_network(args)
+    args.nclass = _class_count(args) if args.nclass is None else args.nclass
+    parameter_bytes = _check_network(args)
     args.crop_size = datasets[args.dataset].CROP_SIZE if args.crop_size is None else args.crop_size
     if args.batch_size is None:
         args.batch_size = 2 * count
@@ -81,13 +102,30 @@ def _complete(args: argparse.Namespace) -> None:
     if args.memory_limit is None and (args.max_batch or args.advise):
         args.memory_limit = DEFAULT_MEMORY_LIMIT
     try:
-        args.memory_limit_bytes = None if args.memory_limit is None else parse_memory(args.memory_limit)
+        args.memory_limit_bytes = (None if args.memory_limit is None
+                                   else parse_memory(args.memory_limit, per_device=True))
     except ValueError as exc:
         raise ValueError(f"--memory-limit: {exc}") from None
     args.reserve_bytes = _reserve(args.reserve)
     args.num_devices = count
+    _check_budget(args, parameter_bytes)
     args.json_path = args.json or os.path.join(args.out_dir, "memory_balance.json")
     args.chart_path = args.chart or os.path.join(args.out_dir, "memory_balance.png")
+
+
+def _check_budget(args: argparse.Namespace, parameter_bytes: int) -> None:
+    """Before any simulation: ``--advise`` needs a ``--reserve`` smaller than ``--memory-limit``, and the searches
+    (``--advise``, ``--max-batch``: allocations only) a budget above the parameters' share of a device (no device
+    holds less: ``fsdp`` shards them over every device, the others hold them whole)."""
+    if args.advise and args.reserve_bytes >= args.memory_limit_bytes:
+        default = " (its default)" if args.reserve == DEFAULT_RESERVE else ""
+        raise ValueError(f"--reserve {args.reserve}{default} is not smaller than --memory-limit {args.memory_limit}: "
+                         "the advice would have nothing to fit; give a smaller --reserve (0B: none)")
+    share = parameter_bytes / args.num_devices
+    if (args.advise or args.max_batch) and args.memory_limit_bytes - args.advise * args.reserve_bytes < share:
+        size = f"{share / 2 ** 20:.1f} MiB" if share >= 2 ** 20 else f"{share / 2 ** 10:.1f} KiB"
+        raise ValueError(f"--memory-limit {args.memory_limit}: nothing fits: the network's parameters alone take "
+                         f"{size} per device even sharded over the {args.num_devices} devices")
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -99,24 +137,41 @@ def check_outputs(args: argparse.Namespace) -> None:
     try:
         _check_writable("--json" if args.json else "--out-dir", args.json_path)
         _check_writable("--chart" if args.chart else "--out-dir", args.chart_path)
+        if getattr(args, "timeline", None):  # its folder's files (encoding.memory.timeline)
+            _check_writable("--timeline", os.path.join(args.timeline, "timeline.json"))
         refuse_own_input([args.json_path, args.chart_path], [], "--json / --chart")  # one file for both: one would go
     except ValueError as err:
         raise UsageError(str(err)) from None
 
 
-def _check_network(args: argparse.Namespace) -> None:
+def _class_count(args: argparse.Namespace) -> int:
+    """The dataset's class count; a ``folder`` dataset's read from ``--data-root`` as training reads it (its class
+    file, else the scan of its masks: :class:`~encoding.datasets.FolderSegmentation`)."""
+    from ..datasets import datasets
+    from ..datasets.metadata import dataset_metadata
+
+    if args.dataset != "folder":
+        return datasets[args.dataset].NUM_CLASS
+    if not args.data_root:
+        raise ValueError("--dataset folder: give --data-root DIR (its classes give the class count) or --nclass N")
+    return len(dataset_metadata(datasets["folder"](root=args.data_root, split="train"))["classes"])
+
+
+def _check_network(args: argparse.Namespace) -> int:
     """Fail before any work on a model / backbone the simulation cannot build (built on the ``meta`` device: no
-    memory, no weights)."""
+    memory, no weights); returns the bytes of its parameters."""
     from ..models import get_segmentation_model
+    from ..models.external import network_flags
 
     try:
         with torch.device("meta"):
-            get_segmentation_model(args.model, backbone=args.backbone, nclass=args.nclass, aux=args.aux,
-                                   se_loss=args.se_loss, checkpoint=False if args.recompute == "none"
-                                   else args.recompute)
+            model = get_segmentation_model(args.model, backbone=args.backbone, nclass=args.nclass, aux=args.aux,
+                                           se_loss=args.se_loss, checkpoint=False if args.recompute == "none"
+                                           else args.recompute)
     except (ValueError, KeyError, TypeError, NotImplementedError, RuntimeError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"--model {args.model} --backbone {args.backbone}: {reason}") from None
+        raise ValueError(f"{network_flags(args.model, args.backbone)}: {reason}") from None
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def _reserve(text: str) -> int:
@@ -169,12 +224,18 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     JSON and chart; return the report."""
     args = parse_args(argv)
     check_outputs(args)
+    if args.timeline:  # the memory over one step, from the same simulation (encoding.memory.timeline)
+        from .timeline import check_options
+        check_options(args)
     report = memory_report(args)
     print(format_report(report))
     write_json(report, args.json_path)
     print(f"wrote {args.json_path}")
     if write_chart(report, args.chart_path):
         print(f"wrote {args.chart_path}")
+    if args.timeline:
+        from .timeline import write_report_timeline
+        print("\n".join(f"wrote {path}" for path in write_report_timeline(args, report)))
     return report
 
 

@@ -9,26 +9,32 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import Tensor
 
-from .sharded import LocalShardOptimizer, zero_optimizer
+from .sharded import LocalShardOptimizer, PartitionOptimizer, zero_optimizer
 
 __all__ = ["build_optimizer", "optimizer_warmup", "optimizer_key", "optimizer_state"]
 
 
 def build_optimizer(spec: Any, program: Any, params: List[Tensor], real_ddp: bool = False) -> Optional[Any]:
     """The optimizer of ``program`` (a :class:`~encoding.memory.program.DeviceProgram`) over ``params``, made with
-    ``spec.optimizer``: a ``zero1`` rank's ``ZeroRedundancyOptimizer``, a simulated ``fsdp`` rank's
+    ``spec.optimizer``: a real ``zero1`` rank's ``ZeroRedundancyOptimizer`` (a simulated one's
+    :class:`~encoding.memory.sharded.PartitionOptimizer`), a simulated ``fsdp`` rank's
     :class:`~encoding.memory.sharded.LocalShardOptimizer`, the module's own where the program keeps it, else
     ``None`` (a replica: its gradients leave for device 0)."""
     if program.strategy == "zero1":
-        return zero_optimizer(params, spec.optimizer)
+        return zero_optimizer(params, spec.optimizer) if real_ddp else PartitionOptimizer(params, spec.optimizer)
     if program.strategy == "fsdp" and not real_ddp:  # simulated: the same tensors, DTensor's dispatch skipped
         return LocalShardOptimizer(params, spec.optimizer)
     return spec.optimizer(params) if program.keeps_module else None
 
 
 def optimizer_warmup(params: List[Tensor], optimizer: Optional[Any]) -> None:
-    """What a warm-up step leaves behind on fake tensors: the optimizer's state (e.g. momentum buffers)."""
-    if optimizer is not None:
+    """What a warm-up step leaves behind on fake tensors: the optimizer's state (e.g. momentum buffers). The
+    simulator's own optimizers warm up the tensors they hold state for (:meth:`LocalShardOptimizer.warm_up
+    <encoding.memory.sharded.LocalShardOptimizer.warm_up>`: the shards' local tensors, without a ``DTensor``
+    gradient per parameter)."""
+    if hasattr(optimizer, "warm_up"):
+        optimizer.warm_up()
+    elif optimizer is not None:
         for p in params:
             p.grad = torch.zeros_like(p)
         optimizer.step()
@@ -37,12 +43,12 @@ def optimizer_warmup(params: List[Tensor], optimizer: Optional[Any]) -> None:
 
 def optimizer_key(program: Any) -> Optional[tuple]:
     """Which programs on one model step the same optimizer: every program that keeps the module but ``zero1``'s steps
-    one over all parameters, an ``fsdp`` rank one over its world's shards (``None``: no optimizer to share; a
-    ``zero1`` rank's ``ZeroRedundancyOptimizer`` holds the process group of its own program)."""
+    one over all parameters, an ``fsdp`` rank one over its own shards, a ``zero1`` rank one over its partition
+    (``None``: no optimizer to share)."""
     if program.strategy == "zero1":
-        return None
+        return ("zero1", program.replicas, program.rank)
     if program.strategy == "fsdp":
-        return ("fsdp", program.replicas)
+        return ("fsdp", program.replicas, program.rank)
     return ("module",) if program.keeps_module else None
 
 

@@ -26,7 +26,7 @@ from .program import BACKENDS, STRATEGIES, StepSpec, default_optimizer
 from .simulate import Simulator
 from .tracker import CUDA_BLOCK, MIB, Workspaces
 
-__all__ = ["AMP_DTYPES", "MemoryPlan", "plan", "parse_memory", "loop_name"]
+__all__ = ["AMP_DTYPES", "MAX_DEVICE_MEMORY", "MemoryPlan", "plan", "parse_memory", "loop_name"]
 
 #: ``amp=`` names and their autocast dtypes.
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -35,29 +35,41 @@ _UNITS = {"b": 1, "k": 2 ** 10, "kb": 10 ** 3, "kib": 2 ** 10, "m": 2 ** 20, "mb
           "g": 2 ** 30, "gb": 10 ** 9, "gib": 2 ** 30, "t": 2 ** 40, "tb": 10 ** 12, "tib": 2 ** 40}
 
 
-def parse_memory(text: Union[str, int]) -> int:
+#: The most memory per device a plan accepts: more than any accelerator has (the largest hold under 300 GB), so
+#: a larger limit is a typing error, not a device (``parse_memory(..., per_device=True)``).
+MAX_DEVICE_MEMORY = "1TiB"
+
+
+def parse_memory(text: Union[str, int], per_device: bool = False) -> int:
     """``"11GiB"`` -> bytes (an ``int`` is bytes already); the unit is required: B, KB/KiB, MB/MiB, GB/GiB,
-    TB/TiB (K/M/G/T = binary).
+    TB/TiB (K/M/G/T = binary). The one reader of memory sizes (the memory tool's options, :func:`plan`, the web
+    page's Plan tab, ``segment(memory=...)``).
+
+    Args:
+        per_device: the memory of one device: more than :data:`MAX_DEVICE_MEMORY` is refused.
 
     Raises:
-        ValueError: a number without a unit (``"11"`` is not 11 bytes nor 11 GiB), anything else, or a size that is
-            not positive.
+        ValueError: a number without a unit (``"11"`` is not 11 bytes nor 11 GiB), anything else, a size that is
+            not positive, or with ``per_device`` one that no real device has.
     """
     import re
 
     if isinstance(text, int) and not isinstance(text, bool):
-        if text <= 0:
-            raise ValueError(f"memory size {text!r} must be positive")
-        return text
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else None
-    if match and not unit:
-        raise ValueError(f"memory size {text!r} has no unit; write e.g. {match.group(1)}GiB or {match.group(1)}MiB")
-    if not match or unit not in _UNITS:
-        raise ValueError(f"cannot read memory size {text!r}; write e.g. 11GiB, 11000MiB or 12GB")
-    value = int(float(match.group(1)) * _UNITS[unit])
+        value = text
+    else:
+        match = re.fullmatch(r"\s*(-?[0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+        unit = match.group(2).lower() if match else None
+        if match and not unit:
+            raise ValueError(f"memory size {text!r} has no unit; write e.g. {match.group(1)}GiB or "
+                             f"{match.group(1)}MiB")
+        if not match or unit not in _UNITS:
+            raise ValueError(f"cannot read memory size {text!r}; write e.g. 11GiB, 11000MiB or 12GB")
+        value = int(float(match.group(1)) * _UNITS[unit])
     if value <= 0:
         raise ValueError(f"memory size {text!r} must be positive")
+    if per_device and value > parse_memory(MAX_DEVICE_MEMORY):
+        raise ValueError(f"no real device has {text} of memory (a plan takes at most {MAX_DEVICE_MEMORY} per "
+                         "device)")
     return value
 
 
@@ -238,7 +250,7 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
                          f"num_devices={num_devices}, batch={batch}")
     if aux_weight and output_key is None:
         raise ValueError("plan: aux_weight needs output_key (e.g. output_key='out', aux_weight=0.5)")
-    limit = None if memory_limit is None else parse_memory(memory_limit)
+    limit = None if memory_limit is None else parse_memory(memory_limit, per_device=True)
     loss = criterion if output_key is None else _KeyedLoss(criterion, output_key, "aux", aux_weight)
 
     def spec_for(size: int, policy: str) -> StepSpec:

@@ -124,9 +124,8 @@ class DeviceProgram:
     def canonical(self) -> "DeviceProgram":
         """The same program with the fields that do not change what it holds normalised (a cache key)."""
         total = self.total if self.strategy == "gather" and self.source else self.share
-        if self.strategy in ("fsdp", "zero1"):  # every fsdp rank holds equal (padded) shards; zero1's differ
-            return DeviceProgram(self.strategy, self.share, total, False, self.replicas,
-                                 self.rank if self.strategy == "zero1" else 0)
+        if self.strategy in ("fsdp", "zero1"):  # the rank's shards (fsdp) or partition (zero1) may differ
+            return DeviceProgram(self.strategy, self.share, total, False, self.replicas, self.rank)
         return DeviceProgram(self.strategy, self.share, total, self.source, 2 if self.receives_gradients else 1)
 
 
@@ -218,8 +217,11 @@ def _loss(spec: StepSpec, output: Any, target: Any, share: int) -> Tensor:
 
 def _step(spec: StepSpec, program: DeviceProgram, model: nn.Module, params: List[Tensor],
           optimizer: Optional[torch.optim.Optimizer], device_type: str,
-          mark: Callable[[], None] = lambda: None) -> None:
-    if program.share:
+          mark: Callable[[], None] = lambda: None, gradients_only: bool = False) -> None:
+    if program.share and gradients_only:  # what forward and backward leave: a gradient for every parameter
+        for p in params:
+            p.grad = torch.zeros_like(p)
+    elif program.share:
         _forward_backward(spec, program, model, device_type)
     mark()  # forward and backward done: the rest (gradients arriving, optimizer step) does not depend on the input
     if program.receives_gradients:
@@ -280,7 +282,7 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
                 track: Callable[[List[Tensor]], None] = lambda tensors: None, real_ddp: bool = False,
                 model: Optional[nn.Module] = None, backend: str = "nccl",
                 mark: Callable[[], None] = lambda: None,
-                optimizers: Optional[Dict[tuple, Any]] = None) -> float:
+                optimizers: Optional[Dict[tuple, Any]] = None, gradients_only: bool = False) -> float:
     """Run ``program``: build, one warm-up step, then ``steps`` steps each inside ``window()``.
 
     Args:
@@ -308,6 +310,9 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
             :func:`~encoding.memory.optimizers.optimizer_key` (filled on first use): a program whose key is there
             steps that optimizer, its state counted by ``track``, instead of building one and running its warm-up
             step (the same state: the warm-up's zero gradients leave the same buffers every time).
+        gradients_only: the measured steps' forward and backward replaced by a zero gradient for every parameter
+            (what they leave): the rest of the step alone, for a program whose forward and backward another
+            program ran (:class:`~encoding.memory.simulate.Simulator`'s ``zero1`` ranks).
 
     ``fsdp`` and ``zero1`` run in the process group of this process (its world size and rank must be the
     program's), else in a fake one of the program's size (:func:`~encoding.memory.sharded.rank_world`).
@@ -325,12 +330,13 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
         group = contextlib.nullcontext()
     with _any_batchnorm_batch(), group:
         return _run_program(spec, program, device_type, window, steps, track, real_ddp, model, backend, mark,
-                            optimizers)
+                            optimizers, gradients_only)
 
 
 def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, window: Callable[[], Any], steps: int,
                  track: Callable[[List[Tensor]], None], real_ddp: bool, model: Optional[nn.Module],
-                 backend: str, mark: Callable[[], None], optimizers: Optional[Dict[tuple, Any]] = None) -> float:
+                 backend: str, mark: Callable[[], None], optimizers: Optional[Dict[tuple, Any]] = None,
+                 gradients_only: bool = False) -> float:
     # sharding changes the module: fsdp shards its own, or reuses one sharded before (is_sharded)
     reuse = model is not None and (program.strategy != "fsdp" or is_sharded(model))
     model = model if reuse else spec.build_model()
@@ -359,7 +365,7 @@ def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, windo
     for _ in range(steps):
         with window():
             start = time.perf_counter()
-            _step(spec, program, model, params, optimizer, device_type, mark)
+            _step(spec, program, model, params, optimizer, device_type, mark, gradients_only)
             seconds = time.perf_counter() - start
     del buckets
     return seconds
@@ -368,11 +374,12 @@ def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, windo
 @dataclass
 class ProgramResult:
     """The peak of one device program. ``peak`` in bytes, ``seconds`` of the measured step; ``phases`` (simulated
-    programs): the bytes live when the step starts, the peak of its forward and backward, and the peak of the rest
-    of the step (gradients arriving, optimizer step), or ``None``; ``trace`` (simulated with ``record``): the bytes
-    live when the step starts and its allocation events (:mod:`encoding.memory.replay`)."""
+    programs): the bytes live when the step starts, the peak of its forward and backward, the peak of the rest
+    of the step (gradients arriving, optimizer step) and the bytes live between the two, or ``None``; ``trace``
+    (simulated with ``record``): the bytes live when the step starts and its allocation events
+    (:mod:`encoding.memory.replay`)."""
 
     peak: int
     seconds: float
-    phases: Optional[Tuple[int, int, int]] = None
+    phases: Optional[Tuple[int, int, int, int]] = None
     trace: Optional[Tuple[int, List[tuple]]] = None

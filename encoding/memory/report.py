@@ -8,15 +8,17 @@ import argparse
 import io
 import json
 import os
+import statistics
 import sys
 import textwrap
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..models.external import network_name
 from ..utils.files import atomic_write
-from .advice import advise
+from .advice import POLICY_ORDER, advise
 from .balance import max_batch, strategy_peaks
 from .planner import AMP_DTYPES, loop_name
 from .profiler import learn_workspaces
@@ -29,7 +31,8 @@ def advice_budget(args: argparse.Namespace) -> int:
     """The bytes per device the advice may spend on allocations: ``--memory-limit`` less ``--reserve``."""
     return max(0, args.memory_limit_bytes - getattr(args, "reserve_bytes", 0))
 
-__all__ = ["memory_report", "format_report", "format_advice", "write_json", "write_chart", "chart_figure"]
+__all__ = ["memory_report", "step_arguments", "format_report", "format_advice", "write_json", "write_chart",
+           "chart_figure"]
 
 
 def _summary(peaks: Sequence[int], split: Sequence[int], seconds: Optional[float]) -> Dict[str, Any]:
@@ -58,6 +61,13 @@ def _config(args: argparse.Namespace, mode: str) -> Dict[str, Any]:
     return config
 
 
+def step_arguments(args: argparse.Namespace) -> Dict[str, Any]:
+    """The :func:`~encoding.memory.spec.segmentation_spec` arguments of the tool's options."""
+    return dict(model=args.model, backbone=args.backbone, nclass=args.nclass, crop_size=args.crop_size,
+                aux=args.aux, se_loss=args.se_loss, amp_dtype=AMP_DTYPES.get(args.amp), seed=args.seed,
+                checkpoint=False if args.recompute == "none" else args.recompute, keep_outputs=args.keep_outputs)
+
+
 def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, Any]:
     """Peaks per device for every requested strategy (and, with ``--max-batch``, the largest batch that fits).
 
@@ -70,10 +80,7 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         ``strategy``, ``checkpoint``, ``max_batch``, ``per_device``, ``max_crop``, ``recommended``) and
         ``"advise_s"`` (its seconds; ``"advise_cpu_s"``: of CPU time).
     """
-    spec_args = dict(model=args.model, backbone=args.backbone, nclass=args.nclass, crop_size=args.crop_size,
-                     aux=args.aux, se_loss=args.se_loss, amp_dtype=AMP_DTYPES.get(args.amp), seed=args.seed,
-                     checkpoint=False if args.recompute == "none" else args.recompute,
-                     keep_outputs=args.keep_outputs)
+    spec_args = step_arguments(args)
     spec = segmentation_spec(**spec_args)
     workspaces = None
     if args.calibrate:
@@ -107,11 +114,32 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         report["advice"] = [row.as_dict() for row in advise(
             lambda crop, policy: segmentation_spec(**dict(spec_args, crop_size=crop, checkpoint=policy)),
             args.strategies, args.num_devices, args.batch_size, args.crop_size, advice_budget(args),
-            CUDA_BLOCK, stats=stats, backend=args.backend, simulator=(args.recompute, simulator))]
+            CUDA_BLOCK, policies=buildable_policies(spec_args), stats=stats, backend=args.backend,
+            simulator=(args.recompute, simulator))]
         report["advise_s"] = round(time.perf_counter() - start, 2)
         report["advise_cpu_s"] = round(time.process_time() - cpu, 2)
         _say(progress, f"advice: {stats['programs']} device programs simulated in {report['advise_s']:.1f} s")
     return report
+
+
+def buildable_policies(spec_args: Dict[str, Any]) -> Tuple[str, ...]:
+    """The recomputation policies the network's build applies, cheapest first: every one for a network of the
+    registry; for a spec network (``torchvision:``, ``module:`` ...) those its build does not refuse (one without
+    a backbone of blocks refuses them), so that the advice lists no row whose saving would not happen."""
+    from ..errors import EncodingError
+    from ..models.external import is_model_spec
+
+    if not is_model_spec(spec_args["model"]):
+        return POLICY_ORDER
+    kept = []
+    for policy in POLICY_ORDER:
+        try:
+            with torch.device("meta"):
+                segmentation_spec(**dict(spec_args, checkpoint=policy)).build_model()
+        except EncodingError:
+            continue
+        kept.append(policy)
+    return tuple(kept)
 
 
 def _checkpoint_saving(plain_args: Dict[str, Any], strategy: str, args: argparse.Namespace, peaks: Sequence[int],
@@ -137,6 +165,9 @@ def _say(enabled: bool, text: str) -> None:
 
 #: The table's width limit (characters).
 TABLE_WIDTH = 119
+#: The most devices the table shows one by one and the chart draws as grouped bars; past it both summarise each
+#: strategy's devices (min / median / max and the devices at the max).
+MAX_BARS = 32
 
 
 def _options(config: Dict[str, Any]) -> str:
@@ -152,24 +183,62 @@ def _options(config: Dict[str, Any]) -> str:
 
 
 def _title(config: Dict[str, Any]) -> str:
-    return (f"{config['model']}-{config['backbone']}, {config['nclass']} classes, batch {config['batch_size']}, "
+    return (f"{network_name(config['model'], config['backbone'])}, {config['nclass']} classes, "
+            f"batch {config['batch_size']}, "
             f"crop {config['crop_size']}, {config['devices']} device(s)")
+
+
+def device_ranges(devices: Sequence[int], shown: int = 2) -> str:
+    """Device indices as ranges (``0-7,9``); past ``shown`` ranges, the first ones and the count
+    (``0,2-5,… (17)``)."""
+    ranges: List[List[int]] = []
+    for d in devices:
+        if ranges and d == ranges[-1][1] + 1:
+            ranges[-1][1] = d
+        else:
+            ranges.append([d, d])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges[:shown])
+    return text + (f",… ({len(devices)})" if len(ranges) > shown else "")
+
+
+def device_summary(values: Sequence[float]) -> Dict[str, Any]:
+    """Many devices' values in brief: ``min``, ``median``, ``max`` and ``at_max`` (the devices at the max)."""
+    ordered = sorted(values)
+    return {"min": ordered[0], "median": statistics.median(ordered), "max": ordered[-1],
+            "at_max": [d for d, v in enumerate(values) if v == ordered[-1]]}
+
+
+def _summary_rows(entries: Dict[str, Any], strategies: List[str], key: str, samples: bool) -> List[List[str]]:
+    """Past :data:`MAX_BARS` devices: min / median / max per strategy (the samples of the device there) and the
+    devices at the max."""
+    summaries = {s: device_summary(entries[s][key]) for s in strategies}
+
+    def cell(s: str, which: str) -> str:
+        value = summaries[s][which]
+        device = entries[s][key].index(value) if value in entries[s][key] else None
+        return f"{value:.1f}" + (f" ({entries[s]['split'][device]})" if samples and device is not None else "")
+
+    return [[which] + [cell(s, which) for s in strategies] for which in ("min", "median", "max")] + \
+        [["devices at max"] + [device_ranges(summaries[s]["at_max"]) for s in strategies]]
 
 
 def format_report(report: Dict[str, Any]) -> str:
     """The report as a table at most 119 characters wide (``TABLE_WIDTH``): one row per device (peak MiB per strategy,
-    its samples in parentheses), then max/mean, max/min, the measured step time (real devices only) and, when
-    computed, the largest batch that fits; with checkpointing, a block per device of the peak without it and the
-    saving."""
+    its samples in parentheses; past :data:`MAX_BARS` devices min / median / max and the devices at the max), then
+    max/mean, max/min, the measured step time (real devices only) and, when computed, the largest batch that fits;
+    with checkpointing, a block per device of the peak without it and the saving."""
     entries = report["strategies"]
     strategies = list(entries)
     count = len(next(iter(entries.values()))["peak_mib"])
 
     def device_rows(key: str, samples: bool = False) -> List[List[str]]:
+        if count > MAX_BARS:
+            return _summary_rows(entries, strategies, key, samples)
         return [[str(d)] + [f"{entries[s][key][d]:.1f}" + (f" ({entries[s]['split'][d]})" if samples else "")
                             for s in strategies] for d in range(count)]
 
-    blocks = [[["device"] + strategies], device_rows("peak_mib", samples=True)]
+    blocks = [[["device" if count <= MAX_BARS else f"{count} devices"] + strategies],
+              device_rows("peak_mib", samples=True)]
     fields = [("max/mean", "max_over_mean"), ("max/min", "max_over_min")]
     if all("step_s" in v for v in entries.values()):
         fields.append(("step s (measured)", "step_s"))
@@ -229,20 +298,18 @@ def _cell(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-#: The most devices the chart draws as grouped bars; more are drawn as one line per strategy.
-MAX_BARS = 32
 
 
 def chart_figure(report: Dict[str, Any]) -> Any:
-    """The chart as a matplotlib figure: grouped bars (device x strategy, MiB; a line per strategy beyond
-    :data:`MAX_BARS` devices), the ``--memory-limit`` as a dashed
+    """The chart as a matplotlib figure: grouped bars (device x strategy, MiB; beyond :data:`MAX_BARS` devices
+    strategy x min / median / max, the devices at the max written above), the ``--memory-limit`` as a dashed
     line when one was given (or used by ``--max-batch``), the options (mode, ``--recompute``, ``--amp``,
     ``--calibrate``) in the title."""
     import matplotlib.pyplot as plt
 
     strategies = list(report["strategies"])
     count = len(report["strategies"][strategies[0]]["peak_mib"])
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * min(count, MAX_BARS) + 3), 4.4))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * (count if count <= MAX_BARS else 2 * len(strategies)) + 3), 4.4))
     if count <= MAX_BARS:
         width = 0.8 / len(strategies)
         for k, name in enumerate(strategies):
@@ -250,10 +317,8 @@ def chart_figure(report: Dict[str, Any]) -> Any:
             ax.bar(xs, report["strategies"][name]["peak_mib"], width, label=name)
         ax.set_xticks(range(count))
         ax.set_xticklabels([f"device {d}" for d in range(count)])
-    else:  # one line per strategy: a bar and a label per device would take minutes to draw
-        for name in strategies:
-            ax.plot(range(count), report["strategies"][name]["peak_mib"], label=name, linewidth=1)
-        ax.set_xlabel("device")
+    else:
+        _summary_bars(ax, report, strategies, count)
     c = report["config"]
     if c.get("memory_limit_mib"):
         ax.axhline(c["memory_limit_mib"], color="black", linestyle="--", linewidth=1,
@@ -266,6 +331,22 @@ def chart_figure(report: Dict[str, Any]) -> Any:
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def _summary_bars(ax: Any, report: Dict[str, Any], strategies: List[str], count: int) -> None:
+    """Past :data:`MAX_BARS` devices: per strategy, bars of the min / median / max peak; the devices at the max
+    written above it."""
+    summaries = [device_summary(report["strategies"][name]["peak_mib"]) for name in strategies]
+    for k, which in enumerate(("min", "median", "max")):
+        xs = [i + (k - 1) * 0.27 for i in range(len(strategies))]
+        bars = ax.bar(xs, [summary[which] for summary in summaries], 0.27, label=which)
+        if which == "max":
+            for bar, summary in zip(bars, summaries):
+                ax.annotate(f"devices {device_ranges(summary['at_max'])}", (bar.get_x() + bar.get_width() / 2,
+                            bar.get_height()), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(strategies)))
+    ax.set_xticklabels(strategies)
+    ax.set_xlabel(f"{count} devices: min / median / max per strategy")
 
 
 def write_chart(report: Dict[str, Any], path: str) -> bool:

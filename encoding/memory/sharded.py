@@ -23,7 +23,8 @@ from torch import Tensor, nn
 
 from ..utils.dist import fsdp_units
 
-__all__ = ["rank_world", "shard_model", "is_sharded", "zero_optimizer", "zero_partitions", "LocalShardOptimizer"]
+__all__ = ["rank_world", "shard_model", "is_sharded", "zero_optimizer", "zero_partitions", "LocalShardOptimizer",
+           "PartitionOptimizer", "chunk_views", "chunks_on_demand"]
 
 
 @contextlib.contextmanager
@@ -75,7 +76,52 @@ def shard_model(model: nn.Module, staged_collectives: bool = False) -> nn.Module
         if staged_collectives:
             unit.set_custom_all_gather(_StagedAllGather())
             unit.set_custom_reduce_scatter(_StagedReduceScatter())
+    # FSDP2's lazy initialisation (the first forward's) now: it re-pads a shard shorter than the padded size when its
+    # storage is not the padded one, which a fake tensor (no data pointer) never seems to be; a step would count that
+    # copy as its own allocation, which a real rank (same storage: nothing to do) never makes
+    model._get_fsdp_state()._lazy_init()
     return model
+
+
+class chunk_views:  # noqa: N801  (a sequence, named like the function it stands for)
+    """``torch.chunk(tensor, count, dim)`` padded with empty tensors to ``count`` chunks (FSDP2's
+    ``_chunk_with_empty``), each chunk made when it is read: ``fully_shard`` reads two of them (this rank's and the
+    first), and making all ``count`` of them costs a fake-tensor operator each (the minutes of sharding a model for
+    1024 simulated ranks). Chunk ``i`` is the view ``torch.chunk`` gives (the same storage, offset, size and
+    strides: ``narrow`` by ``ceil(size / count)``)."""
+
+    def __init__(self, tensor: Tensor, count: int, dim: int) -> None:
+        self.tensor, self.count, self.dim = tensor, count, dim
+        size = tensor.size(dim)
+        self.step = -(-size // count) if size else 0
+        self.made = -(-size // self.step) if self.step else 0  # the chunks torch.chunk makes (the rest are empty)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> Tensor:
+        if not -self.count <= index < self.count:
+            raise IndexError(f"chunk {index} of {self.count}")
+        index %= self.count
+        if index >= self.made:
+            return self[0].new_empty(0) if self.made else self.tensor.narrow(self.dim, 0, 0)
+        start = index * self.step
+        return self.tensor.narrow(self.dim, start, min(self.step, self.tensor.size(self.dim) - start))
+
+
+@contextlib.contextmanager
+def chunks_on_demand() -> Iterator[None]:
+    """Inside: ``fully_shard`` chunks each parameter with :class:`chunk_views` (the chunks it reads, made when read)
+    instead of all of them: the same shards, in a time that does not grow with the world size. The simulator shards
+    its fake models so; a real run (:mod:`encoding.memory.ranks`) uses torch's own."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    original = _fsdp_param._chunk_with_empty
+    _fsdp_param._chunk_with_empty = chunk_views
+    try:
+        yield
+    finally:
+        _fsdp_param._chunk_with_empty = original
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -123,15 +169,69 @@ def zero_optimizer(params: List[Tensor], make: Callable[[List[Tensor]], torch.op
     return ZeroRedundancyOptimizer(params, optimizer_class=type(probe), **probe.defaults)
 
 
+def _zero_param_lists(params: List[Tensor], world_size: int) -> List[List[Tensor]]:
+    """Per rank, the parameters it owns under ``ZeroRedundancyOptimizer`` (torch's own partitioning), in this
+    process's group when it has ``world_size`` ranks, else in a fake one."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    inside = dist.is_initialized() and dist.get_world_size() == world_size
+    with contextlib.nullcontext() if inside else rank_world(world_size, 0):
+        zero = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, lr=0.01)
+        return [[p for group in rank for p in group["params"]] for rank in zero._partition_parameters()]
+
+
 def zero_partitions(params: List[Tensor], world_size: int) -> List[Tuple[int, ...]]:
     """The sizes (elements) of the parameters each of ``world_size`` ranks owns under ``ZeroRedundancyOptimizer``
     (ranks with equal partitions hold equal optimizer state)."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
+    return [tuple(sorted(p.numel() for p in rank)) for rank in _zero_param_lists(params, world_size)]
 
-    with rank_world(world_size, 0):
-        zero = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, lr=0.01)
-        partitions = zero._partition_parameters()
-    return [tuple(sorted(p.numel() for group in rank for p in group["params"])) for rank in partitions]
+
+def _warm_up(optimizer: torch.optim.Optimizer, tensors: List[Tensor]) -> None:
+    for tensor in tensors:
+        tensor.grad = torch.zeros_like(tensor)
+    optimizer.step()
+    for tensor in tensors:
+        tensor.grad = None
+
+
+class PartitionOptimizer:
+    """A simulated ``zero1`` rank's optimizer: ``make`` over the parameters this rank owns under
+    ``ZeroRedundancyOptimizer`` (the optimizer ZeRO steps on this rank, the same state and the same step), and
+    ``zero_grad`` dropping every parameter's gradient (ZeRO's). ZeRO's broadcast of each rank's parameters after the
+    step works in place (no memory) but costs a call per parameter and rank on a fake process group: the seconds of
+    a 1024-rank simulation. The real measurement (:mod:`encoding.memory.ranks`) runs ZeRO itself.
+
+    Args:
+        params: every trainable parameter, in the module's order.
+        world_size, rank: the rank (default: this process's, in its group).
+        make: ``params -> optimizer``.
+    """
+
+    def __init__(self, params: List[Tensor], make: Callable[[List[Tensor]], torch.optim.Optimizer],
+                 world_size: Optional[int] = None, rank: Optional[int] = None) -> None:
+        world_size = dist.get_world_size() if world_size is None else world_size
+        rank = dist.get_rank() if rank is None else rank
+        self.params = params
+        self.owned = _zero_param_lists(params, world_size)[rank]
+        self.optimizer = make([{"params": self.owned}])  # a group, as ZeRO makes it: a rank may own none
+
+    def step(self) -> None:
+        """The step of this rank's partition."""
+        self.optimizer.step()
+
+    def warm_up(self) -> None:
+        """What a warm-up step leaves: the state of the owned parameters (from zero gradients, dropped after)."""
+        _warm_up(self.optimizer, self.owned)
+
+    @property
+    def state(self) -> Dict[Tensor, Dict[str, Any]]:
+        """The per-parameter state of the owned parameters, as a torch optimizer's ``state``."""
+        return self.optimizer.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop every parameter's gradient (``set_to_none`` only: the step loop's)."""
+        for param in self.params:
+            param.grad = None
 
 
 class LocalShardOptimizer:
@@ -149,6 +249,10 @@ class LocalShardOptimizer:
         self.params = params
         self.local = [p.to_local().detach() for p in params]
         self.optimizer = make(self.local)
+
+    def warm_up(self) -> None:
+        """What a warm-up step leaves: the state of the local shards (from zero gradients, dropped after)."""
+        _warm_up(self.optimizer, self.local)
 
     def step(self) -> None:
         """One optimizer step on the local shards of the parameters and of their gradients."""

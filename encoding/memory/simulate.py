@@ -11,13 +11,14 @@ import contextlib
 import dataclasses
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
+import torch
 from torch import nn
 
 from .program import DeviceProgram, ProgramResult, StepSpec, device_programs, run_program
-from .sharded import rank_world, shard_model, zero_partitions
+from .sharded import chunks_on_demand, rank_world, shard_model, zero_partitions
 from .tracker import AllocationTracker, Workspaces
 
-__all__ = ["new_fake_mode", "simulate_program", "Simulator"]
+__all__ = ["new_fake_mode", "build_fake_model", "simulate_program", "Simulator"]
 
 
 def new_fake_mode() -> Any:
@@ -27,10 +28,30 @@ def new_fake_mode() -> Any:
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
+def build_fake_model(spec: StepSpec, fake_mode: Any) -> nn.Module:
+    """``spec.build_model()`` with fake tensors of ``fake_mode``.
+
+    A constructor that reads a tensor's value (timm's drop-path rates, ``torch.linspace(...).tolist()``, in its
+    newer versions) cannot run under fake tensors: such a model is built on the meta device and its parameters and
+    buffers are then made fake CPU tensors of the same shapes (``to_empty`` under ``fake_mode``).
+    """
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    try:
+        with fake_mode:
+            return spec.build_model()
+    except DataDependentOutputException:
+        with torch.device("meta"):
+            model = spec.build_model()
+        with fake_mode:
+            return model.to_empty(device="cpu")
+
+
 def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, fake_mode: Any = None,
                      workspaces: Optional[Workspaces] = None, model: Optional[nn.Module] = None,
                      backend: str = "nccl", record: bool = False,
-                     optimizers: Optional[Dict[tuple, Any]] = None) -> ProgramResult:
+                     optimizers: Optional[Dict[tuple, Any]] = None, observer: Any = None,
+                     gradients_only: bool = False) -> ProgramResult:
     """Peak bytes of ``program`` on fake CPU tensors (no memory is allocated, no kernel runs).
 
     Args:
@@ -48,9 +69,16 @@ def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, 
             forward and backward end), which :mod:`encoding.memory.replay` replays at other batches and crops.
         optimizers: with ``model``: its warmed optimizers, shared by the programs run on it (see
             :func:`~encoding.memory.program.run_program`).
+        observer: told what each recorded allocation is (:class:`encoding.memory.timeline.Labeler`); implies
+            ``record``.
+        gradients_only: the rest of the step alone (see :func:`~encoding.memory.program.run_program`).
+
+    :attr:`ProgramResult.phases`: the bytes live when the step starts, the peak of its forward and backward, the peak
+    of the rest, and the bytes live between the two.
     """
     tracker = AllocationTracker(round_to, workspaces, (program.share, program.total))
-    start, marks = [0], []  # live when the measured step starts; peak of its forward and backward
+    tracker.observer, record = observer, record or observer is not None
+    start, marks = [0], []  # live when the measured step starts; peak of its forward and backward, live then
 
     @contextlib.contextmanager
     def window() -> Iterator[None]:
@@ -68,13 +96,14 @@ def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, 
     def mark() -> None:
         tracker.mark_event()
         marks.append(tracker.peak)
+        marks.append(tracker.live)
         tracker.reset_peak()
 
-    with (fake_mode or new_fake_mode()), tracker:
+    with (fake_mode or new_fake_mode()), tracker, (observer or contextlib.nullcontext()):
         seconds = run_program(spec, program, "cpu", window, track=tracker.track, model=model, backend=backend,
-                              mark=mark, optimizers=optimizers)
-    phases = (start[0], marks[0], tracker.peak) if len(marks) == 1 else None
-    return ProgramResult(max(marks + [tracker.peak]), seconds, phases, (start[0], trace) if record else None)
+                              mark=mark, optimizers=optimizers, gradients_only=gradients_only)
+    phases = (start[0], marks[0], tracker.peak, marks[1]) if len(marks) == 2 else None
+    return ProgramResult(max(marks[:1] + [tracker.peak]), seconds, phases, (start[0], trace) if record else None)
 
 
 class Simulator:
@@ -99,7 +128,7 @@ class Simulator:
 
     def __init__(self, spec: StepSpec, round_to: int = 1, fake_mode: Any = None,
                  workspaces: Optional[Workspaces] = None, model: Optional[nn.Module] = None,
-                 backend: str = "nccl", sharded: Optional[Dict[int, nn.Module]] = None,
+                 backend: str = "nccl", sharded: Optional[Dict[tuple, nn.Module]] = None,
                  optimizers: Optional[Dict[tuple, Any]] = None, record: bool = False) -> None:
         self.spec = spec
         self.record = record
@@ -111,8 +140,14 @@ class Simulator:
         self._cache: Dict[DeviceProgram, ProgramResult] = {}
         self._runs = 0
         self._zero: Dict[int, List[tuple]] = {}
-        #: world size -> the model sharded for ``fsdp`` (see :meth:`sharded_model`)
-        self.sharded: Dict[int, nn.Module] = {} if sharded is None else sharded
+        self._fsdp: Dict[int, List[int]] = {}  # world size -> per rank, the first rank with its shards' sizes
+        #: (share, total, world size) -> a zero1 rank's forward-and-backward peak above its start, where composing
+        #: its ranks is exact (:meth:`_zero_rank_result`), else None
+        self._zero_frames: Dict[tuple, Optional[int]] = {}
+        #: how many rests of steps were simulated alone (``zero1`` ranks composed, see :meth:`_zero_rank_result`)
+        self.rests_run = 0
+        #: (world size, rank) -> the model sharded for ``fsdp`` (see :meth:`sharded_model`)
+        self.sharded: Dict[tuple, nn.Module] = {} if sharded is None else sharded
         #: the warmed optimizers of the programs run on :attr:`model` and :attr:`sharded` (one warm-up step each,
         #: see :func:`~encoding.memory.program.run_program`)
         self.optimizers: Dict[tuple, Any] = {} if optimizers is None else optimizers
@@ -126,35 +161,87 @@ class Simulator:
     def model(self) -> nn.Module:
         """The step's model on fake tensors (built on first use), shared by the programs."""
         if self._model is None:
-            with self.fake_mode:
-                self._model = self.spec.build_model()
+            self._model = build_fake_model(self.spec, self.fake_mode)
         return self._model
 
-    def result(self, program: DeviceProgram, record: bool = False) -> ProgramResult:
+    def result(self, program: DeviceProgram, record: bool = False, observer: Any = None) -> ProgramResult:
         """The (cached) simulation of ``program``; devices with nothing to hold peak at 0. ``record``: with its
-        step's events (:attr:`ProgramResult.trace`; simulated again if the cached one has none)."""
+        step's events (:attr:`ProgramResult.trace`; simulated again if the cached one has none). ``observer``:
+        simulated again under it (see :func:`simulate_program`), the result cached."""
         if not program.share and not program.keeps_module:
             return ProgramResult(0, 0.0)
-        record = record or self.record
-        key = program.canonical()
-        if key not in self._cache:
-            if key.strategy == "zero1":  # ranks that own equal partitions hold the same
-                key = dataclasses.replace(key, rank=self._zero_rank(key.replicas, key.rank))
-        if key not in self._cache or (record and self._cache[key].trace is None):
-            model = self.sharded_model(key.replicas) if key.strategy == "fsdp" else self.model
-            self._cache[key] = simulate_program(self.spec, key, self.round_to, self.fake_mode, self.workspaces,
-                                                model, self.backend, record, self.optimizers)
-            self._runs += 1
+        asked, record = record, record or self.record
+        key = self.representative(program)
+        if key.strategy == "zero1" and key not in self._cache and not asked and observer is None:
+            self._cache[key] = self._zero_rank_result(key, record)  # composed ones keep no events
+        if key not in self._cache or (record and self._cache[key].trace is None) or observer is not None:
+            self._cache[key] = self._simulate(key, record, observer)
         return self._cache[key]
 
-    def sharded_model(self, world_size: int) -> nn.Module:
-        """A model of the step sharded for ``fsdp`` on ``world_size`` ranks (built and sharded on first use, then
-        shared by the ``fsdp`` programs: every rank holds equal shards)."""
-        if world_size not in self.sharded:
-            with rank_world(world_size, 0), self.fake_mode:
-                self.sharded[world_size] = shard_model(self.spec.build_model(),
-                                                       staged_collectives=self.backend == "gloo")
-        return self.sharded[world_size]
+    def representative(self, program: DeviceProgram) -> DeviceProgram:
+        """The program whose simulation stands for ``program``'s: :meth:`DeviceProgram.canonical`, its rank the
+        first with the same sizes (``zero1``: of the partition it owns, ``fsdp``: of its shards)."""
+        key = program.canonical()
+        if key.strategy == "zero1":
+            return dataclasses.replace(key, rank=self._zero_rank(key.replicas, key.rank))
+        if key.strategy == "fsdp":
+            return dataclasses.replace(key, rank=self._fsdp_rank(key.replicas, key.rank))
+        return key
+
+    def _simulate(self, key: DeviceProgram, record: bool = False, observer: Any = None,
+                  gradients_only: bool = False) -> ProgramResult:
+        model = self.sharded_model(key.replicas, key.rank) if key.strategy == "fsdp" else self.model
+        result = simulate_program(self.spec, key, self.round_to, self.fake_mode, self.workspaces, model,
+                                  self.backend, record, self.optimizers, observer, gradients_only)
+        if gradients_only:
+            self.rests_run += 1
+        else:
+            self._runs += 1
+        return result
+
+    def _zero_rank_result(self, key: DeviceProgram, record: bool = False) -> ProgramResult:
+        """A ``zero1`` rank composed: the ranks of one step run the same forward and backward (DDP's, over every
+        parameter) and differ only in the optimizer state of their partition, held through it, and in the step of
+        that partition after it. The first rank of a step is simulated whole and then its rest alone
+        (``gradients_only``); where the two agree (the same bytes at the start, between, and the same peak of the
+        rest), every other rank is its rest alone plus the first rank's forward and backward above its own start.
+        Where they do not, every rank is simulated whole."""
+        group = (key.share, key.total, key.replicas)
+        if group not in self._zero_frames:
+            whole = self._cache[key] = self._simulate(key, record)
+            rest = self._simulate(key, gradients_only=True)
+            exact = whole.phases is not None and rest.phases is not None and \
+                (whole.phases[0], whole.phases[2], whole.phases[3]) == (rest.phases[0], rest.phases[2], rest.phases[3])
+            self._zero_frames[group] = whole.phases[1] - whole.phases[0] if exact else None
+            return whole
+        frame = self._zero_frames[group]
+        if frame is None:
+            return self._simulate(key)
+        rest = self._simulate(key, gradients_only=True)
+        start, _, after, between = rest.phases
+        return ProgramResult(max(start + frame, after), rest.seconds, (start, start + frame, after, between))
+
+    def sharded_model(self, world_size: int, rank: int = 0) -> nn.Module:
+        """A model of the step sharded for ``fsdp`` as ``rank`` of ``world_size`` ranks (built and sharded on first
+        use, then shared by the ``fsdp`` programs of the ranks whose shards have its sizes)."""
+        if (world_size, rank) not in self.sharded:
+            with rank_world(world_size, rank), self.fake_mode, chunks_on_demand():
+                self.sharded[world_size, rank] = shard_model(self.spec.build_model(),
+                                                             staged_collectives=self.backend == "gloo")
+        return self.sharded[world_size, rank]
+
+    def _fsdp_rank(self, world_size: int, rank: int) -> int:
+        """The first rank whose ``fsdp`` shards have the sizes of ``rank``'s: ``fully_shard`` gives each rank its
+        ``torch.chunk`` of every parameter along dim 0, so a rank past a parameter's last full chunk holds less (or
+        none) of it, and its gradients and optimizer state with it."""
+        if world_size not in self._fsdp:
+            rows = [p.shape[0] if p.dim() else 1 for p in self.model.parameters()]
+            steps = [-(-n // world_size) for n in rows]
+            shapes = [tuple(max(0, min(step, n - r * step)) for n, step in zip(rows, steps))
+                      for r in range(world_size)]
+            first: Dict[tuple, int] = {}
+            self._fsdp[world_size] = [first.setdefault(shape, r) for r, shape in enumerate(shapes)]
+        return self._fsdp[world_size][rank]
 
     def zero_partitions(self, world_size: int) -> List[tuple]:
         """Per rank, the sizes of the parameters it owns under ``ZeroRedundancyOptimizer`` (cached)."""

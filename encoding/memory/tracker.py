@@ -66,12 +66,19 @@ class AllocationTracker(TorchDispatchMode):
         #: while recording (:meth:`record`), what changed ``live``, in order (see :mod:`encoding.memory.replay`)
         self.events: Optional[List[tuple]] = None
         self._allocated: Dict[int, int] = {}  # storage key -> index of its allocation event while recording
+        #: told of the recording's start and mark, of every new storage and of every learned workspace
+        #: (:class:`encoding.memory.timeline_labels.Labeler`)
+        self.observer: Optional[Any] = None
 
     def track(self, tensors: Any) -> None:
         """Count tensors created outside the tracker (e.g. a module's fake parameters)."""
         for _, leaf in iter_leaves(tensors):
             if isinstance(leaf, Tensor):
                 self._add(leaf)
+
+    def live_storages(self) -> Dict[int, Tuple[Any, int]]:
+        """The storages counted now: key -> (storage, bytes counted)."""
+        return {key: (ref(), self._sizes[key]) for key, ref in list(self._refs.items()) if ref() is not None}
 
     def reset_peak(self) -> None:
         """Start a new peak window at the current live bytes."""
@@ -83,11 +90,15 @@ class AllocationTracker(TorchDispatchMode):
         resized, ``("d", bytes)`` a storage that existed before the recording resized or freed (rounded),
         ``("m",)`` a mark (:meth:`mark_event`)."""
         self.events, self._allocated = [], {}
+        if self.observer is not None:
+            self.observer.started(self)
 
     def mark_event(self) -> None:
         """A ``("m",)`` event while recording (e.g. forward and backward done)."""
         if self.events is not None:
             self.events.append(("m",))
+            if self.observer is not None:
+                self.observer.marked(self)
 
     def _add(self, tensor: Tensor) -> None:
         if hasattr(tensor, "__tensor_flatten__"):  # a wrapper subclass (DTensor): count its inner tensors
@@ -116,6 +127,8 @@ class AllocationTracker(TorchDispatchMode):
             if self.events is not None:
                 self._allocated[key] = len(self.events)
                 self.events.append(("a", storage.nbytes()))
+                if self.observer is not None:
+                    self.observer.allocated(self, key, storage)
         self.peak = max(self.peak, self.live)
 
     def __enter__(self) -> "AllocationTracker":
@@ -152,6 +165,8 @@ class AllocationTracker(TorchDispatchMode):
             self.workspaces.see(func, args, kwargs, shapes, self.shares[0])
             held = self.workspaces.bytes(func.name(), shapes, *self.shares)
             self.peak = max(self.peak, self.live + held)
+            if held and self.observer is not None:
+                self.observer.workspace(self, func.name(), held)
         out = func(*args, **(kwargs or {}))
         for leaf in tree_flatten(out)[0]:
             if isinstance(leaf, Tensor):
