@@ -6,6 +6,9 @@
 * fixtures: ``shapes_root`` (one data root per session: each tiny set is generated once), ``tiny_shapes`` (the
   8 / 4 pair there, with ``ENCODING_DATA`` pointing at it) and ``tiny_run`` (one epoch of ``train.py`` on 8 / 5
   scenes, shared by the evaluation-script tests);
+* :func:`assert_replicated_step_is_exact`: the one replicated-step exactness check (a model or a criterion under
+  DataParallelModel + DataParallelCriterion against the whole batch), with :class:`TwoHeadNet` and
+  :func:`uneven_batch` for the criteria;
 * the checkout's ``runs/`` (where ``train.py`` writes by default) is watched for the whole session
   (:class:`runs_guard.RunsGuard`): a suite that creates, changes, deletes, opens or lists anything there fails.
 """
@@ -15,6 +18,7 @@ import os
 import pytest
 import torch
 from runs_guard import RunsGuard
+from torch import nn
 
 from encoding.datasets import get_segmentation_dataset
 
@@ -117,43 +121,60 @@ def tiny_run(shapes_root, tmp_path_factory):
     return shapes_root, str(out / "shapes" / "unet" / "default" / "model_best.pth"), result
 
 
-def assert_criterion_is_exact(criterion, net, x, target, devices, split, atol, naive_gap):
-    """``criterion`` under DataParallelModel + DataParallelCriterion on ``devices`` (samples split as ``split``)
-    gives the loss and the parameter gradients of the whole batch within ``atol``, while PyTorch-Encoding's
-    unweighted mean of the per-replica losses is off by more than ``naive_gap`` (the case is a real test)."""
-    from encoding.parallel import DataParallelCriterion, DataParallelModel
+class TwoHeadNet(nn.Module):
+    """A tiny segmentation network with an aux head: ``{"out", "aux"}`` logits of ``channels`` channels."""
 
-    single = criterion(net(x), target)
-    single.backward()
-    expected = [p.grad.clone() for p in net.parameters()]
-    net.zero_grad()
-    outputs = DataParallelModel(net, devices)(x)
-    assert [o["out"].shape[0] for o in outputs] == list(split)
-    loss = DataParallelCriterion(criterion, devices)(outputs, target)
-    torch.testing.assert_close(loss, single, rtol=0, atol=atol)
-    loss.backward()
-    for got, want in zip([p.grad for p in net.parameters()], expected):
-        torch.testing.assert_close(got, want, rtol=0, atol=atol)
-    naive = sum(criterion(o, t) for o, t in zip(outputs, target.split(list(split)))) / len(split)
-    assert abs(naive.item() - single.item()) > naive_gap
+    def __init__(self, channels, width=8):
+        super().__init__()
+        self.body = nn.Conv2d(3, width, 3, padding=1)
+        self.head = nn.Conv2d(width, channels, 1)
+        self.aux = nn.Conv2d(width, channels, 1)
+
+    def forward(self, x):
+        feat = torch.tanh(self.body(x))
+        return {"out": self.head(feat), "aux": self.aux(feat)}
 
 
-def assert_replicated_step_is_exact(synced, reference, criterion, x, target, devices, split, atol=1e-10):
+def uneven_batch(num_classes, seed=0):
+    """7 float64 images (3 x 6 x 6) and their targets of ``num_classes`` classes, with ignored pixels (-1) so uneven
+    that split 3/2/2 the first replica's samples are mostly ignored: a per-replica mean differs from the batch's."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(7, 3, 6, 6, generator=g, dtype=torch.float64)
+    target = torch.randint(0, num_classes, (7, 6, 6), generator=g)
+    ignore_rate = torch.tensor([0.9, 0.8, 0.9, 0.1, 0.0, 0.3, 0.05]).view(7, 1, 1)
+    target[torch.rand(7, 6, 6, generator=g) < ignore_rate] = -1
+    return x, target
+
+
+def assert_replicated_step_is_exact(synced, reference, criterion, x, target, devices, split, atol=1e-10, *,
+                                    rtol=1e-10, grad_rtol=1e-7, grad_atol=1e-10, naive_gap=None):
     """One training step of ``synced`` under DataParallelModel + DataParallelCriterion on ``devices`` (samples split
-    as ``split``) equals ``reference`` on the whole batch: the loss, every parameter's gradient and every buffer
-    (BatchNorm statistics; there must be some)."""
+    as ``split``) equals ``reference`` on the whole batch: the loss (within ``rtol`` / ``atol``), every parameter's
+    gradient (``grad_rtol`` / ``grad_atol``) and every buffer (BatchNorm statistics; there must be some).
+
+    ``reference`` may be ``synced`` itself (the criterion is what is tested): its whole-batch step is taken first
+    and there are no buffers to compare. With ``naive_gap``, PyTorch-Encoding's unweighted mean of the per-replica
+    losses must be off by more than it (the case is a real test)."""
     from encoding.parallel import DataParallelCriterion, DataParallelModel
 
-    outputs = DataParallelModel(synced, device_ids=devices)(x)
-    assert outputs.split_sizes == split
-    loss = DataParallelCriterion(criterion, device_ids=devices)(outputs, target)
-    loss.backward()
     plain = criterion(reference(x), target)
     plain.backward()
-    torch.testing.assert_close(loss, plain, rtol=1e-10, atol=atol)
-    for (name, a), b in zip(synced.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-7, atol=1e-10, msg=name)
-    buffers = list(zip(synced.named_buffers(), reference.buffers()))
-    assert buffers
-    for (name, a), b in buffers:
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=atol, msg=name)
+    expected = [p.grad.clone() for p in reference.parameters()]
+    if reference is synced:
+        synced.zero_grad()
+    outputs = DataParallelModel(synced, device_ids=devices)(x)
+    assert outputs.split_sizes == list(split)
+    assert [(o["out"] if isinstance(o, dict) else o).shape[0] for o in outputs] == list(split)
+    loss = DataParallelCriterion(criterion, device_ids=devices)(outputs, target)
+    torch.testing.assert_close(loss, plain, rtol=rtol, atol=atol)
+    loss.backward()
+    for (name, a), b in zip(synced.named_parameters(), expected):
+        torch.testing.assert_close(a.grad, b, rtol=grad_rtol, atol=grad_atol, msg=name)
+    if reference is not synced:
+        buffers = list(zip(synced.named_buffers(), reference.buffers()))
+        assert buffers
+        for (name, a), b in buffers:
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=name)
+    if naive_gap is not None:
+        naive = sum(criterion(o, t) for o, t in zip(outputs, target.split(list(split)))) / len(split)
+        assert abs(naive.item() - plain.item()) > naive_gap

@@ -360,3 +360,16 @@ def test_import_encoding_loads_neither_the_app_nor_gradio():
                             env=dict(os.environ, PYTHONPATH=ROOT)).stdout.split()
     assert "encoding.memory" in loaded
     assert not [m for m in loaded if m.startswith(("encoding.app", "gradio"))]
+
+
+def test_a_folder_dataset_is_planned_with_its_classes(tmp_path):
+    """PlanRequest(dataset="folder", data_root=D): the class count comes from D's classes (issue 44)."""
+    from folder_data import make_folder
+
+    data = make_folder(str(tmp_path / "data"), classes="classes: [bg, red, blue, green, black]\n")
+    request = PlanRequest(model="fcn", backbone="vgg_tiny", dataset="folder", data_root=data, crop_size=32,
+                          devices=2, batch_size=2)
+    argv = plan_argv(request)
+    assert argv[argv.index("--data-root") + 1] == data
+    result = plan_memory(request, str(tmp_path / "out"))
+    assert result.report["config"]["nclass"] == 5

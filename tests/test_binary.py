@@ -6,11 +6,10 @@ import math
 import pytest
 import segmentation_models_pytorch as smp
 import torch
-from conftest import assert_criterion_is_exact
+from conftest import TwoHeadNet, assert_replicated_step_is_exact, uneven_batch
 from torch import nn
 
 from encoding.nn.binary import BINARY_LOSSES, BinaryBCELoss, BinaryDiceLoss, BinaryFocalLoss
-from encoding.parallel import DataParallelCriterion, DataParallelModel
 from encoding.utils.metrics import SegmentationMetric, binary_scores, to_labels
 
 DEVICES = ["cpu"] * 3
@@ -79,28 +78,14 @@ def test_bad_targets_and_options_are_refused():
         BinaryFocalLoss(se_loss=True)
 
 
-class _Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Conv2d(3, 4, 3, padding=1)
-        self.head, self.aux = nn.Conv2d(4, 1, 1), nn.Conv2d(4, 1, 1)
-
-    def forward(self, x):
-        feat = torch.tanh(self.body(x))
-        return {"out": self.head(feat), "aux": self.aux(feat)}
-
-
 @pytest.mark.parametrize("name", ["bce", "dice", "focal"])
 def test_binary_losses_are_exact_across_three_replicas(name):
     criterion = BINARY_LOSSES[name](aux=True, aux_weight=0.4)
     torch.manual_seed(0)
-    net = _Net().double()
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(7, 3, 6, 6, generator=g, dtype=torch.float64)
-    target = torch.randint(0, 2, (7, 6, 6), generator=g)
-    rate = torch.tensor([0.9, 0.8, 0.9, 0.1, 0.0, 0.3, 0.05]).view(7, 1, 1)
-    target[torch.rand(7, 6, 6, generator=g) < rate] = -1
-    assert_criterion_is_exact(criterion, net, x, target, DEVICES, [3, 2, 2], atol=1e-10, naive_gap=1e-4)
+    net = TwoHeadNet(1, width=4).double()
+    x, target = uneven_batch(2, seed=1)
+    assert_replicated_step_is_exact(net, net, criterion, x, target, DEVICES, [3, 2, 2], atol=1e-10, rtol=0,
+                                    grad_rtol=0, grad_atol=1e-10, naive_gap=1e-4)
 
 
 def test_one_channel_logits_are_thresholded_and_foreground_scores_reported():

@@ -65,18 +65,20 @@ def test_test_py_reproduces_the_last_validation(trained, tmp_path):
 
 
 def test_whole_images_are_the_default_protocol(trained, tmp_path, capsys):
-    """test.py scores each image whole at its size (PE's --eval, mmseg), says so first in metrics.json and above
-    the table; the crops training validates on are the explicit --mode val."""
+    """test.py scores each image whole at its size, the network seeing it at the training scale (PE's --eval at
+    scale 1, mmseg's test resize), says so first in metrics.json and above the table; the crops training
+    validates on are the explicit --mode val."""
     base, checkpoint, _ = trained
     scores = run_test("--resume", checkpoint, "--out-dir", str(tmp_path), root=base)
     saved = read_metrics(tmp_path)
-    assert list(saved)[0] == "protocol" and saved["protocol"] == "whole images" and saved["mode"] == "testval"
+    scoring = "whole images at the training scale"
+    assert list(saved)[0] == "protocol" and saved["protocol"] == scoring and saved["mode"] == "testval"
     out = capsys.readouterr().out
-    assert "whole images (val split):\nclass" in out and f"mIoU {scores['mIoU']:.4f} (whole images)" in out
+    assert f"{scoring} (val split):\nclass" in out and f"mIoU {scores['mIoU']:.4f} ({scoring})" in out
     model, metric = load_model(checkpoint), SegmentationMetric(len(SHAPES_CLASSES))
     pixels = 0
     for image, mask, _ in tiny_eval_set(base, "testval"):
-        metric.update(segment(model, image).unsqueeze(0), mask.unsqueeze(0))
+        metric.update(segment(model, image, scales=[1.0]).unsqueeze(0), mask.unsqueeze(0))
         pixels += int((mask != -1).sum())
     torch.testing.assert_close(scores["confusion"], metric.compute()["confusion"], rtol=0, atol=0)
     assert int(scores["confusion"].sum()) == pixels and saved["mIoU"] == pytest.approx(metric.compute()["mIoU"])
@@ -88,7 +90,7 @@ def test_whole_images_are_the_default_protocol(trained, tmp_path, capsys):
 def test_the_protocol_names_what_is_scored():
     from encoding.config.evaluation import protocol
     from encoding.engine.inference import EvaluationConfig
-    assert protocol(EvaluationConfig()) == "whole images"
+    assert protocol(EvaluationConfig()) == "whole images at the training scale"
     assert protocol(EvaluationConfig(mode="val", crop_size=64)) == "resized centre crops of 64 px"
     assert protocol(EvaluationConfig(inference="slide", crop_size=30)) == "whole images, sliding windows 30 / stride 20"
     assert protocol(EvaluationConfig(multi_scale=True, scales=(0.75, 1.0))) == "whole images, scales 0.75, 1 + flip"

@@ -134,7 +134,7 @@ def test_test_py_draws_the_evaluation_beside_metrics_json(tiny_run, tmp_path):
     result = run_test("--resume", checkpoint, "--out-dir", str(out), "--save-pred", str(preds), root=base)
     assert {CONFUSION_NAME, IOU_NAME, WORST_NAME, "metrics.json"} <= set(os.listdir(out))
     with open(out / "metrics.json") as f:
-        assert json.load(f)["protocol"] == "whole images"
+        assert json.load(f)["protocol"] == "whole images at the training scale"
     data = tiny_eval_set(base, "testval")
     scores = []
     for image, mask, name in data:

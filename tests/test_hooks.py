@@ -178,3 +178,10 @@ def test_an_epoch_too_short_to_time_gets_its_estimate_after_it(tiny_shapes, tmp_
     assert len(estimates) == 1 and re.fullmatch(r"estimated whole run: ~[\d.]+ s \(3 epochs x [\d.]+ s; epoch 0 "
                                                 r"measured\)", estimates[0]), out
     assert out.index(estimates[0]) > next(i for i, line in enumerate(out) if line.startswith("epoch 0:"))
+
+
+def test_the_estimate_times_a_tenth_of_a_long_epoch():
+    """A few steps are at the mercy of the loader's start: a long epoch is timed over a tenth of its steps."""
+    from encoding.engine.hooks import RunEstimate
+
+    assert [RunEstimate.measured_steps(n) for n in (2, 4, 30, 187, 1000)] == [3, 3, 3, 18, 100]

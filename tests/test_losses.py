@@ -2,7 +2,6 @@
 DataParallelCriterion (float64, 3 CPU replicas, 3/2/2 split; value and gradients), StatisticsTerm, and class weights
 from label frequencies (``--class-weights``) on the tiny shapes data."""
 import json
-import math
 import os
 
 import numpy as np
@@ -11,10 +10,9 @@ import segmentation_models_pytorch as smp
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from torch import nn
 from torch.utils.data import Subset
 
-from conftest import TINY, assert_criterion_is_exact, load_script, tiny_shapes_pair
+from conftest import TINY, TwoHeadNet, assert_replicated_step_is_exact, load_script, tiny_shapes_pair, uneven_batch
 from encoding.engine.builders import build_criterion
 from encoding.datasets import class_weights as cw
 from encoding.datasets.layout import DatasetError
@@ -116,24 +114,8 @@ def test_empty_and_all_ignored_inputs_give_zero_lovasz_and_nan_free_dice():
     assert DiceLoss()(x, target).item() == 0.0  # no class present: every class loss is zeroed, as smp
 
 
-class _SegNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Conv2d(3, 8, 3, padding=1)
-        self.head = nn.Conv2d(8, NCLASS, 1)
-        self.aux = nn.Conv2d(8, NCLASS, 1)
-
-    def forward(self, x):
-        feat = torch.tanh(self.body(x))
-        return {"out": self.head(feat), "aux": self.aux(feat)}
-
-
 def _uneven_batch(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(7, 3, 6, 6, generator=g, dtype=torch.float64)
-    target = torch.randint(0, NCLASS, (7, 6, 6), generator=g)
-    ignore_rate = torch.tensor([0.9, 0.8, 0.9, 0.1, 0.0, 0.3, 0.05]).view(7, 1, 1)  # replica 0 mostly ignored
-    target[torch.rand(7, 6, 6, generator=g) < ignore_rate] = -1
+    x, target = uneven_batch(NCLASS, seed)  # replica 0 mostly ignored
     target[4][target[4] == 2] = 3  # class 2 only in some replicas
     target[5:][target[5:] == 2] = 1
     return x, target
@@ -155,15 +137,16 @@ EXACT_CASES = {
 def test_data_parallel_criterion_is_exact(name):
     """3 replicas, 3/2/2 split, uneven ignore masks: the loss and the parameter gradients equal the whole batch's."""
     torch.manual_seed(0)
-    net = _SegNet().double()
+    net = TwoHeadNet(NCLASS).double()
     x, target = _uneven_batch()
     # the per-replica mean that PyTorch-Encoding took is visibly different
-    assert_criterion_is_exact(EXACT_CASES[name], net, x, target, DEVICES, [3, 2, 2], atol=1e-12, naive_gap=1e-3)
+    assert_replicated_step_is_exact(net, net, EXACT_CASES[name], x, target, DEVICES, [3, 2, 2], atol=1e-12, rtol=0,
+                                    grad_rtol=0, grad_atol=1e-12, naive_gap=1e-3)
 
 
 def test_output_key_and_aux_weight_of_the_wrapper_reduce_statistics_terms_exactly():
     torch.manual_seed(0)
-    net = _SegNet().double()
+    net = TwoHeadNet(NCLASS).double()
     x, target = _uneven_batch(1)
     dice = DiceLoss()
     output = net(x)

@@ -1,0 +1,78 @@
+"""The files ``python -m encoding.export`` writes: never over its own input, atomic on a full disk, and a dynamic
+export that is wrong at another input size is refused, writing nothing (issue 35).
+"""
+import errno
+import os
+
+import pytest
+import torch
+from training_runs import network_checkpoint
+
+from encoding.engine.loading import ModelInfo
+from encoding.export.cli import cli as export_cli
+from encoding.models import get_segmentation_model
+
+
+def test_export_refuses_to_overwrite_its_own_checkpoint(tmp_path, capsys):
+    ckpt = network_checkpoint(tmp_path / "model_best.pth", "fcn")
+    before = open(ckpt, "rb").read()
+    with pytest.raises(SystemExit) as stop:
+        export_cli(["--resume", ckpt, "--format", "exported", "--output", ckpt])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "model_best.pth" in err and "input" in err
+    assert open(ckpt, "rb").read() == before
+    # --output net.json: the model and its metadata would be one file
+    with pytest.raises(SystemExit) as stop:
+        export_cli(["--resume", ckpt, "--format", "onnx", "--output", str(tmp_path / "net.json")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "net.json" in err
+    assert not (tmp_path / "net.json").exists()
+
+
+def test_export_is_atomic_on_a_full_disk(tmp_path, monkeypatch, capsys):
+    ckpt = network_checkpoint(tmp_path / "model_best.pth", "fcn")
+    output = tmp_path / "model.pt2"
+    assert export_cli(["--resume", ckpt, "--format", "exported", "--output", str(output)]) == 0
+    good = output.read_bytes()
+    capsys.readouterr()
+    real_save = torch.export.save
+
+    def full_disk(program, f, *args, **kwargs):
+        with open(f, "wb") as out:
+            out.write(b"half a program")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch.export, "save", full_disk)
+    assert export_cli(["--resume", ckpt, "--format", "exported", "--output", str(output)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left" in err and "model.pt2" in err
+    assert output.read_bytes() == good  # the earlier export is intact, and no temporary file is left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.json", "model.pt2", "model_best.pth"]
+    monkeypatch.setattr(torch.export, "save", real_save)
+
+
+def test_a_dynamic_export_wrong_at_another_size_is_not_written(tmp_path, monkeypatch):
+    """Without the exportable pooling (the old trace), PSPNet's dynamic ONNX file is wrong at other sizes: the check
+    at another size refuses it in one line and writes nothing."""
+    from encoding.export import ExportError, core, export_model
+
+    torch.manual_seed(0)
+    model = get_segmentation_model("psp", dataset="shapes", backbone="vgg_tiny", output_stride=16).eval()
+    model.info = ModelInfo.of_dataset("shapes", model="psp")
+    monkeypatch.setattr(core, "exportable_pooling", lambda m: m)
+    with pytest.raises(ExportError, match="--static") as err:
+        export_model(model, str(tmp_path / "m.onnx"), "onnx", (64, 96), dynamic=True)
+    assert "\n" not in str(err.value) and "nothing was written" in str(err.value)
+    assert os.listdir(tmp_path) == []
+
+
+def test_dynamic_export_cli_checks_the_file_at_another_size(tmp_path, recwarn):
+    ckpt = network_checkpoint(tmp_path / "model_best.pth", "psp")
+    output = tmp_path / "psp.pt2"
+    assert export_cli(["--resume", ckpt, "--format", "exported", "--output", str(output), "--dynamic"]) == 0
+    image = torch.randn(2, 3, 72, 104)
+    from encoding import load_model
+    with torch.no_grad():
+        eager = load_model(ckpt)(image)["out"]
+    assert (torch.export.load(str(output)).module()(image) - eager).abs().max().item() <= 1e-4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_best.pth", "psp.json", "psp.pt2"]

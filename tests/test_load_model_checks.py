@@ -1,0 +1,50 @@
+"""``load_model`` on edited or wrongly typed options: checked against the stored shapes before building (on the
+meta device only), refused in one line (issue 35).
+"""
+import pytest
+import torch
+from training_runs import network_checkpoint
+
+
+def test_load_model_checks_edited_options_against_the_stored_shapes_before_building(tmp_path, monkeypatch):
+    from encoding import load_model
+    from encoding.engine import loading
+    from encoding.utils.checkpoint import CheckpointError
+
+    path = network_checkpoint(tmp_path / "model_best.pth", "deeplabv3plus", head_channels=16)
+    data = torch.load(path, weights_only=True)
+    data["args"]["head_channels"] = 10 ** 7  # the edit: a network of tens of GB
+    torch.save(data, path)
+    built = []
+    real = loading._build
+    monkeypatch.setattr(loading, "_build", lambda network, nclass: built.append(str(torch.get_default_device()))
+                        or real(network, nclass))
+    with pytest.raises(CheckpointError, match="shape mismatch") as err:
+        load_model(path)
+    assert "\n" not in str(err.value) and "model_best.pth" in str(err.value)
+    assert built == ["meta"]  # only the meta twin was built: no memory asked for
+
+
+@pytest.mark.parametrize("options", [dict(model=3), dict(backbone=["vgg_tiny"]), dict(dataset=None, aux="yes"),
+                                     dict(head_channels=-4), dict(crop_size=True), dict(output_stride=8.0)])
+def test_load_model_refuses_options_of_the_wrong_type_in_one_line(options, tmp_path):
+    from encoding import load_model
+
+    path = network_checkpoint(tmp_path / "model_best.pth", "fcn")
+    with pytest.raises(ValueError, match="network option") as err:
+        load_model(path, **options)
+    assert "\n" not in str(err.value)
+
+
+def test_load_model_refuses_edited_recorded_options_in_one_line(tmp_path):
+    from encoding import load_model
+
+    path = network_checkpoint(tmp_path / "model_best.pth", "fcn")
+    data = torch.load(path, weights_only=True)
+    data["args"]["model"] = {"name": "fcn"}
+    torch.save(data, path)
+    with pytest.raises(ValueError, match="network option 'model' must be a name") as err:
+        load_model(path)
+    assert "model_best.pth" in str(err.value)
+    with pytest.raises(ValueError, match="source must be"):
+        load_model(3)

@@ -1,0 +1,172 @@
+"""One run per run directory: a kernel-held lock refuses a second run (and is taken over from a dead one, not from a
+live run in another PID namespace), a started directory is refused unless ``--resume`` or ``--overwrite``, an
+unwritable one fails before training, a late failure leaves no empty folders, stale temporary files are cleaned and a
+resumed log keeps one row per epoch (issues 12, 23, 24 and 32).
+"""
+import csv
+import errno
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, TINY, load_script
+from training_runs import load_train_script, run_dir_of, run_script, train_tiny
+
+from encoding.utils import EpochLogger, load_checkpoint
+from encoding.utils.checkpoint import CHECKPOINT_NAME
+from encoding.utils.files import staged_dir
+from encoding.utils.rundir import RunDirLock, RunDirLocked, remove_stale_temp_files
+
+
+# -- the lock ----------------------------------------------------------------------------------------------------------
+def test_run_directory_lock_refuses_a_second_run_and_takes_over_stale_locks(tmp_path):
+    with RunDirLock(str(tmp_path / "run")) as lock:
+        assert open(lock.path).read().split()[0] == str(os.getpid())
+        with pytest.raises(RunDirLocked, match=f"in use by another run \\(pid {os.getpid()}"):
+            RunDirLock(str(tmp_path / "run")).acquire()
+    assert not os.path.exists(lock.path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    with open(lock.path, "w") as f:
+        f.write(f"{int(dead.stdout)} {os.uname().nodename}\n")
+    with RunDirLock(str(tmp_path / "run")) as taken:
+        assert taken.stale_owner == int(dead.stdout)
+
+
+def _dead_pid():
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+
+
+_HOLD_RUN_DIR = ("import sys; from encoding.utils.rundir import RunDirLock; lock = RunDirLock(sys.argv[1]).acquire(); "
+                 "open(lock.path, 'w').write(sys.argv[2]); print('held', flush=True); sys.stdin.read()")
+
+
+def test_run_directory_lock_of_a_live_run_in_another_pid_namespace_is_not_taken(tmp_path):
+    # a live run whose lock file names a pid that does not exist here (as seen from another PID namespace)
+    run_dir = str(tmp_path / "run")
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_RUN_DIR, run_dir, f"{_dead_pid()} {os.uname().nodename}"],
+                              cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirLocked, match="in use by another run"):
+            RunDirLock(run_dir).acquire()
+    finally:
+        holder.kill()  # kill -9: the kernel releases its lock
+        holder.communicate()
+    with RunDirLock(run_dir) as lock:
+        assert open(lock.path).read().split()[0] == str(os.getpid())
+    assert not os.path.exists(lock.path)
+
+
+def test_second_training_run_into_a_locked_directory_is_refused_in_one_line(tiny_shapes, tmp_path, capsys):
+    script = load_train_script()
+    out = str(tmp_path / "runs")
+    with RunDirLock(run_dir_of(out)):
+        started = time.monotonic()
+        assert script.cli(TINY + ["--output-dir", out], datasets=tiny_shapes) == 1
+        assert time.monotonic() - started < 5  # refused before building anything
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is in use by another run (pid" in err[0]
+    assert not os.path.exists(os.path.join(run_dir_of(out), "log.jsonl"))
+
+
+def test_unwritable_run_directory_fails_before_training(tiny_shapes, tmp_path, monkeypatch, capsys):
+    import encoding.engine.config as config
+    script = load_train_script()
+    out = str(tmp_path / "runs")
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if os.fspath(path).startswith(out) and flags & os.O_CREAT:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    built = []
+    monkeypatch.setattr(config, "build_training", lambda *args, **kwargs: built.append(args))
+    assert script.cli(TINY + ["--output-dir", out], datasets=tiny_shapes) == 1
+    err = capsys.readouterr().err.strip()
+    assert "is not writable" in err and run_dir_of(out) in err and not built
+
+
+# -- one run per directory, over time ----------------------------------------------------------------------------------
+def _log_epochs(out):
+    with open(os.path.join(run_dir_of(out), "log.csv")) as f:
+        return [row["epoch"] for row in csv.DictReader(f)]
+
+
+def test_a_started_run_directory_is_refused_unless_resume_or_overwrite(tiny_shapes, tmp_path, capsys):
+    assert train_tiny(tiny_shapes, tmp_path)[0] == 0
+    best = os.path.join(run_dir_of(tmp_path), "model_best.pth")
+    before = os.stat(best).st_mtime_ns
+    capsys.readouterr()
+    status, checkpoint = train_tiny(tiny_shapes, tmp_path)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and "--resume" in err[0] and "--overwrite" in err[0], err
+    assert os.stat(best).st_mtime_ns == before and _log_epochs(tmp_path) == ["0"]
+    assert train_tiny(tiny_shapes, tmp_path, "--resume", checkpoint, epochs=2)[0] == 0
+    assert _log_epochs(tmp_path) == ["0", "1"]
+    assert train_tiny(tiny_shapes, tmp_path, "--overwrite")[0] == 0  # a new run: the old files are gone
+    assert _log_epochs(tmp_path) == ["0"] and load_checkpoint(checkpoint)["epoch"] == 0
+
+
+def test_parsing_options_never_looks_at_run_directories(tmp_path, monkeypatch):
+    """Issue 32: a user's finished default run in the working directory does not stop option parsing (``--help``,
+    the docs build, the suite); starting a run there is what is refused."""
+    monkeypatch.chdir(tmp_path)
+    started = tmp_path / "runs" / "shapes" / "unet" / "default"
+    started.mkdir(parents=True)
+    (started / CHECKPOINT_NAME).write_bytes(b"a finished run")
+    options = load_script("options")
+    args = options.parse_args([])
+    assert args.output_dir == "runs" and args.checkname == "default"
+    from encoding.engine import TrainingConfig
+    from encoding.engine.config import ConfigError, check_run_dir, check_training
+
+    config = TrainingConfig(**vars(args))
+    check_training(config)  # every value is usable
+    with pytest.raises(ConfigError, match="already holds a run"):
+        check_run_dir(config)
+    check_run_dir(TrainingConfig(**vars(options.parse_args(["--overwrite"]))))
+    assert (started / CHECKPOINT_NAME).read_bytes() == b"a finished run"
+
+
+def test_a_late_failure_leaves_no_empty_run_directory(tiny_shapes, tmp_path, capsys):
+    """A failure after the checks (here: a checkpoint of another network) removes the folders the run made."""
+    _, checkpoint = train_tiny(tiny_shapes, tmp_path / "first")
+    out = tmp_path / "runs"
+    status = run_script("train", TINY[:-2] + ["--epochs", "2", "--model", "fcn", "--backbone", "resnet18", "--resume",
+                                        checkpoint, "--output-dir", str(out)], datasets=tiny_shapes)
+    assert status == 1 and not out.exists(), capsys.readouterr().err
+
+
+# -- leftovers ---------------------------------------------------------------------------------------------------------
+def test_stale_temp_files_and_staging_folders_are_cleaned(tmp_path):
+    stale = tmp_path / f".{CHECKPOINT_NAME}.{'ab' * 16}.tmp"
+    stale.write_bytes(b"partial")
+    keep = tmp_path / "notes.tmp"
+    keep.write_text("mine")
+    with RunDirLock(str(tmp_path)):
+        assert remove_stale_temp_files(str(tmp_path)) == [str(stale)]
+    assert keep.exists()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    leftover = tmp_path / f".shapes.tmp-{int(dead.stdout)}-x1"
+    leftover.mkdir()
+    alive = tmp_path / f".shapes.tmp-{os.getpid()}-x2"
+    alive.mkdir()
+    with staged_dir(str(tmp_path / "shapes")) as staging:
+        assert os.path.basename(staging).startswith(f".shapes.tmp-{os.getpid()}-")
+    assert not leftover.exists() and alive.exists()
+
+
+def test_resumed_log_has_one_row_per_epoch(tmp_path):
+    with EpochLogger(str(tmp_path)) as log:
+        for epoch in range(4):
+            log.write(epoch, loss=1.0 / (epoch + 1))
+        log.resume_after(1)  # resuming a checkpoint of epoch 1: rows 2 and 3 will be written again
+        assert [r["epoch"] for r in log.rows()] == [0, 1]
+        log.resume_after(2, {"epoch": 2, "loss": 0.3})  # stopped between the checkpoint and its log row
+        assert [r["epoch"] for r in log.rows()] == [0, 1, 2]
+    assert [line.split(",")[0] for line in open(tmp_path / "log.csv")] == ["epoch", "0", "1", "2"]

@@ -1,0 +1,132 @@
+"""Unusable options of train.py, test.py and demo.py: one line, exit status 2, before any work and leaving nothing
+behind (issues 12, 23, 24 and 35).
+"""
+import os
+
+import pytest
+import torch
+from training_runs import load_train_script, run_script
+
+from encoding.utils.checkpoint import save_checkpoint
+
+
+# -- train.py ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["--eval"], "--eval evaluates a checkpoint: pass --resume"),
+    (["--clip-grad", "-1"], "argument --clip-grad: must be > 0.0, got -1"),
+    (["--clip-grad", "0"], "argument --clip-grad: must be > 0.0"),
+    (["--lr", "0"], "argument --lr: must be > 0.0"),
+    (["--lr", "nan"], "argument --lr: must be > 0.0"),
+    (["--crop-size", "0"], "argument --crop-size: must be > 0, got 0"),
+    (["--crop-size", "-5"], "argument --crop-size: must be > 0, got -5"),
+    (["--train-limit", "0"], "argument --train-limit: must be > 0"),
+    (["--base-size", "0"], "argument --base-size: must be > 0"),
+    (["--start-epoch", "16", "--epochs", "16"], "--start-epoch 16 must be below --epochs 16"),
+    (["--resume", "no/such.pth"], "argument --resume: no such file: no/such.pth"),
+])
+def test_bad_options_fail_in_one_line_with_status_2(argv, message, capsys):
+    script = load_train_script()
+    with pytest.raises(SystemExit) as info:
+        script.parse_args(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and message in err[0], err
+
+
+def test_crop_larger_than_base_warns_and_a_finished_run_says_so(tmp_path, capsys):
+    script = load_train_script()
+    script.parse_args(["--crop-size", "200", "--base-size", "100"])
+    assert "--crop-size 200 is larger than --base-size 100" in capsys.readouterr().err
+    path = save_checkpoint({"model": {}, "epoch": 4}, tmp_path)
+    assert script.cli(["--epochs", "5", "--resume", path, "--output-dir", str(tmp_path)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+
+
+TRAIN_BAD = [
+    (["--backbone", "nosuch"], "unknown backbone 'nosuch'"),
+    (["--model", "nosuch"], "unknown segmentation model 'nosuch'"),
+    (["--dataset", "nosuch"], "--dataset nosuch: unknown dataset"),
+    (["--device-ids", "cuda:0"] if not torch.cuda.is_available() else ["--device-ids", "cuda:99"], "--device-ids"),
+    (["--device-ids", "cpu,xyz"], "--device-ids cpu,xyz"),
+    (["--device-ids", "0,0"], "--device-ids 0,0"),
+    (["--device-ids", "-1"], "--device-ids -1"),
+    (["--device-ids", "cpu,,cpu"], "--device-ids cpu,,cpu: empty entry"),
+    (["--model", "deeplab", "--backbone", "vgg_tiny", "--output-stride", "32"], "output_stride of vgg_tiny"),
+    (["--head-channels", "8"], "model 'unet' has no head option channels"),
+    (["--warmup-epochs", "3", "--epochs", "2"], "--warmup-epochs 3 is longer than the run"),
+    (["--lr-scheduler", "step"], "--lr-scheduler step needs --lr-step"),
+    (["--train-split", "test"], "--train-split test"),
+    (["--val-split", "nosuch"], "--val-split nosuch"),
+]
+
+
+@pytest.mark.parametrize("argv, message", TRAIN_BAD, ids=[" ".join(a) for a, _ in TRAIN_BAD])
+def test_train_py_refuses_every_unusable_value_in_one_line_leaving_nothing(argv, message, tmp_path, monkeypatch,
+                                                                             capsys):
+    monkeypatch.setenv("ENCODING_DATA", str(tmp_path / "data"))
+    status = run_script("train", argv + ["--output-dir", str(tmp_path / "runs"), "--workers", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and err[0].startswith("train.py: error: ") and message in err[0], err
+    assert os.listdir(tmp_path) == []  # no run directory, no generated data
+
+
+def test_missing_class_weights_file_is_refused_before_the_dataset_is_generated(tmp_path, capsys, monkeypatch):
+    from conftest import TINY, load_script
+
+    from encoding.engine import config as engine_config
+
+    monkeypatch.setattr(engine_config, "build_training", lambda *a, **k: pytest.fail("work started"))
+    root = tmp_path / "data"
+    train = load_script("train")
+    for spec, says in ((tmp_path / "nope.txt", "No such file"), (tmp_path / "three.txt", "holds 3 class weights"),
+                       (tmp_path, "not auto/enet/median")):
+        if spec.name == "three.txt":
+            spec.write_text("1 2 3")
+        with pytest.raises(SystemExit) as stop:  # refused while the options are parsed
+            train.cli(TINY + ["--class-weights", str(spec), "--data-root", str(root), "--output-dir",
+                              str(tmp_path / "runs")])
+        status = stop.value.code
+        err = capsys.readouterr().err
+        assert status == 2 and err.count("\n") == 1 and says in err and f"--class-weights {spec}" in err
+    assert not root.exists()  # no dataset generated
+
+
+@pytest.mark.parametrize("value, says", [("inf", "finite"), ("1e15", "at most"), ("nan", "> 0"), ("-inf", "> 0")])
+def test_absurd_dist_timeout_is_one_line(value, says, tmp_path, capsys):
+    from conftest import TINY, load_script
+
+    with pytest.raises(SystemExit) as stop:
+        load_script("train").cli(TINY + [f"--dist-timeout={value}", "--output-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "--dist-timeout" in err and says in err
+    from encoding.utils.dist import init_distributed_mode
+    if value == "1e15":
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+        try:
+            with pytest.raises(ValueError, match="timeout_s 1e\\+15: must be"):
+                init_distributed_mode(timeout_s=1e15)
+        finally:
+            for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+                os.environ.pop(name)
+
+
+# -- test.py and demo.py -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("script", ["test", "demo"])
+@pytest.mark.parametrize("argv, message", [
+    (["--backbone", "nosuch"], "unknown backbone 'nosuch'"),
+    (["--dataset", "nosuch"], "--dataset nosuch: unknown dataset"),
+    (["--device-ids", "cpu,xyz"], "--device-ids cpu,xyz"),
+    (["--device-ids", "-1"], "--device-ids -1"),
+])
+def test_test_and_demo_refuse_unusable_values_in_one_line(script, argv, message, tiny_run, tmp_path, capsys):
+    _, checkpoint, _ = tiny_run
+    extra = [str(tmp_path / "x.png"), "--out-dir", str(tmp_path / "demo")] if script == "demo" else ["--workers", "0"]
+    status = run_script(script, extra + ["--resume", checkpoint, *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and message in err[0], err
+    assert os.listdir(tmp_path) == []
+
+
+def test_test_py_refuses_a_split_without_masks_for_scoring(tiny_run, capsys):
+    status = run_script("test", ["--resume", tiny_run[1], "--split", "nosuch", "--workers", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and "--split nosuch" in err[0], err
