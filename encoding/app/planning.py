@@ -37,6 +37,8 @@ class PlanRequest:
             preset of :data:`encoding.models.model_list` (its backbone, dataset and heads replace those given here).
             A ``package.module:factory`` spec names code: planned only where the page's starter trusts it.
         backbone, dataset: the backbone, and the dataset whose class count and crop are the defaults.
+        data_root: the folder of ``dataset="folder"`` (its classes give the class count); the page's form has no
+            box for it (a visitor names no folder of the server): the Python API's and the served network's.
         aux, se_loss: the auxiliary head and the semantic-encoding loss head.
         nclass, crop_size, batch_size: the class count, the crop and the batch in all.
         devices: simulated devices.
@@ -52,6 +54,7 @@ class PlanRequest:
     model: Optional[str] = None
     backbone: Optional[str] = None
     dataset: Optional[str] = None
+    data_root: Optional[str] = None
     nclass: Optional[int] = None
     crop_size: Optional[int] = None
     batch_size: Optional[int] = None
@@ -184,7 +187,7 @@ def plan_argv(request: PlanRequest, out_dir: Optional[str] = None) -> List[str]:
                        aux=preset.get("aux", False), se_loss=preset.get("se_loss", False))
     argv: List[str] = []
     texts = [("--model", network["model"]), ("--backbone", network["backbone"]), ("--dataset", network["dataset"]),
-             ("--simulate", _number(request.devices)),
+             ("--data-root", request.data_root), ("--simulate", _number(request.devices)),
              ("--strategies", None if request.strategies is None else ",".join(request.strategies)),
              ("--recompute", request.recompute), ("--nclass", _number(request.nclass)),
              ("--crop-size", _number(request.crop_size)), ("--batch-size", _number(request.batch_size)),

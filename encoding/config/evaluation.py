@@ -133,8 +133,9 @@ def fill_evaluation(values: Dict[str, Any]) -> None:
 
 def protocol(values: Any) -> str:
     """What an evaluation scores, in words (``metrics.json``'s first key, the title of ``test.py``'s table):
-    ``"whole images"`` (``testval``; ``", sliding windows 512 / stride 341"`` or ``", scales 0.75, 1, 1.25 +
-    flip"`` added), ``"resized centre crops of 480 px"`` (``val``, as training validates) or ``"predictions only"``.
+    ``"whole images at the training scale"`` (``testval``: the long side resized to the training ``base_size``, the
+    logits back to the image's size; ``"whole images, sliding windows 512 / stride 341"`` or ``"whole images,
+    scales 0.75, 1, 1.25 + flip"`` for the other inferences), ``"resized centre crops of 480 px"`` (``val``, as training validates) or ``"predictions only"``.
 
     Args:
         values: an evaluation's options (``test.py``'s namespace or an ``EvaluationConfig``), its rules applied.
@@ -147,4 +148,4 @@ def protocol(values: Any) -> str:
         return f"whole images, sliding windows {values.window} / stride {values.stride}"
     if values.multi_scale:
         return f"whole images, scales {', '.join(f'{s:g}' for s in values.scales)} + flip"
-    return "whole images"
+    return "whole images at the training scale"

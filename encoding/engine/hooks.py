@@ -312,7 +312,7 @@ def _duration(seconds: float) -> str:
 class RunEstimate(Hook):
     """The whole run's time on stdout (main process), once its first iterations are timed: ``estimated whole run:
     ~40 min (50 epochs x 48 s)``, the epochs left times an epoch's time: its training iterations at the pace of
-    :attr:`MEASURED` steps after the first (which warms up), plus its validation at a third of a training step per
+    the steps after the first (which warms up) over a tenth of the epoch (:meth:`measured_steps`), plus its validation at a third of a training step per
     batch of samples (a forward without its backward). After the first epoch, validation measured, the line comes
     again when the measured epoch differs by more than a quarter (or first, when the epoch was too short to time)."""
 
@@ -327,10 +327,11 @@ class RunEstimate(Hook):
 
     def after_step(self, state: RunState) -> None:
         self.steps += 1
+        measured = self.measured_steps(len(state.run.train_loader))
         if self.steps == 1:
             self.timed = time.perf_counter()
-        elif self.steps == 1 + self.MEASURED and state.epoch == self.first:
-            step = (time.perf_counter() - self.timed) / self.MEASURED
+        elif self.steps == 1 + measured and state.epoch == self.first:
+            step = (time.perf_counter() - self.timed) / measured
             self.epoch_time = step * (len(state.run.train_loader) + self._validation_steps(state.run) / 3)
             self.report("")
 
@@ -341,6 +342,12 @@ class RunEstimate(Hook):
         if estimated is None or abs(measured - estimated) > estimated / 4:
             self.epoch_time = measured
             self.report(f"; epoch {state.epoch} measured")
+
+    @classmethod
+    def measured_steps(cls, steps_per_epoch: int) -> int:
+        """How many steps after the first are timed: a tenth of the epoch, at least :attr:`MEASURED` (a few steps
+        alone are at the mercy of the data loader's start and of a busy machine)."""
+        return max(cls.MEASURED, steps_per_epoch // 10)
 
     @staticmethod
     def _validation_steps(run: Any) -> float:

@@ -190,14 +190,21 @@ EvaluationConfig = make_dataclass("EvaluationConfig", evaluation_fields(), bases
         "command line; the network options left ``None`` come from the weights.")})
 
 
+#: The scales of single-scale whole-image evaluation: the image resized so that its long side is the training
+#: ``base_size`` (PyTorch-Encoding's ``--eval`` at scale 1, mmsegmentation's test resize), the logits resized back
+#: and scored at the image's own size.
+TRAINING_SCALE = (1.0,)
+
+
 def evaluation_module(model: nn.Module, config: EvaluationConfig) -> nn.Module:
     """``model`` inside the inference module of ``config`` (:func:`~encoding.engine.predict.inference_module`):
     ``--mode slide`` windows, or ``--multi-scale`` scales + flip, ``--window-batch`` windows per forward (default:
-    from the memory they may take, :class:`~encoding.engine.predict.WindowBudget`); ``model`` itself for
-    single-scale whole images."""
+    from the memory they may take, :class:`~encoding.engine.predict.WindowBudget`); whole images single-scale at
+    the training scale (:data:`TRAINING_SCALE`, no flip); ``model`` itself for ``val``'s crops."""
+    whole = config.inference != "slide" and config.mode != "val"
+    scales = config.scales if config.multi_scale else TRAINING_SCALE if whole else None
     return inference_module(model, mode=config.inference, window=config.window, stride=config.stride,
-                            scales=config.scales if config.multi_scale else None, flip=config.multi_scale,
-                            window_batch=config.window_batch)
+                            scales=scales, flip=config.multi_scale, window_batch=config.window_batch)
 
 
 @dataclass
