@@ -8,8 +8,9 @@ Sections: ``pytest -m gpu``; the simulator (uncalibrated and ``--calibrate``d) a
 crop 512, 8 images, fp32 and bf16; the step time of ``DataParallelModel`` + ``DataParallelCriterion`` against the
 plain module and ``nn.DataParallel`` on one device; train images/s of our FCN-ResNet50 against torchvision's; the
 CUDA context and the caching allocator's reserved-minus-allocated after the step, and the ``--reserve`` they suggest
-for ``python -m encoding.memory --advise``. Without CUDA every part that needs it says "skipped" and why; the rest
-runs on the CPU, so the script keeps working where there is no GPU.
+for ``python -m encoding.memory --advise``; the simulated memory timeline of each device program of FCN-ResNet50
+against ``torch.cuda.memory._snapshot()`` of the same step. Without CUDA every part that needs it says "skipped" and
+why; the rest runs on the CPU, so the script keeps working where there is no GPU.
 """
 from __future__ import annotations
 
@@ -134,6 +135,30 @@ def _memory_row(proof: Proof, program: object, args: Dict[str, object]) -> List[
     return [_mib(real), _mib(simulated), _error(simulated, real), _mib(calibrated), _error(calibrated, real)]
 
 
+def timeline(proof: Proof) -> None:
+    """The simulated timeline of each distinct device program against the caching allocator's own record of the
+    same step (``torch.cuda.memory._record_memory_history`` + ``_snapshot()``), storage for storage."""
+    from encoding.memory.timeline_real import (COLUMNS, compare, distinct_programs, measure_timeline_cuda, row,
+                                               simulated_events)
+
+    backbone, crop, devices = ("resnet18", 64, 2) if proof.args.quick else ("resnet50", 480, 8)
+    spec = segmentation_spec("fcn", backbone, 21, crop, aux=True)
+    proof.lines.append(f"FCN-{backbone} (aux), 21 classes, crop {crop}, 2 images per device, {devices} devices; the "
+                       "simulated step (512-byte blocks) against the allocator's trace of the same step on one GPU; "
+                       "MiB.")
+    rows = []
+    for name, program in distinct_programs(("gather", "balanced", "ddp"), devices, 2).items():
+        start, events, peak = simulated_events(spec, program, CUDA_BLOCK)
+        if not proof.cuda:
+            rows.append([name, f"{peak / MIB:.1f}"] + ["skipped"] + ["-"] * (len(COLUMNS) - 3))
+            continue
+        rows.append(row(name, compare(start, events, measure_timeline_cuda(spec, program, proof.device),
+                                      round_to=CUDA_BLOCK)))
+    if not proof.cuda:
+        proof.lines.append(f"Real columns {NO_CUDA}.")
+    proof.table(COLUMNS, rows)
+
+
 def _mib(value: Optional[int]) -> str:
     return "skipped" if value is None else f"{value / MIB:.1f}"
 
@@ -242,6 +267,7 @@ SECTIONS: Dict[str, Tuple[str, Callable[[Proof], None]]] = {
     "wrappers": ("DataParallelModel + DataParallelCriterion against the plain module and nn.DataParallel", wrappers),
     "throughput": ("Train images/s against torchvision's FCN", throughput),
     "allocator": ("CUDA context and the caching allocator after the steps", allocator),
+    "timeline": ("Simulated timeline against torch.cuda.memory._snapshot()", timeline),
 }
 
 

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..errors import EncodingError
 from .devices import DeviceLike, resolve_device
 from .rng import ReplicaRandom, draw_base_seed, replica_generator
 from .structures import device_of
@@ -19,7 +20,7 @@ _AUTOCAST_DEVICE_TYPES = ("cpu", "cuda")
 _local = threading.local()
 
 
-class ReplicaAbortedError(RuntimeError):
+class ReplicaAbortedError(RuntimeError, EncodingError):
     """Raised by code inside a replica that stops waiting because another replica of the same call failed.
 
     :func:`parallel_apply` prefers the failing replica's own exception over these when it re-raises.
