@@ -1,7 +1,6 @@
 """docs/architecture.md lists every room and every run hook: each module of ``encoding`` is named in its folder map
 (a package's ``__init__.py`` by its folder's line), and each :class:`~encoding.engine.hooks.Hook` of the package has
-a row in "The run's hooks" naming exactly the events it handles. (tests/test_docs.py checks the other way: every
-name in the map exists.)
+a row in "The run's hooks" naming exactly the events it handles; and the other way, every name in the map exists.
 """
 import ast
 import re
@@ -50,6 +49,12 @@ def test_every_module_of_the_package_is_on_the_folder_map():
         if str(rel) not in named and not (rel.name == "__init__.py" and str(rel.parent) in named):
             missing.append(str(rel))
     assert not missing, f"docs/architecture.md's file list lacks: {missing}"
+
+
+def test_every_name_on_the_folder_map_exists():
+    missing = [name for name in sorted(_folder_map())
+               if not (list(ROOT.glob(name)) if "*" in name else (ROOT / name).exists())]
+    assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
 
 
 def test_every_run_hook_has_a_row_with_its_events():

@@ -20,7 +20,6 @@ import importlib
 import importlib.util
 import io
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -400,29 +399,6 @@ def test_memory_report_example_has_the_tools_keys(tmp_path):
     assert set(example["config"]) - {"..."} <= set(report["config"])
     for name, entry in example["strategies"].items():
         assert name == "..." or set(entry) <= strategy_keys, f"docs/memory.md: {name}: {set(entry) - strategy_keys}"
-
-
-def test_architecture_folder_map_matches_the_tree():
-    """Every file and folder named in docs/architecture.md's folder map exists."""
-    block = next(b for b in ALL_BLOCKS if b.page.name == "architecture.md" and b.lang == "text")
-    stack: List[tuple] = []  # (indent, folder)
-    missing = []
-    for line in block.text.splitlines():
-        match = re.match(r"^(?P<indent> *)(?P<names>\S.*?)(?:\s{2,}.*)?$", line)
-        if not match or not re.match(r"^[\w./*]+(\s+[\w.]+\.py)*$", match["names"]):
-            continue  # a continued description
-        indent = len(match["indent"])
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        parent = Path(*[folder for _, folder in stack]) if stack else Path()
-        for name in match["names"].split():
-            if "*" in name:
-                assert list(ROOT.glob(str(parent / name))), f"architecture.md: nothing matches {parent / name}"
-            elif not (ROOT / parent / name).exists():
-                missing.append(str(parent / name))
-        if match["names"].endswith("/"):
-            stack.append((indent, match["names"].rstrip("/")))
-    assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
 
 
 def _identifiers(cell: str) -> List[str]:

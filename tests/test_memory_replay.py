@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from encoding.memory import Simulator, StepSpec, segmentation_spec
-from encoding.memory.advice import _Peaks, advise, heaviest_program
+from encoding.memory.advice import _Peaks, advise
 from encoding.memory.replay import compose, fit, refit
 from encoding.memory.tracker import CUDA_BLOCK, MIB
 from encoding.nn import SegmentationLosses

@@ -4,7 +4,6 @@ the loaders without the opt-in (one line naming the module and ``trust_code=True
 imported with it. The payload writes a marker file when imported: the marker is the proof."""
 import importlib
 import os
-import shutil
 import sys
 import textwrap
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import os
 from dataclasses import dataclass, fields, make_dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -200,11 +200,16 @@ def evaluation_module(model: nn.Module, config: EvaluationConfig) -> nn.Module:
     """``model`` inside the inference module of ``config`` (:func:`~encoding.engine.predict.inference_module`):
     ``--mode slide`` windows, or ``--multi-scale`` scales + flip, ``--window-batch`` windows per forward (default:
     from the memory they may take, :class:`~encoding.engine.predict.WindowBudget`); whole images single-scale at
-    the training scale (:data:`TRAINING_SCALE`, no flip); ``model`` itself for ``val``'s crops."""
+    the training scale (:data:`TRAINING_SCALE`, no flip); ``model`` itself for ``val``'s crops. The module carries
+    ``model``'s :class:`~encoding.engine.loading.ModelInfo` (``info``)."""
     whole = config.inference != "slide" and config.mode != "val"
     scales = config.scales if config.multi_scale else TRAINING_SCALE if whole else None
-    return inference_module(model, mode=config.inference, window=config.window, stride=config.stride,
-                            scales=scales, flip=config.multi_scale, window_batch=config.window_batch)
+    module = inference_module(model, mode=config.inference, window=config.window, stride=config.stride,
+                              scales=scales, flip=config.multi_scale, window_batch=config.window_batch)
+    info = getattr(model, "info", None)
+    if module is not model and info is not None:
+        module.info = info  # the wrapper segments as the network does: its classes, colours and sizes
+    return module
 
 
 @dataclass

@@ -194,7 +194,25 @@ def _warm_up(optimizer: torch.optim.Optimizer, tensors: List[Tensor]) -> None:
         tensor.grad = None
 
 
-class PartitionOptimizer:
+class _SimulatedOptimizer:
+    """What the simulated optimizers share: ``params`` (every parameter whose gradient the step drops) and
+    ``optimizer`` (the torch optimizer they step)."""
+
+    params: List[Tensor]
+    optimizer: torch.optim.Optimizer
+
+    @property
+    def state(self) -> Dict[Tensor, Dict[str, Any]]:
+        """The per-parameter state of the tensors stepped, as a torch optimizer's ``state``."""
+        return self.optimizer.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop every parameter's gradient (``set_to_none`` only: the step loop's)."""
+        for param in self.params:
+            param.grad = None
+
+
+class PartitionOptimizer(_SimulatedOptimizer):
     """A simulated ``zero1`` rank's optimizer: ``make`` over the parameters this rank owns under
     ``ZeroRedundancyOptimizer`` (the optimizer ZeRO steps on this rank, the same state and the same step), and
     ``zero_grad`` dropping every parameter's gradient (ZeRO's). ZeRO's broadcast of each rank's parameters after the
@@ -223,18 +241,7 @@ class PartitionOptimizer:
         """What a warm-up step leaves: the state of the owned parameters (from zero gradients, dropped after)."""
         _warm_up(self.optimizer, self.owned)
 
-    @property
-    def state(self) -> Dict[Tensor, Dict[str, Any]]:
-        """The per-parameter state of the owned parameters, as a torch optimizer's ``state``."""
-        return self.optimizer.state
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop every parameter's gradient (``set_to_none`` only: the step loop's)."""
-        for param in self.params:
-            param.grad = None
-
-
-class LocalShardOptimizer:
+class LocalShardOptimizer(_SimulatedOptimizer):
     """The optimizer of ``fsdp``'s sharded parameters run on their local shards (views of the same storages) and
     their gradients' local shards: the same tensors as on the ``DTensor`` parameters, without ``DTensor``'s
     per-operator sharding propagation (what makes a simulated ``fsdp`` step slow). The simulator uses it; the real
@@ -261,13 +268,3 @@ class LocalShardOptimizer:
         self.optimizer.step()
         for local in self.local:
             local.grad = None
-
-    @property
-    def state(self) -> Dict[Tensor, Dict[str, Any]]:
-        """The per-parameter state (of the local shards), as a torch optimizer's ``state``."""
-        return self.optimizer.state
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop the gradients (``set_to_none`` only: the step loop's)."""
-        for param in self.params:
-            param.grad = None
