@@ -18,18 +18,23 @@ import argparse
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
+import torch
+
 from ..nn.losses import LOSSES
 from ..registry import Registry
 from ..utils.cli import non_negative_float, non_negative_int, positive_float, positive_int, scales, unit_float
 from .fields import ALL, EVAL, option
 
-__all__ = ["BUILTIN_SIZES", "AMP_CHOICES", "COMPILE_CHOICES", "OPTIMIZERS", "STRATEGIES", "RECOMPUTE",
+__all__ = ["BUILTIN_SIZES", "AMP_CHOICES", "AMP_DTYPES", "COMPILE_CHOICES", "OPTIMIZERS", "STRATEGIES", "RECOMPUTE",
            "DIST_TIMEOUT_S", "AUX_WEIGHT_LIBRARY",
            "ModelOptions", "DataOptions", "OptimOptions", "DeviceOptions", "RunOptions", "WeightOptions",
            "EvalOptions", "DemoOptions", "GROUPS"]
 
-#: ``--amp``: full precision, bfloat16 or float16 autocast (:data:`encoding.engine.config.AMP_DTYPES`).
+#: ``--amp``: full precision, bfloat16 or float16 autocast.
 AMP_CHOICES = ("none", "bf16", "fp16")
+#: ``--amp`` -> the autocast dtype (``None``: full precision); the one table of training, evaluation and the memory
+#: tool.
+AMP_DTYPES = dict(zip(AMP_CHOICES, (None, torch.bfloat16, torch.float16)))
 #: ``--optimizer`` (``encoding.engine.builders.build_optimizer(kind=...)``): PyTorch-Encoding's SGD (momentum, weight
 #: decay) or AdamW.
 OPTIMIZERS = ("sgd", "adamw")

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset
 
 from . import builders
-from ..config import AMP_CHOICES, DIST_TIMEOUT_S, Settings, TrainingConfig  # noqa: F401 (DIST_TIMEOUT_S: its old home)
+from ..config import AMP_DTYPES, DIST_TIMEOUT_S, Settings, TrainingConfig  # noqa: F401 (DIST_TIMEOUT_S: its old home)
 from ..config.fields import renamed_keyword
 from ..config.parser import option_specs
 from ..config.resolve import describe_sources
@@ -51,8 +51,6 @@ __all__ = ["AMP_DTYPES", "CONFIG_NAME", "parse_device_ids", "ConfigError", "chec
            "config_header", "saved_config",
            "build_training", "run_training"]
 
-#: ``amp`` choice (:data:`encoding.config.AMP_CHOICES`) -> autocast dtype (``None``: full precision).
-AMP_DTYPES = dict(zip(AMP_CHOICES, (None, torch.bfloat16, torch.float16)))
 #: The run directory's record of the run's options: ``train.py --config RUN/config.yaml`` repeats the run.
 CONFIG_NAME = "config.yaml"
 #: What to do with a run directory rather than what the run is: not recorded in :data:`CONFIG_NAME` (the option

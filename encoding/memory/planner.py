@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
+from ..config.groups import AMP_DTYPES
 from ..nn.recompute import CHECKPOINT_POLICIES, checkpoint_segmentation_model, disable_checkpointing
 from .advice import Advice, advise
 from .balance import _fake_copy, _KeyedLoss, strategy_peaks
@@ -29,7 +30,6 @@ from .tracker import CUDA_BLOCK, MIB, Workspaces
 __all__ = ["AMP_DTYPES", "MAX_DEVICE_MEMORY", "MemoryPlan", "plan", "parse_memory", "loop_name"]
 
 #: ``amp=`` names and their autocast dtypes.
-AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 _UNITS = {"b": 1, "k": 2 ** 10, "kb": 10 ** 3, "kib": 2 ** 10, "m": 2 ** 20, "mb": 10 ** 6, "mib": 2 ** 20,
           "g": 2 ** 30, "gb": 10 ** 9, "gib": 2 ** 30, "t": 2 ** 40, "tb": 10 ** 12, "tib": 2 ** 40}
@@ -242,7 +242,7 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
     if checkpoint not in CHECKPOINT_POLICIES:
         raise ValueError(f"plan: checkpoint={checkpoint!r}; valid: {', '.join(CHECKPOINT_POLICIES)}")
     if amp is not None and amp not in AMP_DTYPES:
-        raise ValueError(f"plan: amp={amp!r}; valid: None, {', '.join(AMP_DTYPES)}")
+        raise ValueError(f"plan: amp={amp!r}; valid: {', '.join(AMP_DTYPES)} or None")
     if (sample is None) == (crop is None):
         raise ValueError("plan: give crop= (the default segmentation sample) or sample= (any batch), not both")
     if min(crop or 1, num_devices) < 1 or batch < num_devices:
