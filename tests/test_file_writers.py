@@ -27,7 +27,6 @@ ALLOWED = {
     ("encoding/utils/files.py", "staged_dir"): "the atomic helper for folders (rename of a finished folder)",
     ("encoding/export/core.py", "_write"): "torch.export.save into atomic_path's temporary file",
     ("encoding/export/core.py", "_save_onnx"): "onnx.save into atomic_path's temporary file",
-    ("encoding/engine/evaluation_plots.py", "_save"): "fig.savefig into atomic_path's temporary file",
     ("encoding/datasets/prepare/shapes_render.py", "_generate"): "files of a staged_dir folder (renamed when whole)",
     ("encoding/datasets/prepare/download.py", "download"): "a .part file renamed over the target when complete",
     ("encoding/datasets/prepare/download.py", "_fetch_local"): "a .part file renamed over the target when complete",

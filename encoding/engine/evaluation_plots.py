@@ -22,7 +22,7 @@ from typing import Any, List, Mapping, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..utils.files import atomic_path
+from ..utils.plot import save_figure
 
 __all__ = ["CONFUSION_NAME", "IOU_NAME", "MAX_CLASSES", "confusion_view", "iou_order", "plot_confusion", "plot_iou",
            "write_charts"]
@@ -77,13 +77,7 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, path: str) -> str:
-    plt = _pyplot()
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=80)
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=80)
 
 
 def plot_confusion(confusion: Any, class_names: Sequence[str], path: str, max_classes: int = MAX_CLASSES) -> str:

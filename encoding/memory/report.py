@@ -5,7 +5,6 @@ table (:func:`format_report`), a JSON file (:func:`write_json`) and a PNG bar ch
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import statistics
@@ -18,6 +17,7 @@ import torch
 
 from ..models.external import network_name
 from ..utils.files import atomic_write
+from ..utils.plot import save_figure
 from .advice import POLICY_ORDER, advise
 from .balance import max_batch, strategy_peaks
 from .planner import AMP_DTYPES, loop_name
@@ -354,19 +354,14 @@ def write_chart(report: Dict[str, Any], path: str) -> bool:
     try:
         import matplotlib
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot  # noqa: F401 (installed: the chart can be drawn)
     except ImportError:
         print("matplotlib is not installed, so no chart was written; install it with: pip install matplotlib "
               "(or pip install -e '.[chart]')", file=sys.stderr)
         return False
     fig = chart_figure(report)
-    buffer = io.BytesIO()
-    try:
-        fig.savefig(buffer, format="png", dpi=100)
-    finally:
-        plt.close(fig)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    atomic_write(path, buffer.getvalue())
+    save_figure(fig, path)
     return True
 
 

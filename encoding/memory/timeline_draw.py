@@ -8,7 +8,6 @@ of the device that limits the batch is titled in red.
 from __future__ import annotations
 
 import html
-import io
 import json
 from typing import Any, Dict, List
 
@@ -112,23 +111,17 @@ def write_png(data: Dict[str, Any], path: str) -> str:
     """:func:`timeline_figure` as a PNG at ``path`` (atomically); ``""`` (and a hint) without matplotlib."""
     import sys
 
-    from ..utils.files import atomic_write
+    from ..utils.plot import save_figure
 
     try:
         import matplotlib
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot  # noqa: F401 (installed: the timeline can be drawn)
     except ImportError:
         print("matplotlib is not installed, so no timeline.png was written; pip install matplotlib",
               file=sys.stderr)
         return ""
-    fig = timeline_figure(data)
-    buffer = io.BytesIO()
-    try:
-        fig.savefig(buffer, format="png", dpi=100)
-    finally:
-        plt.close(fig)
-    return atomic_write(path, buffer.getvalue())
+    return save_figure(timeline_figure(data), path)
 
 
 def timeline_html(data: Dict[str, Any]) -> str:

@@ -11,12 +11,12 @@ import csv
 import io
 import os
 import sys
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from .cli import OneLineParser
 from .files import atomic_write, refuse_own_input
 
-__all__ = ["CURVES_NAME", "read_log", "plot_log", "write_curves", "build_parser", "main"]
+__all__ = ["CURVES_NAME", "save_figure", "read_log", "plot_log", "write_curves", "build_parser", "main"]
 
 #: The PNG written next to ``log.csv``.
 CURVES_NAME = "curves.png"
@@ -84,12 +84,20 @@ def plot_log(path: str, out: Optional[str] = None) -> str:
         if title == "validation" and ax.lines:
             ax.legend()
     fig.tight_layout()
+    return save_figure(fig, out, fmt=os.path.splitext(out)[1].lstrip(".").lower() or "png")
+
+
+def save_figure(fig: Any, path: str, dpi: int = 100, fmt: str = "png") -> str:
+    """Write the matplotlib figure ``fig`` to ``path`` atomically (rendered in memory first) and close it; returns
+    ``path``. The one figure writer of the package's charts."""
+    import matplotlib.pyplot as plt
+
     buffer = io.BytesIO()
     try:
-        fig.savefig(buffer, format=os.path.splitext(out)[1].lstrip(".").lower() or "png", dpi=100)
+        fig.savefig(buffer, format=fmt, dpi=dpi)
     finally:
         plt.close(fig)
-    return atomic_write(out, buffer.getvalue())
+    return atomic_write(path, buffer.getvalue())
 
 
 def write_curves(path: str) -> Optional[str]:
