@@ -23,6 +23,8 @@ setup(
     license="MIT",
     python_requires=">=3.9",
     packages=find_packages(include=["encoding", "encoding.*"]),
+    # the dataset recipes (encoding.config.RECIPE_DIR): resolve() and train.py read them from the installed package
+    package_data={"encoding.config": ["recipe_files/*.yaml"]},
     install_requires=[
         "torch>=2.2",
         "torchvision>=0.17",

@@ -26,7 +26,7 @@ ONE_DEVICE = "balanced"
 
 def _spec(args, policy):
     return segmentation_spec(args.model, args.backbone, args.nclass, args.crop_size, aux=args.aux,
-                             checkpoint=False if policy == "none" else policy)
+                             recompute=policy)
 
 
 def memory(args, policy):

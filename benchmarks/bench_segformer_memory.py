@@ -29,7 +29,7 @@ def main():
                         help="activation recomputation, as train.py's --recompute (default: none)")
     args = parser.parse_args()
     spec = segmentation_spec("segformer", args.backbone, args.nclass, args.crop_size,
-                             checkpoint=False if args.recompute == "none" else args.recompute)
+                             recompute=args.recompute)
     program = DeviceProgram("balanced", args.images, args.images, source=True, replicas=1)
     start = time.perf_counter()
     real = measure_program_cpu(spec, program).peak

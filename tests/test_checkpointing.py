@@ -291,7 +291,7 @@ def test_replica_random_routes_fused_dropout_to_its_generator():
 # ------------------------------------------------------------------------------------------------ the model option
 def test_get_segmentation_model_checkpoint_option_keeps_weights_and_copies():
     plain = get_segmentation_model("fcn", backbone="resnet18", nclass=NCLASS, aux=True)
-    model = get_segmentation_model("fcn", backbone="resnet18", nclass=NCLASS, aux=True, checkpoint="backbone")
+    model = get_segmentation_model("fcn", backbone="resnet18", nclass=NCLASS, aux=True, recompute="backbone")
     blocks = [b for stage in model.backbone.stages() for b in stage]
     assert len(blocks) == 8 and all(is_checkpointed(b) for b in blocks)
     assert not is_checkpointed(model.classifier)
@@ -299,11 +299,11 @@ def test_get_segmentation_model_checkpoint_option_keeps_weights_and_copies():
     assert isinstance(blocks[0], type(plain.backbone.layer1[0]))
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert is_checkpointed(clone.backbone.layer4[1])
-    everything = get_segmentation_model("fcn", backbone="resnet18", nclass=NCLASS, aux=True, checkpoint="all")
+    everything = get_segmentation_model("fcn", backbone="resnet18", nclass=NCLASS, aux=True, recompute="all")
     assert is_checkpointed(everything.classifier) and is_checkpointed(everything.aux_classifier)
     assert not any(is_checkpointed(m) for m in disable_checkpointing(everything).modules())
-    with pytest.raises(ValueError, match="checkpoint must be one of"):
-        get_segmentation_model("fcn", backbone="resnet18", nclass=NCLASS, checkpoint="heads")
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        get_segmentation_model("fcn", backbone="resnet18", nclass=NCLASS, recompute="heads")
 
 
 # ------------------------------------------------------------------------------------------------ memory
@@ -349,7 +349,7 @@ def test_checkpointing_saves_memory_and_the_simulator_sees_it(machine_threads):
 
 
 def test_segmentation_spec_builds_the_checkpointed_model():
-    model = segmentation_spec("fcn", "resnet18", NCLASS, 32, checkpoint="backbone").build_model()
+    model = segmentation_spec("fcn", "resnet18", NCLASS, 32, recompute="backbone").build_model()
     assert is_checkpointed(model.backbone.layer1[0]) and not is_checkpointed(model.classifier)
 
 

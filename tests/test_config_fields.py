@@ -11,7 +11,7 @@ import pytest
 import encoding
 from conftest import SCRIPTS, load_script
 from encoding.config import (AUX_WEIGHT_LIBRARY, NETWORK_OPTIONS, SCRIPTS as SCRIPT_NAMES, TrainingConfig,
-                             build_parser, option_specs, resolve)
+                             build_parser, option_specs, recipe_file, resolve)
 from encoding.config.fields import cli_name, option_fields
 from encoding.config.parser import PROGS
 from encoding.config.tools import TOOLS
@@ -129,10 +129,13 @@ def test_the_config_package_imports_no_engine():
 
 # --- the order: one test per source ----------------------------------------------------------------------------
 
-def test_a_value_no_source_sets_is_the_fields_default():
+def test_a_value_no_source_sets_is_the_fields_default(tmp_path):
     settings = resolve("train", [])
     assert settings.optim.momentum == 0.9 and settings.source("momentum") == "default"
-    assert settings.source("model") == "recipe (built-in, shapes)" and settings.model.model == TrainingConfig.model
+    assert settings.source("model") == f"recipe {recipe_file('shapes')}"  # the package's shapes.yaml
+    assert settings.model.model == TrainingConfig.model
+    bare = resolve("train", [], recipes=str(tmp_path))  # a folder without shapes.yaml: the built-in recipe
+    assert bare.source("model") == "recipe (built-in, shapes)" and bare.options() == settings.options()
 
 
 def test_the_recipe_beats_the_default(tmp_path):

@@ -1,6 +1,9 @@
 """Issue 27 item 1: ``train.py --config FILE`` (YAML or JSON, keys = option names, typed by the script's parser, the
-command line wins), the run's saved ``config.yaml`` that repeats it, and the dataset recipes as configuration files.
+command line wins), the run's saved ``config.yaml`` that repeats it, and the dataset recipes as configuration files
+(issue 44 item 3: shipped inside the package, so ``encoding.config.resolve`` and ``train.py`` read the same ones).
 """
+import ast
+import fnmatch
 import json
 import os
 import sys
@@ -8,16 +11,17 @@ import sys
 import pytest
 import yaml
 
-from conftest import SCRIPTS, TINY, load_script
+from conftest import ROOT, SCRIPTS, TINY, load_script
 from encoding.datasets import datasets
 from encoding.engine.config import CONFIG_NAME, ConfigError, TrainingConfig, saved_config
+from encoding.config import RECIPE_DIR, recipe_file, resolve
 from encoding.config.recipes import read_flat
 from encoding.engine.recipes import RECIPE_KEYS, builtin_recipe, read_recipe
 from encoding.engine.data import image_sizes
 from encoding.utils.configfile import read_config, write_config
 
-CONFIGS = os.path.join(SCRIPTS, "configs")
-RECIPE_FILES = sorted(name[:-5] for name in os.listdir(CONFIGS) if name.endswith(".yaml") and name[:-5] in datasets)
+CONFIGS = os.path.join(SCRIPTS, "configs")  # the other experiments of train.py --config
+RECIPE_FILES = sorted(name[:-5] for name in os.listdir(RECIPE_DIR) if name.endswith(".yaml"))
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +86,7 @@ def test_a_missing_file_or_pyyaml_is_one_line(tmp_path, capsys, options, monkeyp
     monkeypatch.setitem(sys.modules, "yaml", None)  # as without the `config` extra
     assert f"{path}: reading YAML needs PyYAML: pip install -e .[config]" in _error(capsys, options, ["--config", path])
     # the recipes are flat files, read without PyYAML: the built-in run and every dataset's start need none
-    assert options.parse_args(["--dataset", "ade20k"]).model == read_recipe(CONFIGS, "ade20k")["model"]
+    assert options.parse_args(["--dataset", "ade20k"]).model == read_recipe(RECIPE_DIR, "ade20k")["model"]
     assert options.parse_args([]).model == TrainingConfig.model
 
 
@@ -131,10 +135,11 @@ def test_a_run_saved_config_repeats_the_run(tiny_shapes, tmp_path, options):
 
 @pytest.mark.parametrize("dataset", RECIPE_FILES)
 def test_a_dataset_recipe_file_is_what_its_dataset_starts_from(options, dataset):
-    path = os.path.join(CONFIGS, f"{dataset}.yaml")
+    path = recipe_file(dataset)
+    assert path == os.path.join(RECIPE_DIR, f"{dataset}.yaml")
     assert {k.replace("-", "_") for k in read_config(path)} <= set(RECIPE_KEYS) | {"dataset"}
     assert vars(options.parse_args(["--dataset", dataset])) == vars(options.parse_args(["--config", path]))
-    recipe = read_recipe(CONFIGS, dataset)
+    recipe = read_recipe(RECIPE_DIR, dataset)
     assert {k.replace("-", "_"): v for k, v in read_config(path).items()} == {  # PyYAML reads the same
         k.replace("-", "_"): v for k, v in read_flat(path).items()}
     args = options.parse_args(["--dataset", dataset])
@@ -143,11 +148,58 @@ def test_a_dataset_recipe_file_is_what_its_dataset_starts_from(options, dataset)
 
 def test_every_dataset_has_a_recipe_file_and_the_builtin_one_is_the_defaults(options):
     assert set(RECIPE_FILES) == set(datasets)
-    assert read_recipe(CONFIGS, TrainingConfig.dataset) == builtin_recipe(TrainingConfig.dataset)  # shapes.yaml
+    assert read_recipe(RECIPE_DIR, TrainingConfig.dataset) == builtin_recipe(TrainingConfig.dataset)  # shapes.yaml
     args = options.parse_args([])  # the built-in run: TrainingConfig's defaults (no PyYAML needed)
     assert {k: getattr(args, k) for k in RECIPE_KEYS} == builtin_recipe("shapes")
     effective = {**vars(TrainingConfig()), **image_sizes(TrainingConfig())}  # None sizes: the built-in run's
     assert {k: getattr(args, k) for k in RECIPE_KEYS} == {k: effective[k] for k in RECIPE_KEYS}
+
+
+@pytest.mark.parametrize("dataset", RECIPE_FILES)
+def test_the_python_api_resolves_what_train_py_resolves(options, dataset):
+    """``encoding.config.resolve`` reads the package's recipes by default: the values and their sources are
+    ``train.py``'s (``options.settings``), and the recipe is applied (not the fields' defaults)."""
+    api = resolve("train", ["--dataset", dataset])
+    script = options.settings(["--dataset", dataset])
+    assert api.options() == script.options() and dict(api.sources) == dict(script.sources)
+    assert api.source("model") == f"recipe {recipe_file(dataset)}"
+    assert api.model.model == read_recipe(RECIPE_DIR, dataset)["model"]
+    evaluation = ["--dataset", dataset, "--torchvision-weights"]  # test.py reads the same recipe
+    assert resolve("test", evaluation).options() == options.settings(evaluation, "test").options()
+
+
+def test_the_recipes_are_not_the_builtin_defaults_outside_shapes():
+    """What went wrong before: without ``recipes=`` the API started ade20k from the fields' defaults (a U-Net)."""
+    settings = resolve("train", ["--dataset", "ade20k"])
+    assert (settings.model.model, settings.model.backbone, settings.optim.epochs) == ("encnet", "resnet50", 180)
+    assert builtin_recipe("ade20k")["model"] != settings.model.model
+
+
+def test_other_experiments_stay_in_experiments_and_run_with_config(options):
+    """``configs/`` keeps the experiments that are not a dataset's recipe (no recipe there); ``--config`` runs them."""
+    names = sorted(os.listdir(CONFIGS))
+    assert "ade20k_segformer_mit_b0.yaml" in names and not {n[:-5] for n in names} & set(datasets)
+    args = options.parse_args(["--config", os.path.join(CONFIGS, "ade20k_segformer_mit_b0.yaml")])
+    assert (args.dataset, args.model, args.backbone, args.lr) == ("ade20k", "segformer", "mit_b0", 6e-5)
+    assert args.epochs == 127 and options.settings(["--config", os.path.join(CONFIGS, "ade20k_segformer_mit_b0.yaml")]
+                                                   ).source("epochs").startswith("config file ")
+
+
+def test_a_missing_recipe_folder_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"none: no such folder of dataset recipes \(the recipe of --dataset ade20k"):
+        resolve("train", ["--dataset", "ade20k"], recipes=str(tmp_path / "none"))
+
+
+def test_setup_ships_every_recipe_file_as_package_data():
+    """A non-editable install carries the recipes: setup.py's package_data of encoding.config matches each file."""
+    setup_py = os.path.join(ROOT, "setup.py")
+    call = next(n for n in ast.walk(ast.parse(open(setup_py, encoding="utf-8").read()))
+                if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "setup")
+    package_data = ast.literal_eval(next(k.value for k in call.keywords if k.arg == "package_data"))
+    package = os.path.dirname(RECIPE_DIR)
+    files = [os.path.relpath(os.path.join(RECIPE_DIR, name), package) for name in os.listdir(RECIPE_DIR)]
+    assert files and all(any(fnmatch.fnmatch(f, pattern) for pattern in package_data["encoding.config"])
+                         for f in files)
 
 
 def test_a_recipe_file_sets_only_recipe_keys(tmp_path, options):

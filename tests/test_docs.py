@@ -496,7 +496,9 @@ def test_model_table_lists_every_registered_model(built_site):
 
 
 def test_recipe_table_lists_every_dataset_and_config_file(built_site):
-    """One row for the built-in run, one per file of experiments/segmentation/configs/ (a recipe for each dataset)."""
+    """One row for the built-in run, one per recipe of the package (a recipe for each dataset), one per file of
+    experiments/segmentation/configs/."""
+    from encoding.config import RECIPE_DIR
     from encoding.datasets import datasets
 
     html = (built_site / "training.html").read_text(encoding="utf-8")
@@ -505,8 +507,10 @@ def test_recipe_table_lists_every_dataset_and_config_file(built_site):
     rows = re.findall(r"<tr[^>]*>(.*?)</tr>", table, flags=re.S)[1:]
     files = sorted(p.name for p in (ROOT / "experiments" / "segmentation" / "configs").iterdir()
                    if p.suffix in (".yaml", ".yml", ".json"))
-    assert [re.search(r"configs/([\w.]+)</span>", row)[1] if "configs/" in row else None for row in rows] == [
-        None] + files
+    recipes = sorted(p.stem for p in Path(RECIPE_DIR).iterdir() if p.suffix == ".yaml")
+    runs = [re.sub(r"<[^>]+>", "", re.search(r"<td[^>]*>(.*?)</td>", row, flags=re.S)[1]).strip() for row in rows]
+    assert runs == ["no options (built-in)"] + [f"--dataset {name}" for name in recipes] + [
+        f"--config configs/{name}" for name in files]
     assert {re.findall(r'<span class="pre">(\w+)</span>', row)[0] for row in rows} == set(datasets)
 
 

@@ -274,7 +274,7 @@ def test_recompute_wraps_a_spec_networks_backbone_blocks_exactly():
     models = {}
     for policy in ("none", "backbone", "all"):
         torch.manual_seed(0)
-        models[policy] = get_segmentation_model(SPEC, nclass=3, checkpoint=policy).train()
+        models[policy] = get_segmentation_model(SPEC, nclass=3, recompute=policy).train()
     counts = {p: sum(is_checkpointed(m) for m in models[p].modules()) for p in models}
     assert counts["none"] == 0 < counts["backbone"] < counts["all"]
     assert all(is_checkpointed(b) for b in models["backbone"].net.backbone.children()
@@ -293,7 +293,7 @@ def test_recompute_wraps_a_spec_networks_backbone_blocks_exactly():
 
 def test_recompute_on_a_spec_network_without_backbone_is_refused(factory_module):
     with pytest.raises(ValueError, match="no backbone") as caught:
-        get_segmentation_model(factory_module, nclass=3, checkpoint="backbone")
+        get_segmentation_model(factory_module, nclass=3, recompute="backbone")
     assert "\n" not in str(caught.value) and factory_module in str(caught.value)
 
 

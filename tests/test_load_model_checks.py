@@ -8,7 +8,7 @@ from training_runs import network_checkpoint
 
 def test_load_model_checks_edited_options_against_the_stored_shapes_before_building(tmp_path, monkeypatch):
     from encoding import load_model
-    from encoding.engine import loading
+    from encoding.models.network import NetworkSpec
     from encoding.utils.checkpoint import CheckpointError
 
     path = network_checkpoint(tmp_path / "model_best.pth", "deeplabv3plus", head_channels=16)
@@ -16,9 +16,9 @@ def test_load_model_checks_edited_options_against_the_stored_shapes_before_build
     data["args"]["head_channels"] = 10 ** 7  # the edit: a network of tens of GB
     torch.save(data, path)
     built = []
-    real = loading._build
-    monkeypatch.setattr(loading, "_build", lambda network, nclass: built.append(str(torch.get_default_device()))
-                        or real(network, nclass))
+    real = NetworkSpec.build
+    monkeypatch.setattr(NetworkSpec, "build", lambda spec, device=None: built.append(str(torch.get_default_device()))
+                        or real(spec, device))
     with pytest.raises(CheckpointError, match="shape mismatch") as err:
         load_model(path)
     assert "\n" not in str(err.value) and "model_best.pth" in str(err.value)

@@ -215,7 +215,7 @@ def test_every_advised_value_fits_and_one_more_does_not():
     simulation of its own (the advice composes balanced and zero1 from ddp's forward and backward)."""
     def spec(crop, policy):
         return segmentation_spec("fcn", "resnet18", NCLASS, crop, aux=True,
-                                 checkpoint=False if policy == "none" else policy)
+                                 recompute=policy)
 
     simulators = {}  # the test's own, one per (crop, policy): none shared with the advice's
 

@@ -18,7 +18,7 @@ STRATEGIES = ["gather", "balanced", "ddp", "fsdp", "zero1"]
 
 def fcn_spec(crop, policy):
     return segmentation_spec("fcn", "resnet18", NCLASS, crop, aux=True,
-                             checkpoint=False if policy == "none" else policy)
+                             recompute=policy)
 
 
 def direct(spec_for, strategy, policy, share, crop, devices):

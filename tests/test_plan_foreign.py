@@ -157,15 +157,13 @@ def test_spec_network_recompute_is_planned_as_built():
     from encoding.memory import Simulator, segmentation_spec
     from encoding.memory.program import DeviceProgram
     from encoding.memory.report import buildable_policies
+    from encoding.models.network import NetworkSpec
 
     peaks = {}
     for policy in ("none", "backbone"):
-        spec = segmentation_spec("torchvision:lraspp_mobilenet_v3_large", "resnet50", 21, 256, checkpoint=policy)
+        spec = segmentation_spec("torchvision:lraspp_mobilenet_v3_large", "resnet50", 21, 256, recompute=policy)
         peaks[policy] = Simulator(spec, 512).result(DeviceProgram("ddp", 2, 2, False, 1)).phases
     assert peaks["backbone"][1] < peaks["none"][1] and peaks["backbone"][0] == peaks["none"][0]
     assert max(peaks["backbone"][1:3]) < max(peaks["none"][1:3])
-    common = dict(backbone="resnet50", nclass=21, crop_size=64, aux=False, se_loss=False, amp_dtype=None, seed=0,
-                  checkpoint=False, keep_outputs=False)
-    assert buildable_policies(dict(common, model="torchvision:lraspp_mobilenet_v3_large")) == ("none", "backbone",
-                                                                                              "all")
-    assert buildable_policies(dict(common, model="test_plan_foreign:headless_factory")) == ("none",)
+    assert buildable_policies(NetworkSpec("torchvision:lraspp_mobilenet_v3_large", 21)) == ("none", "backbone", "all")
+    assert buildable_policies(NetworkSpec("test_plan_foreign:headless_factory", 21)) == ("none",)

@@ -144,11 +144,11 @@ def test_segformer_b0_under_data_parallel_is_exact():
 
 
 def test_activation_checkpointing_recomputes_every_block_exactly():
-    """checkpoint="backbone" wraps every MiT block; with stochastic depth and dropout on, one training step gives
+    """recompute="backbone" wraps every MiT block; with stochastic depth and dropout on, one training step gives
     the gradients of the plain model (the recomputation replays the forward's masks)."""
     torch.manual_seed(0)
     plain = get_segmentation_model("segformer", backbone="mit_b0", nclass=4).train()
-    checkpointed = get_segmentation_model("segformer", backbone="mit_b0", nclass=4, checkpoint="backbone").train()
+    checkpointed = get_segmentation_model("segformer", backbone="mit_b0", nclass=4, recompute="backbone").train()
     checkpointed.load_state_dict(plain.state_dict())
     blocks = [m for m in checkpointed.modules() if isinstance(m, MiTBlock)]
     assert len(blocks) == 8 and all(is_checkpointed(b) for b in blocks)

@@ -8,9 +8,10 @@ Directives:
   on the ``meta`` device: no memory, no weights, nothing downloaded).
 * ``{encoding-pe-zoo-table}``: the presets of PyTorch-Encoding's ResNeSt model zoo with their parameters, GFLOPs
   and PE's published pixAcc / mIoU (:data:`encoding.models.registry.PE_PUBLISHED`).
-* ``{encoding-recipe-table}``: the built-in run (``train.py`` without options) and every configuration file of
-  ``experiments/segmentation/configs/`` (the dataset recipes and the other experiments), as ``train.py --config
-  FILE`` runs them: parsed by the script's own option parser (``experiments/segmentation/options.py``).
+* ``{encoding-recipe-table}``: the built-in run (``train.py`` without options), every dataset's recipe shipped with
+  the package (``encoding.config.RECIPE_DIR``, as ``train.py --dataset NAME`` runs it) and every configuration file of
+  ``experiments/segmentation/configs/`` (the other experiments, as ``train.py --config FILE`` runs them): parsed by
+  the script's own option parser (``experiments/segmentation/options.py``).
 * ``.. encoding-api:: encoding.nn`` (reST): the API reference of a package's public ``__all__`` (``automodule``,
   plus ``autodata`` for re-exported data, which ``automodule`` skips).
 
@@ -219,20 +220,24 @@ def _segmentation_options() -> Any:
 
 
 def recipe_rows() -> List[Dict[str, Any]]:
-    """What ``train.py`` runs without options (``config`` ``None``) and with ``--config FILE`` for every file of
-    ``experiments/segmentation/configs/`` (sorted): the options ``option.parse_args`` fills in, plus the dataset's
-    class count and sizes."""
+    """What ``train.py`` runs without options (``config`` ``None``), with ``--dataset NAME`` for every recipe of
+    the package and with ``--config FILE`` for every file of ``experiments/segmentation/configs/`` (sorted): the
+    options ``option.parse_args`` fills in, plus the dataset's class count and sizes."""
     import os
 
+    from encoding.config import RECIPE_DIR
     from encoding.datasets import datasets
 
     option = _segmentation_options()
+    recipes = sorted(name[:-5] for name in os.listdir(RECIPE_DIR) if name.endswith(".yaml"))
     files = sorted(name for name in os.listdir(option.CONFIGS) if name.endswith((".yaml", ".yml", ".json")))
+    runs = [(None, [])] + [(f"--dataset {name}", ["--dataset", name]) for name in recipes] + [
+        (f"--config configs/{name}", ["--config", os.path.join(option.CONFIGS, name)]) for name in files]
     rows = []
-    for name in [None] + files:
-        args = option.parse_args(["--config", os.path.join(option.CONFIGS, name)] if name else [])
+    for label, argv in runs:
+        args = option.parse_args(argv)
         dataset = datasets[args.dataset]
-        rows.append(dict(config=name, dataset=args.dataset, nclass=dataset.NUM_CLASS,
+        rows.append(dict(config=label, dataset=args.dataset, nclass=dataset.NUM_CLASS,
                          base_size=args.base_size or dataset.BASE_SIZE, crop_size=args.crop_size or dataset.CROP_SIZE,
                          scale_range=args.scale_range or dataset.SCALE_RANGE, model=args.model,
                          backbone=args.backbone, output_stride=args.output_stride, head_channels=args.head_channels,
@@ -243,7 +248,7 @@ def recipe_rows() -> List[Dict[str, Any]]:
 
 def recipe_table_markdown() -> str:
     """The built-in run and the configuration files of ``train.py`` as a Markdown table."""
-    lines = ["| `--config` | `--dataset` | classes | base / crop | scale range | model | backbone | output stride "
+    lines = ["| `train.py` | `--dataset` | classes | base / crop | scale range | model | backbone | output stride "
              "| head channels | epochs | batch | lr | optimizer |",
              "|---|---|---:|---|---|---|---|---|---|---:|---:|---:|---|"]
     for row in recipe_rows():
@@ -251,7 +256,7 @@ def recipe_table_markdown() -> str:
         width = row["head_channels"] if row["head_channels"] is not None else "the model's"
         low, high = row["scale_range"]
         scales = f"{low:g} (none)" if low == high else f"{low:g}–{high:g}"
-        config = f"`configs/{row['config']}`" if row["config"] else "none (built-in)"
+        config = f"`{row['config']}`" if row["config"] else "no options (built-in)"
         lines.append(f"| {config} | `{row['dataset']}` | {row['nclass']} | {row['base_size']} / {row['crop_size']} "
                      f"| {scales} | `{row['model']}` | `{row['backbone']}` | {stride} | {width} | {row['epochs']} "
                      f"| {row['batch_size']} | {row['lr']:g} | `{row['optimizer']}`, weight decay "

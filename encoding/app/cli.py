@@ -21,7 +21,7 @@ import torch
 from ..config.parser import build_parser as config_parser
 from ..engine.loading import model_info
 from ..errors import MissingDependency, UsageError
-from ..models.external import names_code
+from ..names import names_code
 from ..utils.cli import run_cli
 from ..utils.images import max_pixels, set_max_pixels
 from .planning import PlanLimits

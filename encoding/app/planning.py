@@ -20,7 +20,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..config.fields import defaults
 from ..config.tools import AppOptions
 from ..errors import UsageError
-from ..models.external import UntrustedCode, names_code
+from ..names import names_code
+from ..utils.trust import UntrustedCode
 from ..models.registry import PRESETS
 from ..utils.trust import reading
 
@@ -40,6 +41,8 @@ class PlanRequest:
         data_root: the folder of ``dataset="folder"`` (its classes give the class count); the page's form has no
             box for it (a visitor names no folder of the server): the Python API's and the served network's.
         aux, se_loss: the auxiliary head and the semantic-encoding loss head.
+        head_channels, output_stride: the head's width and the backbone's output stride (``None``: the model's);
+            the served network's, so the plan is of the network served (the form has no box for them).
         nclass, crop_size, batch_size: the class count, the crop and the batch in all.
         devices: simulated devices.
         memory_limit: memory per device (``11GiB``): the chart's line, what the advice fits.
@@ -67,6 +70,8 @@ class PlanRequest:
     reserve: Optional[str] = None
     aux: bool = False
     se_loss: bool = False
+    head_channels: Optional[int] = None
+    output_stride: Optional[int] = None
     timeline: bool = False
 
 
@@ -92,7 +97,8 @@ def served_request(info: Any) -> PlanRequest:
     options = info.options
     return PlanRequest(model=options.get("model"), backbone=options.get("backbone"),
                        dataset=info.dataset if info.dataset in datasets else None, nclass=info.out_channels,
-                       crop_size=info.crop_size, aux=bool(options.get("aux")), se_loss=bool(options.get("se_loss")))
+                       crop_size=info.crop_size, aux=bool(options.get("aux")), se_loss=bool(options.get("se_loss")),
+                       head_channels=options.get("head_channels"), output_stride=options.get("output_stride"))
 
 
 def _text(value: Any) -> str:
@@ -180,13 +186,16 @@ def plan_argv(request: PlanRequest, out_dir: Optional[str] = None) -> List[str]:
     """The options of ``python -m encoding.memory`` that simulate ``request`` (without ``--out-dir``); what the
     request leaves ``None`` is left to the tool's defaults. The timeline's folder is ``timeline`` (in ``out_dir``)."""
     network = dict(model=request.model, backbone=request.backbone, dataset=request.dataset, aux=request.aux,
-                   se_loss=request.se_loss)
+                   se_loss=request.se_loss, head_channels=request.head_channels, output_stride=request.output_stride)
     preset = PRESETS.get(_text(request.model).lower())
     if preset is not None:
         network = dict(model=preset["name"], backbone=preset["backbone"], dataset=preset["dataset"],
-                       aux=preset.get("aux", False), se_loss=preset.get("se_loss", False))
+                       aux=preset.get("aux", False), se_loss=preset.get("se_loss", False), head_channels=None,
+                       output_stride=None)
     argv: List[str] = []
     texts = [("--model", network["model"]), ("--backbone", network["backbone"]), ("--dataset", network["dataset"]),
+             ("--head-channels", _number(network["head_channels"])),
+             ("--output-stride", _number(network["output_stride"])),
              ("--data-root", request.data_root), ("--simulate", _number(request.devices)),
              ("--strategies", None if request.strategies is None else ",".join(request.strategies)),
              ("--recompute", request.recompute), ("--nclass", _number(request.nclass)),

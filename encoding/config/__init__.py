@@ -4,7 +4,7 @@
   grouped as the network, the data, the optimisation, the devices and the run (plus what ``test.py`` / ``demo.py``
   add);
 * :mod:`.parser`: the argparse parsers of ``train.py`` / ``test.py`` / ``demo.py``, generated from the fields;
-* :mod:`.recipes`: the per-dataset recipe files;
+* :mod:`.recipes`: the per-dataset recipe files, shipped with the package (:data:`RECIPE_DIR`);
 * :mod:`.resolve`: :func:`resolve`, the one order (defaults < recipe < checkpoint's network < config file < command
   line; then the documented rules) returning frozen :class:`Settings` that record where each value came from;
 * :mod:`.training`: ``TrainingConfig``, the flat view of ``train.py``'s settings that the engine runs (importable
@@ -19,7 +19,7 @@ from .groups import (AMP_CHOICES, AMP_DTYPES, AUX_WEIGHT_LIBRARY, BUILTIN_SIZES,
                      DataOptions, DemoOptions, DeviceOptions, EvalOptions, ModelOptions, OptimOptions, RunOptions,
                      WeightOptions)
 from .parser import build_parser, option_specs
-from .recipes import RECIPE_KEYS, builtin_recipe, read_recipe
+from .recipes import RECIPE_DIR, RECIPE_KEYS, builtin_recipe, read_recipe, recipe_file
 from .evaluation import NETWORK_OPTIONS
 from .resolve import ORDER, RULES, Settings, resolve
 from .training import TrainingConfig  # noqa: F401 (documented with encoding.engine)
@@ -27,5 +27,5 @@ from .training import TrainingConfig  # noqa: F401 (documented with encoding.eng
 __all__ = ["ConfigError", "BUILTIN_SIZES", "SCRIPTS", "Option", "option", "AMP_CHOICES", "AMP_DTYPES", "AUX_WEIGHT_LIBRARY", "DIST_TIMEOUT_S",
            "GROUPS", "OPTIMIZERS", "RECOMPUTE", "STRATEGIES", "DataOptions", "DemoOptions", "DeviceOptions",
            "EvalOptions", "ModelOptions", "OptimOptions", "RunOptions", "WeightOptions", "build_parser",
-           "option_specs", "RECIPE_KEYS", "builtin_recipe", "read_recipe", "NETWORK_OPTIONS", "ORDER", "RULES",
-           "Settings", "resolve"]
+           "option_specs", "RECIPE_DIR", "RECIPE_KEYS", "builtin_recipe", "read_recipe", "recipe_file",
+           "NETWORK_OPTIONS", "ORDER", "RULES", "Settings", "resolve"]

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["SCRIPTS", "Option", "option", "option_of", "option_fields", "cli_name", "defaults", "renamed_keyword"]
+__all__ = ["SCRIPTS", "Option", "option", "option_of", "option_fields", "cli_name", "defaults"]
 
 #: The scripts of ``experiments/segmentation`` whose options are fields.
 SCRIPTS = ("train", "test", "demo")
@@ -82,19 +82,3 @@ def cli_name(name: str) -> str:
 def defaults(*groups: type) -> Dict[str, Any]:
     """Every option field's default of ``groups``, by name."""
     return {f.name: f.default for f, _ in option_fields(*groups)}
-
-
-def renamed_keyword(old: Dict[str, Any], name: str, new: str, value: Any, where: str) -> Any:
-    """``value``, or the old keyword ``name`` in ``old`` (with a ``FutureWarning`` naming ``new``).
-
-    Raises:
-        TypeError: another unexpected keyword in ``old``.
-    """
-    unknown = sorted(set(old) - {name})
-    if unknown:
-        raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}")
-    if name in old:
-        import warnings
-        warnings.warn(f"{where}({name}=...) is now {where}({new}=...)", FutureWarning, stacklevel=3)
-        return old[name]
-    return value

@@ -20,7 +20,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..nn.losses import LOSSES
+from ..nn.loss import LOSSES
+from ..names import absolute_spec
 from ..registry import Registry
 from ..utils.cli import non_negative_float, non_negative_int, positive_float, positive_int, scales, unit_float
 from .fields import ALL, EVAL, option
@@ -69,8 +70,6 @@ WITH_MEMORY = ALL + ("memory",)
 def model_name(text: str) -> str:
     """``--model``: a name as given; a relative ``transformers:PATH`` made absolute (a checkpoint records it, and
     is used from other folders)."""
-    from ..models.external import absolute_spec  # lazy: the model package is not needed to parse options
-
     return absolute_spec(text)
 
 
@@ -94,10 +93,15 @@ class ModelOptions:
     se_loss: bool = option(False, "semantic-encoding loss (EncNet)", network=True, scripts=WITH_MEMORY)
     head_channels: Optional[int] = option(None, "width of the head (ASPP/decoder channels of deeplab and "
                                           "deeplabv3plus; default: the recipe's for its model, else the model's)",
-                                          parse=positive_int, network=True, recipe=True)
+                                          parse=positive_int, network=True, recipe=True, scripts=WITH_MEMORY,
+                                          per_script=memory(default=None, help="width of the head (ASPP/decoder "
+                                                            "channels of deeplab and deeplabv3plus; default: the "
+                                                            "model's)"))
     output_stride: Optional[int] = option(8, "backbone output stride (default: the recipe's for its model; else "
                                           "the model's, 8 for dilated models)", parse=int, choices=(8, 16, 32),
-                                          network=True, recipe=True)
+                                          network=True, recipe=True, scripts=WITH_MEMORY,
+                                          per_script=memory(default=None, help="backbone output stride (default: "
+                                                            "the model's, 8 for dilated models)"))
     pretrained: Union[bool, str] = option(
         False, "start the backbone from ImageNet weights (torchvision's, or FILE: e.g. nvidia/mit-b0's "
         "model.safetensors for mit_b*); the network's other layers start fresh",

@@ -1,12 +1,14 @@
 """Per-dataset recipes: configuration files named after their dataset, typed by the option fields.
 
-A dataset's recipe is ``<directory>/<dataset>.yaml`` (``experiments/segmentation/configs/`` for ``train.py``, the
-built-in ``shapes`` run included): the values of :data:`RECIPE_KEYS` that a run on that dataset starts from (the
-training schedule, the network and the image sizes of PyTorch-Encoding's ``train.py`` recipes). ``train.py
---dataset ade20k`` fills its unset options from ``ade20k.yaml``, and ``train.py --config configs/ade20k.yaml`` is
-the same run. A recipe is flat, one ``key: value`` per line (values in JSON's spelling or a bare word, the format
-of a run's ``config.yaml``), so it is read without PyYAML (:func:`read_flat`). A dataset without a file starts from
-the fields' defaults (:func:`builtin_recipe`), with its own image sizes.
+A dataset's recipe is ``<directory>/<dataset>.yaml``: the values of :data:`RECIPE_KEYS` that a run on that dataset
+starts from (the training schedule, the network and the image sizes of PyTorch-Encoding's ``train.py`` recipes).
+The recipes of the known datasets, the built-in ``shapes`` run included, ship inside the package (package data,
+:data:`RECIPE_DIR`), so :func:`encoding.config.resolve` and ``train.py`` read the same files: ``train.py --dataset
+ade20k`` and ``resolve("train", ["--dataset", "ade20k"])`` fill their unset options from ``ade20k.yaml``, and
+``train.py --config`` that file (:func:`recipe_file`) is the same run. A recipe is flat, one ``key: value`` per line
+(values in JSON's spelling or a bare word, the format of a run's ``config.yaml``), so it is read without PyYAML
+(:func:`read_flat`). A dataset without a file starts from the fields' defaults (:func:`builtin_recipe`), with its own
+image sizes.
 """
 from __future__ import annotations
 
@@ -22,7 +24,12 @@ from .fields import defaults, option_fields
 from .groups import BUILTIN_SIZES, GROUPS
 from .parser import build_parser
 
-__all__ = ["RECIPE_KEYS", "SIZE_KEYS", "REQUIRED_KEYS", "recipe_path", "read_flat", "builtin_recipe", "read_recipe"]
+__all__ = ["RECIPE_DIR", "RECIPE_KEYS", "SIZE_KEYS", "REQUIRED_KEYS", "recipe_path", "recipe_file", "read_flat",
+           "builtin_recipe", "read_recipe"]
+
+#: The folder of the recipes shipped with the package (``<dataset>.yaml``, package data next to this module): what
+#: :func:`~.resolve.resolve` reads unless it is given another folder.
+RECIPE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipe_files")
 
 #: The options a dataset's recipe sets (a recipe file holds these and ``dataset``, nothing else): the fields marked
 #: ``recipe``.
@@ -36,6 +43,13 @@ REQUIRED_KEYS = ("model", "backbone", "epochs", "batch_size", "lr", "optimizer",
 def recipe_path(directory: str, dataset: str) -> str:
     """Where the recipe of ``dataset`` lives in ``directory``."""
     return os.path.join(directory, f"{dataset}.yaml")
+
+
+def recipe_file(dataset: str) -> Optional[str]:
+    """The path of the recipe of ``dataset`` shipped with the package (``None``: it has none, a user's dataset):
+    the file to pass to ``train.py --config`` or to copy and edit."""
+    path = recipe_path(RECIPE_DIR, dataset)
+    return path if os.path.isfile(path) else None
 
 
 def read_flat(path: str) -> Dict[str, Any]:
@@ -89,13 +103,15 @@ def read_recipe(directory: Any, dataset: str, *old: str) -> Dict[str, Any]:
     ``FutureWarning``).
 
     Raises:
-        ConfigError: the file cannot be read, sets another dataset or a key that is not a recipe's, or lacks one of
-            the required keys; the message names the file.
+        ConfigError: ``directory`` is not a folder, or the file cannot be read, sets another dataset or a key that
+            is not a recipe's, or lacks one of the required keys; the message names the folder or the file.
     """
     if isinstance(directory, argparse.ArgumentParser):
         warnings.warn("read_recipe(parser, directory, dataset) is now read_recipe(directory, dataset)", FutureWarning,
                       stacklevel=2)
         directory, dataset = dataset, old[0]
+    if not os.path.isdir(directory):
+        raise ConfigError(f"{directory}: no such folder of dataset recipes (the recipe of --dataset {dataset})")
     path = recipe_path(directory, dataset)
     if not os.path.isfile(path):
         return builtin_recipe(dataset)

@@ -4,7 +4,8 @@ value came from.
 The order (a later source wins):
 
 1. **default**: the option field's default (:mod:`.groups`);
-2. **recipe**: the dataset's recipe file (:mod:`.recipes`), for the options it sets;
+2. **recipe**: the dataset's recipe file (:mod:`.recipes`; those shipped with the package unless ``recipes=``
+   names another folder), for the options it sets;
 3. **checkpoint** (``test.py`` / ``demo.py``): the network options recorded with the weights (``--resume``'s
    checkpoint, a ``--model-zoo`` preset) fill the network options that the file and the command line leave unset;
 4. **config file**: ``train.py --config FILE``;
@@ -42,7 +43,7 @@ from .fields import cli_name
 from .groups import (DataOptions, DemoOptions, DeviceOptions, EvalOptions, GROUPS, ModelOptions, OptimOptions,
                      RunOptions, WeightOptions)
 from .parser import build_parser, option_specs, warn_old_spellings
-from .recipes import SIZE_KEYS, builtin_recipe, read_recipe, recipe_source
+from .recipes import RECIPE_DIR, SIZE_KEYS, read_recipe, recipe_source
 from .training import TrainingConfig
 
 __all__ = ["ORDER", "RULES", "Settings", "resolve", "parse_layers"]
@@ -125,7 +126,9 @@ def resolve(script: str = "train", argv: Optional[Sequence[str]] = None, *, reci
     """The settings of ``script`` run with ``argv`` (default: ``sys.argv[1:]``), in the order of this module.
 
     Args:
-        recipes: the directory of the dataset recipes (``None``: no files, the built-in recipe of each dataset).
+        recipes: the folder of the dataset recipes (``None``: :data:`~.recipes.RECIPE_DIR`, the recipes shipped
+            with the package, which ``train.py`` reads too); a dataset without a file there starts from its
+            built-in recipe (:func:`~.recipes.builtin_recipe`).
         read_saved: ``(checkpoint path, names) -> recorded values`` (:func:`encoding.engine.state.saved_options`):
             how ``test.py`` / ``demo.py`` read the network options of ``--resume``.
 
@@ -141,7 +144,8 @@ def resolve(script: str = "train", argv: Optional[Sequence[str]] = None, *, reci
     dataset = given.get("dataset") or saved[1].get("dataset") or layers[0][1]["dataset"]
     if dataset not in DATASETS:
         raise ConfigError(f"--dataset {dataset}: unknown dataset; valid: {', '.join(sorted(DATASETS))}")
-    recipe = read_recipe(recipes, dataset) if recipes else builtin_recipe(dataset)
+    recipes = recipes or RECIPE_DIR
+    recipe = read_recipe(recipes, dataset)
     layers.append((recipe_source(recipes, dataset), _recipe_values(recipe, given, saved[1])))
     layers += [saved, (f"config file {path}", filed), ("command line", cli)]
     values: Dict[str, Any] = {}

@@ -34,12 +34,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from ..config import AUX_WEIGHT_LIBRARY, OPTIMIZERS, STRATEGIES
-from ..config.fields import renamed_keyword
+from ..utils.renamed import renamed_keyword
 from ..datasets import get_segmentation_dataset, list_collate
 from ..datasets.class_weights import resolve_class_weights
-from ..models import SegmentationModel, get_segmentation_model
-from ..nn.loss import SegmentationLosses
-from ..nn.losses import LOSSES
+from ..errors import UsageError
+from ..models import SegmentationModel
+from ..models.factory import nclass_of
+from ..models.network import NetworkSpec
+from ..nn.loss import LOSSES, SegmentationLosses
 from ..nn.syncbn import SyncBatchNorm
 from ..parallel import DataParallelCriterion, DataParallelModel, resolve_devices
 from ..utils.determinism import EpochSampler, SeededSamples, seed_worker
@@ -120,12 +122,14 @@ def build_model(name: str, dataset: str, *, backbone: str = "resnet50", aux: boo
         nclass: output channels (default: the dataset's class count; 1 for a binary network).
     """
     recompute = renamed_keyword(old, "checkpoint", "recompute", recompute, "build_model")
-    model = get_segmentation_model(name, dataset=dataset, backbone=backbone, aux=aux, se_loss=se_loss, nclass=nclass,
-                                   pretrained_backbone=pretrained_backbone, output_stride=output_stride,
-                                   norm_layer=SyncBatchNorm if sync_bn else nn.BatchNorm2d,
-                                   checkpoint=False if recompute == "none" else recompute,
-                                   **(head_options or {}))
-    return model if device is None else model.to(device)
+    head = dict(head_options or {})
+    network = NetworkSpec(name, nclass or nclass_of(dataset), backbone=backbone, aux=aux, se_loss=se_loss,
+                          output_stride=output_stride, head_channels=head.pop("channels", None), recompute=recompute,
+                          sync_bn=sync_bn, pretrained_backbone=pretrained_backbone)
+    if head:
+        raise UsageError(f"build_model({name!r}): head options other than 'channels' (--head-channels) are given "
+                         f"to encoding.models.get_segmentation_model, got {', '.join(sorted(head))}")
+    return network.build(device)
 
 
 def build_criterion(nclass: int, *, aux: bool = False, aux_weight: float = AUX_WEIGHT_LIBRARY, se_loss: bool = False,

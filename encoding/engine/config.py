@@ -25,12 +25,12 @@ from torch.utils.data import Dataset
 
 from . import builders
 from ..config import AMP_DTYPES, DIST_TIMEOUT_S, Settings, TrainingConfig  # noqa: F401 (DIST_TIMEOUT_S: its old home)
-from ..config.fields import renamed_keyword
+from ..utils.renamed import renamed_keyword
 from ..config.parser import option_specs
 from ..config.resolve import describe_sources
 from ..datasets import class_weights as weights, datasets as DATASETS
-from ..models import get_segmentation_model
-from ..models.external import network_flags
+from ..names import is_model_spec
+from ..models.network import NetworkSpec
 from ..parallel import resolve_devices
 from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME
 from ..utils.configfile import write_config
@@ -79,18 +79,10 @@ def check_network(dataset: str, model: str, backbone: str, *, aux: bool = False,
     recompute = renamed_keyword(old, "checkpoint", "recompute", recompute, "check_network")
     if dataset not in DATASETS:
         raise ConfigError(f"--dataset {dataset}: unknown dataset; valid: {', '.join(sorted(DATASETS))}")
-    options = {"channels": head_channels} if head_channels else {}
-    try:
-        with torch.device("meta"):
-            get_segmentation_model(model, dataset=dataset, backbone=backbone, aux=aux, se_loss=se_loss,
-                                   output_stride=output_stride,
-                                   checkpoint=False if recompute == "none" else recompute,
-                                   nclass=nclass or DATASETS[dataset].NUM_CLASS or 2, **options)
-    except (ValueError, KeyError, TypeError, NotImplementedError) as err:
-        given = network_flags(model, backbone) + (f" --output-stride {output_stride}" if output_stride
-                                                            else "")
-        given += f" --head-channels {head_channels}" if head_channels else ""
-        raise ConfigError(f"{given}: {str(err).splitlines()[0]}") from None
+    network = NetworkSpec(model, nclass or DATASETS[dataset].NUM_CLASS or 2, backbone=backbone, aux=aux,
+                          se_loss=se_loss, output_stride=output_stride, head_channels=head_channels,
+                          recompute=recompute)
+    network.check(ConfigError)
 
 
 def check_devices(text: Optional[str]) -> None:
@@ -203,6 +195,9 @@ def check_settings(settings: Settings) -> None:
         ConfigError: one line naming the option and the value.
     """
     s = settings.options()
+    if is_model_spec(s["model"]) and s["backbone"] and settings.source("backbone") == "command line":
+        raise ConfigError(f"--backbone {s['backbone']}: the model spec {s['model']} has no backbone of the "
+                          "toolkit's (drop --backbone; a factory's own options go to the factory)")
     if settings.script != "train":
         if not s["model_zoo"]:
             check_network(s["dataset"], s["model"], s["backbone"], aux=s["aux"], se_loss=s["se_loss"],
@@ -270,12 +265,8 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
     train_data, binary = base_dataset(loaders.train), c.binary or c.binary_class is not None
     meta = data_metadata(c, train_data, base_dataset(loaders.val), binary)
     class_names = meta["classes"]
-    model = builders.build_model(c.model, c.dataset, backbone=c.backbone, aux=c.aux, se_loss=c.se_loss,
-                                 pretrained_backbone=c.pretrained, output_stride=c.output_stride,
-                                 sync_bn=placement.synced, device=device,
-                                 recompute=c.recompute,
-                                 head_options={"channels": c.head_channels} if c.head_channels else None,
-                                 nclass=1 if binary else len(class_names))
+    model = NetworkSpec.from_options(c, 1 if binary else len(class_names), sync_bn=placement.synced,
+                                     pretrained_backbone=c.pretrained).build(device)
     criterion = run_criterion(c, len(class_names), binary, device, loaders.train.dataset)
     model, criterion = builders.wrap_model(model, criterion, placement, strategy=c.strategy,
                                            balance=None if c.balance == "none" else c.balance, compile=c.compile)

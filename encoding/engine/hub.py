@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import tempfile
 from typing import Any, Dict, Optional, Union
 
@@ -21,8 +20,9 @@ import torch
 from torch import nn
 
 from ..errors import EXIT_USAGE, EncodingError, MissingDependency, UsageError
-from ..models import get_segmentation_model
-from ..models.external import ExternalModel, network_name, parse_model_spec
+from ..models.external import ExternalModel
+from ..models.network import NetworkSpec
+from ..names import is_hub_id, network_name
 from ..utils.checkpoint import CheckpointError, check_state_fits
 from ..utils.files import atomic_write, makedirs
 from ..utils.trust import OPT_IN, UntrustedCode, check_trusted, code_named, reading
@@ -34,7 +34,6 @@ __all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "MAX_CONFIG_BYTES", "MAX_HEADER_BYTES"
 #: The files of a shared model.
 CONFIG_NAME, WEIGHTS_NAME, CARD_NAME = "config.json", "model.safetensors", "README.md"
 _FORMAT = "encoding-model"
-_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def _safetensors() -> Any:
@@ -106,7 +105,7 @@ def is_pretrained_source(source: str) -> bool:
     ``config.json``, or (when no such path exists) a Hub id ``user/repo``."""
     if os.path.isdir(source):
         return os.path.isfile(os.path.join(source, CONFIG_NAME))
-    return not os.path.exists(source) and bool(_REPO_ID.fullmatch(source)) and \
+    return not os.path.exists(source) and is_hub_id(source) and \
         not source.endswith((".pth", ".pt", ".tar", ".ckpt", ".safetensors", ".bin"))
 
 
@@ -235,18 +234,10 @@ def _check_fits(model: nn.Module, stored: Dict[str, torch.Tensor], folder: str, 
         raise _bad(folder, f"{WEIGHTS_NAME} holds tensors of the wrong dtype: {', '.join(wrong[:3])}")
 
 
-def _build(info: ModelInfo, data: Dict[str, Any]) -> nn.Module:
-    options = info.options
-    name = options["model"]
-    hf_config = data.get("transformers_config")
-    if hf_config is not None and parse_model_spec(name).kind == "transformers":
-        from transformers import AutoConfig, AutoModelForSemanticSegmentation
-        config = AutoConfig.for_model(**hf_config)
-        return ExternalModel(AutoModelForSemanticSegmentation.from_config(config), name, info.out_channels)
-    head = {"channels": options["head_channels"]} if options.get("head_channels") else {}
-    return get_segmentation_model(name, dataset=info.dataset, backbone=options.get("backbone") or "resnet50",
-                                  aux=bool(options.get("aux")), se_loss=bool(options.get("se_loss")),
-                                  nclass=info.out_channels, output_stride=options.get("output_stride"), **head)
+def _network(info: ModelInfo, data: Dict[str, Any]) -> NetworkSpec:
+    """The network ``config.json`` records (a ``transformers:`` network with its stored config)."""
+    stored = data.get("transformers_config") if info.options["model"].startswith("transformers:") else None
+    return NetworkSpec.from_options(info.options, info.out_channels, recompute="none", transformers_config=stored)
 
 
 def _fitting_model(info: ModelInfo, data: Dict[str, Any], stored: Dict[str, torch.Tensor], folder: str
@@ -256,14 +247,14 @@ def _fitting_model(info: ModelInfo, data: Dict[str, Any], stored: Dict[str, torc
     name = info.options["model"]
     try:
         with torch.device("meta"):
-            twin = _build(info, data)
+            twin = _network(info, data).build()
     except UntrustedCode:
         raise
     except (ValueError, KeyError, TypeError, NotImplementedError, AttributeError) as err:
         raise _bad(folder, f"its network ({name}) cannot be built: "
                    f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
     _check_fits(twin, stored, folder, name)
-    return _build(info, data)
+    return _network(info, data).build()
 
 
 def load_pretrained(source: Union[str, os.PathLike], *, device: Optional[Union[str, torch.device]] = None,
@@ -326,7 +317,7 @@ def push_to_hub(model: nn.Module, repo_id: str, *, private: bool = False, token:
         from huggingface_hub import HfApi
     except ImportError:
         raise MissingDependency("push_to_hub needs huggingface_hub: pip install encoding[hub]") from None
-    if not isinstance(repo_id, str) or not _REPO_ID.fullmatch(repo_id):
+    if not isinstance(repo_id, str) or not is_hub_id(repo_id):
         raise UsageError(f"push_to_hub: repository id {str(repr(repo_id))[:80]} is not of the form user/name")
     model_info(model)
     api = HfApi(token=token)

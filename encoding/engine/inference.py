@@ -29,8 +29,9 @@ from ..datasets.base import BaseDataset
 from ..datasets.transforms import image_transform
 from ..config.evaluation import evaluation_fields, fill_evaluation
 from ..errors import UsageError
-from ..models import get_segmentation_model
-from ..models.external import network_name
+from ..models.factory import nclass_of
+from ..models.network import NetworkSpec
+from ..names import network_name
 from ..parallel import DataParallelModel
 from ..utils.dist import get_rank, get_world_size, init_distributed_mode
 from ..utils.files import atomic_write
@@ -172,8 +173,7 @@ class _Evaluation:
         options = {name: getattr(self, name) for name in NETWORK_OPTIONS}
         if not self.torchvision_weights:
             return load_model(self.resume or self.model_zoo, device=device, trust_code=self.trust_code, **options)
-        model = get_segmentation_model(self.model, dataset=self.dataset, backbone=self.backbone, aux=self.aux,
-                                       pretrained="torchvision")
+        model = NetworkSpec.from_options(options, nclass_of(self.dataset), pretrained="torchvision").build()
         model.info = ModelInfo.of_dataset(**options)
         return model.to(device).eval()
 

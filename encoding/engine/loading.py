@@ -15,13 +15,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from . import builders
 from ..config import NETWORK_OPTIONS  # the training options that define the network (the fields marked network)
 from ..datasets.metadata import resolve_dataset
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ..errors import UsageError
 from ..models import get_model, pretrained_model_list
-from ..models.external import is_model_spec
+from ..names import is_model_spec
+from ..models.network import NetworkSpec
 from ..models.registry import PRESETS
 from ..utils.checkpoint import CheckpointError, check_state_fits
 from ..utils.palette import generated_palette, palette_of
@@ -222,14 +222,6 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
     return _with_info(model, info, device)
 
 
-def _build(network: Dict[str, Any], nclass: int) -> nn.Module:
-    return builders.build_model(network["model"], network["dataset"], backbone=network.get("backbone") or "",
-                                aux=bool(network.get("aux")), se_loss=bool(network.get("se_loss")),
-                                output_stride=network.get("output_stride"),
-                                head_options={"channels": network["head_channels"]}
-                                if network.get("head_channels") else None, nclass=nclass)
-
-
 def _fitting_network(network: Dict[str, Any], nclass: int, weights: Any, path: str) -> nn.Module:
     """The network ``network`` names, built only once its ``meta`` twin (no memory) has the keys and shapes of the
     stored ``weights``: an edited option (``head_channels=10**7``) is refused before anything is allocated.
@@ -239,14 +231,14 @@ def _fitting_network(network: Dict[str, Any], nclass: int, weights: Any, path: s
     """
     try:
         with torch.device("meta"):
-            twin = _build(network, nclass)
+            twin = NetworkSpec.from_options(network, nclass, recompute="none").build()
     except (ValueError, KeyError, TypeError, NotImplementedError) as err:
         raise ValueError(f"{path!r} records network options that cannot be built: "
                          f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
     if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
         raise CheckpointError(f"{path!r}: its 'model' entry is not a state dict")
     check_state_fits(twin, weights, source=repr(path))
-    return _build(network, nclass)
+    return NetworkSpec.from_options(network, nclass, recompute="none").build()
 
 
 #: Readers of shared models (``(accepts(source), load(source, device=..., trust_code=...))``) that

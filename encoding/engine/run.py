@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from ..errors import EXIT_INTERRUPTED, RunInterrupted
-from ..models.external import network_name
+from ..names import network_name
 from ..utils.determinism import SeededSamples, set_rng_state
 from ..utils.dist import get_rank, get_world_size
 from .hooks import Hook, RunFailed, RunState, default_hooks

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from ..config.tools import FORMATS
 from ..errors import EncodingError
 from ..engine.loading import ModelInfo, model_info
-from ..models.external import network_name
+from ..names import network_name
 from ..utils.files import atomic_path, atomic_write, refuse_own_input
 from ..utils.metrics import main_output
 from .pooling import exportable_pooling

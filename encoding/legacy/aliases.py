@@ -2,14 +2,15 @@
 
 The PE objects that :mod:`encoding.legacy` defines are declared beside their definitions; this module holds the old
 names that are plain aliases of a core object. A function or a class warns (``FutureWarning``) naming the new
-spelling when used; a constant (``RESOURCES``, ...) is bound as it is.
+spelling when used; a constant (``RESOURCES``, ...) is bound as it is. A module under an old path
+(``encoding.nn.losses``) holds its new module's names declared the same way.
 """
 from __future__ import annotations
 
 from .. import models, nn, utils
 from ..datasets import get_segmentation_dataset, prepare
 from ..datasets.prepare.download import download
-from .declare import alias
+from .declare import alias, old_module
 
 __all__ = ["HEADS"]
 
@@ -18,6 +19,8 @@ alias(get_segmentation_dataset, "get_dataset", "encoding.datasets", new="encodin
 alias(download, "download", "encoding.utils", "encoding.utils.files", new="encoding.datasets.prepare.download.download")
 # not a PE name: kept where scripts imported it (the dataset registry's palette names)
 alias(utils.palette.PALETTE_NAMES, "PALETTE_NAMES", "encoding.utils")
+# not a PE path: this package's own old module of Dice / Focal / Lovasz and LOSSES (one owner of the losses now)
+old_module("encoding.nn.losses", "encoding.nn.loss")
 
 #: The heads PE exported from ``encoding.nn``; they live with their models (``encoding.models`` exports them).
 HEADS = ("FCNHead", "PyramidPooling", "PSPHead", "ASPP", "DeepLabV3Head", "EncModule", "EncHead", "PAM", "CAM",

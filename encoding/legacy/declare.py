@@ -11,6 +11,10 @@ and for a core object under an old name (:mod:`encoding.legacy.aliases`)::
     get_dataset = alias(get_segmentation_dataset, "get_dataset", "encoding.datasets",
                         new="encoding.datasets.get_segmentation_dataset")
 
+and for a module under an old path, each public name of the module declared there with :func:`alias`::
+
+    old_module("encoding.nn.losses", "encoding.nn.loss")
+
 Each declaration binds the name in its modules when the declaring module is imported (``import encoding`` imports
 them: the alias table) and records it in :data:`DECLARED`; with ``new``, using the object (calling the function,
 building an instance of the class) emits one ``FutureWarning`` naming the new spelling. No module resolves names
@@ -20,10 +24,14 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.machinery
+import importlib.util
+import sys
+import types
 import warnings
 from typing import Any, Callable, Dict, Optional, Sequence, TypeVar
 
-__all__ = ["DECLARED", "old_name", "alias"]
+__all__ = ["DECLARED", "old_name", "alias", "old_module"]
 
 T = TypeVar("T")
 
@@ -109,3 +117,30 @@ def alias(obj: Any, name: str, *where: str, new: Optional[str] = None) -> Any:
         bound.__name__ = bound.__qualname__ = name
         bound.__module__ = where[0]
     return old_name(*where, name=name)(bound)
+
+
+def old_module(name: str, new: str) -> types.ModuleType:
+    """Declare ``name`` as the old path of the module ``new``: a module registered under ``name`` (``import name``
+    and ``from name import X`` work; it is bound in its parent package), holding each name of ``new``'s ``__all__``
+    declared with :func:`alias` (a function or a class warns naming ``<new>.<X>`` when used, a constant is bound as
+    it is); its ``__all__`` lists them, as the old module's did.
+
+    Returns:
+        The old module.
+
+    Raises:
+        RuntimeError: ``name`` is already a module (a file or a declaration: an old path never hides a core one).
+    """
+    if name in sys.modules or importlib.util.find_spec(name) is not None:
+        raise RuntimeError(f"encoding.legacy: {name} is already a module; the old path of {new} would hide it")
+    target = importlib.import_module(new)
+    parent, _, child = name.rpartition(".")
+    module = types.ModuleType(name, f"The old path of :mod:`{new}`: its names warn when used (use {new}'s).")
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    module.__all__ = list(target.__all__)  # type: ignore[attr-defined]
+    sys.modules[name] = module
+    setattr(importlib.import_module(parent), child, module)
+    for key in target.__all__:
+        obj = getattr(target, key)
+        alias(obj, key, name, new=f"{new}.{key}" if callable(obj) else None)
+    return module

@@ -28,14 +28,14 @@ from torch import nn
 from .balance import MemoryBalancer, max_batch, plan_split, strategy_peaks
 from .program import DeviceProgram, StepSpec
 from .simulate import Simulator, simulate_program
-from .spec import segmentation_spec
+from .spec import segmentation_spec, step_spec
 from .timeline import timeline
 
 if TYPE_CHECKING:  # annotations only: the planner loads when plan() is called
     from .planner import MemoryPlan
 
 __all__ = [
-    "Simulator", "StepSpec", "DeviceProgram", "segmentation_spec", "simulate_program",
+    "Simulator", "StepSpec", "DeviceProgram", "segmentation_spec", "step_spec", "simulate_program",
     "plan_split", "strategy_peaks", "max_batch", "MemoryBalancer",
     "measure_program_cpu", "measure_strategy", "learn_workspaces", "build_parser", "main",
     "plan", "measure_ranks_cpu", "timeline",

@@ -158,20 +158,12 @@ def _class_count(args: argparse.Namespace) -> int:
 
 
 def _check_network(args: argparse.Namespace) -> int:
-    """Fail before any work on a model / backbone the simulation cannot build (built on the ``meta`` device: no
-    memory, no weights); returns the bytes of its parameters."""
-    from ..models import get_segmentation_model
-    from ..models.external import network_flags
+    """Fail before any work on a network the simulation cannot build (:meth:`NetworkSpec.check
+    <encoding.models.network.NetworkSpec.check>`: built on the ``meta`` device, no memory, no weights); returns the
+    bytes of its parameters."""
+    from ..models.network import NetworkSpec
 
-    try:
-        with torch.device("meta"):
-            model = get_segmentation_model(args.model, backbone=args.backbone, nclass=args.nclass, aux=args.aux,
-                                           se_loss=args.se_loss, checkpoint=False if args.recompute == "none"
-                                           else args.recompute)
-    except (ValueError, KeyError, TypeError, NotImplementedError, RuntimeError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"{network_flags(args.model, args.backbone)}: {reason}") from None
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    return NetworkSpec.from_options(args, args.nclass).parameter_bytes()
 
 
 def _reserve(text: str) -> int:

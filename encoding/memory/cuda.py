@@ -21,7 +21,7 @@ from torch import nn
 from ..parallel import DataParallelCriterion, DataParallelModel
 from ..parallel.scatter_gather import get_split_sizes
 from .program import StepSpec, step_autocast
-from .spec import segmentation_spec
+from .spec import step_spec
 
 __all__ = ["measure_strategy"]
 
@@ -73,7 +73,7 @@ def _ddp_worker(rank: int, spec_args: Dict[str, Any], devices: Sequence[int], sh
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=len(devices))
     try:
-        spec = segmentation_spec(**spec_args)
+        spec = step_spec(**spec_args)
         with torch.device(device):
             model = spec.build_model()
         model.train()
@@ -101,7 +101,7 @@ def measure_strategy(spec_args: Dict[str, Any], strategy: str, devices: Sequence
     """Measure ``strategy`` on CUDA ``devices``.
 
     Args:
-        spec_args: keyword arguments of :func:`~encoding.memory.spec.segmentation_spec`.
+        spec_args: keyword arguments of :func:`~encoding.memory.spec.step_spec`.
         strategy: ``gather``, ``balanced``, ``balanced-auto`` (give its ``split``) or ``ddp``.
         devices: CUDA indices.
         batch: the total batch.
@@ -116,7 +116,7 @@ def measure_strategy(spec_args: Dict[str, Any], strategy: str, devices: Sequence
     gc.collect()
     torch.cuda.empty_cache()
     if strategy != "ddp":
-        peaks, seconds = _single_process(segmentation_spec(**spec_args), strategy, devices, batch, split, steps)
+        peaks, seconds = _single_process(step_spec(**spec_args), strategy, devices, batch, split, steps)
         return split, peaks, seconds
     with tempfile.TemporaryDirectory() as out_dir:
         init_file = os.path.join(out_dir, "init")

@@ -15,7 +15,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..models.external import network_name
+from ..names import network_name
+from ..models.network import NetworkSpec
 from ..utils.files import atomic_write
 from ..utils.plot import save_figure
 from .advice import POLICY_ORDER, advise
@@ -23,7 +24,7 @@ from .balance import max_batch, strategy_peaks
 from .planner import AMP_DTYPES, loop_name
 from .profiler import learn_workspaces
 from .simulate import Simulator
-from .spec import segmentation_spec
+from .spec import step_spec
 from .tracker import CUDA_BLOCK, MIB
 
 
@@ -62,10 +63,16 @@ def _config(args: argparse.Namespace, mode: str) -> Dict[str, Any]:
 
 
 def step_arguments(args: argparse.Namespace) -> Dict[str, Any]:
-    """The :func:`~encoding.memory.spec.segmentation_spec` arguments of the tool's options."""
-    return dict(model=args.model, backbone=args.backbone, nclass=args.nclass, crop_size=args.crop_size,
-                aux=args.aux, se_loss=args.se_loss, amp_dtype=AMP_DTYPES.get(args.amp), seed=args.seed,
-                checkpoint=False if args.recompute == "none" else args.recompute, keep_outputs=args.keep_outputs)
+    """The :func:`~encoding.memory.spec.step_spec` arguments of the tool's options: the network
+    (:meth:`NetworkSpec.from_options <encoding.models.network.NetworkSpec.from_options>`, every network option of
+    training) and the step."""
+    return dict(network=NetworkSpec.from_options(args, args.nclass), crop_size=args.crop_size,
+                amp_dtype=AMP_DTYPES.get(args.amp), seed=args.seed, keep_outputs=args.keep_outputs)
+
+
+def _with(spec_args: Dict[str, Any], policy: str, **changes: Any) -> Dict[str, Any]:
+    """``spec_args`` with the recomputation policy ``policy`` (and other step arguments ``changes``)."""
+    return dict(spec_args, network=spec_args["network"].replace(recompute=policy), **changes)
 
 
 def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, Any]:
@@ -81,7 +88,7 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         ``"advise_s"`` (its seconds; ``"advise_cpu_s"``: of CPU time).
     """
     spec_args = step_arguments(args)
-    spec = segmentation_spec(**spec_args)
+    spec = step_spec(**spec_args)
     workspaces = None
     if args.calibrate:
         device = _calibration_device(args)
@@ -104,17 +111,17 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         entry = _summary(peaks, split, seconds)
         if args.max_batch:
             entry["max_batch"] = max_batch(simulator, strategy, args.num_devices, args.memory_limit_bytes)
-        if spec_args["checkpoint"] and args.devices is None:
-            entry.update(_checkpoint_saving(dict(spec_args, checkpoint=False), strategy, args, peaks, workspaces))
+        if args.recompute != "none" and args.devices is None:
+            entry.update(_checkpoint_saving(_with(spec_args, "none"), strategy, args, peaks, workspaces))
         report["strategies"][strategy] = entry
         what = "simulated" if args.devices is None else "measured"
         _say(progress, f"{strategy}: {what} in {time.perf_counter() - start:.1f} s")
     if args.advise:
         start, cpu, stats = time.perf_counter(), time.process_time(), {}
         report["advice"] = [row.as_dict() for row in advise(
-            lambda crop, policy: segmentation_spec(**dict(spec_args, crop_size=crop, checkpoint=policy)),
+            lambda crop, policy: step_spec(**_with(spec_args, policy, crop_size=crop)),
             args.strategies, args.num_devices, args.batch_size, args.crop_size, advice_budget(args),
-            CUDA_BLOCK, policies=buildable_policies(spec_args), stats=stats, backend=args.backend,
+            CUDA_BLOCK, policies=buildable_policies(spec_args["network"]), stats=stats, backend=args.backend,
             simulator=(args.recompute, simulator))]
         report["advise_s"] = round(time.perf_counter() - start, 2)
         report["advise_cpu_s"] = round(time.process_time() - cpu, 2)
@@ -122,20 +129,20 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
     return report
 
 
-def buildable_policies(spec_args: Dict[str, Any]) -> Tuple[str, ...]:
+def buildable_policies(network: NetworkSpec) -> Tuple[str, ...]:
     """The recomputation policies the network's build applies, cheapest first: every one for a network of the
     registry; for a spec network (``torchvision:``, ``module:`` ...) those its build does not refuse (one without
     a backbone of blocks refuses them), so that the advice lists no row whose saving would not happen."""
     from ..errors import EncodingError
-    from ..models.external import is_model_spec
+    from ..names import is_model_spec
 
-    if not is_model_spec(spec_args["model"]):
+    if not is_model_spec(network.model):
         return POLICY_ORDER
     kept = []
     for policy in POLICY_ORDER:
         try:
             with torch.device("meta"):
-                segmentation_spec(**dict(spec_args, checkpoint=policy)).build_model()
+                network.replace(recompute=policy).build()
         except EncodingError:
             continue
         kept.append(policy)
@@ -145,7 +152,7 @@ def buildable_policies(spec_args: Dict[str, Any]) -> Tuple[str, ...]:
 def _checkpoint_saving(plain_args: Dict[str, Any], strategy: str, args: argparse.Namespace, peaks: Sequence[int],
                        workspaces: Any) -> Dict[str, List[float]]:
     """Each device's simulated peak without activation checkpointing and what checkpointing saves there."""
-    plain = strategy_peaks(Simulator(segmentation_spec(**plain_args), CUDA_BLOCK, workspaces=workspaces,
+    plain = strategy_peaks(Simulator(step_spec(**plain_args), CUDA_BLOCK, workspaces=workspaces,
                                      backend=args.backend), strategy, args.batch_size, args.num_devices)[1]
     return {"plain_peak_mib": [round(p / MIB, 2) for p in plain],
             "saving_mib": [round((p - c) / MIB, 2) for p, c in zip(plain, peaks)]}

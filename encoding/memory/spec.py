@@ -1,29 +1,31 @@
-"""The training steps the memory tool plans for: a segmentation model of the zoo on square crops."""
+"""The training steps the memory tool plans for: a network (:class:`~encoding.models.network.NetworkSpec`, the one
+description training builds from) on square crops."""
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Optional
 
 import torch
 
+from ..utils.renamed import renamed_keyword
+from ..models.network import NetworkSpec
 from .program import StepSpec
 
-__all__ = ["segmentation_spec"]
+__all__ = ["step_spec", "segmentation_spec"]
 
 
-def segmentation_spec(model: str, backbone: str, nclass: int, crop_size: int, aux: bool = False,
-                      se_loss: bool = False, amp_dtype: Optional[torch.dtype] = None, seed: int = 0,
-                      checkpoint: Union[bool, str] = False, keep_outputs: bool = False) -> StepSpec:
-    """A training step of ``get_segmentation_model(model, backbone, nclass, aux, se_loss, checkpoint)`` on
-    ``crop_size`` crops with :class:`~encoding.nn.SegmentationLosses` and SGD (momentum 0.9, weight decay 1e-4).
-    ``checkpoint`` is the activation-checkpointing policy (``False``, ``"none"``, ``"backbone"``, ``"all"``);
-    ``keep_outputs`` the loop that holds the outputs through backward (:class:`~encoding.memory.StepSpec`)."""
-    from ..models import get_segmentation_model
+def step_spec(network: NetworkSpec, crop_size: int, *, amp_dtype: Optional[torch.dtype] = None, seed: int = 0,
+              keep_outputs: bool = False) -> StepSpec:
+    """A training step of ``network.build()`` (exactly what training builds: head width, output stride,
+    recomputation ...) on ``crop_size`` crops with :class:`~encoding.nn.SegmentationLosses` and SGD (momentum 0.9,
+    weight decay 1e-4); ``keep_outputs`` is the loop that holds the outputs through backward
+    (:class:`~encoding.memory.StepSpec`)."""
     from ..nn import SegmentationLosses
+
+    nclass = network.nclass
 
     def build() -> torch.nn.Module:
         torch.manual_seed(seed)
-        return get_segmentation_model(model, backbone=backbone, nclass=nclass, aux=aux, se_loss=se_loss,
-                                      checkpoint=False if checkpoint == "none" else checkpoint)
+        return network.build()
 
     def make_inputs(share: int):
         return (torch.randn(share, 3, crop_size, crop_size),), {}
@@ -31,6 +33,16 @@ def segmentation_spec(model: str, backbone: str, nclass: int, crop_size: int, au
     def make_target(share: int) -> torch.Tensor:
         return torch.randint(0, nclass, (share, crop_size, crop_size))
 
-    criterion = SegmentationLosses(se_loss=se_loss, aux=aux, nclass=nclass)
+    criterion = SegmentationLosses(se_loss=network.se_loss, aux=network.aux, nclass=nclass)
     return StepSpec(build_model=build, make_inputs=make_inputs, make_target=make_target, criterion=criterion,
                     amp_dtype=amp_dtype, keep_outputs=keep_outputs)
+
+
+def segmentation_spec(model: str, backbone: str, nclass: int, crop_size: int, aux: bool = False,
+                      se_loss: bool = False, amp_dtype: Optional[torch.dtype] = None, seed: int = 0,
+                      recompute: Any = "none", keep_outputs: bool = False, **old: Any) -> StepSpec:
+    """:func:`step_spec` of ``NetworkSpec(model, nclass, backbone, aux, se_loss, recompute)`` (``recompute``:
+    ``"none"``, ``"backbone"`` or ``"all"``; ``checkpoint=``, its old name, warns)."""
+    recompute = renamed_keyword(old, "checkpoint", "recompute", recompute, "segmentation_spec")
+    network = NetworkSpec(model, nclass, backbone=backbone, aux=aux, se_loss=se_loss, recompute=recompute)
+    return step_spec(network, crop_size, amp_dtype=amp_dtype, seed=seed, keep_outputs=keep_outputs)

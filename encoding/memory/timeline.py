@@ -272,9 +272,9 @@ def write_report_timeline(args: argparse.Namespace, report: Dict[str, Any]) -> L
     """``--timeline DIR``: the timeline of the tool's step (the same simulation: its peaks are checked equal to
     ``report``'s), written to ``DIR``."""
     from .report import step_arguments
-    from .spec import segmentation_spec
+    from .spec import step_spec
 
-    simulator = Simulator(segmentation_spec(**step_arguments(args)), CUDA_BLOCK, backend=args.backend)
+    simulator = Simulator(step_spec(**step_arguments(args)), CUDA_BLOCK, backend=args.backend)
     data = build_timeline(simulator, args.strategies, args.batch_size, args.num_devices, report["config"])
     for name, entry in data["strategies"].items():
         reported = report["strategies"][name]["peak_mib"]

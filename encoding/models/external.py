@@ -30,71 +30,21 @@ import inspect
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any, Dict, Iterator, NamedTuple, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import UsageError
-from ..utils.trust import UntrustedCode, allow_import, names_code, untrusted_source
+from ..names import (ModelSpec, absolute_spec, is_model_spec, names_code, network_flags, network_name,  # noqa: F401
+                     parse_model_spec)
+from ..utils.trust import UntrustedCode, allow_import, untrusted_source
 from .spec_layers import recompute_spec_network, sync_batchnorm
-from .timm_backbones import TIMM_PREFIX
 
 __all__ = ["ModelSpec", "is_model_spec", "parse_model_spec", "absolute_spec", "network_name", "network_flags",
            "names_code", "UntrustedCode", "SpecOutputError", "segmentation_output", "check_logits", "ExternalModel",
            "NOT_FOR_SPECS", "build_external_model", "sync_batchnorm"]
-
-
-class ModelSpec(NamedTuple):
-    """A parsed model spec: ``kind`` is ``torchvision``, ``transformers`` or ``factory``; ``target`` the rest."""
-
-    kind: str
-    target: str
-
-
-def is_model_spec(name: Any) -> bool:
-    """Whether ``name`` is a model spec (a string with a colon) rather than a registered architecture name."""
-    return isinstance(name, str) and ":" in name
-
-
-def parse_model_spec(spec: str) -> ModelSpec:
-    """Split ``spec`` into its kind and target.
-
-    Raises:
-        ValueError: not ``torchvision:NAME``, ``transformers:PATH`` or ``module.path:factory`` (one line, naming it).
-    """
-    prefix, _, target = spec.partition(":")
-    if not prefix or not target:
-        raise UsageError(f"model spec {spec!r}: expected torchvision:NAME, transformers:PATH or module:factory")
-    if prefix in ("torchvision", "transformers"):
-        return ModelSpec(prefix, target)
-    if prefix + ":" == TIMM_PREFIX:
-        raise UsageError(f"model spec {spec!r}: a timm model is a backbone: --model ARCH --backbone {spec} (e.g. "
-                         f"--model fcn --backbone {spec})")
-    if not all(part.isidentifier() for part in prefix.split(".")) or not target.isidentifier():
-        raise UsageError(f"model spec {spec!r}: a factory is written package.module:function")
-    return ModelSpec("factory", spec)
-
-
-def absolute_spec(spec: str) -> str:
-    """``spec`` with a relative ``transformers:PATH`` made absolute (what a run records, so that its checkpoint
-    works from another folder); any other name unchanged."""
-    prefix, colon, target = spec.partition(":")
-    if prefix == "transformers" and colon and target and not os.path.isabs(target):
-        return f"transformers:{os.path.abspath(target)}"
-    return spec
-
-
-def network_name(model: str, backbone: Any = None) -> str:
-    """How banners, reports and errors name a network: ``fcn-resnet50``; a spec alone (it has no backbone of ours,
-    whatever ``--backbone`` says)."""
-    return model if is_model_spec(model) or not backbone else f"{model}-{backbone}"
-
-
-def network_flags(model: str, backbone: Any = None) -> str:
-    """The command-line options that name a network: ``--model fcn --backbone resnet50``; a spec: ``--model SPEC``."""
-    return f"--model {model}" if is_model_spec(model) or not backbone else f"--model {model} --backbone {backbone}"
 
 
 class SpecOutputError(UsageError, TypeError):
@@ -234,8 +184,12 @@ def _torchvision(name: str, num_classes: int, aux: bool, pretrained_backbone: An
     return builder(**{**options, **kwargs})
 
 
-def _transformers(path: str, num_classes: int, **kwargs: Any) -> nn.Module:
+def _transformers(path: str, num_classes: int, stored_config: Optional[Dict[str, Any]] = None,
+                  **kwargs: Any) -> nn.Module:
     from transformers import AutoConfig, AutoModelForSemanticSegmentation
+    if stored_config is not None:  # a model folder's record of the network: built from it, weights read apart
+        _refuse_unknown(f"transformers:{path}", set(kwargs), "a stored config.json only")
+        return AutoModelForSemanticSegmentation.from_config(AutoConfig.for_model(**stored_config))
     if not os.path.isdir(path):
         raise UsageError(f"model spec transformers:{path}: no such folder (a save_pretrained folder of a "
                          "semantic-segmentation model)")
@@ -324,7 +278,8 @@ def build_external_model(spec: str, num_classes: int, *, aux: bool = False, pret
             (:func:`~.spec_layers.sync_batchnorm`); ``None`` or ``nn.BatchNorm2d``: the network's own layers.
         recompute: ``"none"`` / ``False``, ``"backbone"`` or ``"all"`` (:func:`~.spec_layers.recompute_spec_network`).
         **kwargs: passed to the builder, the transformers config or the factory (those it does not take are
-            refused); :data:`NOT_FOR_SPECS` (refused when set).
+            refused); :data:`NOT_FOR_SPECS` (refused when set); ``stored_config``: a ``transformers:`` network's
+            recorded ``config.json`` (a model folder's), built from it without reading ``PATH``.
 
     Raises:
         ValueError: a malformed spec, an unknown torchvision name, a missing folder or factory, an option the

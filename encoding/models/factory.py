@@ -18,8 +18,10 @@ from torch import nn
 
 from ..nn.blocks import NormLayer
 from ..nn.recompute import checkpoint_segmentation_model
+from ..utils.renamed import renamed_keyword
 from .backbone import get_backbone
-from .external import build_external_model, is_model_spec
+from ..names import is_model_spec
+from .external import build_external_model
 from .base import FeatureInfo, SegmentationModel
 from .heads import FCNHead
 from .jpu import JPU
@@ -27,7 +29,7 @@ from .registry import (ARCHITECTURES, PRESET_BACKBONES, PRESET_DATASETS, PRESETS
                        RESNEST_PRESET_DATASETS, Architecture, get_architecture)
 from .weights import TORCHVISION_WEIGHTS, Pretrained, load_pretrained
 
-__all__ = ["get_segmentation_model", "get_model", "builder", "pretrained_model_list", "PE_UNUSED_OPTIONS"]
+__all__ = ["get_segmentation_model", "get_model", "builder", "pretrained_model_list", "nclass_of", "PE_UNUSED_OPTIONS"]
 
 #: PyTorch-Encoding's model keywords that have no effect here (accepted with one ``FutureWarning``): evaluation
 #: sizes and normalisation (pass them to ``MultiEvalModule`` / the dataset), the weights directory, the backbone's
@@ -35,7 +37,12 @@ __all__ = ["get_segmentation_model", "get_model", "builder", "pretrained_model_l
 PE_UNUSED_OPTIONS = ("base_size", "crop_size", "mean", "std", "root", "multi_grid", "multi_dilation")
 
 
-def _nclass_of(dataset: str) -> int:
+def nclass_of(dataset: str) -> int:
+    """The class count of the registered dataset ``dataset``.
+
+    Raises:
+        ValueError: an unknown dataset (the message lists the valid ones).
+    """
     from ..datasets import datasets  # lazy: the dataset modules are not needed to build a model
 
     if dataset not in datasets:
@@ -67,7 +74,7 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
                            se_loss: bool = False, pretrained: Union[bool, str, os.PathLike] = False, *,
                            nclass: Optional[int] = None, norm_layer: NormLayer = nn.BatchNorm2d,
                            output_stride: Optional[int] = None, jpu: bool = False,
-                           pretrained_backbone: Pretrained = False, checkpoint: Union[bool, str] = False,
+                           pretrained_backbone: Pretrained = False, recompute: Union[bool, str] = False,
                            **head_options) -> SegmentationModel:
     """Build a segmentation model by name.
 
@@ -93,10 +100,10 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
         pretrained_backbone: ``True`` for torchvision's ImageNet weights (timm's for the timm backbones), or a
             local file (ignored parts of the model stay randomly initialised). Default ``False``: nothing is
             downloaded.
-        checkpoint: activation checkpointing, trading compute for memory (see ``docs/checkpointing.md``):
-            ``False`` (default), ``"backbone"`` (every residual block) or ``"all"`` (blocks, neck and heads); the
-            recomputation is exact (BatchNorm statistics, SyncBatchNorm synchronisation and dropout masks are
-            those of the forward).
+        recompute: activation recomputation, trading compute for memory (see ``docs/checkpointing.md``):
+            ``False`` / ``"none"`` (default), ``"backbone"`` (every residual block) or ``"all"`` (blocks, neck and
+            heads); exact (BatchNorm statistics, SyncBatchNorm synchronisation and dropout masks are those of the
+            forward). ``checkpoint=``, its old name, still works with a ``FutureWarning``.
         **head_options: options of the head factory (e.g. ``lateral=True`` / ``ncodes`` for ``encnet``,
             ``atrous_rates`` for ``deeplab``/``deeplabv3plus``, ``fpn_dim`` for ``upernet``/``fcfpn``).
             PyTorch-Encoding's keywords are accepted too: ``dilated=False`` (= ``output_stride=32``),
@@ -114,15 +121,18 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
         >>> model = get_segmentation_model("encnet", dataset="pcontext", backbone="resnet50", aux=True,
         ...                                se_loss=True)
     """
+    old = {key: head_options.pop(key) for key in ("checkpoint",) if key in head_options}
+    recompute = renamed_keyword(old, "checkpoint", "recompute", recompute, "get_segmentation_model")
+    recompute = False if recompute == "none" else recompute
     if is_model_spec(name):  # torchvision:NAME, transformers:PATH, module:factory: every option applied or refused
-        return build_external_model(name, nclass if nclass is not None else _nclass_of(dataset), aux=aux,
+        return build_external_model(name, nclass if nclass is not None else nclass_of(dataset), aux=aux,
                                     pretrained_backbone=pretrained_backbone, norm_layer=norm_layer,
-                                    recompute=checkpoint, se_loss=se_loss, output_stride=output_stride, jpu=jpu,
+                                    recompute=recompute, se_loss=se_loss, output_stride=output_stride, jpu=jpu,
                                     pretrained=pretrained, **head_options)
     arch = get_architecture(name)
     output_stride, jpu = _pe_options(name, head_options, output_stride, jpu)
     if nclass is None:
-        nclass = _nclass_of(dataset)
+        nclass = nclass_of(dataset)
     if se_loss and not arch.se_loss:
         models = [n for n, a in ARCHITECTURES.items() if a.se_loss]
         raise ValueError(f"se_loss=True is not supported by {name!r}; models with an SE-loss branch: "
@@ -134,7 +144,7 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
                       head_options)
     if pretrained is not False and pretrained is not None:
         load_pretrained(model, name, backbone, nclass, pretrained)
-    return checkpoint_segmentation_model(model, checkpoint)
+    return checkpoint_segmentation_model(model, recompute)
 
 
 def _pe_options(name: str, options: dict, output_stride: Optional[int], jpu: Any) -> tuple:

@@ -217,7 +217,7 @@ class MixTransformer(nn.Module):
         self.channels = tuple(setting.widths)
 
     def stages(self) -> Tuple[nn.Sequential, ...]:
-        """The blocks of each stage (the residual blocks that ``checkpoint="backbone"`` recomputes)."""
+        """The blocks of each stage (the residual blocks that ``recompute="backbone"`` recomputes)."""
         return tuple(layer.blocks for layer in self.layers)
 
     def forward(self, x: Tensor) -> List[Tensor]:

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
 from ..errors import UsageError
+from ..names import TIMM_PREFIX, parse_backbone
 from ..nn.blocks import NormLayer
 from .stages import DILATIONS, StagedBackbone, dilate_stage, stage_channels
 from .weights import Pretrained
@@ -44,15 +45,13 @@ __all__ = ["RESNEST", "TIMM_PREFIX", "ResNeStBackbone", "TimmBackbone", "is_timm
 #: PyTorch-Encoding's ResNeSt names -> timm's models.
 RESNEST: Dict[str, str] = {"resnest50": "resnest50d", "resnest101": "resnest101e", "resnest200": "resnest200e",
                            "resnest269": "resnest269e"}
-#: Prefix of the backbone names that build any timm model: ``"timm:convnext_tiny"``.
-TIMM_PREFIX = "timm:"
 #: Options some timm families take and others refuse; dropped where refused.
 _OPTIONAL_KWARGS = {"strict_img_size": False}
 
 
 def is_timm_backbone(name: str) -> bool:
     """Whether the backbone ``name`` is built with timm (a ResNeSt name or ``timm:<name>``)."""
-    return name in RESNEST or name.startswith(TIMM_PREFIX)
+    return name in RESNEST or name.startswith(TIMM_PREFIX)  # the prefix: parse_backbone (encoding.names)
 
 
 def _import_timm(backbone: str) -> Any:
@@ -275,7 +274,7 @@ class TimmBackbone(nn.Module):
 
     def stages(self) -> Tuple[nn.Module, ...]:
         """The block sequence of each of the four levels (a stage's ``blocks`` where it has them): the modules whose
-        children activation checkpointing (``checkpoint="backbone"``) wraps."""
+        children activation checkpointing (``recompute="backbone"``) wraps."""
         stages = []
         for name in self._level_modules:
             module = _submodule(self.body, name)
@@ -304,6 +303,7 @@ def get_timm_backbone(name: str, output_stride: int = 8, norm_layer: NormLayer =
     if name in RESNEST:
         resnet = create_timm_model(RESNEST[name], pretrained)
         return ResNeStBackbone(_apply_norm_layer(resnet, norm_layer, name), output_stride)
-    if not name.startswith(TIMM_PREFIX) or len(name) == len(TIMM_PREFIX):
+    kind, target = parse_backbone(name)
+    if kind != "timm":
         raise ValueError(f"timm backbone names are 'timm:<name>' or one of {', '.join(RESNEST)}, got {name!r}")
-    return TimmBackbone(name[len(TIMM_PREFIX):], output_stride, norm_layer, pretrained)
+    return TimmBackbone(target, output_stride, norm_layer, pretrained)

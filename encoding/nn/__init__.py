@@ -6,16 +6,16 @@ PyTorch-Encoding's, vacancy's and mmcv's names are declared for this module besi
 ``encoding/legacy/batchnorm.py``; ``GlobalAvgPool2d``, ``View``, ... ``EncodingDrop`` in ``encoding/legacy/layers.py``;
 ``DistSyncBatchNorm`` and the heads ``FCNHead`` / ``PSPHead`` / ... (which live in ``encoding.models``) in
 ``encoding/legacy/aliases.py``. A name with a new spelling warns (``FutureWarning``) when used.
-``SegmentationLosses`` / ``OhemCrossEntropy`` are one class each (:mod:`encoding.nn.loss`), taking
-``(output_dict_or_tensor, target)`` and PyTorch-Encoding's argument layouts. Dice, Focal and Lovász-Softmax (and
-``LOSSES``, the registry of ``train.py --loss``) are :mod:`encoding.nn.losses`'.
+Every loss is :mod:`encoding.nn.loss`'s (one module per loss family): ``SegmentationLosses`` / ``OhemCrossEntropy``
+(one class each, taking ``(output_dict_or_tensor, target)`` and PyTorch-Encoding's argument layouts), Dice, Focal,
+Lovász-Softmax and ``LOSSES``, the registry of ``train.py --loss``; ``encoding.nn.losses`` is its old path
+(``encoding/legacy/aliases.py``). The binary (one-channel) losses are :mod:`encoding.nn.binary`'s.
 """
-from . import binary, blocks, encoding, loss, losses, recompute, syncbn
+from . import binary, blocks, encoding, loss, recompute, syncbn
 from .blocks import NormLayer, SeparableConv2d, conv_norm_act, resize
 from .encoding import Encoding
-from .loss import OhemCrossEntropy, SegmentationLosses
 from .binary import BINARY_LOSSES, BinaryBCELoss, BinaryDiceLoss, BinaryFocalLoss
-from .losses import LOSSES, DiceLoss, FocalLoss, LovaszSoftmaxLoss
+from .loss import LOSSES, DiceLoss, FocalLoss, LovaszSoftmaxLoss, OhemCrossEntropy, SegmentationLosses
 from .recompute import (CHECKPOINT_POLICIES, checkpoint_module, checkpoint_segmentation_model, disable_checkpointing,
                         enable_checkpointing, is_checkpointed, is_recomputing, replay_in_recomputation)
 from .syncbn import SyncBatchNorm, SyncBatchNormAct, convert_sync_batchnorm

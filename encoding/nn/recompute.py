@@ -258,13 +258,13 @@ def checkpoint_segmentation_model(model: nn.Module, policy: Union[bool, str, Non
     """
     policy = {False: "none", None: "none", True: "all"}.get(policy, policy)
     if policy not in CHECKPOINT_POLICIES:
-        raise ValueError(f"checkpoint must be one of {', '.join(map(repr, CHECKPOINT_POLICIES))} (or True/False), "
+        raise ValueError(f"recompute must be one of {', '.join(map(repr, CHECKPOINT_POLICIES))} (or True/False), "
                          f"got {policy!r}")
     if policy == "none":
         return model
     blocks = _residual_blocks(model.backbone)
     if not blocks:
-        raise ValueError(f"checkpoint={policy!r} needs a backbone with residual stages (stages()), got "
+        raise ValueError(f"recompute={policy!r} needs a backbone with residual stages (stages()), got "
                          f"{type(model.backbone).__name__}")
     enable_checkpointing(blocks)
     if policy == "all":

@@ -1,8 +1,14 @@
-"""Command-line helpers of the scripts: one-line errors, checked numbers, and the runner that reports failures.
+"""Command-line helpers of the scripts: one-line errors, checked numbers, parsers from tables, and the runner that
+reports failures.
 
 :class:`OneLineParser` reports a bad option in one line (``prog: error: ...``, exit status 2); :func:`run_cli` runs
 a script's ``main`` and turns its :class:`~encoding.errors.EncodingError` (and ``OSError``) into one line on stderr
 with the error's exit status, Ctrl-C into status 130, and keeps the whole traceback of anything else (a bug).
+
+A tool below :mod:`encoding.config` (the dataset preparation and scan, the curves, the configuration-file finder)
+declares its options once, as a table of :func:`arg` entries, and gets its parser from :func:`make_parser`;
+:func:`add_arguments` is the one place such a table becomes arguments (the scripts' options are the fields of
+:mod:`encoding.config.groups`, turned into a parser by :func:`encoding.config.build_parser`).
 """
 from __future__ import annotations
 
@@ -10,13 +16,15 @@ import argparse
 import os
 import sys
 import traceback
-from typing import Any, Callable, List, NoReturn, Optional, Tuple
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, List, Mapping, NoReturn, Optional, Tuple, TypeVar
 
 from ..errors import EXIT_FAILURE, EXIT_INTERRUPTED, EncodingError, RunInterrupted
 from .dist import end_worker, is_launched_worker
 
 __all__ = ["EXIT_INTERRUPTED", "TRACEBACK_ENV", "TRACEBACK_FLAG", "OneLineParser", "run_cli", "traceback_requested",
-           "positive_int", "positive_float", "non_negative_int", "non_negative_float", "scales", "unit_float"]
+           "Arg", "arg", "add_arguments", "make_parser", "positive_int", "positive_float", "non_negative_int", "non_negative_float", "scales", "unit_float"]
 
 #: The option that shows the traceback of a one-line error (every script; :func:`run_cli` takes it out of argv).
 TRACEBACK_FLAG = "--traceback"
@@ -80,6 +88,42 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One command-line argument as data.
+
+    Attributes:
+        flags: its option strings (``"--seed"``), or its name when it is a positional (``"root"``).
+        keywords: argparse's keywords (``help``, ``default``, ``type``, ``choices``, ``action``, ``metavar`` ...).
+    """
+
+    flags: Tuple[str, ...]
+    keywords: Mapping[str, Any]
+
+
+def arg(*flags: str, **keywords: Any) -> Arg:
+    """An :class:`Arg`, spelled as argparse's call: ``arg("--seed", type=int, default=1, help="the seed")``."""
+    return Arg(flags, MappingProxyType(dict(keywords)))
+
+
+#: What takes arguments: a parser, a sub-parser, an argument group.
+Target = TypeVar("Target", bound=argparse._ActionsContainer)
+
+
+def add_arguments(parser: Target, args: Iterable[Arg]) -> Target:
+    """Add each of ``args``, in order, to ``parser`` (a parser, a sub-parser or an argument group); returns it."""
+    for item in args:
+        parser.add_argument(*item.flags, **item.keywords)
+    return parser
+
+
+def make_parser(prog: str, args: Iterable[Arg], description: Optional[str] = None,
+                **settings: Any) -> OneLineParser:
+    """A :class:`OneLineParser` named ``prog`` with the arguments ``args``; ``settings``: more ``ArgumentParser``
+    keywords (``formatter_class``, ``add_help``). Its sub-parsers are one-line parsers too."""
+    return add_arguments(OneLineParser(prog=prog, description=description, **settings), args)
 
 
 def _number(kind: Callable[[str], Any], minimum: Any, inclusive: bool) -> Callable[[str], Any]:

@@ -17,6 +17,7 @@ import reprlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import UsageError
+from .cli import arg, make_parser
 from .files import atomic_write
 
 __all__ = ["ConfigFileError", "read_config", "config_argv", "parse_config", "expand_config", "write_config"]
@@ -205,9 +206,7 @@ def expand_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[
     Raises:
         ConfigFileError: see :func:`parse_config`.
     """
-    finder = argparse.ArgumentParser(add_help=False)
-    finder.add_argument("--config")
-    path = finder.parse_known_args(list(argv))[0].config
+    path = make_parser(parser.prog, (arg("--config"),), add_help=False).parse_known_args(list(argv))[0].config
     if path is None:
         return list(argv)
     parse_config(parser, path)

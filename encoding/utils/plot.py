@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
-from .cli import OneLineParser
+from .cli import arg, make_parser
 from .files import atomic_write, refuse_own_input
 
 __all__ = ["CURVES_NAME", "save_figure", "read_log", "plot_log", "write_curves", "build_parser", "main"]
@@ -111,10 +111,10 @@ def write_curves(path: str) -> Optional[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``python -m encoding.utils.plot``."""
-    p = OneLineParser(prog="python -m encoding.utils.plot", description="Training curves of a run as a PNG")
-    p.add_argument("log", metavar="LOG_CSV", help="a run's log.csv (runs/<dataset>/<model>/<checkname>/log.csv)")
-    p.add_argument("--out", default=None, help=f"the PNG to write (default: {CURVES_NAME} next to the log)")
-    return p
+    return make_parser("python -m encoding.utils.plot", (
+        arg("log", metavar="LOG_CSV", help="a run's log.csv (runs/<dataset>/<model>/<checkname>/log.csv)"),
+        arg("--out", default=None, help=f"the PNG to write (default: {CURVES_NAME} next to the log)"),
+    ), description="Training curves of a run as a PNG")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

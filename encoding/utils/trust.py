@@ -22,15 +22,13 @@ from contextvars import ContextVar
 from typing import Any, Iterator, List, Mapping, Optional, Tuple
 
 from ..errors import UsageError
+from ..names import names_code
 
 __all__ = ["UntrustedCode", "OPT_IN", "names_code", "code_named", "reading", "untrusted_source", "allow_import",
            "check_trusted"]
 
 #: How a user opts in, in Python and on the command lines.
 OPT_IN = "trust_code=True (command line: --trust-code)"
-#: Prefixes of model specs that name no code of the data's: built-in architectures (``timm:`` names a backbone,
-#: refused as a model by the spec parser).
-_BUILT_IN = ("torchvision", "transformers", "timm")
 #: The source read without the user's opt-in (``None``: none, or trusted).
 _UNTRUSTED: ContextVar[Optional[str]] = ContextVar("encoding_untrusted_source", default=None)
 
@@ -38,15 +36,6 @@ _UNTRUSTED: ContextVar[Optional[str]] = ContextVar("encoding_untrusted_source", 
 class UntrustedCode(UsageError):
     """Data (a model folder, a Hub repository, a checkpoint, a web request) names code to import and the caller did
     not opt in (``trust_code=True`` / ``--trust-code``); exit status 2."""
-
-
-def names_code(spec: Any) -> bool:
-    """Whether the model name ``spec`` makes the toolkit import code of someone's (a ``module:factory`` spec).
-
-    Registry architectures and the built-in ``torchvision:`` / ``transformers:`` architectures import nothing that
-    the data names; a ``package.module:factory`` spec imports that module and calls the factory.
-    """
-    return isinstance(spec, str) and ":" in spec and spec.partition(":")[0] not in _BUILT_IN
 
 
 def _own(module: str) -> bool:

@@ -1,9 +1,10 @@
 """Command-line options of the segmentation scripts (PyTorch-Encoding names), with per-dataset recipes.
 
 The options are the fields of :mod:`encoding.config.groups` (one field per option: help, type, choices, default);
-:func:`encoding.config.resolve` fills what is not given, in one documented order (defaults < the dataset's recipe of
-``configs/`` < the checkpoint's network (test/demo) < ``--config FILE`` < the command line, then its rules), and
-:func:`encoding.engine.config.check_settings` refuses what cannot run. Bad input: one line, exit status 2.
+:func:`encoding.config.resolve` fills what is not given, in one documented order (defaults < the dataset's recipe,
+shipped with the package (:data:`encoding.config.RECIPE_DIR`) < the checkpoint's network (test/demo) < ``--config
+FILE`` < the command line, then its rules), and :func:`encoding.engine.config.check_settings` refuses what cannot
+run. Bad input: one line, exit status 2. ``configs/`` holds the other experiments (``train.py --config FILE``).
 """
 import argparse
 import os
@@ -16,7 +17,8 @@ from encoding.engine.config import check_settings
 
 __all__ = ["CONFIGS", "MODEL_OPTIONS", "build_parser", "settings", "parse_args", "training_config"]
 
-#: The recipes (``<dataset>.yaml``) and other experiment configurations of ``train.py --config``.
+#: The experiment configurations of ``train.py --config`` other than the dataset recipes (those ship with the package:
+#: :data:`encoding.config.RECIPE_DIR`, read by :func:`encoding.config.resolve` as by these scripts).
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 #: Options that define the network; ``test.py`` / ``demo.py`` take them from the checkpoint when not given.
 MODEL_OPTIONS = NETWORK_OPTIONS
@@ -36,7 +38,7 @@ def _saved_options(path: str, names: tuple) -> dict:
 def settings(argv: Optional[List[str]] = None, script: str = "train") -> Settings:
     """The resolved and checked settings of ``script`` run with ``argv`` (exit status 2 with one line if bad)."""
     try:
-        resolved = resolve(script, argv, recipes=CONFIGS, read_saved=None if script == "train" else _saved_options)
+        resolved = resolve(script, argv, read_saved=None if script == "train" else _saved_options)
         check_settings(resolved)
     except (ConfigError, ValueError, OSError) as err:  # ValueError/OSError: an unreadable --resume (test/demo)
         build_parser(script).error(str(err).splitlines()[0])

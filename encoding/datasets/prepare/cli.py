@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ...errors import EXIT_FAILURE, EncodingError
-from ...utils.cli import traceback_requested
+from ...utils.cli import Arg, add_arguments, arg, make_parser, traceback_requested
 from ..layout import SHAPES_DEFAULT_NUM_TRAIN, SHAPES_DEFAULT_NUM_VAL, SHAPES_DEFAULT_SEED
 from .steps import (CITYS_INSTRUCTIONS, prepare_ade20k, prepare_citys, prepare_coco, prepare_pascal,
                     prepare_pcontext, prepare_shapes)
@@ -35,48 +35,33 @@ class Preparer(NamedTuple):
     Attributes:
         help: one line for ``--help``.
         downloads: whether it fetches files (adds ``--download-dir`` / ``--mirror``).
-        add_options: adds the dataset's own options to its sub-parser.
+        options: the dataset's own options (after :data:`ROOT`, :data:`FETCH`, :data:`COMMON`).
         run: the prepare call for the parsed arguments; returns what to print as ``ready:``.
     """
 
     help: str
     downloads: bool
-    add_options: Callable[[argparse.ArgumentParser], None]
+    options: Tuple[Arg, ...]
     run: Callable[[argparse.Namespace], Any]
+
+
+#: ``--root``: every dataset.
+ROOT = arg("--root", default=None, help="data root (default: $ENCODING_DATA or ~/.encoding/data)")
+#: The options of the datasets that download their files.
+FETCH = (arg("--download-dir", default=None, help="where archives are kept (default: <root>/downloads)"),
+         arg("--mirror", default=None,
+             help="folder or base URL holding the archives under their original names (offline copies, mirrors)"))
+#: The options every dataset has after ``--root`` (and :data:`FETCH`).
+COMMON = (arg("--checksum", action="append", default=[], metavar="NAME=DIGEST",
+              help="override the expected checksum of a file, e.g. NAME=sha256:<hex> (NAME=none: skip)"),
+          arg("--overwrite", action="store_true", help="download / extract / convert again"),
+          arg("--no-progress", action="store_true", help="no progress bars"))
 
 
 def _fetch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
     """The keyword arguments every downloading ``prepare_<name>`` function takes."""
     return dict(download_dir=args.download_dir, mirror=args.mirror, checksums=checksum_overrides(args.checksum),
                 overwrite=args.overwrite, progress=not args.no_progress)
-
-
-def _ade20k_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--with-test", action="store_true", help="also fetch the unlabelled test images")
-
-
-def _pascal_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-voc", action="store_true", help="skip VOC 2012")
-    parser.add_argument("--no-aug", action="store_true", help="skip the SBD augmented set")
-
-
-def _citys_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--zips", default=None,
-                        help="folder holding gtFine_trainvaltest.zip and leftImg8bit_trainvaltest.zip")
-
-
-def _coco_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-masks", action="store_true", help="only download and extract")
-
-
-def _shapes_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=SHAPES_DEFAULT_SEED)
-    parser.add_argument("--num-train", type=int, default=SHAPES_DEFAULT_NUM_TRAIN)
-    parser.add_argument("--num-val", type=int, default=SHAPES_DEFAULT_NUM_VAL)
-
-
-def _no_options(parser: argparse.ArgumentParser) -> None:
-    del parser
 
 
 def _citys(args: argparse.Namespace) -> Any:
@@ -91,45 +76,43 @@ def _shapes(args: argparse.Namespace) -> Any:
 
 #: CLI name -> how to prepare it (``pascal`` prepares both ``pascal_voc`` and ``pascal_aug``).
 PREPARERS: Dict[str, Preparer] = {
-    "ade20k": Preparer("ADE20K (ADEChallengeData2016, ~923 MB)", True, _ade20k_options,
+    "ade20k": Preparer("ADE20K (ADEChallengeData2016, ~923 MB)", True,
+                       (arg("--with-test", action="store_true", help="also fetch the unlabelled test images"),),
                        lambda a: prepare_ade20k(a.root, with_test=a.with_test, **_fetch_kwargs(a))),
     "pascal": Preparer("PASCAL VOC 2012 (pascal_voc) and SBD (pascal_aug; .mat labels converted to PNGs)", True,
-                       _pascal_options,
+                       (arg("--no-voc", action="store_true", help="skip VOC 2012"),
+                        arg("--no-aug", action="store_true", help="skip the SBD augmented set")),
                        lambda a: prepare_pascal(a.root, voc=not a.no_voc, aug=not a.no_aug, **_fetch_kwargs(a))),
     "pcontext": Preparer("VOC 2010 + PASCAL-Context's trainval_merged.json, converted to 59-class PNGs", True,
-                         _no_options, lambda a: prepare_pcontext(a.root, **_fetch_kwargs(a))),
-    "citys": Preparer("Cityscapes from the two zips downloaded by hand (login-gated)", False, _citys_options,
+                         (), lambda a: prepare_pcontext(a.root, **_fetch_kwargs(a))),
+    "citys": Preparer("Cityscapes from the two zips downloaded by hand (login-gated)", False,
+                      (arg("--zips", default=None,
+                           help="folder holding gtFine_trainvaltest.zip and leftImg8bit_trainvaltest.zip"),),
                       _citys),
-    "coco": Preparer("COCO 2017 (~19 GB) and its 21-class (VOC categories) masks", True, _coco_options,
+    "coco": Preparer("COCO 2017 (~19 GB) and its 21-class (VOC categories) masks", True,
+                     (arg("--no-masks", action="store_true", help="only download and extract"),),
                      lambda a: prepare_coco(a.root, build_masks=not a.no_masks, **_fetch_kwargs(a))),
-    "shapes": Preparer("the embedded shapes dataset (also generated on first use)", False, _shapes_options,
+    "shapes": Preparer("the embedded shapes dataset (also generated on first use)", False,
+                       (arg("--seed", type=int, default=SHAPES_DEFAULT_SEED),
+                        arg("--num-train", type=int, default=SHAPES_DEFAULT_NUM_TRAIN),
+                        arg("--num-val", type=int, default=SHAPES_DEFAULT_NUM_VAL)),
                        _shapes),
 }
 
 
-def _add_common_options(parser: argparse.ArgumentParser, downloads: bool) -> None:
-    """``--root``, ``--checksum``, ``--overwrite``, ``--no-progress`` and, with ``downloads``, the fetch options."""
-    parser.add_argument("--root", default=None, help="data root (default: $ENCODING_DATA or ~/.encoding/data)")
-    if downloads:
-        parser.add_argument("--download-dir", default=None, help="where archives are kept (default: <root>/downloads)")
-        parser.add_argument("--mirror", default=None,
-                            help="folder or base URL holding the archives under their original names "
-                                 "(offline copies, mirrors)")
-    parser.add_argument("--checksum", action="append", default=[], metavar="NAME=DIGEST",
-                        help="override the expected checksum of a file, e.g. NAME=sha256:<hex> (NAME=none: skip)")
-    parser.add_argument("--overwrite", action="store_true", help="download / extract / convert again")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+def _arguments(preparer: Preparer) -> Tuple[Arg, ...]:
+    """The options of one dataset, in ``--help`` order: ``--root``, the fetch options when it downloads, the common
+    ones, its own."""
+    return (ROOT, *(FETCH if preparer.downloads else ()), *COMMON, *preparer.options)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The CLI: one sub-command per entry of :data:`PREPARERS`."""
-    parser = argparse.ArgumentParser(prog="python -m encoding.datasets.prepare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The CLI: one sub-command per entry of :data:`PREPARERS` (a bad option is one line, exit status 2)."""
+    parser = make_parser("python -m encoding.datasets.prepare", (), description=__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="name", required=True, metavar="NAME")
     for name, preparer in PREPARERS.items():
-        sub = commands.add_parser(name, help=preparer.help, description=preparer.help)
-        _add_common_options(sub, preparer.downloads)
-        preparer.add_options(sub)
+        add_arguments(commands.add_parser(name, help=preparer.help, description=preparer.help), _arguments(preparer))
     return parser
 
 

@@ -12,26 +12,30 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-from ...utils.cli import OneLineParser, positive_int, run_cli, unit_float
+from ...utils.cli import OneLineParser, arg, make_parser, positive_int, run_cli, unit_float
 from ...utils.images import set_max_pixels
 from .audit import UNKNOWN_LABELS
 
-__all__ = ["build_parser", "main", "cli"]
+__all__ = ["SCAN_ARGS", "build_parser", "main", "cli"]
+
+
+#: The scan's options (those of ``train.py`` that change what the scan accepts).
+SCAN_ARGS = (
+    arg("root", metavar="DIR", help="the dataset folder (train.py's --data-root)"),
+    arg("--unknown-labels", choices=UNKNOWN_LABELS, default="error", help="values of no class"),
+    arg("--binary", action="store_true", help="as train.py --binary: 0/255 masks are foreground 255"),
+    arg("--val-fraction", type=unit_float, default=0.1, help="hold-out share (no val split)"),
+    arg("--seed", type=int, default=1, help="the hold-out's seed (train.py's --seed)"),
+    arg("--max-pixels", type=positive_int, default=None, metavar="N",
+        help="refuse an image of more pixels (default: $ENCODING_MAX_PIXELS or 100000000)"),
+    arg("--no-cache", action="store_true", help="read every file again (no scan cache)"),
+)
 
 
 def build_parser() -> OneLineParser:
-    """The scan's options (those of ``train.py`` that change what the scan accepts)."""
-    parser = OneLineParser(prog="python -m encoding.datasets.scan",
-                           description="Scan a folder dataset: every bad file named, the labels audited.")
-    parser.add_argument("root", metavar="DIR", help="the dataset folder (train.py's --data-root)")
-    parser.add_argument("--unknown-labels", choices=UNKNOWN_LABELS, default="error", help="values of no class")
-    parser.add_argument("--binary", action="store_true", help="as train.py --binary: 0/255 masks are foreground 255")
-    parser.add_argument("--val-fraction", type=unit_float, default=0.1, help="hold-out share (no val split)")
-    parser.add_argument("--seed", type=int, default=1, help="the hold-out's seed (train.py's --seed)")
-    parser.add_argument("--max-pixels", type=positive_int, default=None, metavar="N",
-                        help="refuse an image of more pixels (default: $ENCODING_MAX_PIXELS or 100000000)")
-    parser.add_argument("--no-cache", action="store_true", help="read every file again (no scan cache)")
-    return parser
+    """The parser of :data:`SCAN_ARGS`."""
+    return make_parser("python -m encoding.datasets.scan", SCAN_ARGS,
+                       description="Scan a folder dataset: every bad file named, the labels audited.")
 
 
 def main(argv: Optional[List[str]] = None) -> str:

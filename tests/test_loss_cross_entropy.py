@@ -1,8 +1,10 @@
-"""SegmentationLosses / OhemCrossEntropy: values against plain torch formulas, input forms, errors, and exact
-reduction under DataParallelCriterion (float64, CPU replicas)."""
+"""SegmentationLosses / OhemCrossEntropy (``encoding.nn.loss``'s cross-entropy family): values against plain torch
+formulas, input forms, errors, and exact reduction under DataParallelCriterion (float64, 3 CPU replicas, 3/2/2 split,
+value and gradients: the shared ``assert_replicated_step_is_exact``)."""
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_replicated_step_is_exact, uneven_batch
 from torch import nn
 
 from encoding.nn import OhemCrossEntropy, SegmentationLosses
@@ -126,43 +128,19 @@ class _SegNet(nn.Module):
         return {"out": self.head(feat), "aux": self.aux(feat), "se": self.se(feat.mean((2, 3)))}
 
 
-def _uneven_batch(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(7, 3, 8, 8, generator=g, dtype=torch.float64)
-    target = torch.randint(0, NCLASS, (7, 8, 8), generator=g)
-    ignore_rate = torch.tensor([0.9, 0.8, 0.9, 0.1, 0.0, 0.3, 0.05]).view(7, 1, 1)  # replica 0 mostly ignored
-    target[torch.rand(7, 8, 8, generator=g) < ignore_rate] = -1
-    return x, target
-
-
-def _grads(net):
-    return [p.grad.clone() for p in net.parameters()]
-
-
 @pytest.mark.parametrize("criterion", [
     SegmentationLosses(se_loss=True, aux=True, nclass=NCLASS),
     SegmentationLosses(se_loss=True, aux=True, weight=torch.linspace(0.2, 3.0, NCLASS, dtype=torch.float64),
                        label_smoothing=0.1),
 ], ids=["plain", "weighted-smoothed"])
 def test_data_parallel_criterion_is_exact(criterion):
+    """3 replicas, 3/2/2 split, uneven ignore masks: the loss and the parameter gradients equal the whole batch's,
+    while PyTorch-Encoding's unweighted mean of per-replica losses is visibly off (the test can fail)."""
     torch.manual_seed(0)
     net = _SegNet().double()
-    x, target = _uneven_batch()
-    single = criterion(net(x), target)
-    single.backward()
-    expected_grads = _grads(net)
-    net.zero_grad()
-
-    outputs = DataParallelModel(net, DEVICES)(x)
-    assert [o["out"].shape[0] for o in outputs] == [3, 2, 2]
-    loss = DataParallelCriterion(criterion, DEVICES)(outputs, target)
-    torch.testing.assert_close(loss, single, rtol=0, atol=1e-10)
-    loss.backward()
-    for got, want in zip(_grads(net), expected_grads):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
-    # the test can fail: PyTorch-Encoding's unweighted mean of per-replica losses is visibly off here
-    naive = sum(criterion(o, t) for o, t in zip(outputs, target.split([3, 2, 2]))) / 3
-    assert abs(naive.item() - single.item()) > 1e-3
+    x, target = uneven_batch(NCLASS)
+    assert_replicated_step_is_exact(net, net, criterion, x, target, DEVICES, [3, 2, 2], atol=1e-10, rtol=0,
+                                    grad_rtol=0, grad_atol=1e-10, naive_gap=1e-3)
 
 
 class _PENet(_SegNet):
@@ -181,7 +159,7 @@ def test_pe_layouts_reduce_exactly_like_the_core(cls, options):
     assert cls is core_cls
     torch.manual_seed(0)
     net = _PENet().double()
-    x, target = _uneven_batch(seed=1)
+    x, target = uneven_batch(NCLASS, seed=1)
     single = core_cls(se_loss=True, aux=True, nclass=NCLASS, **options)(dict(zip(("out", "se", "aux"), net(x))),
                                                                          target)
     criterion = cls(se_loss=True, aux=True, nclass=NCLASS, **options)
@@ -223,15 +201,14 @@ def test_ohem_keeps_all_pixels_when_fewer_than_min_kept():
 def test_ohem_under_data_parallel_is_exact_when_threshold_decides():
     torch.manual_seed(0)
     net = _SegNet().double()
-    x, target = _uneven_batch(seed=1)
+    x, target = uneven_batch(NCLASS, seed=1)
     criterion = OhemCrossEntropy(thresh=0.9, min_kept=5, aux=True, se_loss=True)
-    single = criterion(net(x), target)
     outputs = DataParallelModel(net, DEVICES)(x)
     for output, part in zip(outputs, target.split([3, 2, 2])):  # the premise: every replica has enough hard pixels
         hard = criterion.hard_pixels(output["out"], part, part >= 0)
         assert hard.sum() >= 5
-    loss = DataParallelCriterion(criterion, DEVICES)(outputs, target)
-    torch.testing.assert_close(loss, single, rtol=0, atol=1e-10)
+    assert_replicated_step_is_exact(net, net, criterion, x, target, DEVICES, [3, 2, 2], atol=1e-10, rtol=0,
+                                    grad_rtol=0, grad_atol=1e-10)
 
 
 def test_constructor_validates():

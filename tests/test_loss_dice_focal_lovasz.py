@@ -1,8 +1,9 @@
-"""Dice / Focal / Lovász-Softmax: agreement with segmentation_models_pytorch, exact reduction under
-DataParallelCriterion (float64, 3 CPU replicas, 3/2/2 split; value and gradients), StatisticsTerm, and class weights
-from label frequencies (``--class-weights``) on the tiny shapes data."""
+"""Dice / Focal / Lovász-Softmax (``encoding.nn.loss``): agreement with segmentation_models_pytorch, exact reduction
+under DataParallelCriterion (float64, 3 CPU replicas, 3/2/2 split; value and gradients), StatisticsTerm, the old path
+``encoding.nn.losses``, and class weights from label frequencies (``--class-weights``) on the tiny shapes data."""
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from encoding.datasets.layout import DatasetError
 from encoding.engine.config import TrainingConfig, build_training
 from encoding.nn import LOSSES, DiceLoss, FocalLoss, LovaszSoftmaxLoss
 from encoding.nn import loss as core_loss
-from encoding.nn.losses import lovasz_softmax_flat
+from encoding.nn.loss import lovasz_softmax_flat
 from encoding.parallel import DataParallelCriterion, DataParallelModel, LossTerm, reduce_loss_terms
 from encoding.parallel.reduction import StatisticsTerm
 
@@ -184,6 +185,36 @@ def test_constructors_validate():
         build_criterion(NCLASS, loss="tversky")
     assert set(LOSSES) == {"ce", "ohem", "dice", "focal", "lovasz"}
     assert type(build_criterion(NCLASS, loss="ce")) is core_loss.SegmentationLosses
+
+
+def test_old_module_path_serves_the_same_losses_and_warns_naming_the_new_one():
+    """``encoding.nn.losses`` (the old module of Dice / Focal / Lovász and LOSSES) still imports; each class is a thin
+    subclass and each function a wrapper that warns naming ``encoding.nn.loss``'s spelling; LOSSES is the registry."""
+    import encoding.nn.losses as old
+    from encoding import legacy
+    from encoding.legacy.declare import old_module
+
+    assert old.LOSSES is LOSSES and set(old.__all__) == set(legacy.ALIASES["encoding.nn.losses"]) == set(
+        core_loss.__all__)
+    assert old.DiceLoss.__mro__[1] is DiceLoss and old.lovasz_softmax_flat.__wrapped__ is lovasz_softmax_flat
+    x, target = _logits_target()
+    prob, labels = x.detach().softmax(1).movedim(1, -1).reshape(-1, NCLASS), target.reshape(-1).clamp_min(0)
+    uses = {"DiceLoss": (lambda: old.DiceLoss()(x, target), lambda: DiceLoss()(x, target)),
+            "SegmentationLosses": (lambda: old.SegmentationLosses()(x, target),
+                                   lambda: core_loss.SegmentationLosses()(x, target)),
+            "lovasz_softmax_flat": (lambda: old.lovasz_softmax_flat(prob, labels),
+                                    lambda: lovasz_softmax_flat(prob, labels))}
+    for name, (by_old, by_new) in uses.items():
+        with pytest.warns(FutureWarning, match=rf"encoding\.nn\.losses\.{name} is an old name.*; use "
+                                               rf"encoding\.nn\.loss\.{name}$"):
+            value = by_old()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the new path does not warn
+            torch.testing.assert_close(value, by_new(), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="encoding.nn.losses is already a module"):  # declared once
+        old_module("encoding.nn.losses", "encoding.nn.loss")
+    with pytest.raises(RuntimeError, match="encoding.nn.loss is already a module"):  # never hides a core module
+        old_module("encoding.nn.loss", "encoding.nn.binary")
 
 
 # -- class weights from label frequencies ------------------------------------------------------------------------
