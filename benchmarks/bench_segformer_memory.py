@@ -13,7 +13,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from encoding.config import RECOMPUTE  # noqa: E402
+from encoding.config import RECOMPUTE_POLICIES  # noqa: E402
 from encoding.memory import learn_workspaces, measure_program_cpu, segmentation_spec, simulate_program  # noqa: E402
 from encoding.memory.program import DeviceProgram  # noqa: E402
 from encoding.memory.tracker import MIB  # noqa: E402
@@ -25,7 +25,7 @@ def main():
     parser.add_argument("--images", type=int, default=2)
     parser.add_argument("--crop-size", type=int, default=512)
     parser.add_argument("--nclass", type=int, default=150)
-    parser.add_argument("--recompute", choices=RECOMPUTE, default="none",
+    parser.add_argument("--recompute", choices=RECOMPUTE_POLICIES, default="none",
                         help="activation recomputation, as train.py's --recompute (default: none)")
     args = parser.parse_args()
     spec = segmentation_spec("segformer", args.backbone, args.nclass, args.crop_size,

@@ -2,7 +2,7 @@
 
 The main job's network (the shapes recipe: U-Net on ``vgg_tiny_s2``, output stride 8, windows of its 64 px crop every
 42 px), untrained, on a random 2048 x 1024 image: seconds of one window per forward, then of the default window
-batch (as many windows as 512 MiB holds on a CPU, :class:`encoding.engine.predict.WindowBudget`), the window batch
+batch (as many windows as 512 MiB holds on a CPU, :class:`encoding.inference.predict.WindowBudget`), the window batch
 chosen, the ratio, and whether the labels are identical. Each way runs once after a warm-up on a small image.
 
 Usage: ``python benchmarks/bench_slide.py [--height 1024] [--width 2048] [--window 64] [--device cpu]
@@ -18,7 +18,7 @@ import torch
 
 import encoding
 from _timing import sync
-from encoding.engine.predict import WindowBudget, to_batch
+from encoding.inference.predict import WindowBudget, to_batch
 from encoding.models import get_segmentation_model
 from encoding.models.multieval import _windows
 

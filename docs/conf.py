@@ -45,7 +45,8 @@ autodoc_default_options = {"members": True, "member-order": "bysource", "show-in
                            "no-value": True}
 #: Packages whose public ``__all__`` the API reference documents (docs/api/*.md); used by docs/_ext/encoding_docs.py.
 encoding_api_modules = ("encoding.parallel", "encoding.memory", "encoding.nn", "encoding.models", "encoding.datasets",
-                        "encoding.utils", "encoding.engine", "encoding.engine.builders")
+                        "encoding.utils", "encoding.engine", "encoding.engine.builders", "encoding.inference",
+                        "encoding.names")
 autodoc_inherit_docstrings = False  # torch's docstrings (nn.Module.forward, autograd.Function) are not ours
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True

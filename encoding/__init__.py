@@ -8,10 +8,12 @@ Subpackages:
         balances it (``balance="memory"``) and the memory tool (``python -m encoding.memory``).
     datasets: segmentation datasets (``get_segmentation_dataset``) including the embedded ``shapes`` dataset.
     utils: metrics, learning-rate schedules, palettes, checkpoints, distributed helpers and logging.
-    engine: small typed builders (``engine.builders``: devices, model, criterion, loaders, optimizer + schedule,
-        dp/ddp wrapping), the loops (``train_one_epoch`` / ``evaluate``), the run (``engine.run``: resume, best
-        model, the save / interrupt / non-finite rules; ``engine.state``: the checkpoint schema), ``run_training``
-        and inference (``load_model`` / ``segment``, also at the top level).
+    engine: training: small typed builders (``engine.builders``: devices, model, criterion, loaders, optimizer +
+        schedule, dp/ddp wrapping), the loops (``train_one_epoch`` / ``evaluate``), the run (``engine.run``: resume,
+        best model, the save / interrupt / non-finite rules; ``engine.state``: the checkpoint schema) and
+        ``run_training`` (``engine.assemble``).
+    inference: a trained network used and shared: ``load_model`` / ``segment`` (also at the top level), test.py's
+        evaluation, the demo, model folders and the Hugging Face Hub.
     export: a trained network as an ONNX file or a torch.export program, with its metadata
         (``python -m encoding.export``).
     legacy: PyTorch-Encoding / vacancy / mmcv names and conventions on the core, each old name declared beside its
@@ -26,10 +28,11 @@ from .version import __version__
 from . import utils, parallel, nn, datasets, models
 from . import memory  # fills encoding.parallel's planner registry (DataParallelModel(balance="memory"))
 from . import engine
-from .engine import load_model, segment  # a trained network back from its checkpoint; its labels of an image
+from . import inference
+from .inference import load_model, segment  # a trained network back from its checkpoint; its labels of an image
 from . import export  # python -m encoding.export: ONNX / torch.export files with their metadata
 from . import legacy  # old names declared on top of the core (last: it builds on everything above)
 from . import functions, transforms  # PyTorch-Encoding's module paths (cheap: torch / torchvision are loaded)
 
-__all__ = ["__version__", "parallel", "nn", "models", "datasets", "utils", "memory", "engine", "legacy", "export",
-           "functions", "transforms", "load_model", "segment"]
+__all__ = ["__version__", "parallel", "nn", "models", "datasets", "utils", "memory", "engine", "inference", "legacy",
+           "export", "functions", "transforms", "load_model", "segment"]

@@ -23,7 +23,7 @@ import encoding
 from encoding.app.planning import PlanRequest, advice_rows, device_rows, plan_argv, plan_memory
 from encoding.app.segmentation import (SegmentRequest, class_shares, legend_html, parse_scales, segment_image,
                                       validation_images)
-from encoding.engine import ModelInfo, save_pretrained
+from encoding.inference import ModelInfo, save_pretrained
 from encoding.errors import UsageError
 from encoding.models import get_segmentation_model
 

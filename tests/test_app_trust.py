@@ -224,7 +224,7 @@ def test_a_missing_model_is_a_usage_error_exit_2(tmp_path, capsys):
 @pytest.mark.parametrize("argv, trusted", [([], False), (["--trust-code"], True)])
 def test_trust_code_is_handed_to_load_model(monkeypatch, tmp_path, argv, trusted):
     from encoding.app.cli import load_network, parse_args
-    from encoding.engine import loading
+    from encoding.inference import loading
 
     calls = []
 
@@ -249,7 +249,7 @@ def build(num_classes=21, **kwargs):
 
 def test_a_model_folder_naming_code_needs_trust_code(tmp_path, monkeypatch, capsys):
     from encoding.app.cli import cli, load_network, parse_args, plan_limits
-    from encoding.engine import ModelInfo, save_pretrained
+    from encoding.inference import ModelInfo, save_pretrained
     from encoding.models import get_segmentation_model
 
     (tmp_path / "payload_net.py").write_text(NETWORK)

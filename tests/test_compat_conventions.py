@@ -163,3 +163,89 @@ def test_metric_targets_are_scattered_like_the_outputs(monkeypatch):
     whole = SegmentationMetric(3)
     whole.update(logits, target)
     assert torch.equal(metric.confusion, whole.confusion)
+
+
+# ------------------------------------------------------------------ this package's own old paths (encoding.inference)
+def _moved():
+    """(old module path, its new module) for every module that moved (encoding/legacy/aliases.py)."""
+    from encoding.legacy.aliases import MOVED_MODULES
+
+    return [(old, importlib.import_module(new)) for old, new in MOVED_MODULES.items()]
+
+
+def test_every_old_module_path_holds_the_new_modules_objects():
+    for old_path, new in _moved():
+        old = importlib.import_module(old_path)
+        assert sys.modules[old_path] is old and getattr(encoding.engine, old_path.rsplit(".", 1)[1]) is old
+        assert not hasattr(old, "__file__") and old.__spec__.origin is None  # a declaration: no file runs again
+        assert old.__all__ == new.__all__
+        for name in new.__all__:
+            obj, core = getattr(old, name), getattr(new, name)
+            if not callable(core) or (isinstance(core, type) and issubclass(core, BaseException)):
+                assert obj is core, (old_path, name)  # constants, and exceptions (`except old.Error` catches)
+            elif isinstance(core, type):
+                assert obj.__mro__[1] is core and f"use {new.__name__}.{name}" in obj.__deprecated__, name
+            else:
+                assert obj.__wrapped__ is core and f"use {new.__name__}.{name}" in obj.__deprecated__, name
+    for name in ("load_model", "ModelInfo", "model_info", "inference_module", "segment", "save_pretrained",
+                 "load_pretrained", "push_to_hub"):
+        assert name not in encoding.engine.__all__ and name in encoding.inference.__all__
+        old, core = getattr(encoding.engine, name), getattr(encoding.inference, name)
+        assert (old.__mro__[1] if isinstance(core, type) else old.__wrapped__) is core, name
+    assert encoding.load_model is encoding.inference.load_model is encoding.inference.loading.load_model
+    assert encoding.segment is encoding.inference.segment is encoding.inference.predict.segment
+    assert encoding.engine.config.DIST_TIMEOUT_S is encoding.config.DIST_TIMEOUT_S
+
+
+def test_old_paths_give_the_same_result_with_one_warning_naming_the_new_path(tmp_path):
+    from encoding.engine import config as old_config, demo, error_maps, evaluation_plots, hub, inference, loading
+    from encoding.engine import predict, recipes
+
+    labels, target = torch.tensor([[0, 1]]), torch.tensor([[0, 0]])
+    uses = [  # (old function, arguments, its new home)
+        (loading.to_import, ({"model": "fcn"},), "encoding.inference.loading.to_import"),
+        (predict.to_batch, (torch.zeros(3, 4, 5),), "encoding.inference.predict.to_batch"),
+        (hub.is_pretrained_source, (str(tmp_path),), "encoding.inference.hub.is_pretrained_source"),
+        (demo.demo_outputs, (["a.png"], str(tmp_path)), "encoding.inference.demo.demo_outputs"),
+        (inference.prediction_filename, ("a.jpg",), "encoding.inference.evaluation.prediction_filename"),
+        (evaluation_plots.iou_order, ([0.5, 0.2], ["a", "b"]), "encoding.inference.evaluation_plots.iou_order"),
+        (error_maps.error_kinds, (labels, target), "encoding.inference.error_maps.error_kinds"),
+        (old_config.parse_device_ids, ("0,1",), "encoding.engine.assemble.parse_device_ids"),
+        (recipes.recipe_file, ("shapes",), "encoding.config.recipes.recipe_file"),
+        (encoding.engine.inference_module, (nn.Identity(),), "encoding.inference.inference_module"),
+    ]
+    for old, args, new in uses:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = old(*args)
+        assert [w.category for w in caught] == [FutureWarning], (new, [str(w.message) for w in caught])
+        assert str(caught[0].message).endswith(f"; use {new}"), caught[0].message
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            want = old.__wrapped__(*args)
+        if isinstance(want, torch.Tensor) or type(want).__module__ == "numpy":
+            assert (torch.as_tensor(got) == torch.as_tensor(want)).all(), new
+        elif isinstance(want, nn.Module):
+            assert type(got) is type(want), new
+        else:
+            assert got == want, new
+    with pytest.warns(FutureWarning, match=r"encoding\.engine\.ModelInfo is an old name.*use encoding\.inference"):
+        info = encoding.engine.ModelInfo.of_dataset("shapes")
+    assert isinstance(info, encoding.inference.ModelInfo) and info.classes[0] == "background"
+    with pytest.raises(predict.InferenceOptionError):  # an old exception name catches what the core raises
+        encoding.inference.predict.check_windows(16, 40)
+
+
+def test_import_encoding_warns_nothing_and_runs_each_moved_file_once():
+    code = ("import sys, warnings; warnings.simplefilter('error'); import encoding; "
+            "import encoding.engine.loading, encoding.engine.config; from encoding.engine import load_model; "
+            "print(' '.join(getattr(m, '__file__', None) or '-' for m in list(sys.modules.values()) "
+            "if m.__name__.startswith('encoding.')))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    files = [f for f in run.stdout.split() if f != "-"]
+    assert len(files) == len(set(files))  # no file imported under two module names
+    moved = [f for f in files if f.endswith(os.path.join("encoding", "inference", "loading.py"))
+             or f.endswith(os.path.join("encoding", "engine", "assemble.py"))]
+    assert len(moved) == 2, moved
+    assert not [f for f in files if os.path.join("encoding", "engine", "loading.py") in f]

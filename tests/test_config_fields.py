@@ -17,7 +17,7 @@ from encoding.config.parser import PROGS
 from encoding.config.tools import TOOLS
 from encoding.config.resolve import ORDER
 from encoding.engine import state
-from encoding.engine.config import ConfigError, check_network, check_resume, config_header, saved_config
+from encoding.engine.assemble import ConfigError, check_network, check_resume, config_header, saved_config
 
 ADE = ("dataset: ade20k\nmodel: encnet\nbackbone: resnet50\noutput-stride: 16\nepochs: 10\nbatch-size: 16\n"
        "lr: 0.004\noptimizer: sgd\nweight-decay: 0\n")
@@ -75,7 +75,7 @@ def test_no_field_is_restated_and_the_tools_share_the_network_fields():
 
 def test_the_evaluation_config_is_made_from_test_py_s_fields_and_follows_its_rules():
     from encoding.config.evaluation import MODEL_SPECIFIC
-    from encoding.engine.inference import EvaluationConfig
+    from encoding.inference.evaluation import EvaluationConfig
 
     made = {f.name: f for f in dataclasses.fields(EvaluationConfig)}
     specs = {f.name: f for f, _ in option_specs("test")}
@@ -107,7 +107,7 @@ def test_the_scripts_parser_is_the_library_parser_and_states_no_option():
         assert ours == [(a.option_strings, a.dest) for a in build_parser(script)._actions]
     source = open(os.path.join(SCRIPTS, "options.py"), encoding="utf-8").read()
     assert "add_argument" not in source and "MODEL_OPTIONS = NETWORK_OPTIONS" in source
-    assert options.MODEL_OPTIONS is NETWORK_OPTIONS is encoding.engine.loading.NETWORK_OPTIONS
+    assert options.MODEL_OPTIONS is NETWORK_OPTIONS is encoding.inference.loading.NETWORK_OPTIONS
     assert NETWORK_OPTIONS == tuple(f.name for f, o in option_specs("train") if o.network)
 
 

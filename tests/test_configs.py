@@ -13,10 +13,10 @@ import yaml
 
 from conftest import ROOT, SCRIPTS, TINY, load_script
 from encoding.datasets import datasets
-from encoding.engine.config import CONFIG_NAME, ConfigError, TrainingConfig, saved_config
+from encoding.engine.assemble import CONFIG_NAME, ConfigError, TrainingConfig, saved_config
 from encoding.config import RECIPE_DIR, recipe_file, resolve
 from encoding.config.recipes import read_flat
-from encoding.engine.recipes import RECIPE_KEYS, builtin_recipe, read_recipe
+from encoding.config.recipes import RECIPE_KEYS, builtin_recipe, read_recipe
 from encoding.engine.data import image_sizes
 from encoding.utils.configfile import read_config, write_config
 

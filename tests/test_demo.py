@@ -5,7 +5,7 @@ import pytest
 from conftest import load_script
 from PIL import Image
 
-from encoding.engine.demo import expand_images
+from encoding.inference.demo import expand_images
 from encoding.errors import UsageError
 
 

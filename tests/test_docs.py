@@ -474,7 +474,7 @@ def test_site_builds_with_warnings_as_errors(built_site):
 
 
 @pytest.mark.parametrize("package", ["parallel", "memory", "nn", "models", "datasets", "utils", "engine",
-                                     "engine.builders",
+                                     "engine.builders", "inference", "names",
                                      "config", "app"])
 def test_api_pages_document_all_public_names(built_site, package):
     module = importlib.import_module(f"encoding.{package}")

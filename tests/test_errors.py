@@ -8,7 +8,7 @@ from conftest import load_script
 from encoding.datasets import DatasetError
 from encoding.datasets.prepare.download import DownloadError
 from encoding.engine import RunFailed, RunInterrupted
-from encoding.engine.config import ConfigError
+from encoding.engine.assemble import ConfigError
 from encoding.errors import EncodingError, MissingDependency, UsageError
 from encoding.export.core import ExportError
 from encoding.models.weights import WeightsUnavailable
@@ -182,7 +182,7 @@ def test_every_exception_class_of_the_package_derives_from_encoding_error():
     modules = _package_modules()
     assert len(modules) > 100  # the walk saw the package
     classes = {f"{cls.__module__}.{cls.__qualname__}": cls for m in modules for cls in _exception_classes(m)}
-    assert {"encoding.errors.UsageError", "encoding.engine.predict.InferenceOptionError",
+    assert {"encoding.errors.UsageError", "encoding.inference.predict.InferenceOptionError",
             "encoding.engine.loop.Interrupted", "encoding.parallel.parallel_apply.ReplicaAbortedError"} <= set(classes)
     outside = sorted(name for name, cls in classes.items() if not issubclass(cls, EncodingError))
     assert outside == ["encoding.errors.RunInterrupted"], outside

@@ -11,9 +11,9 @@ from PIL import Image
 
 from conftest import SCRIPTS, load_script, tiny_eval_set
 from encoding.datasets.shapes import SHAPES_CLASSES, SHAPES_PALETTE
-from encoding.engine.inference import read_image
-from encoding.engine.loading import load_model
-from encoding.engine.predict import segment
+from encoding.inference.evaluation import read_image
+from encoding.inference.loading import load_model
+from encoding.inference.predict import segment
 from encoding.engine.state import read
 from encoding.models import get_segmentation_model
 from encoding.utils import SegmentationMetric, load_checkpoint
@@ -89,7 +89,7 @@ def test_whole_images_are_the_default_protocol(trained, tmp_path, capsys):
 
 def test_the_protocol_names_what_is_scored():
     from encoding.config.evaluation import protocol
-    from encoding.engine.inference import EvaluationConfig
+    from encoding.inference.evaluation import EvaluationConfig
     assert protocol(EvaluationConfig()) == "whole images at the training scale"
     assert protocol(EvaluationConfig(mode="val", crop_size=64)) == "resized centre crops of 64 px"
     assert protocol(EvaluationConfig(inference="slide", crop_size=30)) == "whole images, sliding windows 30 / stride 20"
@@ -235,7 +235,7 @@ def _demo_modules(script):
     """The demo script and the library module that does its work (where the names to patch are bound)."""
     import importlib
     try:
-        return [script, importlib.import_module("encoding.engine.demo")]
+        return [script, importlib.import_module("encoding.inference.demo")]
     except ImportError:
         return [script]
 
@@ -307,7 +307,7 @@ def test_demo_holds_one_image_at_a_time(trained, tmp_path, monkeypatch):
     import weakref
     base, checkpoint, _ = trained
     paths = [str(_photo(base, tmp_path / f"{i}.png") and tmp_path / f"{i}.png") for i in range(4)]
-    import encoding.engine.inference as inference
+    import encoding.inference.evaluation as inference
     alive, most = [], []
     original = inference.read_image
 

@@ -1,5 +1,5 @@
 """The pictures of an evaluation: the confusion matrix, the IoU bars, the error maps and the worst-images gallery
-(encoding.engine.evaluation_plots / error_maps), and test.py writing them beside metrics.json."""
+(encoding.inference.evaluation_plots / error_maps), and test.py writing them beside metrics.json."""
 import json
 import os
 
@@ -11,8 +11,8 @@ from PIL import Image
 from conftest import load_script, tiny_eval_set
 from encoding.datasets.shapes import SHAPES_CLASSES, SHAPES_PALETTE
 from encoding.datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
-from encoding.engine.error_maps import ERROR_COLOURS, WORST_NAME, ErrorMaps, _thumb, error_map, error_panel
-from encoding.engine.evaluation_plots import (CONFUSION_NAME, IOU_NAME, confusion_view, iou_order, plot_confusion,
+from encoding.inference.error_maps import ERROR_COLOURS, WORST_NAME, ErrorMaps, _thumb, error_map, error_panel
+from encoding.inference.evaluation_plots import (CONFUSION_NAME, IOU_NAME, confusion_view, iou_order, plot_confusion,
                                               plot_iou)
 from encoding.engine.previews import _displayable
 from encoding.utils import SegmentationMetric

@@ -9,7 +9,7 @@ import onnxruntime
 import pytest
 import torch
 
-from encoding.engine.loading import ModelInfo
+from encoding.inference.loading import ModelInfo
 from encoding.export import UNEXPORTABLE, ExportError, export_program, metadata, save_program
 from encoding.export.cli import cli
 from encoding.models import ARCHITECTURES, get_segmentation_model

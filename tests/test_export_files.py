@@ -8,7 +8,7 @@ import pytest
 import torch
 from training_runs import network_checkpoint
 
-from encoding.engine.loading import ModelInfo
+from encoding.inference.loading import ModelInfo
 from encoding.export.cli import cli as export_cli
 from encoding.models import get_segmentation_model
 

@@ -321,7 +321,7 @@ def test_memory_report_and_errors_name_no_backbone_for_a_spec(tmp_path, capsys):
                  "balanced", "--out-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert f"{SPEC}," in out and f"{SPEC}-" not in out
-    from encoding.engine.config import check_network
+    from encoding.engine.assemble import check_network
     with pytest.raises(ValueError) as caught:
         check_network("shapes", SPEC, "vgg_tiny", se_loss=True)
     assert "--backbone" not in str(caught.value) and "vgg_tiny" not in str(caught.value)

@@ -109,7 +109,7 @@ def test_atomic_helpers_leave_the_old_file_on_failure_and_refuse_their_input(tmp
 
 
 def test_writers_refuse_their_own_input(tmp_path, capsys):
-    from encoding.engine.demo import demo_outputs
+    from encoding.inference.demo import demo_outputs
     from encoding.utils.plot import main as plot_main
 
     image = tmp_path / "x_mask.png"
@@ -128,7 +128,7 @@ def test_predictions_are_never_written_into_the_evaluated_dataset(tmp_path):
     from conftest import tiny_shapes_pair
     from torch.utils.data import Subset
 
-    from encoding.engine.inference import _check_prediction_dir
+    from encoding.inference.evaluation import _check_prediction_dir
 
     _, val = tiny_shapes_pair(str(tmp_path / "data"), num_val=2)
     masks = os.path.join(val.dataset_dir, "SegmentationClass")

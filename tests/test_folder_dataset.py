@@ -18,7 +18,7 @@ from conftest import ROOT, load_script
 from encoding.datasets import FolderSegmentation, get_segmentation_dataset
 from encoding.datasets import scan as scan_module
 from encoding.datasets.folder_meta import DataError
-from encoding.engine.config import ConfigError
+from encoding.engine.assemble import ConfigError
 from folder_data import COLORS, make_folder
 
 TINY = ["--crop-size", "16", "--base-size", "24", "--batch-size", "4", "--workers", "0", "--epochs", "1"]
@@ -216,7 +216,7 @@ class _Mine(encoding.datasets.BaseDataset):
 
 def test_user_dataset_classes_work_end_to_end(tmp_path, monkeypatch):
     from encoding.datasets import datasets
-    from encoding.engine.config import TrainingConfig, run_training
+    from encoding.engine.assemble import TrainingConfig, run_training
     root = make_folder(str(tmp_path / "d"), "splitdirs")
     monkeypatch.setitem(datasets, "mine", _Mine)
     config = TrainingConfig(dataset="mine", data_root=root, epochs=1, batch_size=4, workers=0,
@@ -242,7 +242,7 @@ def test_user_dataset_classes_work_end_to_end(tmp_path, monkeypatch):
 
 
 def test_run_training_with_datasets_builds_for_them(tmp_path, capsys):
-    from encoding.engine.config import TrainingConfig, run_training
+    from encoding.engine.assemble import TrainingConfig, run_training
     root = make_folder(str(tmp_path / "d"), "splitdirs", classes=CLASSES_YAML)
     datasets = (FolderSegmentation(root, split="train", base_size=24, crop_size=16),
                 FolderSegmentation(root, split="val", base_size=24, crop_size=16))
@@ -256,7 +256,7 @@ def test_run_training_with_datasets_builds_for_them(tmp_path, capsys):
 
 
 def test_previews_draw_with_the_recorded_colours(tmp_path):
-    from encoding.engine.config import TrainingConfig, build_training
+    from encoding.engine.assemble import TrainingConfig, build_training
     from encoding.engine.previews import validation_previews
     from encoding.utils.palette import overlay
     root = make_folder(str(tmp_path / "d"), "splitdirs", encoding="color", classes=CLASSES_YAML)

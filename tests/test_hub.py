@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import encoding
-from encoding.engine import ModelInfo, save_pretrained
+from encoding.inference import ModelInfo, save_pretrained
 from encoding.models import get_segmentation_model
 
 pytest.importorskip("safetensors")
@@ -107,7 +107,7 @@ def test_push_to_hub_uploads_the_shared_folder(tmp_path, monkeypatch):
     """push_to_hub through huggingface_hub's HfApi (replaced here by a local stand-in: no network): the repository is
     created (or kept), and what is uploaded is the save_pretrained folder, which loads and segments alike."""
     huggingface_hub = pytest.importorskip("huggingface_hub")
-    from encoding.engine import push_to_hub
+    from encoding.inference import push_to_hub
 
     calls, remote = [], tmp_path / "remote"
 
@@ -173,8 +173,8 @@ def test_push_to_hub_offline_is_one_line_before_any_work(tmp_path, monkeypatch, 
     """Before: a 64-line traceback ending in ConnectError, after the model was saved. Now: one line, before any
     file is written (save_pretrained is never called), whatever huggingface_hub raises."""
     huggingface_hub = pytest.importorskip("huggingface_hub")
-    import encoding.engine.hub as hub
-    from encoding.engine import push_to_hub
+    import encoding.inference.hub as hub
+    from encoding.inference import push_to_hub
 
     errors = {"no network": OSError("[Errno -3] Temporary failure in name resolution"),
               "not logged in": huggingface_hub.errors.LocalTokenNotFoundError("Token is required (`token=True`), "

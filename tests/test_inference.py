@@ -10,7 +10,7 @@ from PIL import Image
 import encoding
 from conftest import load_script, tiny_eval_set
 from encoding.datasets.shapes import SHAPES_CLASSES, SHAPES_PALETTE
-from encoding.engine.predict import to_batch
+from encoding.inference.predict import to_batch
 from encoding.models import MultiEvalModule, SlidingWindow, get_segmentation_model
 
 

@@ -17,7 +17,7 @@ from conftest import TINY, TwoHeadNet, assert_replicated_step_is_exact, load_scr
 from encoding.engine.builders import build_criterion
 from encoding.datasets import class_weights as cw
 from encoding.datasets.layout import DatasetError
-from encoding.engine.config import TrainingConfig, build_training
+from encoding.engine.assemble import TrainingConfig, build_training
 from encoding.nn import LOSSES, DiceLoss, FocalLoss, LovaszSoftmaxLoss
 from encoding.nn import loss as core_loss
 from encoding.nn.loss import lovasz_softmax_flat

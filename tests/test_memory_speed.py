@@ -1,6 +1,7 @@
 """The simulator's shortcuts give the peaks of the programs they stand for: fsdp's ranks composed from one rank's
-forward and backward and each rank's own rest (the optimizer step of its shards) equal every rank simulated whole,
-and a model whose backward leaves other gradients than the composition assumes is simulated whole."""
+forward and backward and each rank's own rest (the optimizer step of its shards, on rank 0's sharded model viewed
+as its own) equal every rank simulated whole, and a model whose backward leaves other gradients than the composition
+assumes is simulated whole."""
 import pytest
 import torch
 from torch import nn
@@ -30,6 +31,7 @@ def test_fsdp_ranks_composed_equal_ranks_simulated_whole(devices, backend):
     assert peaks == _whole(spec, split, backend)
     kinds = len({simulator.representative(p) for p in device_programs("fsdp", split)})
     assert simulator.programs_run == 1 and simulator.rests_run == (kinds if kinds > 1 else 0)
+    assert len(simulator.sharded) == 1  # the other ranks' rests run on rank 0's model, viewed as theirs
     if devices > 16:
         assert len(set(peaks)) > 1  # the shards differ: the ranks' own rests are what tells them apart
 
@@ -39,7 +41,7 @@ def test_fsdp_ranks_of_a_zoo_network_composed_equal_ranks_simulated_whole():
     simulator = Simulator(spec, CUDA_BLOCK)
     split = [2] * 24
     assert simulator.peaks("fsdp", split) == _whole(spec, split)
-    assert simulator.programs_run == 1 and simulator.rests_run > 1
+    assert simulator.programs_run == 1 and simulator.rests_run > 1 and len(simulator.sharded) == 1
 
 
 class UnusedParameter(ShardNet):
@@ -67,3 +69,47 @@ def test_without_the_composition_every_fsdp_rank_kind_is_simulated_whole(monkeyp
     simulator = Simulator(shard_spec(), CUDA_BLOCK)
     simulator.peaks("fsdp", [2] * 40)
     assert simulator.rests_run == 0 and simulator.programs_run > 1
+
+
+# --------------------------------------------------------------------- the advice's further policies: no new sharding
+def _fcn(crop, policy):
+    return segmentation_spec("fcn", "resnet18", 5, crop, aux=True, recompute=policy)
+
+
+@pytest.mark.parametrize("policy", ["backbone", "all"])
+def test_a_further_policy_steps_fsdp_on_the_first_policys_sharded_model_event_for_event(policy):
+    """The model sharded without recomputation, its blocks (and heads) switched to recomputing while a program runs,
+    records the very events of the model built with the policy and sharded on its own."""
+    base = Simulator(_fcn(32, "none"), CUDA_BLOCK)
+    base.peaks("fsdp", [2] * 4)
+    viewed = Simulator(_fcn(32, policy), CUDA_BLOCK, base.fake_mode, sharded_from=base)
+    own = Simulator(_fcn(32, policy), CUDA_BLOCK)
+    for program in device_programs("fsdp", [2] * 4)[:1] + device_programs("fsdp", [3] * 4)[:1]:
+        assert viewed.result(program, record=True).trace == own.result(program, record=True).trace
+    assert viewed.peaks("fsdp", [2] * 7) == own.peaks("fsdp", [2] * 7)
+    assert viewed.sharded == {} and set(base.sharded) == set(own.sharded) == {(4, 0), (7, 0)}
+    assert not any(simulate.is_checkpointed(m) for m in base.sharded_model(4, 0).modules())  # switched back
+
+
+def test_recompute_view_names_the_recomputed_modules_and_nothing_else():
+    none, backbone = (_fcn(32, p).build_model() for p in ("none", "backbone"))
+    names = simulate.recompute_view(none, backbone)
+    assert names and all(name.startswith("backbone.") for name in names)
+    assert simulate.recompute_view(none, _fcn(32, "none").build_model()) == []
+    # a plain attribute (BatchNorm's momentum) or a parameter that differs: not a view, the policy shards its own
+    assert simulate.recompute_view(ShardNet(momentum=0.1), ShardNet(momentum=0.2)) is None
+    assert simulate.recompute_view(ShardNet(width=16), ShardNet(width=8)) is None
+
+
+def test_the_advice_answers_the_same_without_the_shared_sharded_model(monkeypatch, devices=3):
+    """Every policy sharding its own model (the advice before) gives the same rows, all strategies and policies."""
+    from encoding.memory.advice import advise
+    from encoding.memory.tracker import MIB
+
+    limit = max(Simulator(_fcn(32, "none"), CUDA_BLOCK).peaks("ddp", [4] * devices)) + 2 * MIB
+    strategies = ["gather", "balanced", "ddp", "fsdp", "zero1"]
+    fast = advise(_fcn, strategies, devices, 2 * devices, 32, limit, CUDA_BLOCK)
+    monkeypatch.setattr(simulate, "recompute_view", lambda base, other: None)
+    slow = advise(_fcn, strategies, devices, 2 * devices, 32, limit, CUDA_BLOCK)
+    assert fast == slow and any(row.per_device > 2 for row in fast)
+    assert {row.checkpoint for row in fast} == {"none", "backbone", "all"}

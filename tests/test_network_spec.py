@@ -46,7 +46,7 @@ def test_every_tool_builds_the_same_network_from_the_same_options(tmp_path):
     from encoding import load_model
     from encoding.app.planning import plan_argv, served_request
     from encoding.engine.builders import build_model
-    from encoding.engine.hub import load_pretrained, save_pretrained
+    from encoding.inference.hub import load_pretrained, save_pretrained
     from encoding.memory.cli import parse_args
     from encoding.memory.report import step_arguments
     from encoding.utils.checkpoint import save_checkpoint
@@ -123,3 +123,26 @@ def test_recompute_is_the_keyword_and_checkpoint_warns():
     assert is_checkpointed(old.classifier)
     assert NetworkSpec("fcn", 3, backbone="vgg_tiny", recompute=False).recompute == "none"
     assert is_checkpointed(NetworkSpec("fcn", 3, backbone="vgg_tiny", recompute="all").build().classifier)
+
+
+def test_every_name_is_parsed_in_one_module():
+    """Model specs, timm backbones and Hub ids are parsed by ``encoding.names``; the spec parser, the backbone
+    builder, the trust gate and the Hub reader use it (the same answers through each)."""
+    from encoding import names
+    from encoding.models import external, timm_backbones
+    from encoding.utils import trust
+
+    assert names.parse_model_spec("torchvision:fcn_resnet50") == ("torchvision", "fcn_resnet50")
+    assert names.parse_model_spec("my.mod:build") == ("factory", "my.mod:build")
+    with pytest.raises(ValueError, match="a timm model is a backbone"):
+        names.parse_model_spec("timm:resnet18")
+    assert names.parse_backbone("timm:convnext_tiny") == ("timm", "convnext_tiny")
+    assert names.parse_backbone("resnet50") == ("builtin", "resnet50")
+    with pytest.raises(ValueError, match="timm:<name"):
+        names.parse_backbone("tim:resnet18")
+    with pytest.raises(ValueError, match="timm:<name of a timm model>"):
+        timm_backbones.get_timm_backbone("timm:")
+    assert [names.names_code(n) for n in ("fcn", "torchvision:x", "transformers:/p", "timm:x", "a.b:c")] == \
+        [False, False, False, False, True]
+    assert trust.names_code is names.names_code and external.parse_model_spec is names.parse_model_spec
+    assert names.is_hub_id("user/repo") and not names.is_hub_id("runs/") and not names.is_hub_id("a/b/c")

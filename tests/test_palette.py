@@ -108,7 +108,7 @@ def test_overlay():
 
 
 def test_overlay_leaves_the_background_unblended_and_reads_3_pixel_wide_tensors():
-    from encoding.engine.inference import overlay_with_legend
+    from encoding.inference.evaluation import overlay_with_legend
     from encoding.datasets.shapes import SHAPES_CLASSES
     rng = np.random.default_rng(2)
     image = rng.integers(0, 256, size=(6, 5, 3), dtype=np.uint8)

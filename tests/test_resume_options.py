@@ -68,7 +68,7 @@ def test_mid_epoch_checkpoint_resumed_with_another_world_size_is_refused_before_
                                                                                      monkeypatch):
     from conftest import TINY, load_script
 
-    from encoding.engine import config as engine_config
+    from encoding.engine import assemble as engine_config
 
     path = _mid_epoch_checkpoint(tmp_path / "checkpoint.pth", saved)
     if now > 1:

@@ -73,7 +73,7 @@ def test_second_training_run_into_a_locked_directory_is_refused_in_one_line(tiny
 
 
 def test_unwritable_run_directory_fails_before_training(tiny_shapes, tmp_path, monkeypatch, capsys):
-    import encoding.engine.config as config
+    import encoding.engine.assemble as config
     script = load_train_script()
     out = str(tmp_path / "runs")
     real_open = os.open
@@ -123,7 +123,7 @@ def test_parsing_options_never_looks_at_run_directories(tmp_path, monkeypatch):
     args = options.parse_args([])
     assert args.output_dir == "runs" and args.checkname == "default"
     from encoding.engine import TrainingConfig
-    from encoding.engine.config import ConfigError, check_run_dir, check_training
+    from encoding.engine.assemble import ConfigError, check_run_dir, check_training
 
     config = TrainingConfig(**vars(args))
     check_training(config)  # every value is usable

@@ -72,7 +72,7 @@ def test_train_py_refuses_every_unusable_value_in_one_line_leaving_nothing(argv,
 def test_missing_class_weights_file_is_refused_before_the_dataset_is_generated(tmp_path, capsys, monkeypatch):
     from conftest import TINY, load_script
 
-    from encoding.engine import config as engine_config
+    from encoding.engine import assemble as engine_config
 
     monkeypatch.setattr(engine_config, "build_training", lambda *a, **k: pytest.fail("work started"))
     root = tmp_path / "data"

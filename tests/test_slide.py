@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 import encoding
-from encoding.engine import ModelInfo
-from encoding.engine.predict import InferenceOptionError, WindowBudget, inference_module, window_bytes
+from encoding.inference import ModelInfo
+from encoding.inference.predict import InferenceOptionError, WindowBudget, inference_module, window_bytes
 from encoding.models import MultiEvalModule, SlidingWindow, get_segmentation_model
 
 

@@ -50,8 +50,8 @@ def test_segment_refuses_an_empty_image_in_one_line(shape):
 
 
 def test_test_py_refuses_stride_past_window_before_any_work(capsys):
-    from encoding.engine.inference import EvaluationConfig, build_evaluation
-    from encoding.engine.predict import InferenceOptionError
+    from encoding.inference.evaluation import EvaluationConfig, build_evaluation
+    from encoding.inference.predict import InferenceOptionError
 
     config = EvaluationConfig(resume="/nonexistent/model_best.pth", inference="slide", window=16, stride=40,
                               mode="testval")

@@ -12,7 +12,7 @@ import torch
 
 import encoding
 from conftest import load_script
-from encoding.engine import ModelInfo, save_pretrained
+from encoding.inference import ModelInfo, save_pretrained
 from encoding.models import get_segmentation_model
 from encoding.utils.checkpoint import CHECKPOINT_FORMAT
 from encoding.utils.trust import UntrustedCode

@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ..config.parser import build_parser as config_parser
-from ..engine.loading import model_info
+from ..inference.loading import model_info
 from ..errors import MissingDependency, UsageError
 from ..names import names_code
 from ..utils.cli import run_cli
@@ -60,7 +60,7 @@ def load_network(args: argparse.Namespace) -> Optional[torch.nn.Module]:
             ``--trust-code`` was not given. The other errors of :func:`encoding.load_model` (one line, naming the
             file).
     """
-    from ..engine.loading import load_model
+    from ..inference.loading import load_model
 
     source = args.resume or args.model_source
     if not source:

@@ -5,7 +5,7 @@ from typing import Any, Optional, Sequence
 
 from torch import nn
 
-from ..engine.loading import model_info
+from ..inference.loading import model_info
 
 from .plan_tab import plan_tab
 from .planning import PlanLimits, PlanRequest, served_request

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from typing import Any, List, Tuple
 
-from ..config.groups import AMP_CHOICES, RECOMPUTE
+from ..config.groups import AMP_CHOICES, RECOMPUTE_POLICIES
 from ..config.tools import MEMORY_STRATEGIES
 from ..errors import UsageError
 from .messages import COMPUTE, on_page
@@ -140,7 +140,7 @@ def plan_tab(workdir: str, start: PlanRequest = PlanRequest(), limits: PlanLimit
                                      elem_id="plan-reserve")
             strategies = gr.CheckboxGroup(list(MEMORY_STRATEGIES), value=values["strategies"], label="strategies")
             amp = gr.Radio(list(AMP_CHOICES), value=values["amp"], label="AMP")
-            recompute = gr.Radio(list(RECOMPUTE), value=values["recompute"],
+            recompute = gr.Radio(list(RECOMPUTE_POLICIES), value=values["recompute"],
                                  label="recompute (activation checkpointing)")
             with gr.Row():
                 aux = gr.Checkbox(values["aux"], label="aux head")

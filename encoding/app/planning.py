@@ -90,7 +90,7 @@ class MemoryPlanResult:
 
 
 def served_request(info: Any) -> PlanRequest:
-    """The plan of a served network (its :class:`~encoding.engine.ModelInfo`): its model, backbone and heads, its
+    """The plan of a served network (its :class:`~encoding.inference.ModelInfo`): its model, backbone and heads, its
     class count and training crop, its dataset when the memory tool knows it."""
     from ..datasets import datasets
 

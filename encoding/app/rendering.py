@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..engine.inference import background_ids
-from ..engine.loading import ModelInfo
+from ..inference.evaluation import background_ids
+from ..inference.loading import ModelInfo
 from ..utils.files import atomic_write
 
 __all__ = ["ALPHA", "OVERLAY_QUALITY", "blend", "write_overlay", "present_legend_html"]

@@ -11,7 +11,7 @@ from urllib.parse import unquote_to_bytes
 
 from torch import nn
 
-from ..engine.loading import model_info
+from ..inference.loading import model_info
 from ..utils.files import atomic_write
 from ..utils.images import max_pixels
 from .messages import COMPUTE, on_page

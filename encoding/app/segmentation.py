@@ -6,7 +6,7 @@ An image file is checked from its header before a pixel is decoded (:func:`encod
 ``--max-pixels`` pixels).
 
 The labels are ``encoding.segment``'s, so an image of any size keeps its bounded memory (see
-:func:`encoding.engine.predict.segment`); the colours and names are the network's (:class:`~encoding.engine.ModelInfo`,
+:func:`encoding.inference.predict.segment`); the colours and names are the network's (:class:`~encoding.inference.ModelInfo`,
 from its checkpoint).
 """
 from __future__ import annotations
@@ -26,8 +26,8 @@ from PIL import Image
 from torch import nn
 
 from ..datasets.base import read_rgb
-from ..engine.loading import ModelInfo, model_info
-from ..engine.predict import segment
+from ..inference.loading import ModelInfo, model_info
+from ..inference.predict import segment
 from ..errors import UsageError
 from ..utils.cli import scales
 from ..utils.files import atomic_write

@@ -14,7 +14,7 @@ A leaf: nothing here imports :mod:`encoding.engine` (the engine imports this).
 """
 from .errors import ConfigError
 from .fields import SCRIPTS, Option, option
-from .groups import (AMP_CHOICES, AMP_DTYPES, AUX_WEIGHT_LIBRARY, BUILTIN_SIZES, DIST_TIMEOUT_S, GROUPS, OPTIMIZERS, RECOMPUTE,
+from .groups import (AMP_CHOICES, AMP_DTYPES, AUX_WEIGHT_LIBRARY, BUILTIN_SIZES, DIST_TIMEOUT_S, GROUPS, OPTIMIZERS, RECOMPUTE_POLICIES,
                      STRATEGIES,
                      DataOptions, DemoOptions, DeviceOptions, EvalOptions, ModelOptions, OptimOptions, RunOptions,
                      WeightOptions)
@@ -25,7 +25,7 @@ from .resolve import ORDER, RULES, Settings, resolve
 from .training import TrainingConfig  # noqa: F401 (documented with encoding.engine)
 
 __all__ = ["ConfigError", "BUILTIN_SIZES", "SCRIPTS", "Option", "option", "AMP_CHOICES", "AMP_DTYPES", "AUX_WEIGHT_LIBRARY", "DIST_TIMEOUT_S",
-           "GROUPS", "OPTIMIZERS", "RECOMPUTE", "STRATEGIES", "DataOptions", "DemoOptions", "DeviceOptions",
+           "GROUPS", "OPTIMIZERS", "RECOMPUTE_POLICIES", "STRATEGIES", "DataOptions", "DemoOptions", "DeviceOptions",
            "EvalOptions", "ModelOptions", "OptimOptions", "RunOptions", "WeightOptions", "build_parser",
            "option_specs", "RECIPE_DIR", "RECIPE_KEYS", "builtin_recipe", "read_recipe", "recipe_file",
            "NETWORK_OPTIONS", "ORDER", "RULES", "Settings", "resolve"]

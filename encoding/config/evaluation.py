@@ -103,7 +103,7 @@ def evaluation_rules(script: str, values: Dict[str, Any], sources: Dict[str, str
 
 
 def evaluation_fields() -> List[Tuple[str, Any, dataclasses.Field]]:
-    """The fields of an evaluation's flat config (:class:`~encoding.engine.inference.EvaluationConfig`): ``test.py``'s
+    """The fields of an evaluation's flat config (:class:`~encoding.inference.evaluation.EvaluationConfig`): ``test.py``'s
     option fields with their defaults, and ``inference``; the model-specific options default to ``None`` (the
     weights' own, as :func:`~.resolve.resolve` leaves them without a source)."""
     made = [(f.name, f.type, dataclasses.field(default=None if f.name in MODEL_SPECIFIC else f.default,

@@ -2,7 +2,7 @@
 field's metadata, so the command line (:mod:`.parser`), the configuration files and the run read the same place.
 
 A field ``crop_size`` is the option ``--crop-size`` (``Option.flags`` adds other spellings, ``Option.old`` an old
-one kept with a notice); its ``default`` is the library's default (:class:`~encoding.engine.config.TrainingConfig`'s);
+one kept with a notice); its ``default`` is the library's default (:class:`~encoding.engine.assemble.TrainingConfig`'s);
 ``Option.scripts`` says which of ``train`` / ``test`` / ``demo`` have it, ``Option.per_script`` what one script
 spells differently (another help, default or meaning).
 """

@@ -4,7 +4,7 @@ what ``test.py`` / ``demo.py`` add (where the weights come from, how to evaluate
 Each field is one option (:func:`~.fields.option`): its default is the library's, the built-in run (a U-Net on
 ``vgg_tiny_s2`` learning the embedded ``shapes`` dataset on a CPU in minutes; the recipe file ``shapes.yaml`` says the
 same and a test keeps them equal). Adding an option is adding a field here: the parsers, the configuration files,
-:class:`~encoding.engine.config.TrainingConfig` and ``config.yaml`` follow.
+:class:`~encoding.engine.assemble.TrainingConfig` and ``config.yaml`` follow.
 
 Defaults that differ between layers on purpose (PyTorch-Encoding's own split), stated here once:
     * ``aux_weight``: ``0.2`` here (PE's ``train.py``), ``0.4`` in :func:`encoding.engine.builders.build_criterion` and
@@ -22,11 +22,12 @@ import torch
 
 from ..nn.loss import LOSSES
 from ..names import absolute_spec
+from ..nn.recompute import RECOMPUTE_POLICIES
 from ..registry import Registry
 from ..utils.cli import non_negative_float, non_negative_int, positive_float, positive_int, scales, unit_float
 from .fields import ALL, EVAL, option
 
-__all__ = ["BUILTIN_SIZES", "AMP_CHOICES", "AMP_DTYPES", "COMPILE_CHOICES", "OPTIMIZERS", "STRATEGIES", "RECOMPUTE",
+__all__ = ["BUILTIN_SIZES", "AMP_CHOICES", "AMP_DTYPES", "COMPILE_CHOICES", "OPTIMIZERS", "STRATEGIES", "RECOMPUTE_POLICIES",
            "DIST_TIMEOUT_S", "AUX_WEIGHT_LIBRARY",
            "ModelOptions", "DataOptions", "OptimOptions", "DeviceOptions", "RunOptions", "WeightOptions",
            "EvalOptions", "DemoOptions", "GROUPS"]
@@ -48,14 +49,13 @@ STRATEGIES: Registry[str] = Registry("strategy", {"ddp": "DistributedDataParalle
 COMPILE_CHOICES = ("none", "auto", "default", "reduce-overhead", "max-autotune")
 #: ``--recompute``: activation recomputation (``encoding.nn.recompute``) of nothing, every residual block, or
 #: blocks and heads.
-RECOMPUTE = ("none", "backbone", "all")
 #: ``--dist-timeout``: a collective waiting this long ends a torchrun job (torch's gloo default: 30 minutes). The
 #: longest legitimate wait between two collectives is rank 0 writing the checkpoint and the best model (about 1 GB
 #: for the largest recipes: tens of seconds on a slow shared disk), so 10 minutes leaves ten times that and is
 #: torch's own NCCL default.
 DIST_TIMEOUT_S = 600.0
 #: The image sizes of the built-in run (``shapes``, its recipe ``shapes.yaml`` too), where the fields (and
-#: :class:`~encoding.engine.config.TrainingConfig`) leave them ``None`` (another dataset's ``None`` sizes are its own
+#: :class:`~encoding.engine.assemble.TrainingConfig`) leave them ``None`` (another dataset's ``None`` sizes are its own
 #: ``BASE_SIZE`` / ``CROP_SIZE`` / ``SCALE_RANGE``).
 BUILTIN_SIZES = {"base_size": 72, "crop_size": 64, "scale_range": (1.0, 1.0)}
 #: The auxiliary loss weight of :func:`encoding.engine.builders.build_criterion` and ``SegmentationLosses`` (PE's library
@@ -110,7 +110,7 @@ class ModelOptions:
                             metavar=None, default=None, help=argparse.SUPPRESS) for s in EVAL})
     recompute: str = option("none", "activation recomputation (in backward, exact): every residual block, or blocks "
                             "and heads; about half the peak memory of FCN-ResNet50 for one extra forward per step "
-                            "(docs/checkpointing.md)", choices=RECOMPUTE, old="--checkpoint", scripts=("train", "memory"),
+                            "(docs/checkpointing.md)", choices=RECOMPUTE_POLICIES, old="--checkpoint", scripts=("train", "memory"),
                             per_script=memory(help="activation recomputation of the model (every residual block, or "
                                               "blocks and heads); when simulating, the report adds each device's peak "
                                               "without it and the saving"))

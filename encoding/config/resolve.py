@@ -11,7 +11,7 @@ The order (a later source wins):
 4. **config file**: ``train.py --config FILE``;
 5. **command line**;
 6. **what a resumed checkpoint fixes**: ``train.py --resume`` continues the saved optimizer and, in the middle of an
-   epoch, its batch; :func:`encoding.engine.config.check_resume` refuses another value when the run starts (the
+   epoch, its batch; :func:`encoding.engine.assemble.check_resume` refuses another value when the run starts (the
    checkpoint is read once, then) rather than silently replacing it.
 
 Then the rules, each applied once, here and nowhere else (:data:`RULES`):

@@ -14,7 +14,7 @@ Each builder does one job and takes plain, typed arguments (no ``argparse`` name
   (optionally ``balance="memory"``), or under ``torchrun`` one of :data:`STRATEGIES`: ``DistributedDataParallel``
   (``ddp``, ``zero1``: with ``build_optimizer(zero_redundancy=True)``) or FSDP2 ``fully_shard`` (``fsdp``);
 
-What a run saves and how it resumes is :mod:`encoding.engine.state`'s; :mod:`encoding.engine.config` turns a whole
+What a run saves and how it resumes is :mod:`encoding.engine.state`'s; :mod:`encoding.engine.assemble` turns a whole
 configuration into a run with these builders.
 
 Example:

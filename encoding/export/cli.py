@@ -7,7 +7,7 @@ import sys
 import warnings
 from typing import List, Optional
 
-from ..engine.loading import load_model
+from ..inference.loading import load_model
 from ..config.parser import build_parser as config_parser
 from ..utils.cli import run_cli
 from .core import SUFFIXES, check_output, export_model

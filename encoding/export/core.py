@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ..config.tools import FORMATS
 from ..errors import EncodingError
-from ..engine.loading import ModelInfo, model_info
+from ..inference.loading import ModelInfo, model_info
 from ..names import network_name
 from ..utils.files import atomic_path, atomic_write, refuse_own_input
 from ..utils.metrics import main_output
@@ -236,7 +236,7 @@ def export_model(model: nn.Module, path: str, fmt: str, input_size: Optional[Tup
     """Export a model from :func:`encoding.load_model` (its ``model.info`` gives the metadata) to ``path``.
 
     Args:
-        model: the network, in eval mode, with its :class:`~encoding.engine.loading.ModelInfo`.
+        model: the network, in eval mode, with its :class:`~encoding.inference.loading.ModelInfo`.
         path: the model file (``.onnx`` / ``.pt2``); the metadata goes to ``<path without suffix>.json``.
         fmt: ``"onnx"`` or ``"exported"``.
         input_size: ``(H, W)`` of the traced input (default: the training crop).

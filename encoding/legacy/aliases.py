@@ -3,16 +3,17 @@
 The PE objects that :mod:`encoding.legacy` defines are declared beside their definitions; this module holds the old
 names that are plain aliases of a core object. A function or a class warns (``FutureWarning``) naming the new
 spelling when used; a constant (``RESOURCES``, ...) is bound as it is. A module under an old path
-(``encoding.nn.losses``) holds its new module's names declared the same way.
+(``encoding.nn.losses``, the engine's modules that moved to ``encoding.inference``: :data:`MOVED_MODULES`) holds its
+new module's names declared the same way.
 """
 from __future__ import annotations
 
-from .. import models, nn, utils
+from .. import config, inference, models, nn, utils
 from ..datasets import get_segmentation_dataset, prepare
 from ..datasets.prepare.download import download
-from .declare import alias, old_module
+from .declare import OWN, alias, old_module
 
-__all__ = ["HEADS"]
+__all__ = ["HEADS", "MOVED_MODULES", "ENGINE_EXPORTS"]
 
 alias(nn.SyncBatchNorm, "DistSyncBatchNorm", "encoding.nn", new="encoding.nn.SyncBatchNorm")
 alias(get_segmentation_dataset, "get_dataset", "encoding.datasets", new="encoding.datasets.get_segmentation_dataset")
@@ -21,6 +22,32 @@ alias(download, "download", "encoding.utils", "encoding.utils.files", new="encod
 alias(utils.palette.PALETTE_NAMES, "PALETTE_NAMES", "encoding.utils")
 # not a PE path: this package's own old module of Dice / Focal / Lovasz and LOSSES (one owner of the losses now)
 old_module("encoding.nn.losses", "encoding.nn.loss")
+# not PE names: the recomputation policies under their names before recompute= (one tuple now)
+alias(nn.RECOMPUTE_POLICIES, "CHECKPOINT_POLICIES", "encoding.nn", "encoding.nn.recompute")
+alias(nn.RECOMPUTE_POLICIES, "RECOMPUTE", "encoding.config", "encoding.config.groups")
+
+# not PE paths: this package's own, from before inference and sharing left the engine (encoding.inference) and the
+# engine's run assembly was named for what it does (encoding.engine.assemble; encoding.config owns the recipes)
+#: old module path -> the module that holds its names now
+MOVED_MODULES = {
+    "encoding.engine.loading": "encoding.inference.loading",
+    "encoding.engine.predict": "encoding.inference.predict",
+    "encoding.engine.hub": "encoding.inference.hub",
+    "encoding.engine.demo": "encoding.inference.demo",
+    "encoding.engine.inference": "encoding.inference.evaluation",
+    "encoding.engine.evaluation_plots": "encoding.inference.evaluation_plots",
+    "encoding.engine.error_maps": "encoding.inference.error_maps",
+    "encoding.engine.config": "encoding.engine.assemble",
+    "encoding.engine.recipes": "encoding.config.recipes",
+}
+for _old, _new in MOVED_MODULES.items():
+    old_module(_old, _new)
+alias(config.DIST_TIMEOUT_S, "DIST_TIMEOUT_S", "encoding.engine.config")  # its home before encoding.config
+#: what ``encoding.engine`` exported before :mod:`encoding.inference` had it
+ENGINE_EXPORTS = ("load_model", "ModelInfo", "model_info", "inference_module", "segment", "save_pretrained",
+                  "load_pretrained", "push_to_hub")
+for _name in ENGINE_EXPORTS:
+    alias(getattr(inference, _name), _name, "encoding.engine", new=f"encoding.inference.{_name}", why=OWN)
 
 #: The heads PE exported from ``encoding.nn``; they live with their models (``encoding.models`` exports them).
 HEADS = ("FCNHead", "PyramidPooling", "PSPHead", "ASPP", "DeepLabV3Head", "EncModule", "EncHead", "PAM", "CAM",

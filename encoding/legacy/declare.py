@@ -31,7 +31,7 @@ import types
 import warnings
 from typing import Any, Callable, Dict, Optional, Sequence, TypeVar
 
-__all__ = ["DECLARED", "old_name", "alias", "old_module"]
+__all__ = ["DECLARED", "PEERS", "OWN", "old_name", "alias", "old_module"]
 
 T = TypeVar("T")
 
@@ -39,9 +39,13 @@ T = TypeVar("T")
 DECLARED: Dict[str, Dict[str, Any]] = {}
 
 
-def _warning(name: str, where: tuple, new: str) -> str:
-    return (f"{' / '.join(f'{w}.{name}' for w in where)} is an old name (kept for PyTorch-Encoding / "
-            f"Synchronized-BatchNorm / mmcv code); use {new}")
+#: Why an old name is kept, in its warning: for the peers' users (the default), or for this package's own older code.
+PEERS = "kept for PyTorch-Encoding / Synchronized-BatchNorm / mmcv code"
+OWN = "kept for code written for an older version of this package"
+
+
+def _warning(name: str, where: tuple, new: str, why: str = PEERS) -> str:
+    return f"{' / '.join(f'{w}.{name}' for w in where)} is an old name ({why}); use {new}"
 
 
 def _deprecate(obj: T, message: str) -> T:
@@ -102,28 +106,33 @@ def old_name(*where: str, new: Optional[str] = None, name: Optional[str] = None,
     return declare
 
 
-def alias(obj: Any, name: str, *where: str, new: Optional[str] = None) -> Any:
+def alias(obj: Any, name: str, *where: str, new: Optional[str] = None, why: str = PEERS) -> Any:
     """Declare the core object ``obj`` as ``name`` in each module of ``where``: a constant as is; with ``new``, a
-    function as a wrapper and a class as a subclass that warn when used (the core object itself is untouched).
+    function as a wrapper and a class as a subclass that warn when used (the core object itself is untouched). An
+    exception class is bound as it is (``except old.Error`` must catch what the core raises; it cannot warn).
+
+    Args:
+        why: why the old name is kept, said in its warning (:data:`PEERS` or :data:`OWN`).
 
     Returns:
         What was bound.
     """
     bound = obj
-    if new is not None:
+    if new is not None and not (isinstance(obj, type) and issubclass(obj, BaseException)):
         if isinstance(obj, type):
             bound = type(obj)(name, (obj,), {"__module__": where[0], "__qualname__": name, "__doc__": obj.__doc__})
-        bound = _deprecate(bound, _warning(name, where, new))
+        bound = _deprecate(bound, _warning(name, where, new, why))
         bound.__name__ = bound.__qualname__ = name
         bound.__module__ = where[0]
     return old_name(*where, name=name)(bound)
 
 
-def old_module(name: str, new: str) -> types.ModuleType:
+def old_module(name: str, new: str, why: str = OWN) -> types.ModuleType:
     """Declare ``name`` as the old path of the module ``new``: a module registered under ``name`` (``import name``
     and ``from name import X`` work; it is bound in its parent package), holding each name of ``new``'s ``__all__``
-    declared with :func:`alias` (a function or a class warns naming ``<new>.<X>`` when used, a constant is bound as
-    it is); its ``__all__`` lists them, as the old module's did.
+    declared with :func:`alias` (a function or a class warns naming ``<new>.<X>`` when used, a constant or an
+    exception class is bound as it is); its ``__all__`` lists them, as the old module's did. The old module runs no
+    code of ``new``'s file a second time: it only holds ``new``'s objects (or their warning wrappers).
 
     Returns:
         The old module.
@@ -142,5 +151,5 @@ def old_module(name: str, new: str) -> types.ModuleType:
     setattr(importlib.import_module(parent), child, module)
     for key in target.__all__:
         obj = getattr(target, key)
-        alias(obj, key, name, new=f"{new}.{key}" if callable(obj) else None)
+        alias(obj, key, name, new=f"{new}.{key}" if callable(obj) else None, why=why)
     return module

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
 from ..config.groups import AMP_DTYPES
-from ..nn.recompute import CHECKPOINT_POLICIES, checkpoint_segmentation_model, disable_checkpointing
+from ..nn.recompute import RECOMPUTE_POLICIES, checkpoint_segmentation_model, disable_checkpointing
 from .advice import Advice, advise
 from .balance import _fake_copy, _KeyedLoss, strategy_peaks
 from .kernels import CpuKernels
@@ -239,8 +239,8 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown or not strategies:
         raise ValueError(f"plan: unknown strategies {unknown or 'none given'}; valid: {', '.join(STRATEGIES)}")
-    if checkpoint not in CHECKPOINT_POLICIES:
-        raise ValueError(f"plan: checkpoint={checkpoint!r}; valid: {', '.join(CHECKPOINT_POLICIES)}")
+    if checkpoint not in RECOMPUTE_POLICIES:
+        raise ValueError(f"plan: checkpoint={checkpoint!r}; valid: {', '.join(RECOMPUTE_POLICIES)}")
     if amp is not None and amp not in AMP_DTYPES:
         raise ValueError(f"plan: amp={amp!r}; valid: {', '.join(AMP_DTYPES)} or None")
     if (sample is None) == (crop is None):
@@ -282,5 +282,5 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
     if limit is not None and sample is None:
         segmentation = hasattr(getattr(model, "backbone", None), "stages")  # the policies need its blocks
         result.advice = advise(spec_for, strategies, num_devices, batch, crop, limit, round_to,
-                               CHECKPOINT_POLICIES if segmentation else ("none",), backend=backend)
+                               RECOMPUTE_POLICIES if segmentation else ("none",), backend=backend)
     return result

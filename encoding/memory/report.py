@@ -19,7 +19,8 @@ from ..names import network_name
 from ..models.network import NetworkSpec
 from ..utils.files import atomic_write
 from ..utils.plot import save_figure
-from .advice import POLICY_ORDER, advise
+from ..nn.recompute import RECOMPUTE_POLICIES
+from .advice import advise
 from .balance import max_batch, strategy_peaks
 from .planner import AMP_DTYPES, loop_name
 from .profiler import learn_workspaces
@@ -137,9 +138,9 @@ def buildable_policies(network: NetworkSpec) -> Tuple[str, ...]:
     from ..names import is_model_spec
 
     if not is_model_spec(network.model):
-        return POLICY_ORDER
+        return RECOMPUTE_POLICIES
     kept = []
-    for policy in POLICY_ORDER:
+    for policy in RECOMPUTE_POLICIES:
         try:
             with torch.device("meta"):
                 network.replace(recompute=policy).build()

@@ -8,11 +8,13 @@ Build a model with :func:`get_segmentation_model` (``"fcn"``, ``"psp"``, ``"deep
 file, ``encoding/models/<arch>.py``: its head, its model class and the head factory it registers
 (:mod:`~encoding.models.registry`); its ``get_<arch>`` builder is defined here, one line each. The heads shared between
 architectures are in :mod:`~encoding.models.heads`, the builders in :mod:`~encoding.models.factory`, pretrained
-weights in :mod:`~encoding.models.weights`.
+weights in :mod:`~encoding.models.weights`; every tool describes its network with a :class:`NetworkSpec` and builds it
+with :meth:`NetworkSpec.build` (:mod:`~encoding.models.network`).
 """
 from .backbone import MobileNetV3Backbone, ResNetBackbone, VGGTinyBackbone, backbone_list, get_backbone
 from .base import FeatureInfo, SegmentationModel
 from .factory import builder, get_model, get_segmentation_model, pretrained_model_list
+from .network import NetworkSpec
 from .heads import FCNHead, PyramidPooling
 from .registry import ARCHITECTURES, Architecture, model_list, register_architecture
 # One module per architecture; importing them registers them (in this order: the order of ARCHITECTURES).
@@ -50,7 +52,7 @@ __all__ = ["ResNetBackbone", "MobileNetV3Backbone", "VGGTinyBackbone", "backbone
            "FCNHead", "PSPHead", "PyramidPooling", "ASPP", "DeepLabV3Head", "DeepLabV3PlusHead", "EncModule",
            "EncHead",
            "PAM", "CAM", "DANetHead", "FPNHead", "UNetHead", "JPU",
-           "Architecture", "ARCHITECTURES", "register_architecture", "get_segmentation_model", "get_model",
+           "Architecture", "ARCHITECTURES", "register_architecture", "get_segmentation_model", "get_model", "NetworkSpec",
            "model_list", "pretrained_model_list",
            "get_fcn", "get_psp", "get_deeplab", "get_encnet", "get_danet", "get_upernet", "get_fcfpn",
            "get_deeplabv3plus", "get_unet", "get_segformer", "MultiEvalModule", "SlidingWindow"]

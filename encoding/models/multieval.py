@@ -32,7 +32,7 @@ from ..utils.metrics import main_output
 __all__ = ["MultiEvalModule", "SlidingWindow", "WindowBatch", "flip_average", "batched_windows"]
 
 #: How many windows one forward runs: a positive int, or a function of one window (the input of one window position,
-#: ``B x C x h x w``) that returns it (e.g. from a memory budget: :class:`encoding.engine.predict.WindowBudget`),
+#: ``B x C x h x w``) that returns it (e.g. from a memory budget: :class:`encoding.inference.predict.WindowBudget`),
 #: called once per call of the module.
 WindowBatch = Union[int, Callable[[Tensor], int]]
 Box = Tuple[int, int, int, int]

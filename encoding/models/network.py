@@ -1,7 +1,7 @@
 """One description of a network: :class:`NetworkSpec`, and the one function that builds it, :meth:`NetworkSpec.build`.
 
-Training (``train.py`` / :func:`encoding.engine.config.build_training`), :func:`encoding.load_model` (checkpoints),
-model folders and the Hub (:mod:`encoding.engine.hub`), the memory planner (``python -m encoding.memory``), export
+Training (``train.py`` / :func:`encoding.engine.assemble.build_training`), :func:`encoding.load_model` (checkpoints),
+model folders and the Hub (:mod:`encoding.inference.hub`), the memory planner (``python -m encoding.memory``), export
 and the web page all describe their network with a :class:`NetworkSpec` and build it with :meth:`~NetworkSpec.build`:
 so every option (``--head-channels``, ``--output-stride``, ``--recompute``, SyncBatchNorm ...) reaches every path, and
 the planner plans exactly what training builds. An option a network cannot take is refused in one line by the builder
@@ -25,12 +25,10 @@ from torch import nn
 
 from ..errors import UsageError
 from ..names import is_model_spec, network_flags, network_name
+from ..nn.recompute import RECOMPUTE_POLICIES
 
-__all__ = ["NetworkSpec", "RECOMPUTE_POLICIES", "BUILD_ERRORS"]
+__all__ = ["NetworkSpec", "BUILD_ERRORS"]
 
-#: Activation-recomputation policies (``--recompute``): none, every residual block of the backbone, or blocks, neck
-#: and heads (:mod:`encoding.nn.recompute`).
-RECOMPUTE_POLICIES = ("none", "backbone", "all")
 #: What a builder raises for options it cannot build (turned into one line by :meth:`NetworkSpec.check`).
 BUILD_ERRORS = (ValueError, KeyError, TypeError, NotImplementedError, RuntimeError, AttributeError)
 #: The option names :meth:`NetworkSpec.from_options` reads (the training options marked ``network``, less the

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import UsageError
-from ..nn.recompute import CHECKPOINT_POLICIES, enable_checkpointing
+from ..nn.recompute import RECOMPUTE_POLICIES, enable_checkpointing
 
 __all__ = ["sync_batchnorm", "spec_backbone", "backbone_blocks", "recompute_spec_network"]
 
@@ -80,8 +80,8 @@ def recompute_spec_network(net: nn.Module, policy: Any, spec: str) -> nn.Module:
         UsageError: an unknown policy, or a network without a backbone of blocks (one line naming the spec).
     """
     policy = {False: "none", None: "none", True: "all"}.get(policy, policy)
-    if policy not in CHECKPOINT_POLICIES:
-        raise UsageError(f"model spec {spec}: --recompute {policy}: one of {', '.join(CHECKPOINT_POLICIES)}")
+    if policy not in RECOMPUTE_POLICIES:
+        raise UsageError(f"model spec {spec}: --recompute {policy}: one of {', '.join(RECOMPUTE_POLICIES)}")
     if policy == "none":
         return net
     backbone = spec_backbone(net)

@@ -16,7 +16,7 @@ from .blocks import NormLayer, SeparableConv2d, conv_norm_act, resize
 from .encoding import Encoding
 from .binary import BINARY_LOSSES, BinaryBCELoss, BinaryDiceLoss, BinaryFocalLoss
 from .loss import LOSSES, DiceLoss, FocalLoss, LovaszSoftmaxLoss, OhemCrossEntropy, SegmentationLosses
-from .recompute import (CHECKPOINT_POLICIES, checkpoint_module, checkpoint_segmentation_model, disable_checkpointing,
+from .recompute import (RECOMPUTE_POLICIES, checkpoint_module, checkpoint_segmentation_model, disable_checkpointing,
                         enable_checkpointing, is_checkpointed, is_recomputing, replay_in_recomputation)
 from .syncbn import SyncBatchNorm, SyncBatchNormAct, convert_sync_batchnorm
 
@@ -30,5 +30,5 @@ __all__ = [
     "Encoding", "NormLayer", "resize", "conv_norm_act", "SeparableConv2d",
     # activation checkpointing
     "checkpoint_module", "replay_in_recomputation", "is_recomputing", "enable_checkpointing",
-    "disable_checkpointing", "is_checkpointed", "checkpoint_segmentation_model", "CHECKPOINT_POLICIES",
+    "disable_checkpointing", "is_checkpointed", "checkpoint_segmentation_model", "RECOMPUTE_POLICIES",
 ]

@@ -33,7 +33,7 @@ from ..parallel import get_replica_context
 from ..parallel.rng import ReplicaRandom
 
 __all__ = ["checkpoint_module", "replay_in_recomputation", "is_recomputing", "enable_checkpointing",
-           "disable_checkpointing", "is_checkpointed", "CHECKPOINT_POLICIES", "checkpoint_segmentation_model"]
+           "disable_checkpointing", "is_checkpointed", "RECOMPUTE_POLICIES", "checkpoint_segmentation_model"]
 
 _local = threading.local()
 
@@ -236,8 +236,9 @@ def disable_checkpointing(model: nn.Module) -> nn.Module:
     return model
 
 
-#: ``checkpoint=`` values of :func:`encoding.models.get_segmentation_model`.
-CHECKPOINT_POLICIES = ("none", "backbone", "all")
+#: The activation-recomputation policies (``recompute=`` of :func:`encoding.models.get_segmentation_model`,
+#: ``--recompute``, the memory advice's rows), cheapest in compute first: written once, here.
+RECOMPUTE_POLICIES = ("none", "backbone", "all")
 
 
 def _residual_blocks(backbone: nn.Module) -> List[nn.Module]:
@@ -257,8 +258,8 @@ def checkpoint_segmentation_model(model: nn.Module, policy: Union[bool, str, Non
         ValueError: an unknown policy, or ``"backbone"`` for a backbone without residual stages.
     """
     policy = {False: "none", None: "none", True: "all"}.get(policy, policy)
-    if policy not in CHECKPOINT_POLICIES:
-        raise ValueError(f"recompute must be one of {', '.join(map(repr, CHECKPOINT_POLICIES))} (or True/False), "
+    if policy not in RECOMPUTE_POLICIES:
+        raise ValueError(f"recompute must be one of {', '.join(map(repr, RECOMPUTE_POLICIES))} (or True/False), "
                          f"got {policy!r}")
     if policy == "none":
         return model

@@ -20,8 +20,8 @@ from options import parse_args  # noqa: E402
 
 from encoding.engine.builders import select_devices  # noqa: E402
 from encoding.datasets.base import check_image  # noqa: E402
-from encoding.engine.demo import demo_outputs, expand_images, segment_files  # noqa: E402
-from encoding.engine.inference import EvaluationConfig, evaluation_module  # noqa: E402
+from encoding.inference.demo import demo_outputs, expand_images, segment_files  # noqa: E402
+from encoding.inference.evaluation import EvaluationConfig, evaluation_module  # noqa: E402
 from encoding.utils.cli import run_cli  # noqa: E402
 
 

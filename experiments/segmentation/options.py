@@ -3,7 +3,7 @@
 The options are the fields of :mod:`encoding.config.groups` (one field per option: help, type, choices, default);
 :func:`encoding.config.resolve` fills what is not given, in one documented order (defaults < the dataset's recipe,
 shipped with the package (:data:`encoding.config.RECIPE_DIR`) < the checkpoint's network (test/demo) < ``--config
-FILE`` < the command line, then its rules), and :func:`encoding.engine.config.check_settings` refuses what cannot
+FILE`` < the command line, then its rules), and :func:`encoding.engine.assemble.check_settings` refuses what cannot
 run. Bad input: one line, exit status 2. ``configs/`` holds the other experiments (``train.py --config FILE``).
 """
 import argparse
@@ -13,7 +13,7 @@ from typing import List, Optional
 from encoding.config import ConfigError, Settings, build_parser, resolve
 from encoding.config.training import TrainingConfig
 from encoding.config.evaluation import NETWORK_OPTIONS
-from encoding.engine.config import check_settings
+from encoding.engine.assemble import check_settings
 
 __all__ = ["CONFIGS", "MODEL_OPTIONS", "build_parser", "settings", "parse_args", "training_config"]
 

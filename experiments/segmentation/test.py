@@ -26,9 +26,9 @@ from options import parse_args  # noqa: E402
 
 from encoding.config.evaluation import protocol  # noqa: E402
 from encoding.engine import evaluate, evaluate_images  # noqa: E402
-from encoding.engine.error_maps import WORST_NAME, error_maps_of  # noqa: E402
-from encoding.engine.evaluation_plots import write_charts  # noqa: E402
-from encoding.engine.inference import EvaluationConfig, build_evaluation  # noqa: E402
+from encoding.inference.error_maps import WORST_NAME, error_maps_of  # noqa: E402
+from encoding.inference.evaluation_plots import write_charts  # noqa: E402
+from encoding.inference.evaluation import EvaluationConfig, build_evaluation  # noqa: E402
 from encoding.utils import format_table, is_main_process  # noqa: E402
 from encoding.utils.cli import run_cli  # noqa: E402
 from encoding.utils.files import atomic_write  # noqa: E402

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset
 
 from . import builders
-from ..config import AMP_DTYPES, DIST_TIMEOUT_S, Settings, TrainingConfig  # noqa: F401 (DIST_TIMEOUT_S: its old home)
+from ..config import AMP_DTYPES, Settings, TrainingConfig
 from ..utils.renamed import renamed_keyword
 from ..config.parser import option_specs
 from ..config.resolve import describe_sources

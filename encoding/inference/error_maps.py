@@ -26,9 +26,9 @@ from torch import Tensor
 from ..utils.dist import is_dist_avail_and_initialized
 from ..utils.metrics import confusion_matrix, scores_from_confusion
 from ..utils.palette import overlay
-from .inference import EvaluationJob, background_ids, prediction_filename, save_png
-from .loop import predicted_labels
-from .previews import _displayable
+from .evaluation import EvaluationJob, background_ids, prediction_filename, save_png
+from ..engine.loop import predicted_labels
+from ..engine.previews import _displayable
 
 __all__ = ["ERROR_COLOURS", "WORST_NAME", "WORST_COUNT", "error_kinds", "error_map", "error_panel", "image_miou",
            "ErrorMaps", "error_maps_of"]

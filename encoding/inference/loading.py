@@ -26,7 +26,7 @@ from ..models.registry import PRESETS
 from ..utils.checkpoint import CheckpointError, check_state_fits
 from ..utils.palette import generated_palette, palette_of
 from ..utils.trust import check_trusted, reading
-from . import state
+from ..engine import state
 
 __all__ = ["ModelInfo", "NETWORK_OPTIONS", "DATA_OPTIONS", "load_model", "model_info", "check_network_options",
            "to_import"]
@@ -147,7 +147,7 @@ def model_info(model: nn.Module) -> ModelInfo:
     info = getattr(model, "info", None)
     if not isinstance(info, ModelInfo):
         raise UsageError(f"{type(model).__name__} carries no ModelInfo: load it with encoding.load_model, or set "
-                         "model.info = encoding.engine.loading.ModelInfo.of_dataset(NAME)")
+                         "model.info = encoding.inference.loading.ModelInfo.of_dataset(NAME)")
     return info
 
 
@@ -163,8 +163,8 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
 
     Args:
         source: a checkpoint file (its recorded options rebuild the network; its weights are read with
-            ``weights_only=True``), a :func:`~encoding.engine.hub.save_pretrained` folder or a Hugging Face Hub id
-            ``user/repo`` (safetensors, nothing unpickled; :func:`~encoding.engine.hub.load_pretrained`), or a
+            ``weights_only=True``), a :func:`~encoding.inference.hub.save_pretrained` folder or a Hugging Face Hub id
+            ``user/repo`` (safetensors, nothing unpickled; :func:`~encoding.inference.hub.load_pretrained`), or a
             preset name of :data:`encoding.models.model_list` (e.g.
             ``"fcn_resnet50_voc"``: the published weights, or ``weights``).
         device: where to put the model (default: the CPU).
@@ -242,7 +242,7 @@ def _fitting_network(network: Dict[str, Any], nclass: int, weights: Any, path: s
 
 
 #: Readers of shared models (``(accepts(source), load(source, device=..., trust_code=...))``) that
-#: :func:`load_model` asks before reading a checkpoint file: :mod:`encoding.engine.hub` registers its folders and Hub ids.
+#: :func:`load_model` asks before reading a checkpoint file: :mod:`encoding.inference.hub` registers its folders and Hub ids.
 SOURCE_READERS: List[Tuple[Callable[[str], bool], Callable[..., nn.Module]]] = []
 
 

@@ -1,7 +1,7 @@
 """Whole models to share: a folder (or a Hugging Face Hub repository) that rebuilds a trained network with nothing
 else — no registered dataset, no code of the run, and nothing unpickled.
 
-:func:`save_pretrained` writes ``config.json`` (the :class:`~encoding.engine.loading.ModelInfo`: the model spec or
+:func:`save_pretrained` writes ``config.json`` (the :class:`~encoding.inference.loading.ModelInfo`: the model spec or
 architecture and its options, the classes, colours, mean/std, sizes; for a ``transformers:`` model its Hugging Face
 config too), ``model.safetensors`` and a ``README.md`` model card; :func:`load_pretrained` (what
 :func:`encoding.load_model` calls for a folder or a ``user/repo`` id) reads them back, the weights with
@@ -49,7 +49,7 @@ def save_pretrained(model: nn.Module, directory: Union[str, os.PathLike], *,
     """Write ``model`` (built by :func:`encoding.load_model` or carrying a ``model.info``) as a shareable folder.
 
     Args:
-        model: the network; its :class:`~encoding.engine.loading.ModelInfo` says how to rebuild it.
+        model: the network; its :class:`~encoding.inference.loading.ModelInfo` says how to rebuild it.
         directory: the folder (created; each file is written atomically, other files in it are left alone).
         metrics: the run's metrics for the model card (e.g. ``{"mIoU": 0.71, "pixAcc": 0.93}``).
         config: the run's configuration for the model card.

@@ -21,7 +21,7 @@ from ..errors import UsageError
 from ..utils.files import atomic_write, refuse_own_input
 from ..utils.palette import colorize
 from ..datasets.transforms import denormalize
-from .inference import overlay_with_legend, read_image
+from .evaluation import overlay_with_legend, read_image
 from .loading import ModelInfo
 from .predict import segment
 

@@ -187,7 +187,7 @@ def inference_module(model: nn.Module, *, mode: str = "whole", window: Optional[
             of the multi-scale windows (default: the training crop and two thirds of it).
         scales: multi-scale evaluation, relative to the training ``base_size``.
         flip: average with the flipped image.
-        info: the sizes and classes (default: ``model.info``, see :func:`~encoding.engine.loading.model_info`;
+        info: the sizes and classes (default: ``model.info``, see :func:`~encoding.inference.loading.model_info`;
             needed for the default window and for ``scales``).
         window_batch: windows per forward (default: as many as ``window_memory`` holds, :class:`WindowBudget`).
         window_memory: bytes (or ``"2GiB"``) the windows of one forward may take (default:
@@ -243,7 +243,7 @@ def segment(model: nn.Module, image: ImageLike, *, mode: str = "whole", window: 
     """The class ids of ``image``, at its size.
 
     Args:
-        model: a segmentation model in eval mode (from :func:`~encoding.engine.loading.load_model`, or any model
+        model: a segmentation model in eval mode (from :func:`~encoding.inference.loading.load_model`, or any model
             whose output is ``{"out": logits}`` or logits at its input's size).
         image: a path, PIL image, ``H x W x 3`` (or grey ``H x W``) ``uint8`` array or tensor (see
             :func:`to_batch`); any size.

@@ -4,9 +4,9 @@
   one-line :class:`~encoding.datasets.DatasetError` naming a file that is not an image;
 * :class:`PredictionWriter`: coloured PNG masks (dataset palette, class ids as pixel values) named after the inputs;
 * :func:`overlay_with_legend`: the image blended with its mask (the background class left unblended), with a legend
-  of the classes present (``demo.py``'s outputs: :mod:`encoding.engine.demo`);
+  of the classes present (``demo.py``'s outputs: :mod:`encoding.inference.demo`);
 * :class:`EvaluationConfig` → :meth:`EvaluationConfig.network` / :func:`build_evaluation`: the network of a checkpoint
-  (:func:`~encoding.engine.loading.load_model`), a model-zoo preset or torchvision's weights, and the
+  (:func:`~encoding.inference.loading.load_model`), a model-zoo preset or torchvision's weights, and the
   :class:`EvaluationJob` of ``test.py`` (segmenting through :func:`evaluation_module`).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from torch.utils.data import DataLoader, Dataset
 
-from . import builders
+from ..engine import builders
 from ..datasets.metadata import resolve_dataset
 from ..datasets.base import BaseDataset
 from ..datasets.transforms import image_transform
@@ -37,11 +37,11 @@ from ..utils.dist import get_rank, get_world_size, init_distributed_mode
 from ..utils.files import atomic_write
 from ..utils.metrics import SegmentationMetric
 from ..utils.palette import colorize, get_palette, overlay
-from .compiled import compile_mode, compile_model
-from .config import AMP_DTYPES, parse_device_ids
-from .data import binary_targets, eval_dataset_options
+from ..engine.compiled import compile_mode, compile_model
+from ..engine.assemble import AMP_DTYPES, parse_device_ids
+from ..engine.data import binary_targets, eval_dataset_options
 from .loading import NETWORK_OPTIONS, ModelInfo, load_model
-from .loop import predicted_labels
+from ..engine.loop import predicted_labels
 from .predict import check_windows, inference_module
 
 __all__ = ["read_image", "PredictionWriter", "prediction_filename", "save_png", "overlay_with_legend",
@@ -163,9 +163,9 @@ class _Evaluation:
         return self.resume or (f"model-zoo:{self.model_zoo}" if self.model_zoo else "torchvision")
 
     def network(self, device: torch.device) -> nn.Module:
-        """The network of ``resume`` / ``model_zoo`` (:func:`~encoding.engine.loading.load_model`, with the
+        """The network of ``resume`` / ``model_zoo`` (:func:`~encoding.inference.loading.load_model`, with the
         network options of this configuration) or ``torchvision_weights``, on ``device``, in eval mode, with its
-        :class:`~encoding.engine.loading.ModelInfo`.
+        :class:`~encoding.inference.loading.ModelInfo`.
 
         Raises:
             CheckpointError, ValueError, RuntimeError: unreadable or mismatching weights, unknown names, offline.
@@ -185,7 +185,7 @@ EvaluationConfig = make_dataclass("EvaluationConfig", evaluation_fields(), bases
         "``model_zoo``: a preset with published weights; ``torchvision_weights``: torchvision's published weights "
         "of the whole network), how to evaluate (``mode``: ``val`` batched centre crops, ``testval`` whole images, "
         "``test`` predict only; ``inference``: ``whole`` or ``slide`` with ``window`` / ``stride``, see "
-        ":func:`~encoding.engine.predict.inference_module`).\n\n"
+        ":func:`~encoding.inference.predict.inference_module`).\n\n"
         "Unset values follow ``test.py``'s rules (:func:`encoding.config.evaluation.fill_evaluation`), as on the "
         "command line; the network options left ``None`` come from the weights.")})
 
@@ -197,11 +197,11 @@ TRAINING_SCALE = (1.0,)
 
 
 def evaluation_module(model: nn.Module, config: EvaluationConfig) -> nn.Module:
-    """``model`` inside the inference module of ``config`` (:func:`~encoding.engine.predict.inference_module`):
+    """``model`` inside the inference module of ``config`` (:func:`~encoding.inference.predict.inference_module`):
     ``--mode slide`` windows, or ``--multi-scale`` scales + flip, ``--window-batch`` windows per forward (default:
-    from the memory they may take, :class:`~encoding.engine.predict.WindowBudget`); whole images single-scale at
+    from the memory they may take, :class:`~encoding.inference.predict.WindowBudget`); whole images single-scale at
     the training scale (:data:`TRAINING_SCALE`, no flip); ``model`` itself for ``val``'s crops. The module carries
-    ``model``'s :class:`~encoding.engine.loading.ModelInfo` (``info``)."""
+    ``model``'s :class:`~encoding.inference.loading.ModelInfo` (``info``)."""
     whole = config.inference != "slide" and config.mode != "val"
     scales = config.scales if config.multi_scale else TRAINING_SCALE if whole else None
     module = inference_module(model, mode=config.inference, window=config.window, stride=config.stride,
