@@ -22,12 +22,13 @@ from __future__ import annotations
 import shutil
 import types
 import warnings
-from typing import Any, Dict, Iterable, Optional, Type
+from typing import Any, Dict, Iterable, Optional
 
 import torch
 from torch import nn
 
 from ..config.groups import COMPILE_CHOICES
+from ..nn.class_swap import ClassSwap
 
 __all__ = ["COMPILE_CHOICES", "CompileWarning", "compile_mode", "compile_problem", "compile_model", "is_compiled",
            "eager_module"]
@@ -151,13 +152,7 @@ class _Compiled:
         return (_new_eager, (type(self).__compile_base__,), state) + tuple(reduced[3:])
 
 
-_CLASSES: Dict[type, type] = {}
-
-
-def _compiled_class(cls: Type[nn.Module]) -> type:
-    if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"Compiled{cls.__name__}", (_Compiled, cls), {"__compile_base__": cls})
-    return _CLASSES[cls]
+_SWAP = ClassSwap(_Compiled, "Compiled", "__compile_base__")
 
 
 def _new_eager(base: type) -> nn.Module:
@@ -166,15 +161,14 @@ def _new_eager(base: type) -> nn.Module:
 
 def is_compiled(module: nn.Module) -> bool:
     """Whether :func:`compile_model` compiled ``module``."""
-    return isinstance(module, _Compiled)
+    return _SWAP.applied(module)
 
 
 def eager_module(module: nn.Module) -> nn.Module:
     """Undo :func:`compile_model` (``module`` runs eager again); returns ``module``."""
     if is_compiled(module):
         module.__dict__.pop("_compilation", None)
-        module.__class__ = type(module).__compile_base__
-    return module
+    return _SWAP.restore(module)
 
 
 def compile_model(model: nn.Module, mode: Optional[str] = "default", *, dynamic: Optional[bool] = None,
@@ -208,5 +202,4 @@ def compile_model(model: nn.Module, mode: Optional[str] = "default", *, dynamic:
         options["mode"] = mode
     model.__dict__.pop("_compiled_call_impl", None)  # nn.Module.__init__'s None: the class's descriptor reads it
     model.__dict__["_compilation"] = _Compilation(options)
-    model.__class__ = _compiled_class(type(model))
-    return model
+    return _SWAP.apply(model)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Tuple, Type, Union
+from typing import Any, Callable, Iterable, List, Tuple, Union
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
@@ -31,6 +31,7 @@ from torch.nn.modules.batchnorm import _NormBase
 
 from ..parallel import get_replica_context
 from ..parallel.rng import ReplicaRandom
+from .class_swap import ClassSwap
 
 __all__ = ["checkpoint_module", "replay_in_recomputation", "is_recomputing", "enable_checkpointing",
            "disable_checkpointing", "is_checkpointed", "RECOMPUTE_POLICIES", "checkpoint_segmentation_model"]
@@ -194,23 +195,17 @@ class _Checkpointed:
         return (_new_checkpointed, (type(self).__checkpoint_base__,)) + tuple(reduced[2:])
 
 
-_CLASSES: Dict[type, type] = {}
-
-
-def _checkpointed_class(cls: Type[nn.Module]) -> type:
-    if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"Checkpointed{cls.__name__}", (_Checkpointed, cls), {"__checkpoint_base__": cls})
-    return _CLASSES[cls]
+_SWAP = ClassSwap(_Checkpointed, "Checkpointed", "__checkpoint_base__")
 
 
 def _new_checkpointed(base: type) -> nn.Module:
     """An empty instance of ``Checkpointed<base>`` (unpickling and ``copy.deepcopy``)."""
-    return object.__new__(_checkpointed_class(base))
+    return object.__new__(_SWAP.subclass(base))
 
 
 def is_checkpointed(module: nn.Module) -> bool:
     """Whether :func:`enable_checkpointing` turned checkpointing on for ``module`` itself."""
-    return isinstance(module, _Checkpointed)
+    return _SWAP.applied(module)
 
 
 def enable_checkpointing(modules: Union[nn.Module, Iterable[nn.Module]]) -> None:
@@ -224,15 +219,13 @@ def enable_checkpointing(modules: Union[nn.Module, Iterable[nn.Module]]) -> None
         modules: one module or several (e.g. every residual block of a backbone).
     """
     for module in [modules] if isinstance(modules, nn.Module) else modules:
-        if not is_checkpointed(module):
-            module.__class__ = _checkpointed_class(type(module))
+        _SWAP.apply(module)
 
 
 def disable_checkpointing(model: nn.Module) -> nn.Module:
     """Undo :func:`enable_checkpointing` for ``model`` and all its submodules; returns ``model``."""
     for module in model.modules():
-        if is_checkpointed(module):
-            module.__class__ = type(module).__checkpoint_base__
+        _SWAP.restore(module)
     return model
 
 
