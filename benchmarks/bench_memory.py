@@ -5,9 +5,11 @@
     python benchmarks/bench_memory.py zoo         # one device, every architecture, uncalibrated and calibrated
     python benchmarks/bench_memory.py table       # per-device peaks and max batch at 11 GiB (docs/memory.md)
     python benchmarks/bench_memory.py advise      # --advise time: FCN-ResNet50, 150 classes, 8 x 11 GiB
-                                                  #   (--baseline: and simulating every point, the same run)
+                                                  #   (--baseline: and simulating every point, the same run;
+                                                  #   --own-shards: and each policy sharding its own model)
     python benchmarks/bench_memory.py scale       # --simulate N of FCN-ResNet50, 5 strategies: time vs devices
-                                                  #   (8, 64, 256, 1024; --scale-devices)
+                                                  #   (8, 64, 256, 1024; --scale-devices; --baseline: and
+                                                  #   fsdp's ranks simulated whole, the same run)
     python benchmarks/bench_memory.py loops       # both loops (--keep-outputs), simulated vs real CPU programs
     python benchmarks/bench_memory.py sharded     # fsdp / zero1 ranks vs a real multi-process gloo run
     python benchmarks/bench_memory.py amp         # bf16: one device, simulated vs a real CPU bf16 step
@@ -122,13 +124,15 @@ def advise(args):
               f"policies: advice {report['advise_s']:.1f} s (target <= 10 s), {report['advise_cpu_s']:.1f} s of CPU "
               f"time; whole tool {time.perf_counter() - start:.1f} s wall, {time.process_time() - cpu:.1f} s of CPU "
               f"time (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)", flush=True)
+        if args.own_shards:
+            _own_shards(argv, report)
         if not args.baseline:
             continue
         options = parse_args(argv)
 
         def spec_for(crop, policy):
             return segmentation_spec(model, "resnet50", options.nclass, crop, aux=True, se_loss=model == "encnet",
-                                     checkpoint=policy)
+                                     recompute=policy)
 
         start, cpu, stats = time.perf_counter(), time.process_time(), {}
         rows = advise_rows(spec_for, options.strategies, 8, options.batch_size, options.crop_size,
@@ -138,6 +142,31 @@ def advise(args):
         print(f"advise baseline (every point simulated, {stats['programs']} programs): {wall:.1f} s, {cpu:.1f} s of "
               f"CPU time; replays/baseline {report['advise_s'] / wall:.2f} wall, "
               f"{report['advise_cpu_s'] / cpu:.2f} CPU; answers {'the same' if same else 'DIFFERENT'}", flush=True)
+
+
+def _own_shards(argv, report):
+    """The tool's advice with every policy sharding its own ``fsdp`` model (before the further policies ran on the
+    first one's), alternately with the advice as it is (the faster of two runs each: a second run finds the fake
+    tensors' caches warm): seconds, ratio, and whether the answers are the same."""
+    from encoding.memory import simulate
+
+    runs, same = {False: [report["advise_s"], report["advise_cpu_s"]]}, True
+    for own in (True, False, True):
+        view = simulate.recompute_view
+        if own:
+            simulate.recompute_view = lambda base, other: None
+        try:
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+                again = tool_main(argv)
+        finally:
+            simulate.recompute_view = view
+        same = same and again["advice"] == report["advice"]
+        best = runs.setdefault(own, [again["advise_s"], again["advise_cpu_s"]])
+        best[:] = min(best, [again["advise_s"], again["advise_cpu_s"]])
+    (wall, cpu), (own_wall, own_cpu) = runs[False], runs[True]
+    print(f"advise, every policy sharding its own fsdp model: {own_wall:.1f} s wall, {own_cpu:.1f} s of CPU time; "
+          f"now {wall:.1f} s, {cpu:.1f} s (ratio {wall / own_wall:.2f} wall, {cpu / own_cpu:.2f} CPU); answers "
+          f"{'the same' if same else 'DIFFERENT'}", flush=True)
 
 
 def scale(args):
@@ -151,16 +180,49 @@ def scale(args):
     imports = time.perf_counter() - start
     print(f"scale: FCN-ResNet50, 150 classes, 2 images per device, crop 480, strategies gather,balanced,ddp,fsdp,"
           f"zero1; a fresh interpreter importing the tool: {imports:.1f} s", flush=True)
-    print(f"{'devices':>8} {'wall s':>8} {'CPU s':>8} {'+ imports':>10} {'load avg':>9}")
+    print(f"{'devices':>8} {'wall s':>8} {'CPU s':>8} {'+ imports':>10} {'load avg':>9}"
+          + (f" {'baseline s':>11} {'ratio':>6} {'same':>5}" if args.baseline else ""))
     for devices in args.scale_devices:
         argv = ["--model", "fcn", "--backbone", "resnet50", "--dataset", "ade20k", "--aux", "--simulate",
                 str(devices), "--strategies", "gather,balanced,ddp,fsdp,zero1", "--out-dir", args.out_dir]
         load = os.getloadavg()[0]
-        start, cpu = time.perf_counter(), time.process_time()
-        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
-            tool_main(argv)
-        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-        print(f"{devices:>8} {wall:8.1f} {cpu:8.1f} {wall + imports:10.1f} {load:9.1f}", flush=True)
+        if not args.baseline:
+            report, wall, cpu = _quiet_run(argv)
+            print(f"{devices:>8} {wall:8.1f} {cpu:8.1f} {wall + imports:10.1f} {load:9.1f}", flush=True)
+            continue
+        # fsdp's ranks simulated whole (before their composition) and composed, alternately twice (the second run
+        # of a step finds the fake tensors' caches warm): the faster of each
+        runs = {}
+        for whole in (True, False, True, False):
+            with _fsdp_ranks_whole() if whole else contextlib.nullcontext():
+                report, wall, cpu = _quiet_run(argv)
+            if whole not in runs or wall < runs[whole][1]:
+                runs[whole] = (report, wall, cpu)
+        (before, before_wall, _), (report, wall, cpu) = runs[True], runs[False]
+        same = before["strategies"] == report["strategies"]
+        print(f"{devices:>8} {wall:8.1f} {cpu:8.1f} {wall + imports:10.1f} {load:9.1f} {before_wall:11.1f} "
+              f"{wall / before_wall:6.2f} {str(same):>5}", flush=True)
+
+
+def _quiet_run(argv):
+    """The tool's report, wall and CPU seconds of one run, its printing silenced."""
+    start, cpu = time.perf_counter(), time.process_time()
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+        report = tool_main(argv)
+    return report, time.perf_counter() - start, time.process_time() - cpu
+
+
+@contextlib.contextmanager
+def _fsdp_ranks_whole():
+    """Inside: every distinct fsdp rank simulated whole (the simulator before its fsdp ranks were composed)."""
+    from encoding.memory import simulate
+
+    composed = simulate._COMPOSED_RANKS
+    simulate._COMPOSED_RANKS = ("zero1",)
+    try:
+        yield
+    finally:
+        simulate._COMPOSED_RANKS = composed
 
 
 def _compare(label, spec, program, workspaces=None, **calibrations):
@@ -258,7 +320,10 @@ def main():
     parser.add_argument("--reserve", default="0B", help="advise: the tool's --reserve (default 0B: the figures of "
                         "docs/memory.md count allocations only)")
     parser.add_argument("--baseline", action="store_true",
-                        help="advise: also the advice simulating every point (the search before replays), same run")
+                        help="advise: also the advice simulating every point (the search before replays), same run; "
+                             "scale: also with fsdp's ranks simulated whole (before their composition), same run")
+    parser.add_argument("--own-shards", action="store_true",
+                        help="advise: also with every policy sharding its own fsdp model (before), same run")
     parser.add_argument("--scale-devices", type=int, nargs="*", default=[8, 64, 256, 1024],
                         help="scale: the device counts")
     parser.add_argument("--zoo-images", type=int, default=2)

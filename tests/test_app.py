@@ -180,7 +180,7 @@ def test_the_plan_tabs_numbers_are_the_memory_tools(client, tmp_path):
     assert table["headers"] == header and table["data"] == rows
     assert advice["data"] == advice_rows(expected)[1]
     best = next(a for a in expected["advice"] if a["recommended"])
-    assert f"{best['strategy']}, `--recompute {best['checkpoint']}`, batch {best['max_batch']}" in recommended
+    assert f"{best['strategy']}, `--recompute {best['recompute']}`, batch {best['max_batch']}" in recommended
     assert Image.open(chart).format == "PNG"
 
 

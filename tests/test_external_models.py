@@ -248,7 +248,7 @@ SPEC = "torchvision:lraspp_mobilenet_v3_large"
     ("se_loss", True, "--se-loss"), ("output_stride", 16, "--output-stride"), ("jpu", True, "jpu"),
     ("pretrained", "weights.pth", "pretrained"), ("pretrained_backbone", "backbone.pth", "--pretrained-backbone"),
     ("channels", 64, "--head-channels"), ("dilated", False, "dilated"), ("norm_layer", torch.nn.GroupNorm, "GroupNorm"),
-    ("checkpoint", "everything", "--recompute")])
+    ("recompute", "everything", "--recompute")])
 def test_every_network_option_on_a_spec_is_applied_or_refused(option, value, named):
     """No option is accepted and ignored on a spec network: those that cannot apply are one line naming them."""
     with pytest.raises(ValueError, match=named) as caught:

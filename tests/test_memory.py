@@ -412,7 +412,7 @@ def _synthetic_report(devices=16, mode="simulated", checkpoint="backbone"):
         entry["step_s"] = 0.2345
     config = {"model": "encnet", "backbone": "resnet101", "dataset": "ade20k", "nclass": 150, "batch_size": 2 * devices,
               "crop_size": 480, "aux": True, "se_loss": True, "amp": True, "calibrate": True,
-              "memory_limit": "11GiB", "memory_limit_mib": 11264.0, "checkpoint": checkpoint, "mode": mode,
+              "memory_limit": "11GiB", "memory_limit_mib": 11264.0, "recompute": checkpoint, "mode": mode,
               "devices": devices, "strategies": ["gather", "balanced", "balanced-auto", "ddp"]}
     if mode == "measured":
         config["steps"] = 3

@@ -51,7 +51,7 @@ def test_memory_chart_of_100000_devices_is_drawn_in_bounded_time(tmp_path):
     peaks = list(np.linspace(100.0, 200.0, count))
     report = {"strategies": {s: {"peak_mib": peaks} for s in ("gather", "balanced")},
               "config": {"model": "fcn", "backbone": "resnet50", "nclass": 21, "batch_size": count,
-                         "crop_size": 480, "devices": count, "checkpoint": "none", "amp": None, "calibrate": False,
+                         "crop_size": 480, "devices": count, "recompute": "none", "amp": None, "calibrate": False,
                          "memory_limit": "11GiB", "memory_limit_mib": 11264.0, "mode": "simulated"}}
     started = time.perf_counter()
     assert write_chart(report, str(tmp_path / "chart.png"))

@@ -231,11 +231,11 @@ def test_every_advised_value_fits_and_one_more_does_not():
     for row in rows:
         assert row.max_batch == 2 * row.per_device
         if row.per_device:
-            assert heaviest(row.strategy, 32, row.checkpoint, row.per_device) <= limit, row
-        assert heaviest(row.strategy, 32, row.checkpoint, row.per_device + 1) > limit, row
+            assert heaviest(row.strategy, 32, row.recompute, row.per_device) <= limit, row
+        assert heaviest(row.strategy, 32, row.recompute, row.per_device + 1) > limit, row
         if row.max_crop:
-            assert heaviest(row.strategy, row.max_crop, row.checkpoint, 2) <= limit, row
-        assert heaviest(row.strategy, row.max_crop + CROP_STEP, row.checkpoint, 2) > limit, row
+            assert heaviest(row.strategy, row.max_crop, row.recompute, 2) <= limit, row
+        assert heaviest(row.strategy, row.max_crop + CROP_STEP, row.recompute, 2) > limit, row
 
 
 def test_tool_says_when_nothing_fits(tmp_path, capsys):
@@ -256,7 +256,7 @@ def test_plan_returns_peaks_and_fits():
     assert result.fits(strategy="fsdp") and result.fits(device=1, strategy="ddp")
     assert not result.fits(strategy="ddp", memory_limit=result.peaks["ddp"][0] - 1)
     assert result.recommended is not None and result.loop.startswith("train.py")
-    assert [r.checkpoint for r in result.advice] == ["none", "none"]  # not a SegmentationModel: no policies
+    assert [r.recompute for r in result.advice] == ["none", "none"]  # not a SegmentationModel: no policies
     with pytest.raises(ValueError, match="name one"):
         result.fits()
     with pytest.raises(ValueError, match="device 5"):
@@ -296,9 +296,9 @@ def test_tool_keep_outputs_advise_and_amp(tmp_path, capsys):
     assert plain["config"]["backend"] == "nccl"
     report = cli.main(common + ["--strategies", "ddp", "--advise", "--memory-limit", "64MiB", "--reserve", "0B"])
     rows = json.loads((tmp_path / "memory_balance.json").read_text())["advice"]
-    assert [r["checkpoint"] for r in rows] == ["none", "backbone", "all"]
+    assert [r["recompute"] for r in rows] == ["none", "backbone", "all"]
     assert sum(r["recommended"] for r in rows) == 1
-    assert {"strategy", "checkpoint", "max_batch", "per_device", "max_crop"} <= set(rows[0])
+    assert {"strategy", "recompute", "max_batch", "per_device", "max_crop"} <= set(rows[0])
     assert "<- recommended" in capsys.readouterr().out and report["advise_s"] > 0
     assert plain["strategies"]["gather"]["peak_mib"][0] > 0
 

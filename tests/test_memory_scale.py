@@ -76,7 +76,7 @@ def _report(devices):
     peaks[0], peaks[devices // 2] = 3100.0, 3100.0
     config = {"model": "fcn", "backbone": "resnet50", "dataset": "ade20k", "nclass": 150,
               "batch_size": 2 * devices, "crop_size": 480, "aux": True, "se_loss": False, "amp": None,
-              "calibrate": False, "memory_limit": None, "memory_limit_mib": None, "checkpoint": "none",
+              "calibrate": False, "memory_limit": None, "memory_limit_mib": None, "recompute": "none",
               "mode": "simulated", "devices": devices, "strategies": ["ddp", "zero1"]}
     return {"config": config, "strategies": {
         "ddp": {"peak_mib": [3200.0] * devices, "split": [2] * devices, "max_over_mean": 1.0, "max_over_min": 1.0},

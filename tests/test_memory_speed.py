@@ -112,4 +112,4 @@ def test_the_advice_answers_the_same_without_the_shared_sharded_model(monkeypatc
     monkeypatch.setattr(simulate, "recompute_view", lambda base, other: None)
     slow = advise(_fcn, strategies, devices, 2 * devices, 32, limit, CUDA_BLOCK)
     assert fast == slow and any(row.per_device > 2 for row in fast)
-    assert {row.checkpoint for row in fast} == {"none", "backbone", "all"}
+    assert {row.recompute for row in fast} == {"none", "backbone", "all"}

@@ -30,7 +30,7 @@ def _recommendation(report: dict) -> str:
     best = next((a for a in report.get("advice", []) if a["recommended"]), None)
     if best is None:
         return "**Advice:** nothing fits the limit." if report.get("advice") else ""
-    return (f"**Recommended:** {best['strategy']}, `--recompute {best['checkpoint']}`, batch {best['max_batch']} "
+    return (f"**Recommended:** {best['strategy']}, `--recompute {best['recompute']}`, batch {best['max_batch']} "
             f"({best['per_device']} per device) at crop {report['config']['crop_size']}")
 
 

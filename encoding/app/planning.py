@@ -312,8 +312,8 @@ def advice_rows(report: Dict[str, Any]) -> Tuple[List[str], List[List[Any]]]:
     """The advice (``--advise``) as ``(header, rows)``: strategy, checkpointing, the largest batch (per device) at
     the crop, the largest crop at the batch, and ``recommended`` on the recommended row; no rows without advice."""
     config = report["config"]
-    header = ["strategy", "checkpoint", f"max batch @ crop {config['crop_size']}", "per device",
+    header = ["strategy", "recompute", f"max batch @ crop {config['crop_size']}", "per device",
               f"max crop @ batch {config['batch_size']}", "recommended"]
-    rows = [[a["strategy"], a["checkpoint"], a["max_batch"], a["per_device"], a["max_crop"],
+    rows = [[a["strategy"], a["recompute"], a["max_batch"], a["per_device"], a["max_crop"],
              "recommended" if a["recommended"] else ""] for a in report.get("advice", [])]
     return header, rows

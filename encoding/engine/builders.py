@@ -42,7 +42,6 @@ from ..models import SegmentationModel
 from ..models.factory import nclass_of
 from ..models.network import NetworkSpec
 from ..nn.loss import LOSSES, SegmentationLosses
-from ..nn.syncbn import SyncBatchNorm
 from ..parallel import DataParallelCriterion, DataParallelModel, resolve_devices
 from ..utils.determinism import EpochSampler, SeededSamples, seed_worker
 from ..utils.dist import ShardSampler, fsdp_units, get_local_rank, get_world_size

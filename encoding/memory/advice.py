@@ -17,7 +17,8 @@ further checkpointing policy one simulation suffices where every size is one the
 in what they hold around it (DDP's buckets, the optimizer state of a partition, the replicas' gradients arriving):
 their replays are ``ddp``'s with their own state, traced once. Where a replay does not fit (a size that is no
 monomial, different events), every point is simulated: device programs cached per (crop, policy), the fake model
-and the model sharded for ``fsdp`` shared across crops, ``balanced`` and ``zero1`` composed from ``ddp``'s
+and the model sharded for ``fsdp`` shared across crops (the sharded one across policies too,
+:class:`~encoding.memory.simulate.Simulator`'s ``sharded_from``), ``balanced`` and ``zero1`` composed from ``ddp``'s
 simulation at each point where that is exact (:class:`_Peaks`).
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..nn.recompute import RECOMPUTE_POLICIES
 from .program import STRATEGIES, DeviceProgram, StepSpec
 from .replay import Replay, compose, fit, refit, size_table
 from .search import confirm_boundary, largest_fitting
@@ -40,7 +42,6 @@ CROP_STEP = 8
 #: The strategies :func:`advise` answers for (``balanced-auto``'s batch that fits is at least ``balanced``'s).
 ADVISED_STRATEGIES = tuple(s for s in STRATEGIES if s != "balanced-auto")
 #: Policies from the cheapest (no recomputation) to the dearest: the tie-break of the recommendation.
-POLICY_ORDER = ("none", "backbone", "all")
 #: Strategies whose heaviest device runs ``ddp``'s forward and backward: composed from it where exact.
 _COMPOSED = ("balanced", "zero1")
 #: The smallest share a replay answers for (one sample behind global pooling trains BatchNorm another way).
@@ -53,7 +54,7 @@ class Advice:
 
     Attributes:
         strategy: the strategy.
-        checkpoint: ``"none"``, ``"backbone"`` or ``"all"``.
+        recompute: ``"none"``, ``"backbone"`` or ``"all"`` (the activation-recomputation policy).
         max_batch: the largest total batch (``per_device`` samples on each device) whose heaviest device fits the
             limit at the given crop; ``0``: not even one sample per device fits.
         per_device: ``max_batch / num_devices``.
@@ -63,7 +64,7 @@ class Advice:
     """
 
     strategy: str
-    checkpoint: str
+    recompute: str
     max_batch: int
     per_device: int
     max_crop: int
@@ -71,7 +72,7 @@ class Advice:
 
     def as_dict(self) -> Dict[str, object]:
         """The row as JSON-ready values."""
-        return {"strategy": self.strategy, "checkpoint": self.checkpoint, "max_batch": self.max_batch,
+        return {"strategy": self.strategy, "recompute": self.recompute, "max_batch": self.max_batch,
                 "per_device": self.per_device, "max_crop": self.max_crop, "recommended": self.recommended}
 
 
@@ -115,10 +116,12 @@ class _Peaks:
     def simulator(self, policy: str, crop: int) -> Simulator:
         key = (policy, crop)
         if key not in self._simulators:
-            first = self._models.get(policy)
-            sim = Simulator(self.spec_for(crop, policy), self.round_to, first and first.fake_mode,
+            first = self._models.get(policy)  # this policy's model, sharded models and optimizers (another crop)
+            base = next(iter(self._models.values()), None)  # the first policy's
+            # a further policy shards no model of its own: the first policy's, with its own recomputation switched on
+            sim = Simulator(self.spec_for(crop, policy), self.round_to, base and base.fake_mode,
                             model=first and first.model, backend=self.backend, sharded=first and first.sharded,
-                            optimizers=first and first.optimizers)
+                            optimizers=first and first.optimizers, sharded_from=None if base is first else base)
             self._models.setdefault(policy, sim)
             self._simulators[key] = sim
         return self._simulators[key]
@@ -212,7 +215,7 @@ class _Peaks:
 
 
 def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], num_devices: int, batch: int,
-           crop: int, limit_bytes: int, round_to: int = 1, policies: Sequence[str] = POLICY_ORDER,
+           crop: int, limit_bytes: int, round_to: int = 1, policies: Sequence[str] = RECOMPUTE_POLICIES,
            stats: Optional[Dict[str, int]] = None, backend: str = "nccl", replay: bool = True,
            simulator: Optional[Tuple[str, Simulator]] = None) -> List[Advice]:
     """Per strategy x policy, the largest batch that fits ``limit_bytes`` per device at ``crop`` and the largest
@@ -264,11 +267,11 @@ def _confirmed(peaks: _Peaks, rows: List[Advice], crop: int, limit: int) -> List
             return rows
 
         def peak(b: int) -> int:
-            return peaks.simulated(best.checkpoint, crop, best.strategy, b)
+            return peaks.simulated(best.recompute, crop, best.strategy, b)
 
         if peak(best.per_device) <= limit < peak(best.per_device + 1):
             return rows
-        warnings.warn(f"advice: the replayed batch of {best.strategy} / {best.checkpoint} ({best.per_device} per "
+        warnings.warn(f"advice: the replayed batch of {best.strategy} / {best.recompute} ({best.per_device} per "
                       "device) was not confirmed by simulation; searched again by simulation", RuntimeWarning)
         found = confirm_boundary(peak, best.per_device, limit)
         rows = recommend([dataclasses.replace(r, max_batch=found * peaks.num_devices, per_device=found) if r is best
@@ -305,5 +308,6 @@ def recommend(rows: List[Advice]) -> List[Advice]:
     fitting = [r for r in rows if r.max_batch > 0]
     if not fitting:
         return list(rows)
-    best = min(fitting, key=lambda r: (-r.max_batch, POLICY_ORDER.index(r.checkpoint), -r.max_crop, rows.index(r)))
-    return [Advice(r.strategy, r.checkpoint, r.max_batch, r.per_device, r.max_crop, r is best) for r in rows]
+    best = min(fitting, key=lambda r: (-r.max_batch, RECOMPUTE_POLICIES.index(r.recompute), -r.max_crop,
+                                       rows.index(r)))
+    return [Advice(r.strategy, r.recompute, r.max_batch, r.per_device, r.max_crop, r is best) for r in rows]

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 
 from ..config.groups import AMP_DTYPES
 from ..nn.recompute import RECOMPUTE_POLICIES, checkpoint_segmentation_model, disable_checkpointing
+from ..utils.renamed import renamed_keyword
 from .advice import Advice, advise
 from .balance import _fake_copy, _KeyedLoss, strategy_peaks
 from .kernels import CpuKernels
@@ -89,7 +90,7 @@ class MemoryPlan:
         batch: the total batch; crop: the square crop; num_devices: devices (ranks).
         keep_outputs: which loop was simulated (see :func:`loop_name`).
         amp: ``None``, ``"bf16"`` or ``"fp16"``.
-        checkpoint: the activation-checkpointing policy of the peaks.
+        recompute: the activation-recomputation policy of the peaks.
         memory_limit: bytes per device, or ``None``.
         advice: with a memory limit, per strategy x policy the largest batch and crop that fit, one row marked
             recommended (:class:`~encoding.memory.advice.Advice`).
@@ -102,7 +103,7 @@ class MemoryPlan:
     num_devices: int
     keep_outputs: bool = False
     amp: Optional[str] = None
-    checkpoint: str = "none"
+    recompute: str = "none"
     memory_limit: Optional[int] = None
     advice: List[Advice] = field(default_factory=list)
 
@@ -194,16 +195,17 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
          crop: Optional[int] = None, sample: Optional[Callable[[int], Tuple[Any, Any]]] = None,
          output_key: Optional[Hashable] = None, aux_weight: Optional[float] = None,
          strategies: Sequence[str] = ("balanced",), keep_outputs: bool = False, amp: Optional[str] = None,
-         checkpoint: str = "none", memory_limit: Union[str, int, None] = None, in_channels: int = 3,
+         recompute: str = "none", memory_limit: Union[str, int, None] = None, in_channels: int = 3,
          optimizer: Callable[[List[Tensor]], torch.optim.Optimizer] = default_optimizer,
-         round_to: int = CUDA_BLOCK, backend: str = "nccl", workspaces: Optional[Workspaces] = None) -> MemoryPlan:
+         round_to: int = CUDA_BLOCK, backend: str = "nccl", workspaces: Optional[Workspaces] = None,
+         **old: Any) -> MemoryPlan:
     """Simulate a training step of ``model`` (on fake tensors: nothing is allocated, the model is not changed)
     under each strategy on ``num_devices`` devices.
 
     Args:
         model: the network; its outputs (a tensor, dict or tuple; ``output_key`` picks one) go to ``criterion``
             with the target of ``sample`` (default: an ``int64`` target of the input's batch and spatial size).
-            ``checkpoint`` other than ``"none"`` needs a :class:`~encoding.models.SegmentationModel`.
+            ``recompute`` other than ``"none"`` needs a :class:`~encoding.models.SegmentationModel`.
         criterion: ``criterion(outputs, target)``.
         batch: total batch (split evenly; ``balanced-auto`` plans its own split).
         crop: square input size of the default segmentation sample (``B x in_channels x crop x crop`` images,
@@ -221,7 +223,8 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
         strategies: from :data:`~encoding.memory.program.STRATEGIES`.
         keep_outputs: simulate the loop that holds the outputs through backward (default: ``train.py``'s).
         amp: ``None``, ``"bf16"`` or ``"fp16"`` autocast for forward and loss.
-        checkpoint: activation checkpointing of the peaks: ``"none"``, ``"backbone"`` or ``"all"``.
+        recompute: activation recomputation of the peaks: ``"none"``, ``"backbone"`` or ``"all"`` (``checkpoint=``,
+            its old name, warns).
         memory_limit: bytes per device (``int``) or a size such as ``"24GiB"``; with it, :attr:`MemoryPlan.advice`
             (every checkpointing policy for a :class:`~encoding.models.SegmentationModel`, else ``"none"`` only).
         in_channels: input channels.
@@ -236,11 +239,12 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
     Raises:
         ValueError: an unknown strategy, policy or ``amp``, a batch smaller than the devices, a bad limit.
     """
+    recompute = renamed_keyword(old, "checkpoint", "recompute", recompute, "plan")
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown or not strategies:
         raise ValueError(f"plan: unknown strategies {unknown or 'none given'}; valid: {', '.join(STRATEGIES)}")
-    if checkpoint not in RECOMPUTE_POLICIES:
-        raise ValueError(f"plan: checkpoint={checkpoint!r}; valid: {', '.join(RECOMPUTE_POLICIES)}")
+    if recompute not in RECOMPUTE_POLICIES:
+        raise ValueError(f"plan: recompute={recompute!r}; valid: {', '.join(RECOMPUTE_POLICIES)}")
     if amp is not None and amp not in AMP_DTYPES:
         raise ValueError(f"plan: amp={amp!r}; valid: {', '.join(AMP_DTYPES)} or None")
     if (sample is None) == (crop is None):
@@ -264,8 +268,8 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
         raise ValueError(f"plan: backend={backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == "gloo":  # CPU processes: the CPU kernels' own buffers, probed
         workspaces = CpuKernels(workspaces)
-    simulator = Simulator(spec_for(crop or 0, checkpoint), round_to, backend=backend, workspaces=workspaces)
-    result = MemoryPlan({}, {}, batch, crop, num_devices, keep_outputs, amp, checkpoint, limit)
+    simulator = Simulator(spec_for(crop or 0, recompute), round_to, backend=backend, workspaces=workspaces)
+    result = MemoryPlan({}, {}, batch, crop, num_devices, keep_outputs, amp, recompute, limit)
     for strategy in strategies:
         try:
             result.splits[strategy], result.peaks[strategy] = strategy_peaks(simulator, strategy, batch, num_devices)

@@ -34,7 +34,7 @@ from ..config.tools import BACKENDS as _BACKENDS, DEFAULT_STRATEGIES as _DEFAULT
 from ..parallel.reduction import criterion_loss_terms, reduce_loss_terms
 from ..parallel.structures import iter_leaves, transpose_map
 from .optimizers import build_optimizer, optimizer_key, optimizer_state, optimizer_warmup
-from .sharded import is_sharded, rank_world, shard_model
+from .sharded import is_sharded, rank_world, shard_model, sharded_gradients
 from .tracker import MIB
 
 __all__ = ["STRATEGIES", "BACKENDS", "StepSpec", "DeviceProgram", "ProgramResult", "device_programs", "run_program",
@@ -218,7 +218,9 @@ def _loss(spec: StepSpec, output: Any, target: Any, share: int) -> Tensor:
 def _step(spec: StepSpec, program: DeviceProgram, model: nn.Module, params: List[Tensor],
           optimizer: Optional[torch.optim.Optimizer], device_type: str,
           mark: Callable[[], None] = lambda: None, gradients_only: bool = False) -> None:
-    if program.share and gradients_only:  # what forward and backward leave: a gradient for every parameter
+    if program.share and gradients_only and is_sharded(model):  # what forward and backward leave
+        sharded_gradients(model)
+    elif program.share and gradients_only:  # a gradient for every parameter
         for p in params:
             p.grad = torch.zeros_like(p)
     elif program.share:
@@ -310,9 +312,10 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
             :func:`~encoding.memory.optimizers.optimizer_key` (filled on first use): a program whose key is there
             steps that optimizer, its state counted by ``track``, instead of building one and running its warm-up
             step (the same state: the warm-up's zero gradients leave the same buffers every time).
-        gradients_only: the measured steps' forward and backward replaced by a zero gradient for every parameter
-            (what they leave): the rest of the step alone, for a program whose forward and backward another
-            program ran (:class:`~encoding.memory.simulate.Simulator`'s ``zero1`` ranks).
+        gradients_only: the measured steps' forward and backward replaced by what they leave, a gradient for every
+            parameter (``fsdp``: FSDP2's reduce-scatter outputs, :func:`~encoding.memory.sharded.sharded_gradients`):
+            the rest of the step alone, for a program whose forward and backward another program ran
+            (:class:`~encoding.memory.simulate.Simulator`'s ``zero1`` and ``fsdp`` ranks).
 
     ``fsdp`` and ``zero1`` run in the process group of this process (its world size and rank must be the
     program's), else in a fake one of the program's size (:func:`~encoding.memory.sharded.rank_world`).

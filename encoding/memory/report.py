@@ -54,7 +54,7 @@ def _config(args: argparse.Namespace, mode: str) -> Dict[str, Any]:
     keys = ("model", "backbone", "dataset", "nclass", "batch_size", "crop_size", "aux", "se_loss", "amp",
             "calibrate", "memory_limit", "keep_outputs", "backend", "reserve")
     config = {k: getattr(args, k) for k in keys}
-    config["checkpoint"] = args.recompute  # the report's key since before --recompute (read by the chart and table)
+    config["recompute"] = args.recompute
     config["loop"] = loop_name(args.keep_outputs)
     config.update(mode=mode, devices=args.num_devices, strategies=list(args.strategies),
                   memory_limit_mib=None if args.memory_limit_bytes is None else round(args.memory_limit_bytes / MIB, 2))
@@ -85,7 +85,7 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         seconds, only on real devices), ``"max_batch"`` with ``--max-batch``, and ``"plain_peak_mib"`` and
         ``"saving_mib"`` when simulated with ``--recompute`` (each device's peak without activation checkpointing
         and what it saves); with ``--advise``, ``"advice"`` (one dict per strategy x checkpointing policy:
-        ``strategy``, ``checkpoint``, ``max_batch``, ``per_device``, ``max_crop``, ``recommended``) and
+        ``strategy``, ``recompute``, ``max_batch``, ``per_device``, ``max_crop``, ``recommended``) and
         ``"advise_s"`` (its seconds; ``"advise_cpu_s"``: of CPU time).
     """
     spec_args = step_arguments(args)
@@ -185,7 +185,7 @@ def _options(config: Dict[str, Any]) -> str:
     if amp is True:  # a report of the boolean --amp: bf16 simulated, fp16 measured
         amp = "fp16" if config["mode"] == "measured" else "bf16"
     backend = f", --backend {config['backend']}" if config.get("backend", "nccl") != "nccl" else ""
-    return (f"{mode}; --recompute {config['checkpoint']}, --amp {amp or 'off'}{backend}, "
+    return (f"{mode}; --recompute {config['recompute']}, --amp {amp or 'off'}{backend}, "
             f"--calibrate {'on' if config['calibrate'] else 'off'}; "
             f"loop: {config.get('loop') or loop_name(config.get('keep_outputs', False))}")
 
@@ -273,10 +273,10 @@ def format_advice(report: Dict[str, Any]) -> str:
     """The ``--advise`` table: per strategy x checkpointing policy the largest batch (per device) that fits the
     memory limit at the crop and the largest crop at the batch; ``<-`` marks the recommended row."""
     c = report["config"]
-    rows = [["strategy", "checkpoint", f"max batch @ crop {c['crop_size']}", f"max crop @ batch {c['batch_size']}",
+    rows = [["strategy", "recompute", f"max batch @ crop {c['crop_size']}", f"max crop @ batch {c['batch_size']}",
              ""]]
     for a in report["advice"]:
-        rows.append([a["strategy"], a["checkpoint"], f"{a['max_batch']} ({a['per_device']}/device)",
+        rows.append([a["strategy"], a["recompute"], f"{a['max_batch']} ({a['per_device']}/device)",
                      str(a["max_crop"]), "<- recommended" if a["recommended"] else ""])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) if i < 4 else cell
@@ -296,7 +296,7 @@ def _recommendation(report: Dict[str, Any]) -> str:
     best = next((a for a in report.get("advice", []) if a["recommended"]), None)
     if best is None:
         return "nothing fits" if report.get("advice") else ""
-    return (f"recommended: {best['strategy']}, --recompute {best['checkpoint']}, batch {best['max_batch']} "
+    return (f"recommended: {best['strategy']}, --recompute {best['recompute']}, batch {best['max_batch']} "
             f"at crop {report['config']['crop_size']}")
 
 

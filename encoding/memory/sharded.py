@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from ..utils.dist import fsdp_units
 
 __all__ = ["rank_world", "shard_model", "is_sharded", "zero_optimizer", "zero_partitions", "LocalShardOptimizer",
-           "PartitionOptimizer", "chunk_views", "chunks_on_demand"]
+           "PartitionOptimizer", "chunk_views", "chunks_on_demand", "rank_view", "sharded_gradients"]
 
 
 @contextlib.contextmanager
@@ -129,6 +129,62 @@ def is_sharded(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
+
+
+def _param_groups(model: nn.Module) -> List[Any]:
+    """The FSDP2 parameter groups of a model sharded by :func:`shard_model`, one per unit that holds parameters."""
+    from torch.distributed.fsdp import FSDPModule
+
+    groups = (m._get_fsdp_state()._fsdp_param_group for m in model.modules() if isinstance(m, FSDPModule))
+    return [group for group in groups if group is not None]
+
+
+@contextlib.contextmanager
+def rank_view(model: nn.Module, world_size: int, rank: int) -> Iterator[None]:
+    """Inside: ``model``, sharded by :func:`shard_model` as any rank of ``world_size``, holds the shards of
+    ``rank``: each parameter's local tensor the first rows of its padded shard that ``rank``'s ``torch.chunk`` has
+    (FSDP2's layout: every rank's shard is padded to the first chunk's size and its local tensor is the narrowed
+    rows, so only the local tensors differ between ranks). For the rest of a step alone (the optimizer of those
+    shards) without sharding a model for each rank."""
+    from torch._prims_common import make_contiguous_strides_for
+
+    saved = []
+    try:
+        for group in _param_groups(model):
+            for param in group.fsdp_params:
+                if param.fsdp_placement.dim != 0:
+                    raise ValueError(f"rank_view: a parameter sharded on dim {param.fsdp_placement.dim}, not 0")
+                rows = param._orig_size[0]
+                step = -(-rows // world_size)
+                size = torch.Size((max(0, min(step, rows - rank * step)),) + tuple(param._orig_size[1:]))
+                dtensor = param.sharded_param
+                saved.append((param, dtensor._local_tensor, param.sharded_size, param.contiguous_sharded_stride))
+                padded = param._sharded_param_data.view(param.padded_sharded_param_size)
+                dtensor._local_tensor = padded.narrow(0, 0, size[0])
+                param.sharded_size, param.contiguous_sharded_stride = size, make_contiguous_strides_for(size)
+        yield
+    finally:
+        for param, local, size, stride in saved:
+            param.sharded_param._local_tensor = local
+            param.sharded_size, param.contiguous_sharded_stride = size, stride
+
+
+def sharded_gradients(model: nn.Module) -> None:
+    """What the backward of a model sharded by :func:`shard_model` leaves, without running it (``run_program``'s
+    ``gradients_only``): per unit the flat output of its reduce-scatter (every trainable parameter's padded shard),
+    each parameter's gradient a ``DTensor`` of its shard's view into it, as FSDP2's ``foreach_reduce`` leaves them."""
+    for group in _param_groups(model):
+        params = [p for p in group.fsdp_params if p.sharded_param.requires_grad]
+        if not params:
+            continue
+        local = params[0].sharded_param.to_local()
+        flat = torch.empty(sum(p.padded_sharded_param_size.numel() for p in params), dtype=local.dtype,
+                           device=local.device)
+        offset = 0
+        for p in params:
+            view = torch.as_strided(flat, p.sharded_size, p.contiguous_sharded_stride, offset)
+            p.sharded_param.grad = p.to_sharded_dtensor(view)
+            offset += p.padded_sharded_param_size.numel()
 
 
 class _StagedComm:

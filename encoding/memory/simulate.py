@@ -14,11 +14,15 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import torch
 from torch import nn
 
+from ..nn.recompute import enable_checkpointing, is_checkpointed
 from .program import DeviceProgram, ProgramResult, StepSpec, device_programs, run_program
-from .sharded import chunks_on_demand, rank_world, shard_model, zero_partitions
+from .sharded import chunks_on_demand, rank_view, rank_world, shard_model, zero_partitions
 from .tracker import AllocationTracker, Workspaces
 
-__all__ = ["new_fake_mode", "build_fake_model", "simulate_program", "Simulator"]
+__all__ = ["new_fake_mode", "build_fake_model", "simulate_program", "Simulator", "recompute_view"]
+
+#: The strategies whose ranks are composed from one rank's forward and backward (:meth:`Simulator._rank_result`).
+_COMPOSED_RANKS = ("zero1", "fsdp")
 
 
 def new_fake_mode() -> Any:
@@ -106,6 +110,49 @@ def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, 
     return ProgramResult(max(marks[:1] + [tracker.peak]), seconds, phases, (start[0], trace) if record else None)
 
 
+def recompute_view(base: nn.Module, other: nn.Module) -> Optional[List[str]]:
+    """The modules ``other`` recomputes (checkpoints) and ``base`` does not, where that is all that differs between
+    the two models: the same modules, parameters, buffers and plain attributes, and each differing class the
+    recomputed subclass of ``base``'s (:func:`~encoding.nn.recompute.enable_checkpointing`). ``None`` otherwise."""
+    mine, theirs = dict(base.named_modules()), dict(other.named_modules())
+    if list(mine) != list(theirs) or _tensors(base) != _tensors(other):
+        return None
+    names = []
+    for name, module in theirs.items():
+        own = mine[name]
+        if _plain(own) != _plain(module):
+            return None
+        if type(own) is not type(module):
+            if not (is_checkpointed(module) and not is_checkpointed(own)
+                    and type(module).__checkpoint_base__ is type(own)):
+                return None
+            names.append(name)
+    return names
+
+
+def _tensors(model: nn.Module) -> list:
+    return [(name, t.shape, t.dtype, t.requires_grad) for name, t in
+            list(model.named_parameters()) + list(model.named_buffers())]
+
+
+def _plain(module: nn.Module) -> dict:
+    """A module's attributes of plain values (flags, sizes, names: what a policy might set besides its class)."""
+    return {k: v for k, v in vars(module).items() if isinstance(v, (bool, int, float, str, tuple, type(None)))}
+
+
+@contextlib.contextmanager
+def recomputing(model: nn.Module, names: Sequence[str]) -> Iterator[None]:
+    """Inside: the modules ``names`` of ``model`` recomputed (see :func:`recompute_view`), as built so."""
+    modules = dict(model.named_modules())
+    classes = [(modules[name], type(modules[name])) for name in names]
+    enable_checkpointing([module for module, _ in classes])
+    try:
+        yield
+    finally:
+        for module, cls in classes:
+            module.__class__ = cls
+
+
 class Simulator:
     """Simulated peaks of the device programs of one :class:`StepSpec`, each distinct program run once.
 
@@ -121,16 +168,22 @@ class Simulator:
             like ``model``); default: its own.
         optimizers: the :attr:`optimizers` of that simulator (shared with ``model`` and ``sharded``); default: its
             own.
-        record: keep every program's events (:meth:`result` with ``record``), so that the advice can replay the
-            programs of this simulator without simulating them again (:func:`~encoding.memory.advice.advise`'s
-            ``simulator``).
+        sharded_from: a simulator of the same network with another recomputation policy (e.g. none): its sharded
+            models stand for this one's, with this policy's recomputed modules switched on while a program runs
+            (:func:`recompute_view`; where the two models differ otherwise, this simulator shards its own).
+        record: keep the events of every program it simulates whole (:meth:`result` with ``record``; a composed
+            ``zero1`` or ``fsdp`` rank is recorded when asked), so that the advice can replay the programs of this
+            simulator without simulating them again (:func:`~encoding.memory.advice.advise`'s ``simulator``).
     """
 
     def __init__(self, spec: StepSpec, round_to: int = 1, fake_mode: Any = None,
                  workspaces: Optional[Workspaces] = None, model: Optional[nn.Module] = None,
                  backend: str = "nccl", sharded: Optional[Dict[tuple, nn.Module]] = None,
-                 optimizers: Optional[Dict[tuple, Any]] = None, record: bool = False) -> None:
+                 optimizers: Optional[Dict[tuple, Any]] = None, record: bool = False,
+                 sharded_from: Optional["Simulator"] = None) -> None:
         self.spec = spec
+        self._sharded_from = sharded_from
+        self._recomputed: Optional[List[str]] = None  # with sharded_from: the modules recomputed here, not there
         self.record = record
         self.round_to = round_to
         self.fake_mode = fake_mode if fake_mode is not None else new_fake_mode()
@@ -141,16 +194,23 @@ class Simulator:
         self._runs = 0
         self._zero: Dict[int, List[tuple]] = {}
         self._fsdp: Dict[int, List[int]] = {}  # world size -> per rank, the first rank with its shards' sizes
-        #: (share, total, world size) -> a zero1 rank's forward-and-backward peak above its start, where composing
-        #: its ranks is exact (:meth:`_zero_rank_result`), else None
-        self._zero_frames: Dict[tuple, Optional[int]] = {}
-        #: how many rests of steps were simulated alone (``zero1`` ranks composed, see :meth:`_zero_rank_result`)
+        #: a group of ranks that run the same forward and backward (:meth:`_rank_group`) -> its first rank, simulated
+        #: whole, and once a second rank is asked, that forward and backward's peak above the start where composing
+        #: is exact, else None (:meth:`_rank_result`)
+        self._firsts: Dict[tuple, DeviceProgram] = {}
+        self._frames: Dict[tuple, Optional[int]] = {}
+        #: how many rests of steps were simulated alone (``zero1`` and ``fsdp`` ranks composed)
         self.rests_run = 0
         #: (world size, rank) -> the model sharded for ``fsdp`` (see :meth:`sharded_model`)
         self.sharded: Dict[tuple, nn.Module] = {} if sharded is None else sharded
         #: the warmed optimizers of the programs run on :attr:`model` and :attr:`sharded` (one warm-up step each,
         #: see :func:`~encoding.memory.program.run_program`)
         self.optimizers: Dict[tuple, Any] = {} if optimizers is None else optimizers
+
+    @property
+    def sharded_from(self) -> Optional["Simulator"]:
+        """The simulator whose sharded models this one uses (its ``sharded_from``), or ``None``."""
+        return self._sharded_from
 
     @property
     def programs_run(self) -> int:
@@ -172,9 +232,11 @@ class Simulator:
             return ProgramResult(0, 0.0)
         asked, record = record, record or self.record
         key = self.representative(program)
-        if key.strategy == "zero1" and key not in self._cache and not asked and observer is None:
-            self._cache[key] = self._zero_rank_result(key, record)  # composed ones keep no events
-        if key not in self._cache or (record and self._cache[key].trace is None) or observer is not None:
+        if key.strategy in _COMPOSED_RANKS and key not in self._cache and not asked and observer is None:
+            self._cache[key] = self._rank_result(key, record)  # composed ones keep no events
+        # a composed rank keeps no events: recorded when asked (a simulator that records every program records
+        # the ones it simulates whole)
+        if key not in self._cache or (asked and self._cache[key].trace is None) or observer is not None:
             self._cache[key] = self._simulate(key, record, observer)
         return self._cache[key]
 
@@ -189,41 +251,66 @@ class Simulator:
         return key
 
     def _simulate(self, key: DeviceProgram, record: bool = False, observer: Any = None,
-                  gradients_only: bool = False) -> ProgramResult:
-        model = self.sharded_model(key.replicas, key.rank) if key.strategy == "fsdp" else self.model
-        result = simulate_program(self.spec, key, self.round_to, self.fake_mode, self.workspaces, model,
-                                  self.backend, record, self.optimizers, observer, gradients_only)
+                  gradients_only: bool = False, on_rank: Optional[int] = None) -> ProgramResult:
+        """``key`` simulated (``gradients_only``: its rest alone; ``on_rank``: an ``fsdp`` rank's rest on the model
+        sharded for that other rank, viewed as its own, :func:`~encoding.memory.sharded.rank_view`)."""
+        model = self.model
+        with contextlib.ExitStack() as view:
+            if key.strategy == "fsdp":
+                model = self.sharded_model(key.replicas, key.rank if on_rank is None else on_rank)
+                if self._recomputed:
+                    view.enter_context(recomputing(model, self._recomputed))
+                if on_rank is not None and on_rank != key.rank:
+                    with self.fake_mode:  # the views are made on fake tensors
+                        view.enter_context(rank_view(model, key.replicas, key.rank))
+            result = simulate_program(self.spec, key, self.round_to, self.fake_mode, self.workspaces, model,
+                                      self.backend, record, self.optimizers, observer, gradients_only)
         if gradients_only:
             self.rests_run += 1
         else:
             self._runs += 1
         return result
 
-    def _zero_rank_result(self, key: DeviceProgram, record: bool = False) -> ProgramResult:
-        """A ``zero1`` rank composed: the ranks of one step run the same forward and backward (DDP's, over every
-        parameter) and differ only in the optimizer state of their partition, held through it, and in the step of
-        that partition after it. The first rank of a step is simulated whole and then its rest alone
-        (``gradients_only``); where the two agree (the same bytes at the start, between, and the same peak of the
-        rest), every other rank is its rest alone plus the first rank's forward and backward above its own start.
-        Where they do not, every rank is simulated whole."""
-        group = (key.share, key.total, key.replicas)
-        if group not in self._zero_frames:
-            whole = self._cache[key] = self._simulate(key, record)
-            rest = self._simulate(key, gradients_only=True)
+    @staticmethod
+    def _rank_group(key: DeviceProgram) -> tuple:
+        """What ranks of one step share a forward and backward: every ``zero1`` rank (DDP's, over every parameter)
+        and every ``fsdp`` rank (FSDP2 pads every rank's shard to the first chunk's size: the same all-gathers and
+        reduce-scatters on every rank)."""
+        return key.strategy, key.share, key.total, key.replicas
+
+    def _rank_result(self, key: DeviceProgram, record: bool = False) -> ProgramResult:
+        """A ``zero1`` or ``fsdp`` rank composed: the ranks of a group (:meth:`_rank_group`) run the same forward
+        and backward and differ only in the optimizer state of their partition (shards), held through it, and in the
+        step of that partition after it. The first rank of a group is simulated whole; when another is asked, the
+        first's rest is simulated alone (``gradients_only``), and where the two agree (the same bytes at the start,
+        between, and the same peak of the rest), every other rank is its rest alone plus the first rank's forward
+        and backward above its own start. Where they do not, every rank is simulated whole."""
+        group = self._rank_group(key)
+        first = self._firsts.setdefault(group, key)
+        if first == key:
+            return self._simulate(key, record)
+        if group not in self._frames:
+            whole = self.result(first)
+            rest = self._simulate(first, gradients_only=True)
             exact = whole.phases is not None and rest.phases is not None and \
                 (whole.phases[0], whole.phases[2], whole.phases[3]) == (rest.phases[0], rest.phases[2], rest.phases[3])
-            self._zero_frames[group] = whole.phases[1] - whole.phases[0] if exact else None
-            return whole
-        frame = self._zero_frames[group]
+            self._frames[group] = whole.phases[1] - whole.phases[0] if exact else None
+        frame = self._frames[group]
         if frame is None:
             return self._simulate(key)
-        rest = self._simulate(key, gradients_only=True)
+        rest = self._simulate(key, gradients_only=True, on_rank=first.rank)
         start, _, after, between = rest.phases
         return ProgramResult(max(start + frame, after), rest.seconds, (start, start + frame, after, between))
 
     def sharded_model(self, world_size: int, rank: int = 0) -> nn.Module:
         """A model of the step sharded for ``fsdp`` as ``rank`` of ``world_size`` ranks (built and sharded on first
         use, then shared by the ``fsdp`` programs of the ranks whose shards have its sizes)."""
+        if self._sharded_from is not None and self._recomputed is None:
+            self._recomputed = recompute_view(self._sharded_from.model, self.model)
+            if self._recomputed is None:  # the models differ otherwise: shard this one's own
+                self._sharded_from = None
+        if self._sharded_from is not None:
+            return self._sharded_from.sharded_model(world_size, rank)
         if (world_size, rank) not in self.sharded:
             with rank_world(world_size, rank), self.fake_mode, chunks_on_demand():
                 self.sharded[world_size, rank] = shard_model(self.spec.build_model(),
