@@ -240,3 +240,27 @@ def test_an_option_with_an_optional_value_reads_back_from_a_config_file(tmp_path
     write_config(str(path), {"pretrained-backbone": value})
     args = options.parse_args(["--config", str(path), "--no-val"], script="train")
     assert args.pretrained == expected
+
+
+def test_a_cpu_run_on_two_cores_loads_in_the_training_process(monkeypatch):
+    """``--workers``: 0 by rule for a CPU run on at most 2 cores (loading processes would take the cores the step
+    computes on), the field's 2 otherwise; a value given always wins."""
+    import sys
+
+    resolve_module = sys.modules["encoding.config.resolve"]
+    from encoding.config import resolve
+
+    monkeypatch.setattr(resolve_module.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(resolve_module.os, "cpu_count", lambda: 2)
+    settings = resolve("train", [])
+    assert settings.options()["workers"] == 0 and settings.source("workers").startswith("rule: a CPU run on 2 cores")
+    assert resolve("train", ["--workers", "3"]).options()["workers"] == 3
+    assert resolve("test", ["--torchvision-weights", "--model", "fcn", "--dataset", "pascal_voc"]
+                   ).options()["workers"] == 0
+    monkeypatch.setattr(resolve_module.os, "cpu_count", lambda: 8)
+    assert resolve("train", []).options()["workers"] == 2
+    monkeypatch.setattr(resolve_module.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(resolve_module.torch.cuda, "is_available", lambda: True)
+    assert resolve("train", []).options()["workers"] == 2  # a GPU run: loading overlaps the device's step
+    assert resolve("train", ["--no-cuda"]).options()["workers"] == 0
+    assert resolve("train", ["--device-ids", "cpu,cpu"]).options()["workers"] == 0

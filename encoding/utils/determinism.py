@@ -134,5 +134,7 @@ class SeededSamples(Dataset):
             return self.dataset[key]
         epoch, index = key
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(sample_seed(self.seed, epoch, index))
+            # the CPU generator only (what fork_rng restores): torch.manual_seed would also seed every accelerator's
+            # generator, unrestored, and capture a stack trace per sample for the lazy seeding of an unused one
+            torch.default_generator.manual_seed(sample_seed(self.seed, epoch, index))
             return self.dataset[index]
