@@ -5,7 +5,7 @@ Runs ``experiments/segmentation/train.py`` with its defaults ``--runs`` times (s
 directory) and prints, per run, the wall time and the final pixAcc / mIoU / worst class (name and IoU), then the
 range. The data is generated once before the first run (with ``--fresh-data`` into an empty temporary data root,
 timed, as on a newcomer's first run).
-The target (issue 36): mIoU >= 0.80 with every class >= 0.60 in <= 180 s on 2 idle CPU cores, data generation
+The target (issue 45): mIoU >= 0.80 with every class >= 0.60 in <= 150 s on 2 idle CPU cores, data generation
 included. The quality figures are deterministic for a given machine; the time is not, and a shared machine makes it
 meaningless on its own: ``--baseline "OPTIONS"`` also runs the recipe ``train.py OPTIONS`` (e.g. an earlier recipe)
 before each run of the default, in the same process and with the same threads, and prints the time ratio.
@@ -89,7 +89,7 @@ def _bench(args: argparse.Namespace) -> None:
         print(f"{seed:>4}  {seconds:6.1f}   {pix:.4f}  {miou:.4f}  {worst:.4f} ({name})")
     walls, mious = [r[1] for r in rows], [r[3] for r in rows]
     print(f"wall {min(walls):.1f}-{max(walls):.1f} s, mIoU {min(mious):.4f}-{max(mious):.4f}, "
-          f"worst class IoU {min(r[4] for r in rows):.4f} (target: mIoU >= 0.80, every class >= 0.60, <= 180 s on "
+          f"worst class IoU {min(r[4] for r in rows):.4f} (target: mIoU >= 0.80, every class >= 0.60, <= 150 s on "
           f"2 idle CPU cores with the data generation; {os.cpu_count()} cores here, {_threads()} torch threads)")
     print(f"data generation (or check, if present): {generation:.1f} s; a newcomer's first run takes it plus run 1's "
           "wall time and the interpreter start")

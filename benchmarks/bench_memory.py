@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from encoding.memory import (Simulator, learn_workspaces, max_batch, measure_program_cpu,  # noqa: E402
                              segmentation_spec, simulate_program, strategy_peaks)
 from encoding.memory.cli import main as tool_main, parse_memory  # noqa: E402
-from encoding.memory.program import STRATEGIES, DeviceProgram, device_programs  # noqa: E402
+from encoding.memory.program import MEMORY_STRATEGIES, DeviceProgram, device_programs  # noqa: E402
 from encoding.memory.tracker import CUDA_BLOCK, MIB  # noqa: E402
 from encoding.models import ARCHITECTURES  # noqa: E402
 
@@ -98,7 +98,7 @@ def table(args):
         simulator = Simulator(_spec(model, nclass), CUDA_BLOCK)
         for devices in (4, 8):
             print(f"\n{model}-resnet50, {nclass} classes, {devices} devices, batch {2 * devices}")
-            for strategy in STRATEGIES:
+            for strategy in MEMORY_STRATEGIES:
                 split, peaks = strategy_peaks(simulator, strategy, 2 * devices, devices)
                 biggest = max_batch(simulator, strategy, devices, limit)
                 mean = sum(peaks) / len(peaks)

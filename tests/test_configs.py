@@ -13,7 +13,7 @@ import yaml
 
 from conftest import ROOT, SCRIPTS, TINY, load_script
 from encoding.datasets import datasets
-from encoding.engine.assemble import CONFIG_NAME, ConfigError, TrainingConfig, saved_config
+from encoding.engine.assemble import RUN_CONFIG_NAME, ConfigError, TrainingConfig, saved_config
 from encoding.config import RECIPE_DIR, recipe_file, resolve
 from encoding.config.recipes import read_flat
 from encoding.config.recipes import RECIPE_KEYS, builtin_recipe, read_recipe
@@ -121,11 +121,11 @@ def test_a_run_saved_config_repeats_the_run(tiny_shapes, tmp_path, options):
                                                        "checkname": "first", "train-limit": 8}))
     train.main(["--config", first], datasets=tiny_shapes)
     run_dir = out / "shapes" / "unet" / "first"
-    saved = str(run_dir / CONFIG_NAME)
+    saved = str(run_dir / RUN_CONFIG_NAME)
     train.main(["--config", saved, "--checkname", "again"], datasets=tiny_shapes)
     again = out / "shapes" / "unet" / "again"
     assert _first_loss(again) == _first_loss(run_dir)
-    assert {k: v for k, v in read_config(str(again / CONFIG_NAME)).items() if k != "checkname"} == {
+    assert {k: v for k, v in read_config(str(again / RUN_CONFIG_NAME)).items() if k != "checkname"} == {
         k: v for k, v in read_config(saved).items() if k != "checkname"}
     elsewhere = ["--checkname", "elsewhere"]  # a saved run's own directory is taken: a new run goes elsewhere
     assert vars(options.parse_args(["--config", saved] + elsewhere)) == vars(

@@ -13,7 +13,7 @@ from PIL import Image
 
 from conftest import ROOT, load_script
 from encoding.datasets import FolderSegmentation
-from encoding.datasets.folder_meta import DataError
+from encoding.datasets import DatasetError
 from folder_data import make_folder, photo, save_rotated_jpeg, tree, truncate
 
 TINY = ["--crop-size", "16", "--base-size", "24", "--batch-size", "4", "--workers", "0", "--epochs", "1"]
@@ -95,7 +95,7 @@ def test_jpeg_masks_are_refused_as_lossy(train, capsys, tmp_path):
            "format" in line and "masks/0001.jpg" in line and "masks/0002.jpg" in line
     os.remove(os.path.join(masks, "0002.jpg"))
     os.remove(os.path.join(root, "images", "0002.jpg"))
-    with pytest.raises(DataError, match="mask is JPEG, a lossy format: .*save masks as PNG") as err:
+    with pytest.raises(DatasetError, match="mask is JPEG, a lossy format: .*save masks as PNG") as err:
         FolderSegmentation(root)
     assert err.value.path == os.path.join(masks, "0001.jpg")
 
@@ -116,7 +116,7 @@ def test_the_scan_and_the_loader_apply_the_same_exif_orientation(tmp_path):
     _photos(root, n=4, size=(30, 20), mask=lambda i, h, w: np.full((h, w), i % 2, np.uint8))
     turned = os.path.join(root, "images", "0002.jpg")
     save_rotated_jpeg(turned, photo(30, 20, 2), 6)  # stored 30 x 20, shown 20 x 30
-    with pytest.raises(DataError, match=r"mask size 30x20 \(WxH\) differs from its image .*0002.jpg \(20x30, as "
+    with pytest.raises(DatasetError, match=r"mask size 30x20 \(WxH\) differs from its image .*0002.jpg \(20x30, as "
                                         r"displayed\)"):
         FolderSegmentation(root)  # the mask matches the stored photo, not the one the loader reads
     Image.fromarray(np.ones((30, 20), np.uint8)).save(os.path.join(root, "masks", "0002.png"))  # upright mask
@@ -167,7 +167,7 @@ def test_many_bad_files_are_listed_in_a_file_of_the_temp_folder(tmp_path, monkey
     root = _photos(str(tmp_path / "d"), n=8)
     for i in range(5):
         truncate(os.path.join(root, "images", f"{i:04d}.jpg"), 0.4)
-    with pytest.raises(DataError) as err:
+    with pytest.raises(DatasetError) as err:
         FolderSegmentation(root)
     message = str(err.value)
     assert "\n" not in message and "5 unreadable or truncated: " in message and ", ..." in message
@@ -247,14 +247,14 @@ def test_a_13000_square_mask_is_refused_from_its_header_or_counted_in_bounded_me
 def test_the_scan_names_an_image_over_the_pixel_limit(tmp_path, monkeypatch):
     root = _photos(str(tmp_path / "d"), n=4, size=(40, 30))
     monkeypatch.setenv("ENCODING_MAX_PIXELS", "1000")
-    with pytest.raises(DataError) as err:
+    with pytest.raises(DatasetError) as err:
         FolderSegmentation(root)
     assert "4 over the pixel limit (raise it with --max-pixels" in str(err.value)
     assert "images/0000.jpg (image of 40 x 30 = 1,200 pixels is over the limit of 1,000 pixels)" in str(err.value)
     monkeypatch.setenv("ENCODING_MAX_PIXELS", "1200")
     assert FolderSegmentation(root).scan.samples == 4
     monkeypatch.setenv("ENCODING_MAX_PIXELS", "1000")  # the records are cached now: the limit still holds
-    with pytest.raises(DataError, match="4 over the pixel limit"):
+    with pytest.raises(DatasetError, match="4 over the pixel limit"):
         FolderSegmentation(root)
 
 
@@ -286,7 +286,7 @@ def test_a_bad_file_with_a_newline_in_its_name_is_reported_on_one_line(tmp_path)
         os.rename(os.path.join(root, "images", f"{i:04d}.jpg"), os.path.join(root, "images", stem + ".jpg"))
         truncate(os.path.join(root, "images", stem + ".jpg"), 0.5)
         os.rename(os.path.join(root, "masks", f"{i:04d}.png"), os.path.join(root, "masks", stem + ".png"))
-    with pytest.raises(DataError) as err:
+    with pytest.raises(DatasetError) as err:
         FolderSegmentation(root)
     assert "\n" not in str(err.value) and '"images/a\\nb.jpg"' in str(err.value)
 
@@ -328,7 +328,7 @@ def test_hostile_class_files_are_one_line(train, capsys, tmp_path, name, content
     with open(os.path.join(root, name), "wb") as f:
         f.write(content.encode("utf-8") if isinstance(content, str) else content)
     started = time.perf_counter()
-    with pytest.raises(DataError) as err:
+    with pytest.raises(DatasetError) as err:
         FolderSegmentation(root)
     assert time.perf_counter() - started < 5 and message in str(err.value) and "\n" not in str(err.value)
     assert err.value.path == os.path.join(root, name)
@@ -345,7 +345,7 @@ def test_a_16_bit_mask_value_300_is_ignored_by_the_scan_and_the_loader_alike(tmp
     values[:, 10:12] = 2
     Image.fromarray(values).save(path)
     assert Image.open(path).mode.startswith("I")
-    with pytest.raises(DataError, match=r"label values \[300\] are outside the 3 classes"):
+    with pytest.raises(DatasetError, match=r"label values \[300\] are outside the 3 classes"):
         FolderSegmentation(root)
     data = FolderSegmentation(root, unknown_labels="ignore", split="train", mode="testval", val_fraction=0.25)
     assert data.scan.unknown == 240 and data.scan.unknown_files == 1
@@ -374,7 +374,7 @@ def test_masks_that_pair_with_nothing_point_to_split_lists(tmp_path):
     root = _photos(str(tmp_path / "d"), n=3)
     for i, name in enumerate(("a_mask", "b_label", "c")):
         os.rename(os.path.join(root, "masks", f"{i:04d}.png"), os.path.join(root, "masks", name + ".png"))
-    with pytest.raises(DataError) as err:
+    with pytest.raises(DatasetError) as err:
         FolderSegmentation(root)
     assert "no mask name matches an image name" in str(err.value) and "use splits/*.txt listing the pairs, one " \
            "'images/0000.jpg<TAB>masks/a_mask.png' per line" in str(err.value)

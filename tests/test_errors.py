@@ -192,7 +192,7 @@ def test_every_exception_class_of_the_package_derives_from_encoding_error():
 def test_dataset_errors_are_one_class():
     from encoding.datasets import folder_meta, layout
 
-    assert folder_meta.DataError is DatasetError is layout.DatasetError
+    assert folder_meta.DataError is DatasetError is layout.DatasetError  # the old name, bound as it is
     assert DatasetError("x.png", "mask file is missing").exit_status == 2
 
 

@@ -17,7 +17,7 @@ import encoding
 from conftest import ROOT, load_script
 from encoding.datasets import FolderSegmentation, get_segmentation_dataset
 from encoding.datasets import scan as scan_module
-from encoding.datasets.folder_meta import DataError
+from encoding.datasets import DatasetError
 from encoding.engine.assemble import ConfigError
 from folder_data import COLORS, make_folder
 
@@ -90,7 +90,7 @@ def test_mask_encodings_and_class_files(tmp_path):
     txt = tmp_path / "txt"
     make_folder(str(txt), "flat")
     (txt / "classes.txt").write_text("# name r g b\nsky 0 0 0\nroad 10 20 30\ncar\n")
-    with pytest.raises(DataError, match="gives 2 colours for 3 classes"):
+    with pytest.raises(DatasetError, match="gives 2 colours for 3 classes"):
         FolderSegmentation(str(txt))
     (txt / "classes.txt").write_text("sky\nroad\ncar\n")
     assert FolderSegmentation(str(txt)).CLASSES == ("sky", "road", "car")
@@ -142,7 +142,7 @@ def _bad(tmp_path, case):
 @pytest.mark.parametrize("case", ["unpaired", "size", "values", "unreadable"])
 def test_each_bad_data_case_is_one_line_naming_the_file_exit_2_nothing_left(case, tmp_path):
     path, what = _bad(tmp_path, case)
-    with pytest.raises(DataError, match=what) as err:
+    with pytest.raises(DatasetError, match=what) as err:
         FolderSegmentation(os.path.dirname(os.path.dirname(path)))
     assert err.value.path == path
     out = tmp_path / "runs"

@@ -28,7 +28,8 @@ import numpy as np
 from ..utils.files import atomic_write
 from ..utils.palette import generated_palette
 from .base import BaseDataset, INVALID_LABEL
-from .folder_meta import DataError, color_lookup, read_class_file, read_mask
+from .folder_meta import color_lookup, read_class_file, read_mask
+from .layout import DatasetError
 from .pairing import Pair, Problem, pair_folders, read_pair_list
 from .scan import FolderScan, cache_file, check_scan, record_key, scan_pairs
 from .transforms import LABEL_IGNORE
@@ -60,7 +61,7 @@ def read_holdout(path: str) -> List[str]:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as err:
-        raise DataError(path, f"cannot read the hold-out list ({err})") from None
+        raise DatasetError(path, f"cannot read the hold-out list ({err})") from None
     if not path.endswith(".json"):
         names = [n for n in text.split("\n") if n.strip() and not n.lstrip().startswith("#")]
         return [n[:-1] if n.endswith("\r") else n for n in names]
@@ -69,7 +70,7 @@ def read_holdout(path: str) -> List[str]:
     except (ValueError, AttributeError):
         names = None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise DataError(path, 'is not a hold-out list ({"images": [paths relative to the data root]}); delete it '
+        raise DatasetError(path, 'is not a hold-out list ({"images": [paths relative to the data root]}); delete it '
                               "to draw a new hold-out")
     return names
 
@@ -85,7 +86,7 @@ def find_splits(root: str) -> Tuple[str, Dict[str, List[Pair]], List[Problem]]:
     if os.path.isdir(join(root, "splits")):
         names = sorted(n[:-4] for n in os.listdir(join(root, "splits")) if n.endswith(".txt"))
         if not names:
-            raise DataError(join(root, "splits"), "holds no <split>.txt list file")
+            raise DatasetError(join(root, "splits"), "holds no <split>.txt list file")
         return "splits", {n: read_pair_list(root, join(root, "splits", n + ".txt")) for n in names}, []
     split_dirs = [n for n in ("train", "val", "test") if os.path.isdir(join(root, n, "images"))]
     if split_dirs:
@@ -96,7 +97,7 @@ def find_splits(root: str) -> Tuple[str, Dict[str, List[Pair]], List[Problem]]:
     elif os.path.isdir(join(root, "images")):
         layout, folders = "images + masks", {"all": (join(root, "images"), join(root, "masks"))}
     else:
-        raise DataError(root, "is not a folder dataset: expected images/ + masks/, train/ and val/ each holding "
+        raise DatasetError(root, "is not a folder dataset: expected images/ + masks/, train/ and val/ each holding "
                               "images/ + masks/, img_dir/ + ann_dir/ (mmsegmentation), or splits/{train,val}.txt "
                               "(see docs/own-data.md)")
     splits, problems = {}, []
@@ -118,11 +119,11 @@ def hold_out(pairs: List[Pair], fraction: float, seed: int, root: str,
         names = read_holdout(holdout_file)
         missing = [n for n in names if n not in by_name]
         if missing or not names:
-            raise DataError(holdout_file, f"lists {missing[0]!r}, which is not in {root} any more; delete the "
+            raise DatasetError(holdout_file, f"lists {missing[0]!r}, which is not in {root} any more; delete the "
                                           "file to draw a new hold-out" if missing else "lists no image")
     else:
         if not 0.0 < fraction < 1.0 or len(pairs) < 2:
-            raise DataError(root, f"has no val split and {len(pairs)} sample(s): a hold-out needs 2 or more "
+            raise DatasetError(root, f"has no val split and {len(pairs)} sample(s): a hold-out needs 2 or more "
                                   f"samples and 0 < --val-fraction < 1 (got {fraction})")
         order = sorted(by_name)
         random.Random(seed).shuffle(order)
@@ -162,14 +163,14 @@ class FolderSegmentation(BaseDataset):
                  unknown_labels: str = "error", binary: bool = False, scan_cache: Union[bool, str] = True,
                  **kwargs: Any) -> None:
         if root is None:
-            raise DataError("--data-root", "the folder dataset needs the folder: --data-root DIR (root= in Python)")
+            raise DatasetError("--data-root", "the folder dataset needs the folder: --data-root DIR (root= in Python)")
         root = os.path.abspath(os.path.expanduser(root))
         if not os.path.isdir(root):
-            raise DataError(root, "folder dataset not found")
+            raise DatasetError(root, "folder dataset not found")
         self.layout, splits, unpaired = find_splits(root)
         self.holdout: Optional[List[str]] = None
         if "train" not in splits and "all" not in splits:
-            raise DataError(root, f"has no train split ({self.layout} layout with {', '.join(sorted(splits))})")
+            raise DatasetError(root, f"has no train split ({self.layout} layout with {', '.join(sorted(splits))})")
         if "val" not in splits:
             pool = splits.pop("all", None) or splits.pop("train")
             splits["train"], splits["val"] = hold_out(pool, val_fraction, holdout_seed, root, holdout_file)

@@ -31,13 +31,9 @@ from PIL import Image
 from ..utils.images import ImageTooLarge, open_image, upright
 from .layout import DatasetError
 
-__all__ = ["DataError", "CLASS_FILES", "MAX_CLASS_FILE", "MAX_CLASSES", "ClassSpec", "read_class_file", "read_mask",
+__all__ = ["CLASS_FILES", "MAX_CLASS_FILE", "MAX_CLASSES", "ClassSpec", "read_class_file", "read_mask",
            "mask_histogram", "pack_colors", "color_lookup", "format_colors"]
 
-
-#: A problem of a user's folder dataset (one line naming the file; exit status 2): the one dataset error,
-#: :class:`~encoding.datasets.DatasetError`, under the name this module gave it.
-DataError = DatasetError
 
 #: The class files looked for in a folder dataset's root, in this order.
 CLASS_FILES = ("classes.yaml", "classes.yml", "classes.json", "classes.txt")

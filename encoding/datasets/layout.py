@@ -28,7 +28,7 @@ __all__ = [
 
 class DatasetError(ValueError, EncodingError):
     """A dataset file is missing, unreadable or inconsistent: the data handed to the package cannot be used (one line
-    naming the file; exit status 2). ``encoding.datasets.folder_meta.DataError`` is the same class.
+    naming the file; exit status 2).
 
     Attributes:
         path: the offending file or folder.

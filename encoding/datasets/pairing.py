@@ -16,7 +16,8 @@ from typing import Dict, List, Tuple
 
 from PIL import Image
 
-from .folder_meta import CLASS_FILES, DataError
+from .folder_meta import CLASS_FILES
+from .layout import DatasetError
 
 __all__ = ["Pair", "Problem", "by_stem", "mask_suffix", "pair_folders", "read_pair_list"]
 
@@ -34,7 +35,7 @@ def by_stem(folder: str) -> Dict[str, str]:
     """Relative stem (``sub/name``) -> path of every image file under ``folder`` (hidden files skipped).
 
     Raises:
-        DataError: two files with the same stem.
+        DatasetError: two files with the same stem.
     """
     exts, found = _image_exts(), {}
     for base, dirs, files in os.walk(folder):
@@ -45,7 +46,7 @@ def by_stem(folder: str) -> Dict[str, str]:
                 continue
             key = os.path.relpath(os.path.join(base, stem), folder)
             if key in found:
-                raise DataError(os.path.join(base, name), f"has the same stem as {found[key]}: one file per sample")
+                raise DatasetError(os.path.join(base, name), f"has the same stem as {found[key]}: one file per sample")
             found[key] = os.path.join(base, name)
     return found
 
@@ -75,19 +76,19 @@ def pair_folders(image_dir: str, mask_dir: str) -> Tuple[List[Pair], List[Proble
     """``(pairs, problems)`` of an image folder and a mask folder (see the module docstring).
 
     Raises:
-        DataError: the mask folder is missing, the image folder is empty, or no file pairs at all.
+        DatasetError: the mask folder is missing, the image folder is empty, or no file pairs at all.
     """
     if not os.path.isdir(mask_dir):
-        raise DataError(mask_dir, f"mask folder is missing (the images are in {image_dir})")
+        raise DatasetError(mask_dir, f"mask folder is missing (the images are in {image_dir})")
     images, masks = by_stem(image_dir), by_stem(mask_dir)
     if not images:
-        raise DataError(image_dir, "holds no image file")
+        raise DatasetError(image_dir, "holds no image file")
     suffix = mask_suffix(images, masks)
     if suffix:
         masks = {stem[:-len(suffix)]: path for stem, path in masks.items()}
     pairs = [(images[k], masks[k]) for k in sorted(images) if k in masks]
     if not pairs:
-        raise DataError(mask_dir, _example(image_dir, images, masks))
+        raise DatasetError(mask_dir, _example(image_dir, images, masks))
     problems = [("unpaired", images[k], f"image without a mask in {mask_dir}") for k in sorted(images)
                 if k not in masks]
     problems += [("unpaired", masks[k], f"mask without an image in {image_dir}") for k in sorted(masks)
@@ -113,7 +114,7 @@ def read_pair_list(root: str, split_file: str) -> List[Pair]:
     """The pairs of a list file: stems over ``images/`` + ``masks/``, or ``image mask`` relative paths.
 
     Raises:
-        DataError: an entry without its files, a file that is not UTF-8 text, or an empty list.
+        DatasetError: an entry without its files, a file that is not UTF-8 text, or an empty list.
     """
     images, masks = by_stem(os.path.join(root, "images")), by_stem(os.path.join(root, "masks"))
     suffix = mask_suffix(images, masks)
@@ -122,7 +123,7 @@ def read_pair_list(root: str, split_file: str) -> List[Pair]:
         with open(split_file, encoding="utf-8") as f:
             lines = [line.rstrip("\r\n").strip() for line in f]
     except UnicodeDecodeError:
-        raise DataError(split_file, "is not UTF-8 text: save the list as UTF-8") from None
+        raise DatasetError(split_file, "is not UTF-8 text: save the list as UTF-8") from None
     pairs = []
     for line in (ln for ln in lines if ln and not ln.startswith("#")):
         parts = _split_line(line, root, images)
@@ -134,12 +135,12 @@ def read_pair_list(root: str, split_file: str) -> List[Pair]:
             stem = stem[len("images" + os.sep):]
         if stem not in images or stem not in masks:
             side = "an image in images/" if stem not in images else "a mask in masks/"
-            raise DataError(split_file, f"lists {parts[0]!r}, which has no {side}")
+            raise DatasetError(split_file, f"lists {parts[0]!r}, which has no {side}")
         pairs.append((images[stem], masks[stem]))
     for image, mask in pairs:
         for path, kind in ((image, "image"), (mask, "mask")):
             if not os.path.isfile(path):
-                raise DataError(path, f"{kind} file is missing (listed in {split_file})")
+                raise DatasetError(path, f"{kind} file is missing (listed in {split_file})")
     if not pairs:
-        raise DataError(split_file, "split file is empty")
+        raise DatasetError(split_file, "split file is empty")
     return pairs

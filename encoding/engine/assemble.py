@@ -46,14 +46,14 @@ from .data import (ConfigError, check_data_options, check_split, data_metadata, 
                    run_criterion)
 from .run import Hook, RunInterrupted, TrainingRun, base_dataset, resume, train
 
-__all__ = ["AMP_DTYPES", "CONFIG_NAME", "parse_device_ids", "ConfigError", "check_network", "check_devices",
+__all__ = ["AMP_DTYPES", "RUN_CONFIG_NAME", "parse_device_ids", "ConfigError", "check_network", "check_devices",
            "check_split", "check_training", "check_run_dir", "check_resume", "check_settings", "TrainingConfig",
            "config_header", "saved_config",
            "build_training", "run_training"]
 
 #: The run directory's record of the run's options: ``train.py --config RUN/config.yaml`` repeats the run.
-CONFIG_NAME = "config.yaml"
-#: What to do with a run directory rather than what the run is: not recorded in :data:`CONFIG_NAME` (the option
+RUN_CONFIG_NAME = "config.yaml"
+#: What to do with a run directory rather than what the run is: not recorded in :data:`RUN_CONFIG_NAME` (the option
 #: fields marked ``recorded=False``).
 UNRECORDED = tuple(f.name for f, o in option_specs("train") if not o.recorded)
 
@@ -220,7 +220,7 @@ def check_settings(settings: Settings) -> None:
 
 
 def config_header(config: TrainingConfig) -> str:
-    """The comment at the top of :data:`CONFIG_NAME`: how to repeat the run, and where each value came from."""
+    """The comment at the top of :data:`RUN_CONFIG_NAME`: how to repeat the run, and where each value came from."""
     lines = ["the options of this run: `train.py --config <this file>` repeats it (--resume, --overwrite and --eval "
              "are not recorded)"]
     recorded = saved_config(config)
@@ -232,7 +232,7 @@ def config_header(config: TrainingConfig) -> str:
 
 
 def saved_config(config: TrainingConfig) -> Dict[str, Any]:
-    """What :data:`CONFIG_NAME` records: every option but :data:`UNRECORDED` (``resume`` is kept with ``ft``: the
+    """What :data:`RUN_CONFIG_NAME` records: every option but :data:`UNRECORDED` (``resume`` is kept with ``ft``: the
     weights a fine-tuning starts from are part of the run)."""
     return {k: v for k, v in asdict(config).items()
             if k != "sources" and (k not in UNRECORDED or (k == "resume" and config.ft))}
@@ -357,7 +357,7 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
                 print(format_table(result, run.class_names))
             return result
         if is_main_process():
-            write_config(os.path.join(config.run_dir, CONFIG_NAME), saved_config(config),
+            write_config(os.path.join(config.run_dir, RUN_CONFIG_NAME), saved_config(config),
                          header=config_header(config))
         result = train(run, checkpoint if resumed else None, verify_data=config.verify_data, hooks=hooks)
     if result and is_main_process():

@@ -28,11 +28,11 @@ from ..utils.files import atomic_write, makedirs
 from ..utils.trust import OPT_IN, UntrustedCode, check_trusted, code_named, reading
 from .loading import SOURCE_READERS, ModelInfo, check_network_options, model_info, to_import
 
-__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "MAX_CONFIG_BYTES", "MAX_HEADER_BYTES", "save_pretrained", "load_pretrained",
-           "read_safetensors_header", "push_to_hub", "HubUnavailable", "is_pretrained_source"]
+__all__ = ["MODEL_CONFIG_NAME", "WEIGHTS_NAME", "MAX_CONFIG_BYTES", "MAX_HEADER_BYTES", "save_pretrained",
+           "load_pretrained", "read_safetensors_header", "push_to_hub", "HubUnavailable", "is_pretrained_source"]
 
 #: The files of a shared model.
-CONFIG_NAME, WEIGHTS_NAME, CARD_NAME = "config.json", "model.safetensors", "README.md"
+MODEL_CONFIG_NAME, WEIGHTS_NAME, CARD_NAME = "config.json", "model.safetensors", "README.md"
 _FORMAT = "encoding-model"
 
 
@@ -68,7 +68,7 @@ def save_pretrained(model: nn.Module, directory: Union[str, os.PathLike], *,
         data["transformers_config"] = net.config.to_dict()
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     atomic_write(os.path.join(directory, WEIGHTS_NAME), _safetensors().save(tensors, metadata={"format": "pt"}))
-    atomic_write(os.path.join(directory, CONFIG_NAME), json.dumps(data, indent=2, default=str) + "\n")
+    atomic_write(os.path.join(directory, MODEL_CONFIG_NAME), json.dumps(data, indent=2, default=str) + "\n")
     atomic_write(os.path.join(directory, CARD_NAME), model_card(info, metrics, config))
     return directory
 
@@ -104,7 +104,7 @@ def is_pretrained_source(source: str) -> bool:
     """Whether :func:`encoding.load_model` should read ``source`` as a shared model: a folder holding
     ``config.json``, or (when no such path exists) a Hub id ``user/repo``."""
     if os.path.isdir(source):
-        return os.path.isfile(os.path.join(source, CONFIG_NAME))
+        return os.path.isfile(os.path.join(source, MODEL_CONFIG_NAME))
     return not os.path.exists(source) and is_hub_id(source) and \
         not source.endswith((".pth", ".pt", ".tar", ".ckpt", ".safetensors", ".bin"))
 
@@ -116,7 +116,8 @@ def _snapshot(repo_id: str, revision: Optional[str]) -> str:
         raise MissingDependency(f"reading {repo_id!r} from the Hugging Face Hub needs huggingface_hub: "
                                 "pip install encoding[hub]") from None
     try:
-        return snapshot_download(repo_id, revision=revision, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME])
+        return snapshot_download(repo_id, revision=revision,
+                                 allow_patterns=[MODEL_CONFIG_NAME, WEIGHTS_NAME, CARD_NAME])
     except Exception as err:  # offline and not cached, no such repository, no network: one line naming it
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise FileNotFoundError(f"{repo_id!r} is no file or folder here, and the Hugging Face Hub repository of "
@@ -137,19 +138,19 @@ def _bad(folder: str, what: str) -> UsageError:
 
 def _read_config(folder: str) -> Dict[str, Any]:
     """``config.json``, bounded in size; a damaged file is one line naming the folder."""
-    path = os.path.join(folder, CONFIG_NAME)
+    path = os.path.join(folder, MODEL_CONFIG_NAME)
     try:
         if os.path.getsize(path) > MAX_CONFIG_BYTES:
-            raise _bad(folder, f"{CONFIG_NAME} is larger than {MAX_CONFIG_BYTES >> 20} MiB")
+            raise _bad(folder, f"{MODEL_CONFIG_NAME} is larger than {MAX_CONFIG_BYTES >> 20} MiB")
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise _bad(folder, f"{CONFIG_NAME}: {str(err).splitlines()[0]}") from None
+        raise _bad(folder, f"{MODEL_CONFIG_NAME}: {str(err).splitlines()[0]}") from None
     except RecursionError:
-        raise _bad(folder, f"{CONFIG_NAME} is nested too deeply") from None
+        raise _bad(folder, f"{MODEL_CONFIG_NAME} is nested too deeply") from None
     if not isinstance(data, dict) or data.get("format") != _FORMAT:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise _bad(folder, f"{CONFIG_NAME} is no {_FORMAT} config (format {str(repr(found))[:40]})")
+        raise _bad(folder, f"{MODEL_CONFIG_NAME} is no {_FORMAT} config (format {str(repr(found))[:40]})")
     return data
 
 
@@ -157,7 +158,7 @@ def _read_info(folder: str, data: Dict[str, Any]) -> ModelInfo:
     """The :class:`ModelInfo` of ``config.json``'s ``info``, every field checked."""
     fields = data.get("info")
     if not isinstance(fields, dict):
-        raise _bad(folder, f"{CONFIG_NAME} has no 'info' object")
+        raise _bad(folder, f"{MODEL_CONFIG_NAME} has no 'info' object")
     try:
         classes, palette = fields["classes"], fields["palette"]
         ok = (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)
@@ -173,10 +174,10 @@ def _read_info(folder: str, data: Dict[str, Any]) -> ModelInfo:
                             "std": tuple(fields["std"]), "palette": tuple(tuple(c) for c in palette)})
         check_network_options(info.options, "options")
     except (KeyError, TypeError, ValueError) as err:
-        raise _bad(folder, f"{CONFIG_NAME} 'info': {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+        raise _bad(folder, f"{MODEL_CONFIG_NAME} 'info': {str(err).splitlines()[0] if str(err) else type(err).__name__}"
                    ) from None
     if not isinstance(info.options.get("model"), str) or not info.options["model"]:
-        raise _bad(folder, f"{CONFIG_NAME} names no model")
+        raise _bad(folder, f"{MODEL_CONFIG_NAME} names no model")
     return info
 
 
@@ -285,7 +286,7 @@ def load_pretrained(source: Union[str, os.PathLike], *, device: Optional[Union[s
     info = _read_info(folder, data)
     check_trusted(to_import({**info.options, "dataset": info.dataset}), folder, trust_code)
     if data.get("transformers_config") is not None and not isinstance(data["transformers_config"], dict):
-        raise _bad(folder, f"{CONFIG_NAME}: 'transformers_config' is no object")
+        raise _bad(folder, f"{MODEL_CONFIG_NAME}: 'transformers_config' is no object")
     stored = read_safetensors_header(os.path.join(folder, WEIGHTS_NAME), folder)
     with reading(folder, trust_code):
         model = _fitting_model(info, data, stored, folder)

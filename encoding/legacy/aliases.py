@@ -8,7 +8,7 @@ new module's names declared the same way.
 """
 from __future__ import annotations
 
-from .. import config, inference, models, nn, utils
+from .. import config, datasets, engine, inference, memory, models, nn, utils
 from ..datasets import get_segmentation_dataset, prepare
 from ..datasets.prepare.download import download
 from .declare import OWN, alias, old_module
@@ -43,6 +43,12 @@ MOVED_MODULES = {
 for _old, _new in MOVED_MODULES.items():
     old_module(_old, _new)
 alias(config.DIST_TIMEOUT_S, "DIST_TIMEOUT_S", "encoding.engine.config")  # its home before encoding.config
+# twin names made one (constants: bound as they are): the run's config.yaml and a model folder's config.json had one
+# name; the memory tool's strategies had the training registry's; the folder datasets' error had a second name
+alias(engine.assemble.RUN_CONFIG_NAME, "CONFIG_NAME", "encoding.engine.assemble", "encoding.engine.config")
+alias(inference.hub.MODEL_CONFIG_NAME, "CONFIG_NAME", "encoding.inference.hub", "encoding.engine.hub")
+alias(memory.program.MEMORY_STRATEGIES, "STRATEGIES", "encoding.memory.program")
+alias(datasets.DatasetError, "DataError", "encoding.datasets.folder_meta")
 #: what ``encoding.engine`` exported before :mod:`encoding.inference` had it
 ENGINE_EXPORTS = ("load_model", "ModelInfo", "model_info", "inference_module", "segment", "save_pretrained",
                   "load_pretrained", "push_to_hub")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..nn.recompute import RECOMPUTE_POLICIES
-from .program import STRATEGIES, DeviceProgram, StepSpec
+from .program import MEMORY_STRATEGIES, DeviceProgram, StepSpec
 from .replay import Replay, compose, fit, refit, size_table
 from .search import confirm_boundary, largest_fitting
 from .simulate import Simulator
@@ -40,7 +40,7 @@ __all__ = ["CROP_STEP", "ADVISED_STRATEGIES", "Advice", "advise", "recommend", "
 #: Crops are searched in multiples of this many pixels (the output stride of the dilated backbones).
 CROP_STEP = 8
 #: The strategies :func:`advise` answers for (``balanced-auto``'s batch that fits is at least ``balanced``'s).
-ADVISED_STRATEGIES = tuple(s for s in STRATEGIES if s != "balanced-auto")
+ADVISED_STRATEGIES = tuple(s for s in MEMORY_STRATEGIES if s != "balanced-auto")
 #: Policies from the cheapest (no recomputation) to the dearest: the tie-break of the recommendation.
 #: Strategies whose heaviest device runs ``ddp``'s forward and backward: composed from it where exact.
 _COMPOSED = ("balanced", "zero1")

@@ -23,7 +23,7 @@ from ..errors import UsageError
 from ..utils.cli import run_cli
 from ..utils.files import refuse_own_input
 from .planner import parse_memory
-from .program import STRATEGIES
+from .program import MEMORY_STRATEGIES
 from .report import format_report, memory_report, write_chart, write_json
 
 __all__ = ["MAX_SIMULATED_DEVICES", "parse_memory", "build_parser", "parse_args", "main", "cli"]
@@ -71,10 +71,10 @@ def _complete(args: argparse.Namespace) -> None:
     from ..datasets import datasets
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in strategies if s not in STRATEGIES]
+    unknown = [s for s in strategies if s not in MEMORY_STRATEGIES]
     if unknown or not strategies:
         raise ValueError(f"--strategies: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
-                         f"valid: {', '.join(STRATEGIES)}")
+                         f"valid: {', '.join(MEMORY_STRATEGIES)}")
     args.strategies = strategies
     if args.devices is not None and args.simulate is not None:
         raise ValueError("--devices measures real GPUs and --simulate N simulates; give one of them")

@@ -24,7 +24,7 @@ from ..utils.renamed import renamed_keyword
 from .advice import Advice, advise
 from .balance import _fake_copy, _KeyedLoss, strategy_peaks
 from .kernels import CpuKernels
-from .program import BACKENDS, STRATEGIES, StepSpec, default_optimizer
+from .program import BACKENDS, MEMORY_STRATEGIES, StepSpec, default_optimizer
 from .simulate import Simulator
 from .tracker import CUDA_BLOCK, MIB, Workspaces
 
@@ -220,7 +220,7 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
             segmentation models); with ``aux_weight``, ``aux_weight * criterion(output["aux"], target)`` is added.
         aux_weight: the weight of the auxiliary loss (needs ``output_key``).
         num_devices: devices (ranks).
-        strategies: from :data:`~encoding.memory.program.STRATEGIES`.
+        strategies: from :data:`~encoding.memory.program.MEMORY_STRATEGIES`.
         keep_outputs: simulate the loop that holds the outputs through backward (default: ``train.py``'s).
         amp: ``None``, ``"bf16"`` or ``"fp16"`` autocast for forward and loss.
         recompute: activation recomputation of the peaks: ``"none"``, ``"backbone"`` or ``"all"`` (``checkpoint=``,
@@ -240,9 +240,9 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
         ValueError: an unknown strategy, policy or ``amp``, a batch smaller than the devices, a bad limit.
     """
     recompute = renamed_keyword(old, "checkpoint", "recompute", recompute, "plan")
-    unknown = [s for s in strategies if s not in STRATEGIES]
+    unknown = [s for s in strategies if s not in MEMORY_STRATEGIES]
     if unknown or not strategies:
-        raise ValueError(f"plan: unknown strategies {unknown or 'none given'}; valid: {', '.join(STRATEGIES)}")
+        raise ValueError(f"plan: unknown strategies {unknown or 'none given'}; valid: {', '.join(MEMORY_STRATEGIES)}")
     if recompute not in RECOMPUTE_POLICIES:
         raise ValueError(f"plan: recompute={recompute!r}; valid: {', '.join(RECOMPUTE_POLICIES)}")
     if amp is not None and amp not in AMP_DTYPES:

@@ -37,11 +37,9 @@ from .optimizers import build_optimizer, optimizer_key, optimizer_state, optimiz
 from .sharded import is_sharded, rank_world, shard_model, sharded_gradients
 from .tracker import MIB
 
-__all__ = ["STRATEGIES", "BACKENDS", "StepSpec", "DeviceProgram", "ProgramResult", "device_programs", "run_program",
-           "default_optimizer", "step_autocast", "tensor_leaves"]
+__all__ = ["MEMORY_STRATEGIES", "BACKENDS", "StepSpec", "DeviceProgram", "ProgramResult", "device_programs",
+           "run_program", "default_optimizer", "step_autocast", "tensor_leaves"]
 
-#: The strategies the memory tool compares, in report order.
-STRATEGIES: Tuple[str, ...] = MEMORY_STRATEGIES
 #: What ``--strategies`` simulates when not given (``fsdp`` and ``zero1`` on request).
 DEFAULT_STRATEGIES: Tuple[str, ...] = _DEFAULT_STRATEGIES
 #: The strategies whose ranks are processes of a ``torch.distributed`` group (every rank keeps the module).
@@ -133,14 +131,14 @@ def device_programs(strategy: str, split: Sequence[int]) -> List[DeviceProgram]:
     """One :class:`DeviceProgram` per device for ``strategy`` with samples per device ``split``.
 
     Args:
-        strategy: one of :data:`STRATEGIES` (``balanced-auto`` is ``balanced`` with its own split).
+        strategy: one of :data:`MEMORY_STRATEGIES` (``balanced-auto`` is ``balanced`` with its own split).
         split: samples per device, one entry per device (zeros allowed except for ``ddp``).
     """
     total = sum(split)
     replicas = sum(1 for n in split if n > 0)
     kind = "balanced" if strategy == "balanced-auto" else strategy
-    if kind not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; valid strategies: {', '.join(STRATEGIES)}")
+    if kind not in MEMORY_STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; valid strategies: {', '.join(MEMORY_STRATEGIES)}")
     if kind in ("fsdp", "zero1"):
         return [DeviceProgram(kind, n, total, False, len(split), rank) for rank, n in enumerate(split)]
     return [DeviceProgram(kind, n, total, source=(i == 0 and kind != "ddp"), replicas=replicas)

@@ -226,7 +226,7 @@ def timeline(step: Union[StepSpec, Simulator], *, batch: int, num_devices: int,
         step: a :class:`~encoding.memory.StepSpec` (simulated with ``round_to``), or the
             :class:`~encoding.memory.Simulator` whose peaks were reported (the same simulation).
         batch: total batch; num_devices: devices (ranks); strategies: from
-            :data:`~encoding.memory.program.STRATEGIES`.
+            :data:`~encoding.memory.program.MEMORY_STRATEGIES`.
     """
     simulator = step if isinstance(step, Simulator) else Simulator(step, round_to)
     data = build_timeline(simulator, strategies, batch, num_devices, config)

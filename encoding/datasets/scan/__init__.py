@@ -10,7 +10,7 @@ read-only), each stamped with its files' sizes and modification times: only new 
 
 :func:`check_scan` then finds, without reading anything, **every** bad file -- unreadable or truncated files,
 images over the pixel limit, lossy (JPEG) masks, masks whose size differs from their image's, values or colours of
-no class -- and raises one :class:`~.folder_meta.DataError` naming them grouped by problem (the count and the
+no class -- and raises one :class:`~.folder_meta.DatasetError` naming them grouped by problem (the count and the
 first names of each group; the full list in a file of the temp folder when there are more), before any run
 directory is written. The label audit (:mod:`.audit`) follows. ``python -m encoding.datasets.scan DIR`` runs the
 scan alone and prints its summary and the class-pixel table.
@@ -28,8 +28,8 @@ from ...utils.files import atomic_write
 from ...utils.images import ImageTooLarge, max_pixels
 from .audit import UNKNOWN_LABELS, FolderScan, audit, resolve_classes
 from ..base import check_image
-from ..folder_meta import ClassSpec, DataError, color_lookup, format_colors, mask_histogram
-from ..layout import DatasetError as _BaseDatasetError
+from ..folder_meta import ClassSpec, color_lookup, format_colors, mask_histogram
+from ..layout import DatasetError
 
 __all__ = ["UNKNOWN_LABELS", "LOSSY_FORMATS", "FolderScan", "Problem", "cache_file", "record_key", "scan_pairs",
            "check_scan", "report"]
@@ -66,7 +66,7 @@ def _record(image: str, mask: str) -> Dict[str, Any]:
             found = read(path)
         except ImageTooLarge as err:
             record["error"] = ["too large", path, str(err)[len(path) + 2:].split(" (checked")[0]]
-        except _BaseDatasetError as err:
+        except DatasetError as err:
             record["error"] = ["unreadable", err.path, err.problem]
         else:
             if path == image:
@@ -170,12 +170,12 @@ def _show(path: str, root: str) -> str:
     return rel if rel.isprintable() else json.dumps(rel, ensure_ascii=False)
 
 
-def report(problems: Sequence[Problem], root: str) -> DataError:
+def report(problems: Sequence[Problem], root: str) -> DatasetError:
     """The one-line error of every bad file: the file and its problem when there is one; else each group with its
     count and first :data:`SHOWN` names, and (when more) the file of the temp folder listing them all."""
     if len(problems) == 1:
         _, path, detail = problems[0]
-        return DataError(path if path.isprintable() else json.dumps(path, ensure_ascii=False), detail)
+        return DatasetError(path if path.isprintable() else json.dumps(path, ensure_ascii=False), detail)
     groups: Dict[str, List[Problem]] = {}
     for problem in problems:
         groups.setdefault(problem[0], []).append(problem)
@@ -189,7 +189,7 @@ def report(problems: Sequence[Problem], root: str) -> DataError:
     text = f"{len(problems)} bad files, nothing was written; " + "; ".join(parts)
     if any(len(found) > SHOWN for found in groups.values()):
         text += f"; every bad file is listed in {_write_list(problems, root)}"
-    return DataError(root, text)
+    return DatasetError(root, text)
 
 
 def _write_list(problems: Sequence[Problem], root: str) -> str:
@@ -219,7 +219,7 @@ def check_scan(records: Dict[str, Dict[str, Any]], spec: Optional[ClassSpec], un
         train: the keys of the training split's records (the audit warns of classes it lacks).
 
     Raises:
-        DataError: every bad file in one line (:func:`report`), or the audit's refusal.
+        DatasetError: every bad file in one line (:func:`report`), or the audit's refusal.
     """
     if unknown not in UNKNOWN_LABELS:
         raise ValueError(f"unknown must be one of {UNKNOWN_LABELS}, got {unknown!r}")

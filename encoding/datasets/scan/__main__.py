@@ -42,7 +42,7 @@ def main(argv: Optional[List[str]] = None) -> str:
     """Scan and return the printed report.
 
     Raises:
-        DataError: the bad files, or the audit's refusal (one line).
+        DatasetError: the bad files, or the audit's refusal (one line).
     """
     from ..folder import FolderSegmentation  # the dataset package: read only when the scan runs
     args = build_parser().parse_args(argv)

@@ -19,7 +19,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from ..folder_meta import ClassSpec, DataError
+from ..folder_meta import ClassSpec
+from ..layout import DatasetError
 
 __all__ = ["UNKNOWN_LABELS", "SUSPECT_IGNORE", "FolderScan", "resolve_classes", "audit"]
 
@@ -95,7 +96,7 @@ def resolve_classes(records: Sequence[Dict[str, Any]], spec: Optional[ClassSpec]
     hold 0/255 and never 1), or resolved from the index values of the masks.
 
     Raises:
-        DataError: colour masks without a class file, or values beyond 253 without one.
+        DatasetError: colour masks without a class file, or values beyond 253 without one.
     """
     values = sorted({v for r in records if r.get("kind") == "index" for v in r.get("values", ())})
     zero_255 = bool(values) and set(values) <= {0, 255} and 255 in values
@@ -103,14 +104,14 @@ def resolve_classes(records: Sequence[Dict[str, Any]], spec: Optional[ClassSpec]
         return spec, binary and zero_255 and len(spec.names) == 2 and spec.ignore_index == 255
     colored = next((r for r in records if r.get("kind") == "color"), None)
     if colored is not None:
-        raise DataError(colored["mask"], "is an RGB colour mask: colour masks need the class colours in a class "
+        raise DatasetError(colored["mask"], "is an RGB colour mask: colour masks need the class colours in a class "
                                             "file (classes.yaml / .json / .txt next to the images)")
     if zero_255:
         return ClassSpec(("background", "foreground"), source="0/255 masks"), True
     top = max([v for v in values if v != 255], default=0)
     if top > 253:
         mask = next(r["mask"] for r in records if top in r.get("values", ()))
-        raise DataError(mask, f"holds label value {top}: more than 254 classes (or add a class file)")
+        raise DatasetError(mask, f"holds label value {top}: more than 254 classes (or add a class file)")
     return ClassSpec(tuple(f"class_{i}" for i in range(top + 1)), source="scan"), False
 
 
@@ -152,7 +153,7 @@ def _binary_mix(scan: FolderScan, records: Dict[str, Dict[str, Any]], binary: bo
             f"ignore value, so the 255 pixels of the 0/255 masks ({share:.1f} % of the masks) are ignored, not "
             "foreground; save every mask with the same values (0/1, or 0/255 with no 1)")
     if binary:
-        raise DataError(root or name, f"--binary: {what}")
+        raise DatasetError(root or name, f"--binary: {what}")
     scan.warnings.append(what)
 
 
@@ -165,7 +166,7 @@ def _empty_classes(scan: FolderScan, root: str, train_count: int) -> None:
                     f"is value {scan.spec.ignore_index} meant to be that class? save its pixels as value {i}, or set "
                     "ignore_index in the class file")
             where = scan.spec.source if os.path.isfile(scan.spec.source) else root
-            raise DataError(where, f"class {name!r} has no pixels while value {scan.spec.ignore_index} covers "
+            raise DatasetError(where, f"class {name!r} has no pixels while value {scan.spec.ignore_index} covers "
                                    f"{ignored:.1f} % of the masks; {hint}")
         if scan.pixels[i] == 0:
             scan.warnings.append(f"class {name!r} (value {i}) has no pixels in any of the {scan.samples} masks")
@@ -187,7 +188,7 @@ def audit(records: Dict[str, Dict[str, Any]], mapped: Dict[str, Dict[int, int]],
         root: the dataset's root, for the messages.
 
     Raises:
-        DataError: a class without pixels while the ignore value is common, or mixed binary masks (``binary``).
+        DatasetError: a class without pixels while the ignore value is common, or mixed binary masks (``binary``).
     """
     n = len(spec.names)
     scan = FolderScan(spec, binary_255, [0] * n, [0] * n, samples=len(records),
