@@ -71,12 +71,12 @@ def test_every_tool_builds_the_same_network_from_the_same_options(tmp_path):
     assert step_arguments(page)["network"] == SPEC
 
 
-def test_the_memory_tool_plans_the_head_width_it_is_given():
+def test_the_memory_tool_plans_the_head_width_it_is_given(tmp_path):
     """``--head-channels`` reaches the planner: the simulated peak follows the head's width."""
     from encoding.memory import main
 
     argv = ["--model", "deeplabv3plus", "--backbone", "vgg_tiny", "--nclass", "3", "--simulate", "2",
-            "--crop-size", "32", "--strategies", "ddp", "--batch-size", "2"]
+            "--crop-size", "32", "--strategies", "ddp", "--batch-size", "2", "--out-dir", str(tmp_path)]
     peaks = {width: main(argv + ["--head-channels", str(width)])["strategies"]["ddp"]["peak_mib"][0]
              for width in (8, 256)}
     assert peaks[256] > peaks[8]
