@@ -138,7 +138,10 @@ PE_FUNCTION_TESTS = textwrap.dedent('''
 
 def test_pe_function_tests_pass_after_a_bare_import_encoding(tmp_path):
     script = tmp_path / "pe_test_function.py"
-    script.write_text(PE_FUNCTION_TESTS)
+    # PE's tests draw unseeded inputs: batchnormtrain's std from U(-0.5, 0.5), so once in a while a std near 0 makes
+    # gradcheck's finite differences (eps 1e-3) miss the analytic 1/std^2 (PE's CI had the same chance); seeded, the
+    # run is the same every time and the test bodies stay as PE wrote them
+    script.write_text("import torch\ntorch.manual_seed(0)\n" + PE_FUNCTION_TESTS)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
     assert proc.returncode == 0, proc.stdout + proc.stderr
