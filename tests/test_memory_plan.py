@@ -41,6 +41,16 @@ class ShardNet(nn.Module):
                 "aux": F.interpolate(self.aux_classifier(feat), size=size, mode="bilinear")}
 
 
+class UnusedParameter(ShardNet):
+    """A parameter forward never uses: it gets no gradient, so neither FSDP's reduce-scatter nor a zero1 rank's
+    step holds one for it, and a rank's rest cannot be composed from another's (tests/test_memory_scale.py,
+    tests/test_memory_speed.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.unused = nn.Parameter(torch.zeros(4096))
+
+
 def shard_spec(crop=32, keep_outputs=False, amp=None):
     """Module level: the spawned ranks of measure_ranks_cpu rebuild it by name."""
     return StepSpec(build_model=lambda: ShardNet(), make_inputs=lambda b: ((torch.randn(b, 3, crop, crop),), {}),

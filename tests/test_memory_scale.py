@@ -2,7 +2,6 @@
 peak of its own simulation; the shards of 1024 ranks without 1024 chunks; the table and chart past 32 devices."""
 import pytest
 import torch
-from torch import nn
 
 from encoding.memory import Simulator, simulate_program, strategy_peaks
 from encoding.memory import optimizers
@@ -10,7 +9,7 @@ from encoding.memory.program import device_programs
 from encoding.memory.report import MAX_BARS, device_ranges, format_report
 from encoding.memory.sharded import chunk_views, zero_optimizer
 from encoding.memory.tracker import CUDA_BLOCK
-from test_memory_plan import ShardNet, shard_spec
+from test_memory_plan import UnusedParameter, shard_spec
 
 
 def _per_rank(spec, strategy, split, monkeypatch):
@@ -37,14 +36,6 @@ def test_identical_rank_simulation_equals_per_rank_simulation(strategy, devices,
         assert peaks[0] > peaks[1] == peaks[-1]
     if strategy == "fsdp":  # torch.chunk's first chunk is the longest: the advice plans with rank 0
         assert peaks[0] == max(peaks) and (devices < 16 or peaks[-1] < peaks[0])
-
-
-class UnusedParameter(ShardNet):
-    """A parameter forward never uses: it gets no gradient, so a zero1 rank's rest cannot be composed."""
-
-    def __init__(self):
-        super().__init__()
-        self.unused = nn.Parameter(torch.zeros(4096))
 
 
 def test_zero1_ranks_are_simulated_whole_where_composing_is_not_exact():

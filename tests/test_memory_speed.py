@@ -3,14 +3,12 @@ forward and backward and each rank's own rest (the optimizer step of its shards,
 as its own) equal every rank simulated whole, and a model whose backward leaves other gradients than the composition
 assumes is simulated whole."""
 import pytest
-import torch
-from torch import nn
 
 from encoding.memory import Simulator, segmentation_spec
 from encoding.memory import simulate
 from encoding.memory.program import device_programs
 from encoding.memory.tracker import CUDA_BLOCK
-from test_memory_plan import ShardNet, shard_spec
+from test_memory_plan import ShardNet, UnusedParameter, shard_spec
 
 
 def _whole(spec, split, backend="nccl"):
@@ -42,14 +40,6 @@ def test_fsdp_ranks_of_a_zoo_network_composed_equal_ranks_simulated_whole():
     split = [2] * 24
     assert simulator.peaks("fsdp", split) == _whole(spec, split)
     assert simulator.programs_run == 1 and simulator.rests_run > 1 and len(simulator.sharded) == 1
-
-
-class UnusedParameter(ShardNet):
-    """A parameter forward never uses: FSDP reduce-scatters no gradient for it, which the rest alone would hold."""
-
-    def __init__(self):
-        super().__init__()
-        self.unused = nn.Parameter(torch.zeros(4096))
 
 
 def test_fsdp_ranks_are_simulated_whole_where_composing_is_not_exact():
