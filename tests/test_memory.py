@@ -371,11 +371,11 @@ def test_tool_max_batch_under_a_huge_limit_is_a_bounded_search(tmp_path, monkeyp
     calls = []
     original = simulate.simulate_program
     monkeypatch.setattr(simulate, "simulate_program", lambda *a, **k: calls.append(a[1]) or original(*a, **k))
-    report = cli.main(["--model", "fcn", "--backbone", "resnet18", "--crop-size", "32", "--simulate", "2",
+    report = cli.main(["--model", "fcn", "--backbone", "vgg_tiny", "--crop-size", "32", "--simulate", "2",
                        "--strategies", "ddp,balanced-auto", "--max-batch", "--memory-limit", "1TiB",
                        "--out-dir", str(tmp_path)])
     assert len(calls) <= 60, len(calls)
-    limit, simulator = 2 ** 40, Simulator(segmentation_spec("fcn", "resnet18", 21, 32), 512)
+    limit, simulator = 2 ** 40, Simulator(segmentation_spec("fcn", "vgg_tiny", 21, 32), 512)
     ddp, auto = (report["strategies"][s]["max_batch"] for s in ("ddp", "balanced-auto"))
     assert ddp > 10 ** 5 and auto >= ddp
     assert max(strategy_peaks(simulator, "ddp", ddp, 2)[1]) <= limit

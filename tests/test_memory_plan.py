@@ -224,7 +224,7 @@ def test_every_advised_value_fits_and_one_more_does_not():
     not, the advised crop fits and one crop step more does not: each checked on every device by a direct
     simulation of its own (the advice composes balanced and zero1 from ddp's forward and backward)."""
     def spec(crop, policy):
-        return segmentation_spec("fcn", "resnet18", NCLASS, crop, aux=True,
+        return segmentation_spec("fcn", "vgg_tiny", NCLASS, crop, aux=True,
                                  recompute=policy)
 
     simulators = {}  # the test's own, one per (crop, policy): none shared with the advice's

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from encoding.memory import Simulator, StepSpec, segmentation_spec
-from encoding.memory.advice import _Peaks, advise
+from encoding.memory.advice import _Peaks, advise, heaviest_program
 from encoding.memory.replay import compose, fit, refit
 from encoding.memory.tracker import CUDA_BLOCK, MIB
 from encoding.nn import SegmentationLosses
@@ -17,7 +17,7 @@ STRATEGIES = ["gather", "balanced", "ddp", "fsdp", "zero1"]
 
 
 def fcn_spec(crop, policy):
-    return segmentation_spec("fcn", "resnet18", NCLASS, crop, aux=True,
+    return segmentation_spec("fcn", "vgg_tiny", NCLASS, crop, aux=True,
                              recompute=policy)
 
 
@@ -38,6 +38,16 @@ def test_replays_give_the_simulated_peak_at_other_points(policy):
         for share, crop in [(5, 48), (2, 24), (7, 64)]:
             assert replay.peak(share, crop) == direct(fcn_spec, strategy, policy, share, crop, 3), \
                 (strategy, share, crop)
+
+
+def test_the_heaviest_zero1_rank_is_the_one_holding_the_most_allocated_bytes():
+    """A ``zero1`` rank owning fewer parameter elements in more tensors holds more once every tensor is rounded up
+    to the allocator's blocks: the advice's heaviest rank is the one whose simulated peak is the largest."""
+    sim = Simulator(fcn_spec(32, "none"), CUDA_BLOCK)
+    peaks = sim.peaks("zero1", [2] * 3)
+    elements = [sum(p) for p in sim.zero_partitions(3)]
+    assert peaks[elements.index(max(elements))] < max(peaks)  # the case this guards: most elements, not heaviest
+    assert sim.peak(heaviest_program(sim, "zero1", 2, 3)) == max(peaks)
 
 
 class CoarseNet(nn.Module):

@@ -63,7 +63,7 @@ def test_without_the_composition_every_fsdp_rank_kind_is_simulated_whole(monkeyp
 
 # --------------------------------------------------------------------- the advice's further policies: no new sharding
 def _fcn(crop, policy):
-    return segmentation_spec("fcn", "resnet18", 5, crop, aux=True, recompute=policy)
+    return segmentation_spec("fcn", "vgg_tiny", 5, crop, aux=True, recompute=policy)
 
 
 @pytest.mark.parametrize("policy", ["backbone", "all"])

@@ -86,9 +86,18 @@ def heaviest_program(simulator: Simulator, strategy: str, share: int, num_device
         return DeviceProgram(strategy, share, total, True, num_devices)
     rank = 0
     if strategy == "zero1":
-        sizes = [sum(p) for p in simulator.zero_partitions(num_devices)]
-        rank = sizes.index(max(sizes))
+        held = [_held(simulator, sizes) for sizes in simulator.zero_partitions(num_devices)]
+        rank = held.index(max(held))
     return DeviceProgram(strategy, share, total, False, num_devices, rank)
+
+
+def _held(simulator: Simulator, sizes: Sequence[int]) -> Tuple[int, int]:
+    """What a ``zero1`` partition of parameters of ``sizes`` elements makes its rank hold per tensor of its state:
+    the bytes as allocated (each tensor rounded up to the simulator's granularity: many small tensors can hold more
+    than fewer elements in larger ones), then the elements."""
+    itemsize = next(simulator.model.parameters()).element_size()
+    step = simulator.round_to
+    return sum(-(-n * itemsize // step) * step for n in sizes), sum(sizes)
 
 
 class _Peaks:
