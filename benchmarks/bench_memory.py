@@ -122,8 +122,9 @@ def advise(args):
         report = tool_main(argv)
         print(f"advise: {model}-ResNet50, 150 classes, 8 x 11GiB (--reserve {args.reserve}), 5 strategies x 3 "
               f"policies: advice {report['advise_s']:.1f} s (target <= 3 s, issue 45), "
-              f"{report['advise_cpu_s']:.1f} s of CPU time; whole tool {time.perf_counter() - start:.1f} s wall, {time.process_time() - cpu:.1f} s of CPU "
-              f"time (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)", flush=True)
+              f"{report['advise_cpu_s']:.1f} s of CPU time; whole tool {time.perf_counter() - start:.1f} s wall, "
+              f"{time.process_time() - cpu:.1f} s of CPU time (load average {os.getloadavg()[0]:.1f} on "
+              f"{os.cpu_count()} cores)", flush=True)
         if args.own_shards:
             _own_shards(argv, report)
         if not args.baseline:
