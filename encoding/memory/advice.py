@@ -80,7 +80,8 @@ def heaviest_program(simulator: Simulator, strategy: str, share: int, num_device
     """The device program with the largest peak of ``strategy`` when every device holds ``share`` samples: device 0
     of ``gather`` / ``balanced`` (it holds what the others hold and the module's state), any ``ddp`` rank, ``fsdp``'s
     rank 0 (``torch.chunk``'s first chunk is the longest: its shards, gradients and state are each at least any other
-    rank's, allocated in the same order), the ``zero1`` rank that owns the most parameter elements."""
+    rank's, allocated in the same order), the ``zero1`` rank whose partition's state takes the most allocated bytes
+    (:func:`_held`)."""
     total = share * num_devices
     if strategy in ("gather", "balanced"):
         return DeviceProgram(strategy, share, total, True, num_devices)
