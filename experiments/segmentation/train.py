@@ -1,5 +1,5 @@
 """Train a segmentation model; by default the `shapes` recipe: a U-Net on a vgg_tiny backbone, on the embedded
-generated `shapes` dataset (CPU when no GPU; about 4 minutes).
+generated `shapes` dataset (CPU when no GPU; about 2.5 minutes on 2 cores).
 
     python experiments/segmentation/train.py                                  # shapes, all GPUs or CPU
     python experiments/segmentation/train.py --dataset ade20k --model encnet --backbone resnet50 --aux --se-loss
