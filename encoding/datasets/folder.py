@@ -71,7 +71,7 @@ def read_holdout(path: str) -> List[str]:
         names = None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise DatasetError(path, 'is not a hold-out list ({"images": [paths relative to the data root]}); delete it '
-                              "to draw a new hold-out")
+                                 "to draw a new hold-out")
     return names
 
 
@@ -98,8 +98,8 @@ def find_splits(root: str) -> Tuple[str, Dict[str, List[Pair]], List[Problem]]:
         layout, folders = "images + masks", {"all": (join(root, "images"), join(root, "masks"))}
     else:
         raise DatasetError(root, "is not a folder dataset: expected images/ + masks/, train/ and val/ each holding "
-                              "images/ + masks/, img_dir/ + ann_dir/ (mmsegmentation), or splits/{train,val}.txt "
-                              "(see docs/own-data.md)")
+                                 "images/ + masks/, img_dir/ + ann_dir/ (mmsegmentation), or splits/{train,val}.txt "
+                                 "(see docs/own-data.md)")
     splits, problems = {}, []
     for name, (images, masks) in folders.items():
         splits[name], unpaired = pair_folders(images, masks)
@@ -120,11 +120,11 @@ def hold_out(pairs: List[Pair], fraction: float, seed: int, root: str,
         missing = [n for n in names if n not in by_name]
         if missing or not names:
             raise DatasetError(holdout_file, f"lists {missing[0]!r}, which is not in {root} any more; delete the "
-                                          "file to draw a new hold-out" if missing else "lists no image")
+                                             "file to draw a new hold-out" if missing else "lists no image")
     else:
         if not 0.0 < fraction < 1.0 or len(pairs) < 2:
             raise DatasetError(root, f"has no val split and {len(pairs)} sample(s): a hold-out needs 2 or more "
-                                  f"samples and 0 < --val-fraction < 1 (got {fraction})")
+                                     f"samples and 0 < --val-fraction < 1 (got {fraction})")
         order = sorted(by_name)
         random.Random(seed).shuffle(order)
         names = sorted(order[:min(len(order) - 1, max(1, round(fraction * len(order))))])

@@ -41,7 +41,6 @@ __all__ = ["CROP_STEP", "ADVISED_STRATEGIES", "Advice", "advise", "recommend", "
 CROP_STEP = 8
 #: The strategies :func:`advise` answers for (``balanced-auto``'s batch that fits is at least ``balanced``'s).
 ADVISED_STRATEGIES = tuple(s for s in MEMORY_STRATEGIES if s != "balanced-auto")
-#: Policies from the cheapest (no recomputation) to the dearest: the tie-break of the recommendation.
 #: Strategies whose heaviest device runs ``ddp``'s forward and backward: composed from it where exact.
 _COMPOSED = ("balanced", "zero1")
 #: The smallest share a replay answers for (one sample behind global pooling trains BatchNorm another way).

@@ -10,10 +10,10 @@ read-only), each stamped with its files' sizes and modification times: only new 
 
 :func:`check_scan` then finds, without reading anything, **every** bad file -- unreadable or truncated files,
 images over the pixel limit, lossy (JPEG) masks, masks whose size differs from their image's, values or colours of
-no class -- and raises one :class:`~.folder_meta.DatasetError` naming them grouped by problem (the count and the
-first names of each group; the full list in a file of the temp folder when there are more), before any run
-directory is written. The label audit (:mod:`.audit`) follows. ``python -m encoding.datasets.scan DIR`` runs the
-scan alone and prints its summary and the class-pixel table.
+no class -- and raises one :class:`~encoding.datasets.DatasetError` naming them grouped by problem (the
+count and the first names of each group; the full list in a file of the temp folder when there are more), before
+any run directory is written. The label audit (:mod:`.audit`) follows. ``python -m encoding.datasets.scan DIR``
+runs the scan alone and prints its summary and the class-pixel table.
 """
 from __future__ import annotations
 

@@ -167,7 +167,7 @@ def _empty_classes(scan: FolderScan, root: str, train_count: int) -> None:
                     "ignore_index in the class file")
             where = scan.spec.source if os.path.isfile(scan.spec.source) else root
             raise DatasetError(where, f"class {name!r} has no pixels while value {scan.spec.ignore_index} covers "
-                                   f"{ignored:.1f} % of the masks; {hint}")
+                                      f"{ignored:.1f} % of the masks; {hint}")
         if scan.pixels[i] == 0:
             scan.warnings.append(f"class {name!r} (value {i}) has no pixels in any of the {scan.samples} masks")
         elif scan.train_pixels is not None and scan.train_pixels[i] == 0:
