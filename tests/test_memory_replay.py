@@ -40,6 +40,36 @@ def test_replays_give_the_simulated_peak_at_other_points(policy):
                 (strategy, share, crop)
 
 
+def test_a_further_policy_replays_its_forward_and_backward_with_the_first_policys_rest():
+    """Under a further policy only the forward and backward of ``gather``, ``ddp`` and ``fsdp`` are traced (the rest,
+    the same parameters and optimizer, is the first policy's; ``balanced`` and ``zero1`` composed from ``ddp``):
+    every replay still equals a direct simulation of the policy at points it never saw."""
+    peaks = _Peaks(fcn_spec, 3, CUDA_BLOCK, origin=(2, 32))
+    for strategy in STRATEGIES:
+        assert peaks.replay("none", strategy) is not None, strategy
+    further = peaks.simulator("all", 32)
+    for strategy in STRATEGIES:
+        replay = peaks.replay("all", strategy)
+        for share, crop in [(5, 48), (2, 24), (7, 64)]:
+            assert replay.peak(share, crop) == direct(fcn_spec, strategy, "all", share, crop, 3), \
+                (strategy, share, crop)
+    assert further.heads_run == further.programs_run == 3  # gather, ddp, fsdp: no rest, no second point
+
+
+def test_a_step_traced_without_its_rest_is_the_whole_step_up_to_its_mark():
+    """``Simulator.forward_backward``: the whole step's events up to the mark, then only its gradients dropped; the
+    model is left as the whole step leaves it (the whole step simulated again records the same events)."""
+    sim = Simulator(fcn_spec(32, "none"), CUDA_BLOCK)
+    for strategy in STRATEGIES:
+        program = heaviest_program(sim, strategy, 2, 3)
+        whole = sim.result(program, record=True).trace
+        head = sim.forward_backward(program)
+        end = whole[1].index(("m",))
+        assert head[0] == whole[0] and head[1][:end + 1] == whole[1][:end + 1], strategy
+        assert head[1][end + 1:] and all(event[0] == "f" for event in head[1][end + 1:]), strategy
+        assert sim._simulate(sim.representative(program), record=True).trace == whole, strategy
+
+
 def test_the_heaviest_zero1_rank_is_the_one_holding_the_most_allocated_bytes():
     """A ``zero1`` rank owning fewer parameter elements in more tensors holds more once every tensor is rounded up
     to the allocator's blocks: the advice's heaviest rank is the one whose simulated peak is the largest."""

@@ -67,18 +67,23 @@ def _fcn(crop, policy):
 
 
 @pytest.mark.parametrize("policy", ["backbone", "all"])
-def test_a_further_policy_steps_fsdp_on_the_first_policys_sharded_model_event_for_event(policy):
-    """The model sharded without recomputation, its blocks (and heads) switched to recomputing while a program runs,
-    records the very events of the model built with the policy and sharded on its own."""
+def test_a_further_policy_runs_on_the_first_policys_models_and_optimizers_event_for_event(policy):
+    """The model built (and sharded) without recomputation, its blocks (and heads) switched to recomputing while a
+    program runs, stepping the optimizers warmed on it, records the very events of the model built with the policy,
+    sharded and warmed up on its own: every strategy."""
     base = Simulator(_fcn(32, "none"), CUDA_BLOCK)
-    base.peaks("fsdp", [2] * 4)
+    for strategy in ("gather", "ddp", "fsdp", "zero1"):
+        base.peaks(strategy, [2] * 4)
     viewed = Simulator(_fcn(32, policy), CUDA_BLOCK, base.fake_mode, sharded_from=base)
     own = Simulator(_fcn(32, policy), CUDA_BLOCK)
-    for program in device_programs("fsdp", [2] * 4)[:1] + device_programs("fsdp", [3] * 4)[:1]:
-        assert viewed.result(program, record=True).trace == own.result(program, record=True).trace
+    for strategy in ("gather", "balanced", "ddp", "fsdp", "zero1"):
+        for program in device_programs(strategy, [2] * 4)[:2] + device_programs(strategy, [3] * 4)[:1]:
+            assert viewed.result(program, record=True).trace == own.result(program, record=True).trace, program
     assert viewed.peaks("fsdp", [2] * 7) == own.peaks("fsdp", [2] * 7)
     assert viewed.sharded == {} and set(base.sharded) == set(own.sharded) == {(4, 0), (7, 0)}
-    assert not any(simulate.is_checkpointed(m) for m in base.sharded_model(4, 0).modules())  # switched back
+    assert viewed.optimizers == {} and own.optimizers  # nothing warmed up of its own
+    modules = list(base.model.modules()) + list(base.sharded_model(4, 0).modules())
+    assert not any(simulate.is_checkpointed(m) for m in modules)  # switched back
 
 
 def test_recompute_view_names_the_recomputed_modules_and_nothing_else():

@@ -30,7 +30,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..nn.recompute import RECOMPUTE_POLICIES
 from .program import MEMORY_STRATEGIES, DeviceProgram, StepSpec
-from .replay import Replay, compose, fit, refit, size_table
+from .replay import Replay, compose, fit, head, refit, size_table
 from .search import confirm_boundary, largest_fitting
 from .simulate import Simulator
 
@@ -43,6 +43,9 @@ CROP_STEP = 8
 ADVISED_STRATEGIES = tuple(s for s in MEMORY_STRATEGIES if s != "balanced-auto")
 #: Strategies whose heaviest device runs ``ddp``'s forward and backward: composed from it where exact.
 _COMPOSED = ("balanced", "zero1")
+#: The order the first policy's replays are fitted in: ``fsdp``'s step holds every size ``ddp``'s does (the same
+#: forward, backward and loss) and its shards', so that ``ddp``'s sizes are known from it (no second point traced).
+_FIT_ORDER = ("gather", "fsdp", "ddp")
 #: The smallest share a replay answers for (one sample behind global pooling trains BatchNorm another way).
 _MIN_REPLAYED = 2
 
@@ -112,6 +115,7 @@ class _Peaks:
         self._replays: Dict[Tuple[str, str], Optional[Replay]] = {}
         self._fits: List[Replay] = []  # the replays fitted from two traces (their sizes: size_table)
         self._own: Dict[str, Tuple[tuple, tuple]] = {}  # strategy -> (its trace, ddp's) of _composed
+        self._bases: Dict[str, Tuple[str, tuple]] = {}  # strategy -> (policy, its whole step traced) of _fitted
         self._simulators: Dict[Tuple[str, int], Simulator] = {}
         self._models: Dict[str, Simulator] = {}
         # (policy, strategy) -> (bytes live at the step's start, peak of the rest of the step above it, ddp's),
@@ -167,16 +171,40 @@ class _Peaks:
     def _fitted(self, policy: str, strategy: str, share: int, crop: int) -> Optional[Replay]:
         """``strategy``'s replay under ``policy``: its step traced at ``(share, crop)``, its sizes those of the
         steps fitted before where they tell them, else fitted with a second trace one sample and crop step
-        beyond."""
+        beyond. Under a further policy (``strategy`` replayed under another one before) only its forward and
+        backward are traced, their sizes those of the steps fitted before, and the rest is the other policy's
+        (the same parameters, gradients and optimizer state: checked by
+        :func:`~encoding.memory.replay.compose`)."""
+        table = size_table(self._fits, (share, crop))
+        base = self._bases.get(strategy)
+        if base is not None and base[0] != policy:
+            line = refit(self._trace(policy, crop, strategy, share, head=True), table, self.round_to)
+            composed = None if line is None else compose(line, base[1], base[1])
+            if composed is not None:
+                return composed
         first = self._trace(policy, crop, strategy, share)
-        replay = refit(first, size_table(self._fits, (share, crop)), self.round_to) if self._fits else None
+        replay = refit(first, table, self.round_to) if self._fits else None
         if replay is None:
-            beyond = (share + 1, crop + CROP_STEP)
-            replay = fit(first, self._trace(policy, beyond[1], strategy, beyond[0]), (share, crop), beyond,
-                         self.round_to)
+            replay = self._fit_beyond(policy, strategy, first, (share, crop))
             if replay is not None:
                 self._fits.append(replay)
+        if replay is not None:
+            self._bases.setdefault(strategy, (policy, first))
         return replay
+
+    def _fit_beyond(self, policy: str, strategy: str, first: Tuple[int, List[tuple]],
+                    origin: Tuple[int, int]) -> Optional[Replay]:
+        """``strategy``'s replay from its step traced at ``origin`` (``first``) and one sample and crop step beyond:
+        there its forward and backward alone, the rest ``first``'s where nothing live at the mark grows with the
+        point (:func:`~encoding.memory.replay.compose`), else its whole step."""
+        beyond = (origin[0] + 1, origin[1] + CROP_STEP)
+        start = head(first)
+        second = None if start is None else head(self._trace(policy, beyond[1], strategy, beyond[0], head=True))
+        line = None if second is None else fit(start, second, origin, beyond, self.round_to)
+        if line is None:  # the forward and backward are no replay: neither is the whole step
+            return None
+        return compose(line, first, first) or fit(first, self._trace(policy, beyond[1], strategy, beyond[0]),
+                                                  origin, beyond, self.round_to)
 
     def _composed(self, policy: str, strategy: str, share: int, crop: int) -> Optional[Replay]:
         """``strategy``'s replay from ``ddp``'s under ``policy`` and its own state, traced once under the first
@@ -194,9 +222,11 @@ class _Peaks:
         self._own.setdefault(strategy, own)
         return compose(line, *own)
 
-    def _trace(self, policy: str, crop: int, strategy: str, share: int) -> Tuple[int, List[tuple]]:
+    def _trace(self, policy: str, crop: int, strategy: str, share: int, head: bool = False) -> Tuple[int, List[tuple]]:
+        """The recorded step of ``strategy``'s heaviest device (``head``: its forward and backward alone)."""
         sim = self.simulator(policy, crop)
-        return sim.result(heaviest_program(sim, strategy, share, self.num_devices), record=True).trace
+        program = heaviest_program(sim, strategy, share, self.num_devices)
+        return sim.forward_backward(program) if head else sim.result(program, record=True).trace
 
     def simulated(self, policy: str, crop: int, strategy: str, share: int) -> int:
         """The heaviest device's peak simulated (``balanced`` and ``zero1`` composed from ``ddp`` where exact)."""
@@ -254,6 +284,10 @@ def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], 
     peaks = _Peaks(spec_for, num_devices, round_to, backend, (share, crop) if replay else None,
                    None if simulator is None else (simulator[0], crop, simulator[1]))
     before = peaks.programs_run
+    if replay and policies:
+        lines = {"ddp" if s in _COMPOSED else s for s in strategies if s in ADVISED_STRATEGIES}
+        for strategy in (s for s in _FIT_ORDER if s in lines):
+            peaks.replay(policies[0], strategy)
     rows = []
     for policy in policies:
         for strategy in (s for s in strategies if s in ADVISED_STRATEGIES):

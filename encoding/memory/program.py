@@ -215,7 +215,8 @@ def _loss(spec: StepSpec, output: Any, target: Any, share: int) -> Tensor:
 
 def _step(spec: StepSpec, program: DeviceProgram, model: nn.Module, params: List[Tensor],
           optimizer: Optional[torch.optim.Optimizer], device_type: str,
-          mark: Callable[[], None] = lambda: None, gradients_only: bool = False) -> None:
+          mark: Callable[[], None] = lambda: None, gradients_only: bool = False,
+          forward_backward_only: bool = False) -> None:
     if program.share and gradients_only and is_sharded(model):  # what forward and backward leave
         sharded_gradients(model)
     elif program.share and gradients_only:  # a gradient for every parameter
@@ -224,6 +225,10 @@ def _step(spec: StepSpec, program: DeviceProgram, model: nn.Module, params: List
     elif program.share:
         _forward_backward(spec, program, model, device_type)
     mark()  # forward and backward done: the rest (gradients arriving, optimizer step) does not depend on the input
+    if forward_backward_only:  # the rest is another program's: the gradients dropped, as zero_grad drops them
+        for p in params:
+            p.grad = None
+        return
     if program.receives_gradients:
         # the sums of every replica's gradients arrive beside replica 0's own (or alone, when device 0 sat out)
         reduced = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
@@ -282,7 +287,8 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
                 track: Callable[[List[Tensor]], None] = lambda tensors: None, real_ddp: bool = False,
                 model: Optional[nn.Module] = None, backend: str = "nccl",
                 mark: Callable[[], None] = lambda: None,
-                optimizers: Optional[Dict[tuple, Any]] = None, gradients_only: bool = False) -> float:
+                optimizers: Optional[Dict[tuple, Any]] = None, gradients_only: bool = False,
+                forward_backward_only: bool = False) -> float:
     """Run ``program``: build, one warm-up step, then ``steps`` steps each inside ``window()``.
 
     Args:
@@ -314,6 +320,9 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
             parameter (``fsdp``: FSDP2's reduce-scatter outputs, :func:`~encoding.memory.sharded.sharded_gradients`):
             the rest of the step alone, for a program whose forward and backward another program ran
             (:class:`~encoding.memory.simulate.Simulator`'s ``zero1`` and ``fsdp`` ranks).
+        forward_backward_only: the measured steps end when their forward and backward are done (at ``mark``),
+            their gradients dropped: the step without its rest, for a program whose rest another program ran
+            (the advice's further checkpointing policies, :mod:`~encoding.memory.advice`).
 
     ``fsdp`` and ``zero1`` run in the process group of this process (its world size and rank must be the
     program's), else in a fake one of the program's size (:func:`~encoding.memory.sharded.rank_world`).
@@ -323,6 +332,8 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; valid: {', '.join(BACKENDS)}")
+    if gradients_only and forward_backward_only:
+        raise ValueError("gradients_only (the rest alone) and forward_backward_only (no rest) exclude each other")
     if program.strategy in ("fsdp", "zero1"):
         group = rank_world(program.replicas, program.rank)
     elif real_ddp and program.strategy == "ddp":
@@ -331,13 +342,13 @@ def run_program(spec: StepSpec, program: DeviceProgram, device_type: str = "cpu"
         group = contextlib.nullcontext()
     with _any_batchnorm_batch(), group:
         return _run_program(spec, program, device_type, window, steps, track, real_ddp, model, backend, mark,
-                            optimizers, gradients_only)
+                            optimizers, gradients_only, forward_backward_only)
 
 
 def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, window: Callable[[], Any], steps: int,
                  track: Callable[[List[Tensor]], None], real_ddp: bool, model: Optional[nn.Module],
                  backend: str, mark: Callable[[], None], optimizers: Optional[Dict[tuple, Any]] = None,
-                 gradients_only: bool = False) -> float:
+                 gradients_only: bool = False, forward_backward_only: bool = False) -> float:
     # sharding changes the module: fsdp shards its own, or reuses one sharded before (is_sharded)
     reuse = model is not None and (program.strategy != "fsdp" or is_sharded(model))
     model = model if reuse else spec.build_model()
@@ -366,7 +377,7 @@ def _run_program(spec: StepSpec, program: DeviceProgram, device_type: str, windo
     for _ in range(steps):
         with window():
             start = time.perf_counter()
-            _step(spec, program, model, params, optimizer, device_type, mark, gradients_only)
+            _step(spec, program, model, params, optimizer, device_type, mark, gradients_only, forward_backward_only)
             seconds = time.perf_counter() - start
     del buckets
     return seconds

@@ -24,7 +24,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .tracker import rounded
 
-__all__ = ["Replay", "fit", "compose", "size_table", "refit"]
+__all__ = ["Replay", "fit", "compose", "size_table", "refit", "head"]
 
 #: Exponents of the share and of the crop's side a storage's size may have (an image is ``share * crop**2``, a
 #: gathered output ``num_devices * share * ...``).
@@ -59,31 +59,30 @@ class Replay:
         return self._peaks[share, crop]
 
     def _run(self, share: int, crop: int) -> int:
-        scale = {power: share ** power[0] * crop ** power[1] for power in _POWERS}
         r = self.round_to
-
-        def size(mono: Tuple[Fraction, int, int]) -> int:
-            value = mono[0] * scale[mono[1], mono[2]]
+        size: Dict[Tuple[Fraction, int, int], int] = {}  # each distinct monomial's bytes there, rounded
+        for mono in {e[-1] for e in self.events if e[0] in "ar"}:
+            value = mono[0] * share ** mono[1] * crop ** mono[2]
             if value.denominator != 1 or value < 0:
                 raise ValueError(f"replay: {value} bytes at share {share}, crop {crop}")
-            return rounded(int(value), r)
-
+            size[mono] = rounded(int(value), r)
         live = peak = self.start
         sizes: Dict[int, int] = {}
         for index, event in enumerate(self.events):
             kind = event[0]
             if kind == "a":
-                sizes[index] = size(event[1])
+                sizes[index] = size[event[1]]
                 live += sizes[index]
             elif kind == "f":
                 live -= sizes.pop(event[1])
             elif kind == "r":
-                new = size(event[2])
+                new = size[event[2]]
                 live += new - sizes[event[1]]
                 sizes[event[1]] = new
             elif kind == "d":
                 live += event[1]
-            peak = max(peak, live)
+            if live > peak:
+                peak = live
         return peak
 
 
@@ -187,6 +186,14 @@ def _held(events: Sequence[tuple]) -> List[int]:
         elif e[0] == "f":
             live.pop(e[1], None)
     return list(live)
+
+
+def head(trace: Trace) -> Optional[Trace]:
+    """``trace``'s events up to and with its mark (the step's forward and backward), or ``None`` without exactly
+    one mark. :func:`fit` of two heads and :func:`compose` with a whole step give that step's replay from its
+    forward and backward traced at the second point alone."""
+    end = _mark(trace[1])
+    return None if end is None else (trace[0], trace[1][:end + 1])
 
 
 def _mark(events: Sequence[tuple]) -> Optional[int]:

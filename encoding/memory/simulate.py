@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+import gc
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -43,7 +44,7 @@ def build_fake_model(spec: StepSpec, fake_mode: Any) -> nn.Module:
 
     try:
         with fake_mode:
-            return spec.build_model()
+            return without_constants(spec.build_model())
     except DataDependentOutputException:
         with torch.device("meta"):
             model = spec.build_model()
@@ -51,11 +52,23 @@ def build_fake_model(spec: StepSpec, fake_mode: Any) -> nn.Module:
             return model.to_empty(device="cpu")
 
 
+def without_constants(model: nn.Module) -> nn.Module:
+    """``model`` with the values its fake tensors carry dropped: a tensor made from data (BatchNorm's
+    ``num_batches_tracked``, ``torch.tensor(0)``) keeps it as a constant, and every operator on such a tensor
+    bypasses ``FakeTensorMode``'s cache (its slow path, on every BatchNorm call). No simulated step reads those
+    values: the tracker answers every host read
+    (:class:`~encoding.memory.tracker.AllocationTracker`); the shapes and storages are the same."""
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if getattr(tensor, "constant", None) is not None:
+            tensor.constant = None
+    return model
+
+
 def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, fake_mode: Any = None,
                      workspaces: Optional[Workspaces] = None, model: Optional[nn.Module] = None,
                      backend: str = "nccl", record: bool = False,
                      optimizers: Optional[Dict[tuple, Any]] = None, observer: Any = None,
-                     gradients_only: bool = False) -> ProgramResult:
+                     gradients_only: bool = False, forward_backward_only: bool = False) -> ProgramResult:
     """Peak bytes of ``program`` on fake CPU tensors (no memory is allocated, no kernel runs).
 
     Args:
@@ -76,6 +89,7 @@ def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, 
         observer: told what each recorded allocation is (:class:`encoding.memory.timeline.Labeler`); implies
             ``record``.
         gradients_only: the rest of the step alone (see :func:`~encoding.memory.program.run_program`).
+        forward_backward_only: the step without its rest (see :func:`~encoding.memory.program.run_program`).
 
     :attr:`ProgramResult.phases`: the bytes live when the step starts, the peak of its forward and backward, the peak
     of the rest, and the bytes live between the two.
@@ -103,11 +117,28 @@ def simulate_program(spec: StepSpec, program: DeviceProgram, round_to: int = 1, 
         marks.append(tracker.live)
         tracker.reset_peak()
 
-    with (fake_mode or new_fake_mode()), tracker, (observer or contextlib.nullcontext()):
+    with _frozen_heap(), (fake_mode or new_fake_mode()), tracker, (observer or contextlib.nullcontext()):
         seconds = run_program(spec, program, "cpu", window, track=tracker.track, model=model, backend=backend,
-                              mark=mark, optimizers=optimizers, gradients_only=gradients_only)
+                              mark=mark, optimizers=optimizers, gradients_only=gradients_only,
+                              forward_backward_only=forward_backward_only)
     phases = (start[0], marks[0], tracker.peak, marks[1]) if len(marks) == 2 else None
     return ProgramResult(max(marks[:1] + [tracker.peak]), seconds, phases, (start[0], trace) if record else None)
+
+
+@contextlib.contextmanager
+def _frozen_heap() -> Iterator[None]:
+    """Inside: the objects alive before (torch's own, the models) left out of the garbage collector's passes
+    (``gc.freeze``). A simulated step makes many objects, and every full collection would scan the whole heap again
+    (a tenth of the advice's time); what the step drops, in reference cycles too, is collected as before. Nothing
+    changes where the caller froze objects of its own."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def recompute_view(base: nn.Module, other: nn.Module) -> Optional[List[str]]:
@@ -168,9 +199,10 @@ class Simulator:
             like ``model``); default: its own.
         optimizers: the :attr:`optimizers` of that simulator (shared with ``model`` and ``sharded``); default: its
             own.
-        sharded_from: a simulator of the same network with another recomputation policy (e.g. none): its sharded
-            models stand for this one's, with this policy's recomputed modules switched on while a program runs
-            (:func:`recompute_view`; where the two models differ otherwise, this simulator shards its own).
+        sharded_from: a simulator of the same network with another recomputation policy (e.g. none), in the same
+            fake mode: its model, sharded models and warmed optimizers stand for this one's, with this policy's
+            recomputed modules switched on while a program runs (:func:`recompute_view`; where the two models
+            differ otherwise, this simulator runs, shards and warms up its own).
         record: keep the events of every program it simulates whole (:meth:`result` with ``record``; a composed
             ``zero1`` or ``fsdp`` rank is recorded when asked), so that the advice can replay the programs of this
             simulator without simulating them again (:func:`~encoding.memory.advice.advise`'s ``simulator``).
@@ -201,6 +233,8 @@ class Simulator:
         self._frames: Dict[tuple, Optional[int]] = {}
         #: how many rests of steps were simulated alone (``zero1`` and ``fsdp`` ranks composed)
         self.rests_run = 0
+        #: how many steps were simulated without their rest (:meth:`forward_backward`; also in :attr:`programs_run`)
+        self.heads_run = 0
         #: (world size, rank) -> the model sharded for ``fsdp`` (see :meth:`sharded_model`)
         self.sharded: Dict[tuple, nn.Module] = {} if sharded is None else sharded
         #: the warmed optimizers of the programs run on :attr:`model` and :attr:`sharded` (one warm-up step each,
@@ -250,25 +284,39 @@ class Simulator:
             return dataclasses.replace(key, rank=self._fsdp_rank(key.replicas, key.rank))
         return key
 
+    def forward_backward(self, program: DeviceProgram) -> Tuple[int, List[tuple]]:
+        """The recorded events of ``program``'s step up to the mark where its forward and backward end (and its
+        gradients dropped), without the rest: :attr:`ProgramResult.trace` of a step whose rest another program
+        ran (:func:`~encoding.memory.replay.compose` puts the two together). Not cached."""
+        trace = self._simulate(self.representative(program), True, forward_backward_only=True).trace
+        assert trace is not None
+        return trace
+
     def _simulate(self, key: DeviceProgram, record: bool = False, observer: Any = None,
-                  gradients_only: bool = False, on_rank: Optional[int] = None) -> ProgramResult:
+                  gradients_only: bool = False, on_rank: Optional[int] = None,
+                  forward_backward_only: bool = False) -> ProgramResult:
         """``key`` simulated (``gradients_only``: its rest alone; ``on_rank``: an ``fsdp`` rank's rest on the model
-        sharded for that other rank, viewed as its own, :func:`~encoding.memory.sharded.rank_view`)."""
-        model = self.model
+        sharded for that other rank, viewed as its own, :func:`~encoding.memory.sharded.rank_view`;
+        ``forward_backward_only``: without its rest)."""
+        base = self._base()
+        owner = self if base is None else base  # whose model (sharded models) and warmed optimizers run it
+        model = owner.model
         with contextlib.ExitStack() as view:
             if key.strategy == "fsdp":
-                model = self.sharded_model(key.replicas, key.rank if on_rank is None else on_rank)
-                if self._recomputed:
-                    view.enter_context(recomputing(model, self._recomputed))
-                if on_rank is not None and on_rank != key.rank:
-                    with self.fake_mode:  # the views are made on fake tensors
-                        view.enter_context(rank_view(model, key.replicas, key.rank))
+                model = owner.sharded_model(key.replicas, key.rank if on_rank is None else on_rank)
+            if base is not None and self._recomputed:
+                view.enter_context(recomputing(model, self._recomputed))
+            if key.strategy == "fsdp" and on_rank is not None and on_rank != key.rank:
+                with self.fake_mode:  # the views are made on fake tensors
+                    view.enter_context(rank_view(model, key.replicas, key.rank))
             result = simulate_program(self.spec, key, self.round_to, self.fake_mode, self.workspaces, model,
-                                      self.backend, record, self.optimizers, observer, gradients_only)
+                                      self.backend, record, owner.optimizers, observer, gradients_only,
+                                      forward_backward_only)
         if gradients_only:
             self.rests_run += 1
         else:
             self._runs += 1
+            self.heads_run += forward_backward_only
         return result
 
     @staticmethod
@@ -302,18 +350,25 @@ class Simulator:
         start, _, after, between = rest.phases
         return ProgramResult(max(start + frame, after), rest.seconds, (start, start + frame, after, between))
 
+    def _base(self) -> Optional["Simulator"]:
+        """``sharded_from`` where its model differs from this one's only in the modules this one recomputes
+        (:func:`recompute_view`, checked on first use), else ``None``: then this simulator runs its own model,
+        sharded models and optimizers."""
+        if self._sharded_from is not None and self._recomputed is None:
+            self._recomputed = recompute_view(self._sharded_from.model, self.model)
+            if self._recomputed is None:  # the models differ otherwise
+                self._sharded_from = None
+        return self._sharded_from
+
     def sharded_model(self, world_size: int, rank: int = 0) -> nn.Module:
         """A model of the step sharded for ``fsdp`` as ``rank`` of ``world_size`` ranks (built and sharded on first
         use, then shared by the ``fsdp`` programs of the ranks whose shards have its sizes)."""
-        if self._sharded_from is not None and self._recomputed is None:
-            self._recomputed = recompute_view(self._sharded_from.model, self.model)
-            if self._recomputed is None:  # the models differ otherwise: shard this one's own
-                self._sharded_from = None
-        if self._sharded_from is not None:
-            return self._sharded_from.sharded_model(world_size, rank)
+        base = self._base()
+        if base is not None:
+            return base.sharded_model(world_size, rank)
         if (world_size, rank) not in self.sharded:
             with rank_world(world_size, rank), self.fake_mode, chunks_on_demand():
-                self.sharded[world_size, rank] = shard_model(self.spec.build_model(),
+                self.sharded[world_size, rank] = shard_model(without_constants(self.spec.build_model()),
                                                              staged_collectives=self.backend == "gloo")
         return self.sharded[world_size, rank]
 

@@ -158,6 +158,8 @@ class AllocationTracker(TorchDispatchMode):
                 self.events.append(("d", -size) if index is None else ("f", index))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE and _fake_device(args[0]) is not None:  # a tensor's device: nothing allocated
+            return _fake_device(args[0])
         if func is torch.ops.aten._local_scalar_dense.default:  # no value: 0 (False), or 1 for an integer
             return 1 if not args[0].dtype.is_floating_point and args[0].dtype != torch.bool else 0
         if self.workspaces is not None:
@@ -172,6 +174,19 @@ class AllocationTracker(TorchDispatchMode):
             if isinstance(leaf, Tensor):
                 self._add(leaf)
         return out
+
+
+_DEVICE = torch.ops.prim.device.default
+
+
+def _fake_device(tensor: Any) -> Optional[torch.device]:
+    """What ``FakeTensor`` answers to ``prim.device`` (``None`` for another tensor), without its mode's dispatch: the
+    autograd engine and the ``_foreach`` operators ask every tensor's device, most of a simulated step's operator
+    calls."""
+    mode = getattr(tensor, "fake_mode", None)
+    if mode is None or not hasattr(tensor, "fake_device"):
+        return None
+    return torch.device("meta") if mode.in_kernel_invocation else tensor.fake_device
 
 
 def _shapes(args: Any, kwargs: Any) -> List[Tuple[int, ...]]:
