@@ -37,19 +37,22 @@ def trace_events(prof: torch.profiler.profile) -> List[dict]:
 
 def _memory_levels(events: List[dict], device: torch.device) -> List[Tuple[float, int]]:
     """``(timestamp, live bytes)`` of the profiler's memory events on ``device``, in time order: the events'
-    ``"Total Allocated"``, less the frees the profiler did not see (:func:`_unseen_frees`)."""
+    ``"Total Allocated"``, less the frees the profiler did not see (:func:`_unseen_frees`), from the level before
+    the session's first event (the allocator's count is process-wide and outlives a profiler session: tensors of an
+    earlier session freed after it ended are still counted)."""
     kind = 1 if device.type == "cuda" else 0
     memory = sorted((e["ts"], e["args"]["Total Allocated"], e["args"].get("Addr"), e["args"].get("Bytes", 0),
                      e.get("tid")) for e in events
                     if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == kind
                     and (kind == 0 or e["args"].get("Device Id") == device.index))
     frees = _unseen_frees(memory, events) if kind == 0 else []
+    zero = memory[0][1] - memory[0][3] if memory else 0
     levels, unseen, k = [], 0, 0
     for ts, total, *_ in memory:
         while k < len(frees) and frees[k][0] <= ts:
             unseen += frees[k][1]
             k += 1
-        levels.append((ts, total - unseen))
+        levels.append((ts, total - unseen - zero))
     return levels
 
 
