@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from ..datasets.base import BaseDataset
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD, image_transform
 from ..errors import UsageError
-from ..memory.simulate import new_fake_mode
+from ..memory.fakes import new_fake_mode
 from ..memory.tracker import AllocationTracker
 from ..models import MultiEvalModule, SlidingWindow
 from ..models.multieval import WindowBatch, flip_average

@@ -9,17 +9,21 @@ crop, activations grow with the pixels: the same search in ``crop ** 2`` (crops 
 sample per device (one more crop step) does not.
 
 The points come from replays (:mod:`~encoding.memory.replay`): each strategy's heaviest device program is
-simulated at the advice's share and crop and at one sample and one crop step more, with its allocation events
-recorded; where both are the same events with sizes that are monomials of the share and crop, the events are
-replayed at any point (the simulator's own arithmetic on the sizes there: the same peak, not an estimate). Under a
-further checkpointing policy one simulation suffices where every size is one the steps fitted before have
-(the same activations, recomputed). ``balanced`` and ``zero1`` run ``ddp``'s forward and backward and differ only
-in what they hold around it (DDP's buckets, the optimizer state of a partition, the replicas' gradients arriving):
-their replays are ``ddp``'s with their own state, traced once. Where a replay does not fit (a size that is no
-monomial, different events), every point is simulated: device programs cached per (crop, policy), the fake model
-and the model sharded for ``fsdp`` shared across crops (the sharded one across policies too,
-:class:`~encoding.memory.simulate.Simulator`'s ``sharded_from``), ``balanced`` and ``zero1`` composed from ``ddp``'s
-simulation at each point where that is exact (:class:`_Peaks`).
+simulated at the advice's share and crop, with its allocation events recorded, and its forward and backward at one
+sample and one crop step more; where both are the same events with sizes that are monomials of the share and crop,
+the events are replayed at any point (the simulator's own arithmetic on the sizes there: the same peak, not an
+estimate), followed by the rest of the step as recorded (gradients arriving, the optimizer step: nothing it holds
+grows with the point, checked by :func:`~encoding.memory.replay.compose`). ``fsdp`` is fitted before ``ddp``,
+whose sizes are all among its own (:data:`_FIT_ORDER`). Under a further checkpointing policy the forward and
+backward alone are traced where every size is one the steps fitted before have (the same activations,
+recomputed), and the rest is the first policy's (the same parameters, gradients and optimizer state), on the first
+policy's model and warmed optimizers (:class:`~encoding.memory.simulate.Simulator`'s ``sharded_from``). ``balanced``
+and ``zero1`` run ``ddp``'s forward and backward and differ only in what they hold around it (DDP's buckets, the
+optimizer state of a partition, the replicas' gradients arriving): their replays are ``ddp``'s with their own
+state, traced once. Where a replay does not fit (a size that is no monomial, different events), every point is
+simulated: device programs cached per (crop, policy), the fake model and the model sharded for ``fsdp`` shared
+across crops (and across policies), ``balanced`` and ``zero1`` composed from ``ddp``'s simulation at each point
+where that is exact (:class:`_Peaks`).
 """
 from __future__ import annotations
 

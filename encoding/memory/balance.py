@@ -21,8 +21,9 @@ from ..parallel.planners import register_balancer
 from ..parallel.scatter_gather import batch_size_of, get_split_sizes
 from ..parallel.sample_lists import resolve_sample_lists
 from ..parallel.structures import PerSample, iter_leaves, transpose_map
+from .fakes import new_fake_mode
 from .program import DeviceProgram, StepSpec, default_optimizer, tensor_leaves
-from .simulate import Simulator, new_fake_mode
+from .simulate import Simulator
 
 __all__ = ["plan_split", "strategy_peaks", "max_batch", "MemoryBalancer"]
 
