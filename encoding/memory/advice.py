@@ -34,7 +34,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..nn.recompute import RECOMPUTE_POLICIES
 from .program import MEMORY_STRATEGIES, DeviceProgram, StepSpec
-from .replay import Replay, compose, fit, head, refit, size_table
+from .replay import Replay, compose, fit, head, refit, rest_is_constant, size_table
 from .search import confirm_boundary, largest_fitting
 from .simulate import Simulator
 
@@ -174,41 +174,43 @@ class _Peaks:
 
     def _fitted(self, policy: str, strategy: str, share: int, crop: int) -> Optional[Replay]:
         """``strategy``'s replay under ``policy``: its step traced at ``(share, crop)``, its sizes those of the
-        steps fitted before where they tell them, else fitted with a second trace one sample and crop step
-        beyond. Under a further policy (``strategy`` replayed under another one before) only its forward and
-        backward are traced, their sizes those of the steps fitted before, and the rest is the other policy's
-        (the same parameters, gradients and optimizer state: checked by
+        steps fitted before where they tell them (one monomial each), else fitted with its forward and backward
+        traced one sample and crop step beyond. Under a further policy (``strategy`` replayed under another one
+        before, whose rest holds nothing that grows with the point) only its forward and backward are traced, and
+        the rest is the other policy's (the same parameters, gradients and optimizer state: checked by
         :func:`~encoding.memory.replay.compose`)."""
-        table = size_table(self._fits, (share, crop))
+        origin = (share, crop)
+        table = size_table(self._fits, origin)
         base = self._bases.get(strategy)
         if base is not None and base[0] != policy:
-            line = refit(self._trace(policy, crop, strategy, share, head=True), table, self.round_to)
+            start = self._trace(policy, crop, strategy, share, head=True)
+            line = refit(start, table, self.round_to) or self._line(policy, strategy, start, origin)
             composed = None if line is None else compose(line, base[1], base[1])
             if composed is not None:
                 return composed
         first = self._trace(policy, crop, strategy, share)
         replay = refit(first, table, self.round_to) if self._fits else None
         if replay is None:
-            replay = self._fit_beyond(policy, strategy, first, (share, crop))
+            line = self._line(policy, strategy, first, origin)
+            if line is None:  # the forward and backward are no replay: neither is the whole step
+                return None
+            replay = compose(line, first, first) or fit(
+                first, self._trace(policy, crop + CROP_STEP, strategy, share + 1), origin,
+                (share + 1, crop + CROP_STEP), self.round_to)
             if replay is not None:
                 self._fits.append(replay)
-        if replay is not None:
+        if replay is not None and rest_is_constant(replay):
             self._bases.setdefault(strategy, (policy, first))
         return replay
 
-    def _fit_beyond(self, policy: str, strategy: str, first: Tuple[int, List[tuple]],
-                    origin: Tuple[int, int]) -> Optional[Replay]:
-        """``strategy``'s replay from its step traced at ``origin`` (``first``) and one sample and crop step beyond:
-        there its forward and backward alone, the rest ``first``'s where nothing live at the mark grows with the
-        point (:func:`~encoding.memory.replay.compose`), else its whole step."""
+    def _line(self, policy: str, strategy: str, trace: Tuple[int, List[tuple]],
+              origin: Tuple[int, int]) -> Optional[Replay]:
+        """The forward and backward of ``trace`` (``strategy``'s step at ``origin``) fitted with its forward and
+        backward traced one sample and crop step beyond (:func:`~encoding.memory.replay.head`), or ``None``."""
         beyond = (origin[0] + 1, origin[1] + CROP_STEP)
-        start = head(first)
+        start = head(trace)
         second = None if start is None else head(self._trace(policy, beyond[1], strategy, beyond[0], head=True))
-        line = None if second is None else fit(start, second, origin, beyond, self.round_to)
-        if line is None:  # the forward and backward are no replay: neither is the whole step
-            return None
-        return compose(line, first, first) or fit(first, self._trace(policy, beyond[1], strategy, beyond[0]),
-                                                  origin, beyond, self.round_to)
+        return None if second is None else fit(start, second, origin, beyond, self.round_to)
 
     def _composed(self, policy: str, strategy: str, share: int, crop: int) -> Optional[Replay]:
         """``strategy``'s replay from ``ddp``'s under ``policy`` and its own state, traced once under the first

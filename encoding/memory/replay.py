@@ -24,7 +24,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .tracker import rounded
 
-__all__ = ["Replay", "fit", "compose", "size_table", "refit", "head"]
+__all__ = ["Replay", "fit", "compose", "size_table", "refit", "head", "rest_is_constant"]
 
 #: Exponents of the share and of the crop's side a storage's size may have (an image is ``share * crop**2``, a
 #: gathered output ``num_devices * share * ...``).
@@ -194,6 +194,14 @@ def head(trace: Trace) -> Optional[Trace]:
     forward and backward traced at the second point alone."""
     end = _mark(trace[1])
     return None if end is None else (trace[0], trace[1][:end + 1])
+
+
+def rest_is_constant(replay: Replay) -> bool:
+    """Whether every storage live at ``replay``'s mark (its forward and backward done) has a size that does not
+    change with the point: then the rest of its step can stand for another step's with the same parameters
+    (:func:`compose`)."""
+    end = _mark(replay.events)
+    return end is not None and all(replay.events[i][1][1:] == (0, 0) for i in _held(replay.events[:end]))
 
 
 def _mark(events: Sequence[tuple]) -> Optional[int]:
