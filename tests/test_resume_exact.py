@@ -207,6 +207,29 @@ def test_second_ctrl_c_exits_at_once(monkeypatch, capsys):
     assert signal.getsignal(signal.SIGINT) is before  # restored
 
 
+def test_a_signal_arriving_during_the_ranks_agreement_is_kept_for_the_next_poll(monkeypatch):
+    """Under torch.distributed ``poll`` all-reduces the request. A signal whose handler runs as that reduce returns
+    (Python runs handlers between bytecodes, after the blocking call) must not be overwritten by the agreement
+    (the other rank saw none): this poll answers what every rank reported (no), the next one stops every rank. It
+    was lost: a SIGTERM to torchrun then left both ranks training until torchrun killed them, without a checkpoint."""
+    from encoding.engine import loop
+
+    interrupt = GracefulInterrupt()
+    reported = []
+
+    def reduce(value, op):  # the other rank reports 0; this rank's SIGTERM arrives during the first reduce
+        reported.append(value)
+        if len(reported) == 1:
+            interrupt._handle(signal.SIGTERM, None)
+        return value
+
+    monkeypatch.setattr(loop, "is_dist_avail_and_initialized", lambda: True)
+    monkeypatch.setattr(loop, "reduce_across_processes", reduce)
+    assert interrupt.poll() is False  # what every rank reported: no rank stops at this iteration
+    assert interrupt.poll() is True and interrupt.exit_status == 128 + signal.SIGTERM
+    assert reported == [0, signal.SIGTERM]
+
+
 def test_sigterm_to_torchrun_saves_on_the_main_process_and_no_rank_hangs(reference, tmp_path):
     data = reference[0]
     out = tmp_path / "runs"

@@ -129,11 +129,15 @@ class GracefulInterrupt:
         return self.signum is not None
 
     def poll(self) -> bool:
-        """Whether a stop signal arrived in any process (call it at the same points on every rank)."""
-        if is_dist_avail_and_initialized():
-            agreed = int(reduce_across_processes(self.signum or 0, "max"))
-            self.signum = agreed or None
-        return self.requested()
+        """Whether a stop signal arrived in any process (call it at the same points on every rank). Under
+        ``torch.distributed`` the answer is what every rank reported to the all-reduce; a signal that arrives while
+        it runs (its handler runs as the reduce returns) is kept for the next poll, not lost."""
+        if not is_dist_avail_and_initialized():
+            return self.requested()
+        agreed = int(reduce_across_processes(self.signum or 0, "max"))
+        if agreed:
+            self.signum = agreed
+        return bool(agreed)
 
     @property
     def exit_status(self) -> int:
