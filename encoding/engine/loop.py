@@ -110,10 +110,10 @@ class GracefulInterrupt:
 
     Use ``stop=handler.poll`` in :func:`train_one_epoch` (``requested`` in :func:`evaluate`): they raise
     :class:`Interrupted` after the current iteration, so the caller can save a resumable checkpoint. Under
-    ``torch.distributed``, :meth:`poll` agrees across the processes (one tiny all-reduce), so every rank stops at the
-    same iteration even when only one got the signal. A repeat within ``DUPLICATE_S`` counts as the same request:
-    a terminal's Ctrl-C reaches each ``torchrun`` worker directly and again through ``torchrun``. Outside the main
-    thread (where signal handlers cannot be installed) it does nothing.
+    ``torch.distributed``, :meth:`poll` answers what every process reported to one tiny all-reduce, so every rank stops
+    at the same iteration even when only one got the signal (or got it while the reduce ran: the next poll). A repeat
+    within ``DUPLICATE_S`` counts as the same request: a terminal's Ctrl-C reaches each ``torchrun`` worker directly and
+    again through ``torchrun``. Outside the main thread (where signal handlers cannot be installed) it does nothing.
     """
 
     SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -129,15 +129,10 @@ class GracefulInterrupt:
         return self.signum is not None
 
     def poll(self) -> bool:
-        """Whether a stop signal arrived in any process (call it at the same points on every rank). Under
-        ``torch.distributed`` the answer is what every rank reported to the all-reduce; a signal that arrives while
-        it runs (its handler runs as the reduce returns) is kept for the next poll, not lost."""
-        if not is_dist_avail_and_initialized():
-            return self.requested()
-        agreed = int(reduce_across_processes(self.signum or 0, "max"))
-        if agreed:
-            self.signum = agreed
-        return bool(agreed)
+        """Whether a stop signal arrived in any process (call it at the same points on every rank)."""
+        agreed = int(reduce_across_processes(self.signum or 0, "max")) if is_dist_avail_and_initialized() else None
+        self.signum = agreed or self.signum  # a handler that ran as the reduce returned: counted at the next poll
+        return self.requested() if agreed is None else bool(agreed)
 
     @property
     def exit_status(self) -> int:
