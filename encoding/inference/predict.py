@@ -45,8 +45,11 @@ __all__ = ["INFERENCE_MODES", "DEFAULT_WINDOW_MEMORY", "InferenceOptionError", "
 INFERENCE_MODES = ("whole", "slide")
 
 ImageLike = Union[str, os.PathLike, Image.Image, np.ndarray, Tensor]
-#: The memory the windows of one forward may take on a CPU, by default (bytes): 512 MiB.
-DEFAULT_WINDOW_MEMORY = 512 * 2 ** 20
+#: The memory the windows of one forward may take on a CPU, by default (bytes): 64 MiB. More windows per forward than
+#: a CPU's caches hold run slower (``benchmarks/bench_slide.py``, docs/inference.md: 86 windows of the main job's
+#: network take two thirds of the time the 693 that 512 MiB held took; FCN-ResNet50's 480 px windows, one per
+#: forward, 11.6 s against 12.5 s two per forward).
+DEFAULT_WINDOW_MEMORY = 64 * 2 ** 20
 
 
 class InferenceOptionError(UsageError):
@@ -191,7 +194,7 @@ def inference_module(model: nn.Module, *, mode: str = "whole", window: Optional[
             needed for the default window and for ``scales``).
         window_batch: windows per forward (default: as many as ``window_memory`` holds, :class:`WindowBudget`).
         window_memory: bytes (or ``"2GiB"``) the windows of one forward may take (default:
-            :func:`default_window_memory`: 512 MiB on a CPU, half the free memory of a GPU).
+            :func:`default_window_memory`: 64 MiB on a CPU, half the free memory of a GPU).
 
     Raises:
         ValueError: an unknown mode, or a window / scales without the sizes to use. InferenceOptionError: a window,
