@@ -47,6 +47,7 @@ class Replay:
     def __init__(self, start: int, events: List[tuple], round_to: int) -> None:
         self.start, self.events, self.round_to = start, events, max(1, round_to)
         self._peaks: Dict[Point, int] = {}
+        self._monomials = {e[-1] for e in events if e[0] in "ar"}  # the distinct sizes, evaluated once per point
 
     def peak(self, share: int, crop: int) -> int:
         """The step's peak bytes at ``share`` samples and ``crop``.
@@ -61,7 +62,7 @@ class Replay:
     def _run(self, share: int, crop: int) -> int:
         r = self.round_to
         size: Dict[Tuple[Fraction, int, int], int] = {}  # each distinct monomial's bytes there, rounded
-        for mono in {e[-1] for e in self.events if e[0] in "ar"}:
+        for mono in self._monomials:
             value = mono[0] * share ** mono[1] * crop ** mono[2]
             if value.denominator != 1 or value < 0:
                 raise ValueError(f"replay: {value} bytes at share {share}, crop {crop}")

@@ -158,8 +158,10 @@ class AllocationTracker(TorchDispatchMode):
                 self.events.append(("d", -size) if index is None else ("f", index))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is _DEVICE and _fake_device(args[0]) is not None:  # a tensor's device: nothing allocated
-            return _fake_device(args[0])
+        if func is _DEVICE:  # a tensor's device: nothing allocated
+            device = _fake_device(args[0])
+            if device is not None:
+                return device
         if func is torch.ops.aten._local_scalar_dense.default:  # no value: 0 (False), or 1 for an integer
             return 1 if not args[0].dtype.is_floating_point and args[0].dtype != torch.bool else 0
         if self.workspaces is not None:
