@@ -280,3 +280,15 @@ def test_utils_exports_resolve():
                    utils.palette):
         assert all(hasattr(module, name) for name in module.__all__)
     assert all(hasattr(utils, name) for name in ("download", "mkdir", "check_sha1"))  # PE file helpers (aliases)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_class_argmax_is_argmax_with_ties_nans_and_strided_logits(dtype):
+    from encoding.utils.metrics import class_argmax, labels_of
+    logits = torch.randint(0, 3, (2, 6, 40, 30), generator=torch.Generator().manual_seed(0)).to(dtype)  # many ties
+    logits[0, 3, 5, 5] = logits[1, 0, 7, 7] = logits[1, 4, 7, 7] = float("nan")
+    for view in (logits, logits[:, :, ::2, 1:], logits.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)):
+        assert torch.equal(class_argmax(view, 1), view.argmax(1))
+        assert torch.equal(labels_of(view), view.argmax(1))
+    assert class_argmax(logits, 1)[0, 5, 5] == 3 and class_argmax(logits, 1)[1, 7, 7] == 0  # the first NaN
+    assert torch.equal(class_argmax(logits[0], 0), logits[0].argmax(0)) and class_argmax(logits, 1).dtype == torch.int64
