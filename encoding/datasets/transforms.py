@@ -213,10 +213,10 @@ def _lean_steps(transforms: Sequence[Callable], into: List[Tuple[_LeanStep, Any]
     not photometric)."""
     for step in transforms:
         kind = type(step)
-        if (kind not in _LEAN and kind not in (v2.Compose, LeanCompose)) or step._forward_hooks or \
-                step._forward_pre_hooks:
+        composed = kind in (v2.Compose, LeanCompose)
+        if not (composed or kind in _LEAN) or step._forward_hooks or step._forward_pre_hooks:
             return False
-        if kind in (v2.Compose, LeanCompose):
+        if composed:
             if not _lean_steps(step.transforms, into, image_only):
                 return False
         elif (image_only and kind not in _PHOTOMETRIC) or (kind is v2.ToDtype and not isinstance(step.dtype,

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .profiler import trace_events
+from .profiler import _memory_levels, trace_events
 from .tracker import Workspaces, batch_key
 
 __all__ = ["PROBED_OPERATORS", "CpuKernels"]
@@ -100,9 +100,5 @@ def _beyond_outputs(func: Any, args: tuple, kwargs: dict, share: int, samples: i
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
             outputs = _nbytes(func(*real_args, **real_kwargs))
         events = trace_events(prof)
-    memory = sorted((e["ts"], e["args"]["Total Allocated"], e["args"].get("Bytes", 0)) for e in events
-                    if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == 0)
-    if not memory:
-        return 0
-    start = memory[0][1] - memory[0][2]
-    return max(0, max(total for _, total, _ in memory) - start - outputs)
+    levels = _memory_levels(events, torch.device("cpu"))  # from the level before the probe's first event
+    return max(0, max((level for _, level in levels), default=0) - outputs)

@@ -225,21 +225,18 @@ def _step(spec: StepSpec, program: DeviceProgram, model: nn.Module, params: List
     elif program.share:
         _forward_backward(spec, program, model, device_type)
     mark()  # forward and backward done: the rest (gradients arriving, optimizer step) does not depend on the input
-    if forward_backward_only:  # the rest is another program's: the gradients dropped, as zero_grad drops them
-        for p in params:
-            p.grad = None
-        return
-    if program.receives_gradients:
-        # the sums of every replica's gradients arrive beside replica 0's own (or alone, when device 0 sat out)
-        reduced = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
-        for p, g in zip(params, reduced):
-            p.grad = g
-    if optimizer is not None:
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    else:  # a replica's gradients leave for device 0
-        for p in params:
-            p.grad = None
+    if not forward_backward_only:  # else the rest is another program's
+        if program.receives_gradients:
+            # the sums of every replica's gradients arrive beside replica 0's own (or alone, when device 0 sat out)
+            reduced = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
+            for p, g in zip(params, reduced):
+                p.grad = g
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return
+    for p in params:  # a replica's gradients leave for device 0; without the rest, dropped as zero_grad drops them
+        p.grad = None
 
 
 def _forward_backward(spec: StepSpec, program: DeviceProgram, model: nn.Module, device_type: str) -> None:
