@@ -19,7 +19,7 @@ Needs ``segmentation-models-pytorch`` (in the ``test`` extras).
     python benchmarks/bench_peers.py --smp-like                   # our heads' smp-like options (see docs/models.md)
     python benchmarks/bench_peers.py --models fcfpn --profile 12  # + torch.profiler's top operators of each side
     python benchmarks/bench_peers.py --smp-like --compile          # + ours compiled (goal: >= 1.2 x smp)
-    python benchmarks/bench_peers.py --smp-like --compile --device cuda
+    python benchmarks/bench_peers.py --smp-like --compile --device cuda --compile-mode auto  # CUDA graphs
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ from typing import Callable, Dict, List, Tuple
 import torch
 from torch import nn
 
-from encoding.engine.compiled import compile_model
+from encoding.config.groups import COMPILE_CHOICES
+from encoding.engine.compiled import compile_mode, compile_model
 from encoding.models import get_segmentation_model
 from encoding.models.flops import count_flops
 
@@ -97,7 +98,8 @@ def compare(name: str, args: argparse.Namespace) -> Dict[str, object]:
     ours, theirs = build_pair(name, args.nclass, args.smp_like)
     models = {"ours": ours.to(device), "smp": theirs.to(device)}
     if args.compile:
-        models["compiled"] = compile_model(copy.deepcopy(ours), dynamic=False)
+        models["compiled"] = compile_model(copy.deepcopy(ours), compile_mode(args.compile_mode, [device]),
+                                           dynamic=False)
     x = torch.randn(args.batch, 3, args.size, args.size, device=device)
     target = torch.randint(0, args.nclass, (args.batch, args.size, args.size), device=device)
     steps, first = {}, {}
@@ -127,30 +129,31 @@ def compare(name: str, args: argparse.Namespace) -> Dict[str, object]:
     return row
 
 
-def print_table(rows: List[Dict[str, object]], args: argparse.Namespace) -> None:
+def table_lines(rows: List[Dict[str, object]], args: argparse.Namespace) -> List[str]:
+    """The Markdown table of ``rows`` (and of the compiled runs, with ``--compile``), a line each."""
     where = f"CPU, {torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name(
         args.device)
-    print(f"\nTrain step (forward, cross-entropy, backward, SGD), {where}, input "
-          f"{args.batch}x3x{args.size}x{args.size}, {args.nclass} classes, {args.rounds} alternating rounds x "
-          f"{args.iters} steps (median; per-round ratios in brackets){', our smp-like options' if args.smp_like else ''}"
-          ":\n")
-    print("| ours | smp | ours img/s | smp img/s | ratio (rounds) | params ours / smp (M) | "
-          "GFLOPs ours / smp | ratio x GFLOPs |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['name']} | {r['smp']} | {r['ours']:.2f} | {r['theirs']:.2f} | "
+    lines = [f"Train step (forward, cross-entropy, backward, SGD), {where}, input "
+             f"{args.batch}x3x{args.size}x{args.size}, {args.nclass} classes, {args.rounds} alternating rounds x "
+             f"{args.iters} steps (median; per-round ratios in brackets)"
+             f"{', our smp-like options' if args.smp_like else ''}:", "",
+             "| ours | smp | ours img/s | smp img/s | ratio (rounds) | params ours / smp (M) | "
+             "GFLOPs ours / smp | ratio x GFLOPs |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['name']} | {r['smp']} | {r['ours']:.2f} | {r['theirs']:.2f} | "
               f"**{r['ratio']:.2f}** ({r['low']:.2f}-{r['high']:.2f}) | {r['params'][0]:.1f} / {r['params'][1]:.1f} | "
-              f"{r['gflops'][0]:.1f} / {r['gflops'][1]:.1f} | {r['work_ratio']:.2f} |")
+              f"{r['gflops'][0]:.1f} / {r['gflops'][1]:.1f} | {r['work_ratio']:.2f} |" for r in rows]
     if args.compile:
-        print("\nCompiled (encoding.engine.compile_model, inductor), same rounds:\n")
-        print("| ours | compiled img/s | compiled / smp | compiled / eager | first compiled step (s) |")
-        print("|---|---:|---:|---:|---:|")
-        for r in rows:
-            print(f"| {r['name']} | {r['compiled']:.2f} | **{r['vs_smp']:.2f}** | {r['vs_eager']:.2f} | "
-                  f"{r['compile_s']:.1f} |")
+        mode = compile_mode(args.compile_mode, [torch.device(args.device)])
+        lines += ["", f"Compiled (encoding.engine.compile_model, inductor, --compile {args.compile_mode}: mode "
+                  f"{mode}), same rounds:", "",
+                  "| ours | compiled img/s | compiled / smp | compiled / eager | first compiled step (s) |",
+                  "|---|---:|---:|---:|---:|"]
+        lines += [f"| {r['name']} | {r['compiled']:.2f} | **{r['vs_smp']:.2f}** | {r['vs_eager']:.2f} | "
+                  f"{r['compile_s']:.1f} |" for r in rows]
+    return lines
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(PAIRS), default=list(PAIRS))
     parser.add_argument("--size", type=int, default=128)
@@ -162,13 +165,19 @@ def main(argv=None) -> None:
     parser.add_argument("--profile", type=int, default=0, metavar="ROWS",
                         help="also print torch.profiler's top ROWS operators of one step of each side")
     parser.add_argument("--compile", action="store_true", help="also run ours compiled (torch.compile, inductor)")
+    parser.add_argument("--compile-mode", default="default", choices=[c for c in COMPILE_CHOICES if c != "none"],
+                        help="train.py's --compile choice (auto: CUDA graphs on one CUDA device)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--smp-like", action="store_true",
                         help="build ours with the head options closest to smp's (PAIRS in this file)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print_table([compare(name, args) for name in args.models], args)
+    print("\n" + "\n".join(table_lines([compare(name, args) for name in args.models], args)))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,31 @@ def seconds(model: torch.nn.Module, image: np.ndarray, window: int, device: torc
     return time.perf_counter() - start, labels
 
 
+def measure(height: int = 1024, width: int = 2048, window: int = 64, device: torch.device = torch.device("cpu"),
+            repeats: int = 3, say=print) -> dict:
+    """One window per forward against the default window batch, the fastest of ``repeats`` alternating runs each:
+    ``{"single", "batched"}`` (seconds), ``"windows"`` (how many), ``"chosen"`` (the default window batch),
+    ``"identical"`` (whether the labels are); ``say`` hears the running figures."""
+    torch.manual_seed(0)
+    model = get_segmentation_model("unet", dataset="shapes", backbone="vgg_tiny_s2", output_stride=8).to(device).eval()
+    image = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    for how in ({"window_batch": 1}, {}):  # warm-up: kernels and caches of both batch sizes
+        seconds(model, image[:2 * window, :4 * window], window, device, **how)
+    single = batched = float("inf")
+    for _ in range(max(1, repeats)):  # alternately: a slow spell of the machine hits both ways
+        took, labels_single = seconds(model, image, window, device, window_batch=1)
+        single = min(single, took)
+        took, labels_batched = seconds(model, image, window, device)
+        batched = min(batched, took)
+        say(f"one window per forward: {single:.2f} s, batched: {batched:.2f} s (fastest so far)")
+    stride = window * 2 // 3
+    count = len(_windows(height, window, stride)) * len(_windows(width, window, stride))
+    with torch.no_grad():
+        chosen = WindowBudget(model)(to_batch(image[:window, :window]).to(device))
+    return {"single": single, "batched": batched, "windows": count, "chosen": chosen, "stride": stride,
+            "identical": bool(torch.equal(labels_single, labels_batched))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--height", type=int, default=1024)
@@ -45,29 +70,14 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    torch.manual_seed(0)
-    model = get_segmentation_model("unet", dataset="shapes", backbone="vgg_tiny_s2", output_stride=8).to(device).eval()
-    image = np.random.default_rng(0).integers(0, 256, (args.height, args.width, 3), dtype=np.uint8)
-    for how in ({"window_batch": 1}, {}):  # warm-up: kernels and caches of both batch sizes
-        seconds(model, image[:2 * args.window, :4 * args.window], args.window, device, **how)
-    single = batched = float("inf")
-    for _ in range(max(1, args.repeats)):  # alternately: a slow spell of the machine hits both ways
-        took, labels_single = seconds(model, image, args.window, device, window_batch=1)
-        single = min(single, took)
-        took, labels_batched = seconds(model, image, args.window, device)
-        batched = min(batched, took)
-        print(f"one window per forward: {single:.2f} s, batched: {batched:.2f} s (fastest so far)", flush=True)
-    stride = args.window * 2 // 3
-    count = len(_windows(args.height, args.window, stride)) * len(_windows(args.width, args.window, stride))
-    with torch.no_grad():
-        chosen = WindowBudget(model)(to_batch(image[:args.window, :args.window]).to(device))
-    print(f"unet-vgg_tiny_s2 slide, {args.width} x {args.height} image, window {args.window} / stride {stride} "
-          f"({count} windows), {device} ({torch.get_num_threads()} threads):")
-    print(f"  one window per forward    {single:7.2f} s")
-    print(f"  {min(chosen, count):4d} windows per forward {batched:7.2f} s   (default budget: "
-          f"{chosen} windows)")
-    print(f"  ratio single / batched = {single / batched:.2f}  (goal >= 2)   labels identical: "
-          f"{bool(torch.equal(labels_single, labels_batched))}")
+    r = measure(args.height, args.width, args.window, device, args.repeats, lambda line: print(line, flush=True))
+    print(f"unet-vgg_tiny_s2 slide, {args.width} x {args.height} image, window {args.window} / stride {r['stride']} "
+          f"({r['windows']} windows), {device} ({torch.get_num_threads()} threads):")
+    print(f"  one window per forward    {r['single']:7.2f} s")
+    print(f"  {min(r['chosen'], r['windows']):4d} windows per forward {r['batched']:7.2f} s   (default budget: "
+          f"{r['chosen']} windows)")
+    print(f"  ratio single / batched = {r['single'] / r['batched']:.2f}  (goal >= 2)   labels identical: "
+          f"{r['identical']}")
 
 
 if __name__ == "__main__":

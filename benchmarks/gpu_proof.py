@@ -1,6 +1,7 @@
 """The GPU proof in one command: one Markdown report of what only a GPU can show.
 
-    python benchmarks/gpu_proof.py                      # writes runs/gpu_proof.md (<= 8 minutes on one GPU)
+    python benchmarks/gpu_proof.py                      # writes runs/gpu_proof.md (about 12 minutes on one GPU)
+    python benchmarks/gpu_proof.py --only compile slide  # some sections (--skip: all but some)
     python benchmarks/gpu_proof.py --quick --out r.md   # tiny models, small crops: seconds (CI runs it on the CPU)
 
 Sections: ``pytest -m gpu``; the simulator (uncalibrated and ``--calibrate``d) against
@@ -9,12 +10,16 @@ crop 512, 8 images, fp32 and bf16; the step time of ``DataParallelModel`` + ``Da
 plain module and ``nn.DataParallel`` on one device; train images/s of our FCN-ResNet50 against torchvision's; the
 CUDA context and the caching allocator's reserved-minus-allocated after the step, and the ``--reserve`` they suggest
 for ``python -m encoding.memory --advise``; the simulated memory timeline of each device program of FCN-ResNet50
-against ``torch.cuda.memory._snapshot()`` of the same step. Without CUDA every part that needs it says "skipped" and
+against ``torch.cuda.memory._snapshot()`` of the same step; train images/s of ours compiled (``--compile auto``: CUDA
+graphs) against ours eager and segmentation_models_pytorch's DeepLabV3+, FPN and UPerNet at equal architecture
+(``bench_peers.py``); ``encoding.segment(mode="slide")`` with batched windows against one window per forward
+(``bench_slide.py``). Without CUDA every part that needs it says "skipped" and
 why; the rest runs on the CPU, so the script keeps working where there is no GPU.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import subprocess
@@ -250,6 +255,41 @@ def allocator(proof: Proof) -> None:
         ["suggested --reserve (context + fragmentation, 64 MiB steps)", f"{suggested / MIB:.0f}"]])
 
 
+def compile_speed(proof: Proof) -> None:
+    """Ours compiled (``--compile auto``: CUDA graphs on one GPU) against ours eager and smp at equal architecture
+    (``bench_peers.py --smp-like --compile``); issue 45's goal: compiled >= 1.2 x smp."""
+    import bench_peers
+
+    if importlib.util.find_spec("segmentation_models_pytorch") is None:
+        proof.lines.append("skipped: segmentation_models_pytorch is not installed here (carry its wheel, "
+                           "docs/memory.md)")
+        return
+    quick, compiled = proof.args.quick, proof.cuda or not proof.args.quick
+    argv = ["--smp-like", "--device", str(proof.device)] + (["--compile", "--compile-mode", "auto"] if compiled else [])
+    argv += ["--models", "fcfpn", "--size", "32", "--rounds", "1", "--iters", "1"] if quick else ["--iters", "10"]
+    args = bench_peers.build_parser().parse_args(argv)
+    proof.lines += bench_peers.table_lines([bench_peers.compare(name, args) for name in args.models], args)
+    if not compiled:
+        proof.lines.append("\nCompiled: skipped in --quick mode on the CPU (inductor builds C++ kernels for minutes); "
+                           "`python benchmarks/bench_peers.py --smp-like --compile` measures it.")
+
+
+def slide(proof: Proof) -> None:
+    """``encoding.segment(mode="slide")``: the default window batch against one window per forward
+    (``bench_slide.py``)."""
+    import bench_slide
+
+    height, width, repeats = (128, 256, 1) if proof.args.quick else (1024, 2048, 3)
+    r = bench_slide.measure(height, width, 64, proof.device, repeats, say=lambda line: None)
+    proof.lines.append(f"`encoding.segment(mode=\"slide\")`, the main job's network (U-Net on vgg_tiny_s2), untrained, "
+                       f"a {width} x {height} image, windows of 64 px every {r['stride']} px ({r['windows']} windows), "
+                       f"on {'the GPU' if proof.cuda else 'the CPU'}; the fastest of {repeats} alternating run(s).")
+    proof.table(["windows per forward", "seconds", "single / batched", "labels identical"],
+                [["1", f"{r['single']:.3f}", "1", "-"],
+                 [f"{min(r['chosen'], r['windows'])} (the default budget)", f"{r['batched']:.3f}",
+                  f"{r['single'] / r['batched']:.2f}", str(r["identical"])]])
+
+
 # ------------------------------------------------------------------------------------------------ main
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -257,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny models and crops (CI, CPU)")
     p.add_argument("--cpu", action="store_true", help="skip CUDA even where there is a GPU")
     p.add_argument("--skip", nargs="*", default=[], choices=list(SECTIONS), help="sections to leave out")
-    p.add_argument("--pytest-timeout", type=float, default=240, help="seconds for `pytest -m gpu`")
+    p.add_argument("--only", nargs="*", default=[], choices=list(SECTIONS), help="these sections alone")
+    p.add_argument("--pytest-timeout", type=float, default=420, help="seconds for `pytest -m gpu`")
     return p
 
 
@@ -268,6 +309,8 @@ SECTIONS: Dict[str, Tuple[str, Callable[[Proof], None]]] = {
     "throughput": ("Train images/s against torchvision's FCN", throughput),
     "allocator": ("CUDA context and the caching allocator after the steps", allocator),
     "timeline": ("Simulated timeline against torch.cuda.memory._snapshot()", timeline),
+    "compile": ("Compiled training against eager and segmentation_models_pytorch", compile_speed),
+    "slide": ("Batched sliding windows against one window per forward", slide),
 }
 
 
@@ -280,7 +323,7 @@ def main(argv: Optional[List[str]] = None) -> str:
     proof.lines += ["# GPU proof", "", f"- device: {device}", f"- torch {torch.__version__}, Python "
                     f"{platform.python_version()}, {'quick (tiny models)' if args.quick else 'full'} mode"]
     for key, (title, run) in SECTIONS.items():
-        if key not in args.skip:
+        if key not in args.skip and (not args.only or key in args.only):
             proof.section(title, lambda run=run: run(proof))
     proof.lines.append(f"\nTotal: {time.perf_counter() - start:.1f} s.")
     text = "\n".join(proof.lines) + "\n"

@@ -199,3 +199,47 @@ def test_train_and_test_scripts_compile_save_plain_checkpoints_and_resume(shapes
               for more in ([], ["--compile"])]
     assert len(compiled) == 3
     assert scores[1]["mIoU"] == pytest.approx(scores[0]["mIoU"], abs=1e-6)
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_on_one_gpu_train_and_evaluate_like_eager():
+    """``--compile auto`` on one GPU is ``reduce-overhead`` (CUDA graphs): three SGD steps in float64 equal eager's,
+    an evaluation between training steps (another graph) too, and training after it."""
+    gpu = torch.device("cuda", 0)
+    mode = compile_mode("auto", [gpu])
+    assert mode == "reduce-overhead"
+    torch.manual_seed(0)
+    eager = Tiny().double().to(gpu)
+    compiled = compile_model(copy.deepcopy(eager), mode, dynamic=False)
+
+    def on_gpu(model):
+        return lambda x: model(x.double().to(gpu))
+
+    def criterion(out, target):
+        return cross_entropy(out, target.to(gpu))
+
+    assert_same_steps(_steps(compiled, criterion, wrap=on_gpu), _steps(eager, criterion, wrap=on_gpu))
+    x = _batch(7)[0].double().to(gpu)
+    with torch.no_grad():
+        outputs = [model.eval()(x)["out"].clone() for model in (compiled, eager)]
+    torch.testing.assert_close(*outputs, **TOL)
+    for model in (compiled, eager):
+        model.train()
+    assert_same_steps(_steps(compiled, criterion, wrap=on_gpu), _steps(eager, criterion, wrap=on_gpu))
+
+
+@pytest.mark.gpu
+def test_train_script_compiles_with_cuda_graphs_on_one_gpu(shapes_root, tmp_path):
+    """train.py --compile on a GPU (one device: CUDA graphs) trains, validates and saves like eager: the epoch's
+    mean loss within a percent (TF32 convolutions may pick other kernels), no CompileWarning (an error here)."""
+    import json
+
+    from conftest import TINY, load_script, tiny_shapes_pair
+
+    train = load_script("train").main
+    losses = []
+    for name, more in (("compiled", ["--compile"]), ("eager", [])):
+        train(TINY + ["--output-dir", str(tmp_path / name)] + more, datasets=tiny_shapes_pair(shapes_root))
+        log = tmp_path / name / "shapes" / "unet" / "default" / "log.jsonl"
+        losses.append(json.loads(log.read_text().splitlines()[-1])["loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-2)

@@ -18,14 +18,21 @@ def test_gpu_proof_quick_on_the_cpu_writes_every_section(tmp_path):
     text = out.read_text()
     for title in ("pytest -m gpu", "Simulator against torch.cuda.max_memory_allocated",
                   "DataParallelModel + DataParallelCriterion", "Train images/s against torchvision's FCN",
-                  "CUDA context and the caching allocator"):
+                  "CUDA context and the caching allocator",
+                  "Compiled training against eager and segmentation_models_pytorch",
+                  "Batched sliding windows against one window per forward"):
         assert f"## {title}" in text, title
     assert "FAILED" not in text
     assert text.count("skipped: CUDA is not available") >= 3  # tests, measured memory, allocator: said, not hidden
     rows = [line.split("|") for line in text.splitlines() if line.startswith("| FCN-")]
     assert len(rows) == 4 and all(float(row[4]) > 0 for row in rows)  # the simulated MiB of every model x dtype
-    ratio = next(line for line in text.splitlines() if line.startswith("| ours |")).split("|")[3]
+    ratio = next(line for line in text.splitlines() if line.startswith("| ours |") and "smp" not in line).split("|")[3]
     assert float(ratio) > 0
+    peers = next(line for line in text.splitlines() if line.startswith("| fcfpn | FPN |")).split("|")
+    assert float(peers[3]) > 0 and float(peers[4]) > 0  # ours and smp's images/s at equal architecture
+    assert "Compiled: skipped in --quick mode on the CPU" in text  # said, not hidden
+    slide = next(line for line in text.splitlines() if "(the default budget)" in line).split("|")
+    assert float(slide[3]) > 0 and slide[4].strip() == "True"  # batched windows: the same labels
     assert not list(tmp_path.glob(".*tmp*"))  # written atomically: no temporary file left
 
 
@@ -33,6 +40,6 @@ def test_gpu_proof_quick_on_the_cpu_writes_every_section(tmp_path):
 def test_gpu_proof_quick_on_the_gpu_measures(tmp_path):
     out = tmp_path / "proof.md"
     subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_proof.py"), "--quick", "--skip", "tests",
-                    "--out", str(out)], check=True, timeout=600)
+                    "compile", "--out", str(out)], check=True, timeout=600)
     text = out.read_text()
     assert torch.cuda.get_device_name(0) in text and "suggested --reserve" in text and "FAILED" not in text
