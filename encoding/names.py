@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from .errors import UsageError
 
 __all__ = ["ModelSpec", "TIMM_PREFIX", "BUILT_IN_SPECS", "is_model_spec", "parse_model_spec", "parse_backbone",
-           "names_code", "absolute_spec", "network_name", "network_flags", "is_hub_id"]
+           "names_code", "names_path", "absolute_spec", "network_name", "network_flags", "is_hub_id"]
 
 #: Prefix of the backbone names that build any timm model: ``"timm:convnext_tiny"``.
 TIMM_PREFIX = "timm:"
@@ -81,6 +81,12 @@ def names_code(spec: Any) -> bool:
     spec (it imports that module and calls the factory). Registered architectures, ``torchvision:`` /
     ``transformers:`` networks and ``timm:`` names import nothing that the data names."""
     return is_model_spec(spec) and spec.partition(":")[0] not in BUILT_IN_SPECS + (TIMM_PREFIX[:-1],)
+
+
+def names_path(spec: Any) -> bool:
+    """Whether the model name ``spec`` reads a folder of this machine (``transformers:PATH``): a web request may not
+    name one (its files, or whether it exists, are the server's)."""
+    return is_model_spec(spec) and spec.partition(":")[0] == "transformers"
 
 
 def absolute_spec(spec: str) -> str:

@@ -118,8 +118,14 @@ def test_check_request_refuses_code_in_process_and_imports_nothing(tmp_path, mon
     with pytest.raises(UsageError, match="payload_mod.*trust"):
         plan_memory(request, str(tmp_path / "out"))
     assert not marker.exists() and "payload_mod" not in sys.modules
-    for allowed in ("fcn", "fcn_resnet50_voc", "torchvision:fcn_resnet50", "transformers:some/folder"):
+    for allowed in ("fcn", "fcn_resnet50_voc", "torchvision:fcn_resnet50"):
         check_request(PlanRequest(model=allowed))  # registry, presets and the built-in architectures
+    # a folder of the server (transformers:PATH) is read only where the starter named it: a visitor's request for
+    # one would read its weights, or tell whether a path exists
+    with pytest.raises(UsageError, match=r"^model 'transformers:/etc' names a folder of this server: this page reads "
+                                         r"no folder a request names"):
+        check_request(PlanRequest(model="transformers:/etc"))
+    check_request(PlanRequest(model="transformers:/srv/net"), PlanLimits(trusted=("transformers:/srv/net",)))
     # the starter's --plan-model: that network, and no other
     check_request(request, PlanLimits(trusted=("payload_mod:build",), only="payload_mod:build"))
     with pytest.raises(UsageError, match=r"this page plans payload_mod:build only \(its --plan-model\)"):
@@ -279,6 +285,35 @@ def test_plan_limits_trust_only_what_the_starter_named():
     assert plan_limits(parse_args([]), None) == PlanLimits(max_devices=256)
     limits = plan_limits(parse_args(["--plan-model", "my_models.tiny:build", "--max-devices", "8"]), None)
     assert limits == PlanLimits(trusted=("my_models.tiny:build",), only="my_models.tiny:build", max_devices=8)
+
+
+def test_plan_limits_let_the_page_read_the_folder_it_serves_and_no_other():
+    from encoding.app.cli import parse_args, plan_limits
+
+    limits = plan_limits(parse_args(["--plan-model", "transformers:/srv/net"]), None)
+    assert limits.trusted == ("transformers:/srv/net",)
+    with pytest.raises(UsageError, match="this page plans transformers:/srv/net only"):
+        check_request(PlanRequest(model="transformers:/srv/other"), limits)
+
+
+def test_icons_and_other_formats_that_decode_when_opened_are_refused_unopened(tmp_path):
+    """Pillow decodes an ICO's embedded PNG while opening it, before its size can be checked (a 400 KB icon held a
+    12000 x 12000 PNG: 550 MiB decoded before the refusal). Only formats whose header gives the size are opened;
+    the folders' and the demo's image lists skip the others."""
+    from PIL import Image, UnidentifiedImageError
+
+    from encoding.inference.demo import expand_images
+    from encoding.utils.images import image_extensions, open_image
+
+    icon = tmp_path / "a.ico"
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(icon)
+    with pytest.raises(UnidentifiedImageError, match=r"a\.ico: not an image of a format read here \(PNG, JPEG"):
+        with open_image(icon):
+            pytest.fail("an icon was opened")
+    assert ".ico" not in image_extensions() and ".icns" not in image_extensions() and ".eps" not in image_extensions()
+    assert {".png", ".jpg", ".jpeg", ".tif", ".webp", ".bmp"} <= image_extensions()
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(tmp_path / "b.png")
+    assert [os.path.basename(p) for p in expand_images([str(tmp_path)])] == ["b.png"]
 
 
 def test_an_inline_image_is_written_as_it_is_and_checked_like_an_upload(tmp_path):

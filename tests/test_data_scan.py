@@ -72,8 +72,8 @@ def _zero_255(i, h, w):
 def test_0_255_masks_with_a_two_class_file_are_refused_with_the_hint(train, capsys, tmp_path):
     root = _photos(str(tmp_path / "d"), classes="background\nforeground\n", mask=_zero_255)
     line = _refused(train, capsys, root, tmp_path / "runs")
-    assert "classes.txt: class 'foreground' has no pixels while value 255 covers 53.1 % of the masks; did you " \
-           "mean --binary, or masks with values 0/1?" in line
+    assert "classes.txt: class 'foreground' has no pixels while value 255 covers 53.1 % of the mask pixels (the " \
+           "masks hold only 0 and 255); did you mean --binary, or masks with values 0/1?" in line
     data = FolderSegmentation(root, binary=True, split="val", mode="testval")  # what the hint says works
     assert data.scan.binary_255 and sorted(data[0][1].unique().tolist()) == [0, 1]
     assert data.scan.pixels[1] == 6 * 24 * 17 and data.scan.ignored == 0
@@ -91,7 +91,7 @@ def test_jpeg_masks_are_refused_as_lossy(train, capsys, tmp_path):
         os.remove(os.path.join(masks, name + ".png"))
         Image.fromarray(values).save(os.path.join(masks, name + ".jpg"), quality=95)
     line = _refused(train, capsys, root, tmp_path / "runs")
-    assert "2 bad files" in line and "2 JPEG masks (lossy" in line and "masks must be PNG or another lossless " \
+    assert "2 bad files" in line and "2 lossy masks (JPEG" in line and "masks must be PNG or another lossless " \
            "format" in line and "masks/0001.jpg" in line and "masks/0002.jpg" in line
     os.remove(os.path.join(masks, "0002.jpg"))
     os.remove(os.path.join(root, "images", "0002.jpg"))
@@ -154,7 +154,7 @@ def test_five_different_bad_files_are_named_in_one_run(train, capsys, tmp_path):
     assert line.count(" bad files") == 1 and "6 bad files" in line
     for path in bad.values():
         assert os.path.relpath(path, root) in line, path
-    for words in ("without its image or mask", "unreadable or truncated", "JPEG masks", "mask size differs",
+    for words in ("without its image or mask", "unreadable or truncated", "lossy masks (JPEG", "mask size differs",
                   "values of no class"):
         assert words in line
 

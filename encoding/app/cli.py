@@ -21,7 +21,7 @@ import torch
 from ..config.parser import build_parser as config_parser
 from ..inference.loading import model_info
 from ..errors import MissingDependency, UsageError
-from ..names import names_code
+from ..names import names_code, names_path
 from ..utils.cli import run_cli
 from ..utils.images import max_pixels, set_max_pixels
 from .planning import PlanLimits
@@ -79,7 +79,7 @@ def plan_limits(args: argparse.Namespace, model: Optional[torch.nn.Module]) -> P
     """What the Plan memory tab plans: ``--plan-model`` (alone), the served network's model when it names code and
     ``--trust-code`` loaded it, at most ``--max-devices`` devices."""
     served = model_info(model).options.get("model") if model is not None else None
-    trusted = tuple(name for name in (args.plan_model, served) if name and names_code(name))
+    trusted = tuple(name for name in (args.plan_model, served) if name and (names_code(name) or names_path(name)))
     return PlanLimits(trusted=trusted, only=args.plan_model or None, max_devices=args.max_devices)
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..config.fields import defaults
 from ..config.tools import AppOptions
 from ..errors import UsageError
-from ..names import names_code
+from ..names import names_code, names_path
 from ..utils.trust import UntrustedCode
 from ..models.registry import PRESETS
 from ..utils.trust import reading
@@ -136,8 +136,9 @@ class PlanLimits:
     """What the page plans, as its starter set it (``python -m encoding.app``).
 
     Attributes:
-        trusted: models naming code (``package.module:factory``) whose code may be imported: the network served with
-            ``--trust-code``, the ``--plan-model``. Any other such model is refused before anything is imported.
+        trusted: models naming code (``package.module:factory``) whose code may be imported, or a folder of the
+            server (``transformers:PATH``) that may be read: the network served (with ``--trust-code`` for code),
+            the ``--plan-model``. Any other such model is refused before anything is imported or read.
         only: ``--plan-model``: the one model the tab plans (any other is refused).
         max_devices: the most simulated devices (``None``: ``--max-devices``' default).
     """
@@ -166,6 +167,9 @@ def check_request(request: PlanRequest, limits: PlanLimits = PlanLimits()) -> No
     if names_code(model) and model not in limits.trusted:
         raise UntrustedCode(f"model {model!r} names code to import ({model.partition(':')[0]}): this page imports no "
                             "code a request names (its starter can name it: python -m encoding.app --plan-model)")
+    if names_path(model) and model not in limits.trusted:
+        raise UsageError(f"model {model!r} names a folder of this server: this page reads no folder a request names "
+                         "(its starter can name it: python -m encoding.app --plan-model)")
     most = limits.most_devices
     devices = _number(request.devices)
     if devices is not None and devices.lstrip("-").isdigit() and int(devices) > most:

@@ -213,7 +213,7 @@ class FolderSegmentation(BaseDataset):
         return table
 
     def _read_label(self, path: str) -> np.ndarray:
-        kind, values = read_mask(path)
+        kind, values = read_mask(path, self._colors)
         if kind == "index":
             return values
         found, inverse = np.unique(values, return_inverse=True)

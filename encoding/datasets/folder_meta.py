@@ -23,7 +23,7 @@ import os
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
@@ -31,7 +31,7 @@ from PIL import Image
 from ..utils.images import ImageTooLarge, open_image, upright
 from .layout import DatasetError
 
-__all__ = ["CLASS_FILES", "MAX_CLASS_FILE", "MAX_CLASSES", "ClassSpec", "read_class_file", "read_mask",
+__all__ = ["CLASS_FILES", "MAX_CLASS_FILE", "MAX_CLASSES", "ClassSpec", "read_class_file", "read_mask", "grey_index",
            "mask_histogram", "pack_colors", "color_lookup", "format_colors"]
 
 
@@ -152,6 +152,9 @@ def _spec(names: List[str], colors: List[RGB], ignore: Any, ignore_color: Option
         raise DatasetError(path, f"gives {len(colors)} colours for {len(names)} classes (one per class, or none)")
     if colors and len(set(colors)) != len(colors):
         raise DatasetError(path, "two classes have the same colour")
+    if ignore_color is not None and ignore_color in colors:
+        raise DatasetError(path, f"ignore_color {list(ignore_color)} is the colour of class "
+                                 f"{names[colors.index(ignore_color)]!r}: its pixels would be ignored")
     if type(ignore) is not int or not len(names) <= ignore <= 255:  # noqa: E721 (a bool is not an ignore value)
         raise DatasetError(path, f"ignore_index {_short(ignore)} must be an integer in [{len(names)}, 255] (the "
                                  "mask value of unlabelled pixels, after the class ids)")
@@ -227,21 +230,46 @@ def pack_colors(rgb: np.ndarray) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def _opened_mask(path: str) -> Iterator[Tuple[Image.Image, str]]:
-    """``(mask, file format)``: the mask ``path`` opened (size checked from the header), upright, mode checked;
-    errors as one line."""
+def _opened_mask(path: str) -> Iterator[Tuple[Image.Image, str, bool]]:
+    """``(mask, file format, lossy)``: the mask ``path`` opened (size checked from the header), upright, mode
+    checked, and whether its file was compressed lossily (:func:`_lossy`); errors as one line."""
     try:
         with open_image(path) as im:
             if im.mode not in _INDEX_MODES + ("RGB", "RGBA"):
                 raise DatasetError(path, f"mask has mode {im.mode}; expected an index image (mode L or P, or 16-bit) "
                                          "or RGB")
-            yield upright(im), im.format or ""
+            yield upright(im), im.format or "", _lossy(im, path)
     except FileNotFoundError:
         raise DatasetError(path, "mask file is missing") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
         if isinstance(err, (DatasetError, ImageTooLarge)):
             raise
         raise DatasetError(path, f"cannot decode mask ({err})") from err
+
+
+def _lossy(im: Image.Image, path: str) -> bool:
+    """Whether the file of ``im`` holds lossily compressed pixels: JPEG (and MPO), a TIFF of JPEG-compressed strips,
+    a WebP of the lossy (VP8) bitstream (the lossless one is VP8L)."""
+    if im.format in ("JPEG", "MPO"):
+        return True
+    if im.format == "TIFF":
+        return im.info.get("compression") in ("jpeg", "tiff_jpeg")
+    return im.format == "WEBP" and _webp_lossy(path)
+
+
+def _webp_lossy(path: str) -> bool:
+    """Whether the WebP file ``path``'s first bitstream chunk is lossy ``VP8 `` rather than lossless ``VP8L``
+    (RIFF chunks after the 12-byte header; an animation's frames hold theirs after a 16-byte frame header)."""
+    with open(path, "rb") as f:
+        f.seek(12)
+        while True:
+            head = f.read(8)
+            if len(head) < 8:
+                return False
+            fourcc, size = head[:4], int.from_bytes(head[4:], "little")
+            if fourcc in (b"VP8 ", b"VP8L"):
+                return fourcc == b"VP8 "
+            f.seek(16 if fourcc == b"ANMF" else size + (size & 1), 1)
 
 
 def _as_labels(im: Image.Image) -> Tuple[str, np.ndarray]:
@@ -252,20 +280,30 @@ def _as_labels(im: Image.Image) -> Tuple[str, np.ndarray]:
     return "color", pack_colors(rgb)
 
 
-def read_mask(path: str) -> Tuple[str, np.ndarray]:
+def read_mask(path: str, colors: Optional[Mapping[int, int]] = None) -> Tuple[str, np.ndarray]:
     """``("index", H x W values)`` (uint8, or 16/32-bit) or ``("color", H x W packed colours)`` of a mask file, as
     displayed (:func:`~encoding.utils.images.upright`, the images' rule); an RGB mask whose channels are equal is an
-    index mask.
+    index mask unless its colours are all class colours (:func:`grey_index`, with ``colors``:
+    :func:`color_lookup`'s table).
 
     Raises:
         DatasetError: the file is missing or unreadable, or not a mask (the message names it).
         ImageTooLarge: over the pixel limit (checked before decoding).
     """
-    with _opened_mask(path) as (im, _):
+    with _opened_mask(path) as (im, _, _):
         kind, values = _as_labels(im)
-    if kind == "color" and _grey(values).all():
+    if grey_index(kind, values, colors or {}):
         return "index", (values & 255).astype(np.uint8)  # a grey index mask saved as RGB
     return kind, values
+
+
+def grey_index(kind: str, values: np.ndarray, colors: Mapping[int, int]) -> bool:
+    """Whether a mask read as ``kind`` with (packed) ``values`` is an index mask saved as RGB: an RGB mask whose every
+    pixel is grey, unless the class file gives colours and every colour of the mask is one of them (or the ignore
+    colour), as CamVid's sky (128, 128, 128) is. The one rule of the scan and the loader."""
+    if kind != "color" or not _grey(values).all():
+        return False
+    return not (colors and all(int(v) in colors for v in np.unique(values)))
 
 
 def _grey(packed: np.ndarray) -> np.ndarray:
@@ -274,14 +312,15 @@ def _grey(packed: np.ndarray) -> np.ndarray:
 
 def mask_histogram(path: str) -> Dict[str, Any]:
     """Every value of the mask ``path`` counted, in pieces of :data:`PIECE_PIXELS` pixels (never a wide copy of the
-    whole mask): ``{"size": [w, h], "format", "kind", "values", "counts"}``, as :func:`read_mask` reads it.
+    whole mask): ``{"size": [w, h], "format", "lossy", "kind", "values", "counts"}``, as :func:`_as_labels` reads it
+    (an RGB mask's packed colours, grey or not: :func:`grey_index` decides with the classes).
 
     Raises:
         DatasetError: as :func:`read_mask`, or the mask holds more than :data:`MAX_MASK_VALUES` distinct values.
         ImageTooLarge: over the pixel limit (checked before decoding).
     """
     counts: Dict[int, int] = {}
-    with _opened_mask(path) as (im, fmt):
+    with _opened_mask(path) as (im, fmt, lossy):
         (w, h), kind = im.size, "index" if im.mode in _INDEX_MODES else "color"
         rows = max(1, PIECE_PIXELS // max(w, 1))
         for top in range(0, h, rows):
@@ -298,10 +337,8 @@ def mask_histogram(path: str) -> Dict[str, Any]:
                 raise DatasetError(path, f"holds more than {MAX_MASK_VALUES} different values: not a label mask (a "
                                          "photo, or a smoothed export?)")
     values = sorted(counts)
-    if kind == "color" and values and _grey(np.array(values, dtype=np.uint32)).all():
-        kind, values = "index", [v & 255 for v in values]
-    return {"size": [w, h], "format": fmt, "kind": kind, "values": values,
-            "counts": [counts[v] for v in sorted(counts)]}
+    return {"size": [w, h], "format": fmt, "lossy": lossy, "kind": kind, "values": values,
+            "counts": [counts[v] for v in values]}
 
 
 def color_lookup(spec: Optional[ClassSpec]) -> Dict[int, int]:

@@ -14,8 +14,7 @@ import os
 import re
 from typing import Dict, List, Tuple
 
-from PIL import Image
-
+from ..utils.images import image_extensions
 from .folder_meta import CLASS_FILES
 from .layout import DatasetError
 
@@ -28,7 +27,7 @@ _SEPARATORS = "_-. "
 
 
 def _image_exts() -> set:
-    return {ext.lower() for ext in Image.registered_extensions()}
+    return image_extensions()
 
 
 def by_stem(folder: str) -> Dict[str, str]:

@@ -6,14 +6,14 @@ the classes, colours and ignore value from the checkpoint; :func:`data_metadata`
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from torch import nn
 from torch.utils.data import Subset
 
 from . import builders
 from ..config import BUILTIN_SIZES, ConfigError  # noqa: F401 (their home: encoding.config)
-from ..datasets import datasets as DATASETS
+from ..datasets import DatasetError, datasets as DATASETS
 from ..datasets.folder import holdout_path
 from ..datasets.metadata import BinaryTarget, binary_class_id, binary_setup, dataset_metadata
 from ..datasets.scan import UNKNOWN_LABELS
@@ -21,9 +21,8 @@ from ..nn.binary import BINARY_LOSSES
 from ..utils.determinism import SeededSamples
 from ..utils.dist import is_main_process
 
-__all__ = ["BUILTIN_SIZES", "ConfigError", "eval_dataset_options", "binary_targets", "check_split", "check_data_options", "dataset_options", "image_sizes", "data_metadata", "dataset_name",
-           "run_criterion"]
-
+__all__ = ["BUILTIN_SIZES", "ConfigError", "eval_dataset_options", "binary_targets", "check_classes", "check_split",
+           "check_data_options", "dataset_options", "image_sizes", "data_metadata", "dataset_name", "run_criterion"]
 
 
 def check_split(dataset: str, split: str, option: str, *, masks: bool = True) -> None:
@@ -114,6 +113,27 @@ def binary_targets(dataset: Any, info: Any) -> None:
     if name:
         data = _unwrapped(dataset)
         data.target_transform = BinaryTarget(binary_class_id(list(data.CLASSES), name))
+
+
+def check_classes(dataset: Any, info: Any) -> None:
+    """Refuse data whose classes are not the network's, in the same order: a class id of the masks would be scored
+    as another class (a folder's class file reordered or renamed, another dataset). A ``--binary-class`` network
+    needs only its class among the data's (:func:`binary_targets`)."""
+    data = _unwrapped(dataset)
+    names, theirs = list(getattr(data, "CLASSES", None) or ()), list(info.classes or ())
+    if info.options.get("binary_class") or not names or not theirs or names == theirs:
+        return
+    scan = getattr(data, "scan", None)
+    source = getattr(getattr(scan, "spec", None), "source", "") or getattr(data, "root", "") or dataset_name(data)
+    differ = next(i for i in range(max(len(names), len(theirs))) if _name(names, i) != _name(theirs, i))
+    raise DatasetError(str(source), f"the data's {len(names)} classes are not the network's {len(theirs)} (class "
+                                    f"{differ}: {_name(names, differ)} here, {_name(theirs, differ)} in the network): "
+                                    "its masks would be scored as other classes; evaluate on data labelled with the "
+                                    "network's classes, in its order")
+
+
+def _name(names: List[str], i: int) -> str:
+    return repr(names[i]) if i < len(names) else "none"
 
 
 def _unwrapped(dataset: Any) -> Any:

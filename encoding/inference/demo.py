@@ -19,6 +19,7 @@ from torch import nn
 
 from ..errors import UsageError
 from ..utils.files import atomic_write, refuse_own_input
+from ..utils.images import image_extensions
 from ..utils.palette import colorize
 from ..datasets.transforms import denormalize
 from .evaluation import overlay_with_legend, read_image
@@ -29,8 +30,9 @@ __all__ = ["expand_images", "demo_outputs", "segment_files", "write_pngs"]
 
 
 def _folder_images(folder: str) -> List[str]:
-    """The image files directly in ``folder`` (any extension PIL reads; hidden files skipped), sorted by name."""
-    extensions = {ext.lower() for ext in Image.registered_extensions()}
+    """The image files directly in ``folder`` (the formats :func:`~encoding.utils.images.open_image` reads; hidden
+    files skipped), sorted by name."""
+    extensions = image_extensions()
     names = sorted(name for name in os.listdir(folder) if not name.startswith(".")
                    and os.path.splitext(name)[1].lower() in extensions
                    and os.path.isfile(os.path.join(folder, name)))

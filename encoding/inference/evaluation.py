@@ -39,7 +39,7 @@ from ..utils.metrics import SegmentationMetric
 from ..utils.palette import colorize, get_palette, overlay
 from ..engine.compiled import compile_mode, compile_model
 from ..engine.assemble import AMP_DTYPES, parse_device_ids
-from ..engine.data import binary_targets, eval_dataset_options
+from ..engine.data import binary_targets, check_classes, eval_dataset_options
 from .loading import NETWORK_OPTIONS, ModelInfo, load_model
 from ..engine.loop import predicted_labels
 from .predict import check_windows, inference_module
@@ -301,6 +301,7 @@ def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -
                                         workers=c.workers, limit=c.limit, distributed=distributed, data=data,
                                         dataset_options=eval_dataset_options(c.dataset, c.resume, info))
     binary_targets(loader.dataset, info)
+    check_classes(loader.dataset, info)
     if c.save_pred:
         _check_prediction_dir(c.save_pred, loader.dataset)
     return EvaluationJob(

@@ -24,6 +24,7 @@ from ..names import is_model_spec
 from ..models.network import NetworkSpec
 from ..models.registry import PRESETS
 from ..utils.checkpoint import CheckpointError, check_state_fits
+from ..utils.images import max_pixels
 from ..utils.palette import generated_palette, palette_of
 from ..utils.trust import check_trusted, reading
 from ..engine import state
@@ -96,6 +97,14 @@ class ModelInfo:
     ignore_index: Optional[int] = None
     binary: bool = False
     threshold: float = 0.5
+
+    def __post_init__(self) -> None:
+        # sizes a shared folder or checkpoint gives: an image is scaled to them, so bounded as the images we read
+        for name in ("base_size", "crop_size"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or not 0 < value * value <= max_pixels()):
+                raise ValueError(f"{name} {str(repr(value))[:20]} is not a whole number of pixels with its square "
+                                 f"under the pixel limit ({max_pixels():,}; --max-pixels)")
 
     @classmethod
     def of_dataset(cls, dataset: str, **options: Any) -> "ModelInfo":

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from ..errors import UsageError
 from ..names import (ModelSpec, absolute_spec, is_model_spec, names_code, network_flags, network_name,  # noqa: F401
                      parse_model_spec)
-from ..utils.trust import UntrustedCode, allow_import, untrusted_source
+from ..utils.trust import OPT_IN, UntrustedCode, allow_import, untrusted_source
 from .spec_layers import recompute_spec_network, sync_batchnorm
 
 __all__ = ["ModelSpec", "is_model_spec", "parse_model_spec", "absolute_spec", "network_name", "network_flags",
@@ -193,11 +193,22 @@ def _transformers(path: str, num_classes: int, stored_config: Optional[Dict[str,
     if not os.path.isdir(path):
         raise UsageError(f"model spec transformers:{path}: no such folder (a save_pretrained folder of a "
                          "semantic-segmentation model)")
-    config, unused = AutoConfig.from_pretrained(path, num_labels=num_classes, return_unused_kwargs=True, **kwargs)
+    source = untrusted_source()
+    # data's folder: no pickle, and no code of the folder's (its config's auto_map) on any answer to a prompt
+    remote = {} if source is None else {"trust_remote_code": False}
+    safe = {} if source is None else {"use_safetensors": True, **remote}
+    try:
+        config, unused = AutoConfig.from_pretrained(path, num_labels=num_classes, return_unused_kwargs=True,
+                                                    **kwargs, **remote)
+    except ValueError as err:
+        if source is not None and "trust_remote_code" in str(err):
+            raise UntrustedCode(f"{source} names code to run: the folder {path} asks transformers to import its own "
+                                f"code (auto_map); loading a model runs no code of its author's unless you trust it: "
+                                f"pass {OPT_IN}") from None
+        raise
     _refuse_unknown(f"transformers:{path}", unused, "options of its config.json only")
     if torch.empty(0).device.type == "meta":  # a shape check: no weights read
         return AutoModelForSemanticSegmentation.from_config(config)
-    safe = {"use_safetensors": True} if untrusted_source() is not None else {}  # data's folder: no pickle
     return AutoModelForSemanticSegmentation.from_pretrained(path, config=config, ignore_mismatched_sizes=True,
                                                             **safe)
 

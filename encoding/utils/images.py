@@ -21,12 +21,12 @@ import contextlib
 import os
 from typing import Iterator, Optional, Union
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from ..errors import UsageError
 
-__all__ = ["DEFAULT_MAX_PIXELS", "ImageTooLarge", "max_pixels", "set_max_pixels", "check_pixels", "open_image",
-           "orientation", "upright", "upright_size"]
+__all__ = ["DEFAULT_MAX_PIXELS", "READ_FORMATS", "ImageTooLarge", "max_pixels", "set_max_pixels", "check_pixels",
+           "image_extensions", "open_image", "orientation", "upright", "upright_size"]
 
 #: The default pixel limit (width x height) of an image the toolkit decodes.
 DEFAULT_MAX_PIXELS = 100_000_000
@@ -79,15 +79,33 @@ def check_pixels(width: int, height: int, name: str, limit: Optional[int] = None
             f"{limit:,} pixels (checked before decoding; raise it with --max-pixels or {_ENV})")
 
 
+#: The image formats read: each gives its size in a header that Pillow reads before any pixel is decoded. Others
+#: are refused unopened: Pillow decodes an icon's embedded PNG (ICO, ICNS) while opening it, before its size can be
+#: checked, and runs Ghostscript on EPS. (JPEG's opener reads MPO files too.)
+READ_FORMATS = ("PNG", "JPEG", "BMP", "GIF", "TIFF", "WEBP", "PPM", "TGA", "JPEG2000")
+
+
+def image_extensions() -> set:
+    """The file extensions (lower case, with the dot) of :data:`READ_FORMATS` (and MPO), as Pillow registers them."""
+    return {ext.lower() for ext, fmt in Image.registered_extensions().items() if fmt in READ_FORMATS + ("MPO",)}
+
+
 @contextlib.contextmanager
 def open_image(path: Union[str, os.PathLike], limit: Optional[int] = None) -> Iterator[Image.Image]:
-    """``Image.open(path)`` whose size, read from the header, is checked by :func:`check_pixels` before use.
+    """``Image.open(path)`` of one of :data:`READ_FORMATS`, whose size, read from the header, is checked by
+    :func:`check_pixels` before use.
 
     Raises:
         ImageTooLarge: the image has more pixels than the limit (nothing was decoded).
-        OSError: as ``Image.open`` (missing or unreadable file).
+        OSError: as ``Image.open`` (missing or unreadable file; ``PIL.UnidentifiedImageError`` naming the formats
+            read for a file of another format).
     """
-    with Image.open(path) as im:
+    try:
+        opened = Image.open(path, formats=READ_FORMATS)
+    except UnidentifiedImageError:
+        raise UnidentifiedImageError(f"{os.fspath(path)}: not an image of a format read here "
+                                     f"({', '.join(READ_FORMATS)})") from None
+    with opened as im:
         check_pixels(im.width, im.height, os.fspath(path), limit)
         yield im
 

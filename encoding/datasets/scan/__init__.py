@@ -9,8 +9,8 @@ histogram, or the problem that stopped reading. The records are cached in a cach
 read-only), each stamped with its files' sizes and modification times: only new or changed files are read again.
 
 :func:`check_scan` then finds, without reading anything, **every** bad file -- unreadable or truncated files,
-images over the pixel limit, lossy (JPEG) masks, masks whose size differs from their image's, values or colours of
-no class -- and raises one :class:`~encoding.datasets.DatasetError` naming them grouped by problem (the
+images over the pixel limit, lossy masks (JPEG, JPEG 2000, AVIF, lossy WebP, JPEG-compressed TIFF), masks whose
+size differs from their image's, values or colours of no class -- and raises one :class:`~encoding.datasets.DatasetError` naming them grouped by problem (the
 count and the first names of each group; the full list in a file of the temp folder when there are more), before
 any run directory is written. The label audit (:mod:`.audit`) follows. ``python -m encoding.datasets.scan DIR``
 runs the scan alone and prints its summary and the class-pixel table.
@@ -22,13 +22,15 @@ import json
 import os
 import tempfile
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
 
 from ...utils.files import atomic_write
 from ...utils.images import ImageTooLarge, max_pixels
 from .audit import UNKNOWN_LABELS, FolderScan, audit, resolve_classes
 from ..base import check_image
-from ..folder_meta import ClassSpec, color_lookup, format_colors, mask_histogram
+from ..folder_meta import ClassSpec, color_lookup, format_colors, grey_index, mask_histogram
 from ..layout import DatasetError
 
 __all__ = ["UNKNOWN_LABELS", "LOSSY_FORMATS", "FolderScan", "Problem", "cache_file", "record_key", "scan_pairs",
@@ -37,20 +39,22 @@ __all__ = ["UNKNOWN_LABELS", "LOSSY_FORMATS", "FolderScan", "Problem", "cache_fi
 #: A bad file: ``(problem group, path, detail)``.
 Problem = Tuple[str, str, str]
 Pair = Tuple[str, str]
-#: Mask formats that alter values when saved (masks must be lossless: PNG, TIFF, BMP, ...).
-LOSSY_FORMATS = ("JPEG", "MPO")
+#: Mask formats that alter values when saved (masks must be lossless: PNG, TIFF, BMP, ...); a WebP or TIFF mask is
+#: lossy where its file says so (the record's ``"lossy"``, :func:`~.folder_meta.mask_histogram`).
+LOSSY_FORMATS = ("JPEG", "MPO", "JPEG2000", "AVIF", "HEIF")
 #: The problem groups in the order a report lists them, with what each one means.
 GROUPS = {
     "unpaired": "without its image or mask",
     "unreadable": "unreadable or truncated",
     "too large": "over the pixel limit (raise it with --max-pixels or ENCODING_MAX_PIXELS)",
-    "lossy": "JPEG masks (lossy: compression alters label values; masks must be PNG or another lossless format)",
+    "lossy": "lossy masks (JPEG, JPEG 2000, lossy WebP, JPEG-compressed TIFF...: compression alters label values; "
+             "masks must be PNG or another lossless format)",
     "size": "mask size differs from its image",
     "values": "values of no class",
 }
 #: Names shown per group in the one-line report (all of them go to the list file when there are more).
 SHOWN = 3
-_CACHE_VERSION = 2
+_CACHE_VERSION = 3
 
 
 def _stamp(path: str) -> List[int]:
@@ -72,8 +76,8 @@ def _record(image: str, mask: str) -> Dict[str, Any]:
             if path == image:
                 record["image_size"] = list(found)
             else:
-                record.update(mask_size=found["size"], format=found["format"], kind=found["kind"],
-                              values=found["values"], counts=found["counts"])
+                record.update(mask_size=found["size"], format=found["format"], lossy=found["lossy"],
+                              kind=found["kind"], values=found["values"], counts=found["counts"])
             continue
         break
     return record
@@ -147,9 +151,10 @@ def _problem(record: Dict[str, Any], allowed: Dict[int, int], spec: ClassSpec) -
         if w * h > max_pixels():
             return ("too large", record[side], f"image of {w} x {h} = {w * h:,} pixels is over the limit of "
                                                f"{max_pixels():,} pixels"), 0
-    if record.get("format") in LOSSY_FORMATS:
-        return ("lossy", record["mask"], f"mask is {record['format']}, a lossy format: compression alters label "
-                                         "values; save masks as PNG (or another lossless format)"), 0
+    if _lossy(record):
+        how = "a lossy format" if record.get("format") in LOSSY_FORMATS else "compressed lossily"
+        return ("lossy", record["mask"], f"mask is {record['format']}, {how}: compression alters label values; save "
+                                         "masks as PNG (or another lossless format)"), 0
     if record["image_size"] != record["mask_size"]:
         (iw, ih), (mw, mh) = record["image_size"], record["mask_size"]
         return ("size", record["mask"], f"mask size {mw}x{mh} (WxH) differs from its image {record['image']} "
@@ -162,6 +167,18 @@ def _problem(record: Dict[str, Any], allowed: Dict[int, int], spec: ClassSpec) -
             else f"label values {shown} are outside the {len(spec.names)} classes (and not ignore {spec.ignore_index})")
     what += f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
     return ("values", record["mask"], what), sum(c for _, c in bad)
+
+
+def _lossy(record: Dict[str, Any]) -> bool:
+    return bool(record.get("lossy")) or record.get("format") in LOSSY_FORMATS
+
+
+def _as_read(record: Dict[str, Any], colors: Mapping[int, int]) -> Dict[str, Any]:
+    """``record`` with its mask read as the loader reads it: a grey RGB mask as an index mask unless its colours are
+    all class colours (:func:`~.folder_meta.grey_index`, the loader's rule)."""
+    if "values" not in record or not grey_index(record.get("kind", ""), np.array(record["values"], np.uint32), colors):
+        return record
+    return dict(record, kind="index", values=[v & 255 for v in record["values"]])
 
 
 def _show(path: str, root: str) -> str:
@@ -223,7 +240,8 @@ def check_scan(records: Dict[str, Dict[str, Any]], spec: Optional[ClassSpec], un
     """
     if unknown not in UNKNOWN_LABELS:
         raise ValueError(f"unknown must be one of {UNKNOWN_LABELS}, got {unknown!r}")
-    readable = {k: r for k, r in records.items() if "error" not in r and r.get("format") not in LOSSY_FORMATS}
+    records = {k: _as_read(r, color_lookup(spec)) for k, r in records.items()}
+    readable = {k: r for k, r in records.items() if "error" not in r and not _lossy(r)}
     spec, binary_255 = resolve_classes(list(readable.values()), spec, binary)
     index = {i: i for i in range(len(spec.names))}
     index.update({255: 1} if binary_255 else {spec.ignore_index: -1})

@@ -4,8 +4,9 @@ From the scan records of readable masks, :func:`audit` counts per class the shar
 that hold it, the ignore value's share and the values of no class (``--unknown-labels ignore``), and
 
 * refuses, naming the class file and the fix, a class with no pixel while the ignore value covers
-  :data:`SUSPECT_IGNORE` or more of the masks (the 0/255 masks of a two-class file: 255 is the ignore value, so the
-  foreground would never be seen: "did you mean --binary, or masks with values 0/1?");
+  :data:`SUSPECT_IGNORE` or more of the mask pixels, or while a two-class file's masks hold only 0 and 255 however
+  few the 255 pixels (a thin foreground: 255 is the ignore value, so it would never be seen: "did you mean
+  --binary, or masks with values 0/1?");
 * refuses, with ``--binary``, masks that mix the 0/1 and 0/255 encodings (255 would be ignore in the first and
   foreground in the second), and warns of the same mix without ``--binary``;
 * warns of every class with no pixel, in all the masks or in the training split.
@@ -150,24 +151,27 @@ def _binary_mix(scan: FolderScan, records: Dict[str, Dict[str, Any]], binary: bo
     name = os.path.relpath(high[0]["mask"], root) if root else high[0]["mask"]
     one = os.path.relpath(ones[0], root) if root else ones[0]
     what = (f"{len(ones)} masks hold 0/1 (e.g. {one}) and {len(high)} hold only 0/255 (e.g. {name}): 255 is the "
-            f"ignore value, so the 255 pixels of the 0/255 masks ({share:.1f} % of the masks) are ignored, not "
+            f"ignore value, so the 255 pixels of the 0/255 masks ({share:.1f} % of the mask pixels) are ignored, not "
             "foreground; save every mask with the same values (0/1, or 0/255 with no 1)")
     if binary:
         raise DatasetError(root or name, f"--binary: {what}")
     scan.warnings.append(what)
 
 
-def _empty_classes(scan: FolderScan, root: str, train_count: int) -> None:
-    """Refuse a class without pixels while the ignore value is common; warn of classes without pixels."""
+def _empty_classes(scan: FolderScan, root: str, train_count: int, zero_255: bool) -> None:
+    """Refuse a class without pixels while the ignore value is common, or while two classes' masks hold only 0 and
+    255 (``zero_255``: the 255 pixels are the missing class, however few); warn of classes without pixels."""
     ignored = scan.share(scan.ignored)
+    binary_file = zero_255 and len(scan.spec.names) == 2 and scan.spec.ignore_index == 255
     for i, name in enumerate(scan.spec.names):
-        if scan.pixels[i] == 0 and ignored >= 100 * SUSPECT_IGNORE and not scan.binary_255:
+        if scan.pixels[i] == 0 and (ignored >= 100 * SUSPECT_IGNORE or binary_file) and not scan.binary_255:
             hint = ("did you mean --binary, or masks with values 0/1?" if len(scan.spec.names) == 2 else
                     f"is value {scan.spec.ignore_index} meant to be that class? save its pixels as value {i}, or set "
                     "ignore_index in the class file")
             where = scan.spec.source if os.path.isfile(scan.spec.source) else root
             raise DatasetError(where, f"class {name!r} has no pixels while value {scan.spec.ignore_index} covers "
-                                      f"{ignored:.1f} % of the masks; {hint}")
+                                      f"{ignored:.1f} % of the mask pixels"
+                                      f"{' (the masks hold only 0 and 255)' if binary_file else ''}; {hint}")
         if scan.pixels[i] == 0:
             scan.warnings.append(f"class {name!r} (value {i}) has no pixels in any of the {scan.samples} masks")
         elif scan.train_pixels is not None and scan.train_pixels[i] == 0:
@@ -195,5 +199,6 @@ def audit(records: Dict[str, Dict[str, Any]], mapped: Dict[str, Dict[int, int]],
                       train_pixels=None if train is None else [0] * n)
     _count(scan, records, mapped, unknown, set(train or ()))
     _binary_mix(scan, records, binary, root)
-    _empty_classes(scan, root, len(train or ()))
+    values = {v for r in records.values() if r.get("kind") == "index" for v in r.get("values", ())}
+    _empty_classes(scan, root, len(train or ()), 255 in values and values <= {0, 255})
     return scan

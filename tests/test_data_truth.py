@@ -1,0 +1,174 @@
+"""A user's folder read as meant, round 2: masks whose encoding the first scan misread without a word. A thin 0/255
+foreground with a two-class file, lossy masks that are not JPEG (WebP, JPEG-compressed TIFF, JPEG 2000), grey class
+colours (CamVid's sky) in colour masks, an ignore colour that is a class colour, and a test run on data whose class
+file is not the network's. Each case is built from real files and checks the scan and the loader alike."""
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import load_script
+from encoding.datasets import DatasetError, FolderSegmentation
+from encoding.datasets.folder_meta import mask_histogram, read_mask
+from folder_data import photo
+
+TINY = ["--crop-size", "16", "--base-size", "24", "--batch-size", "4", "--workers", "0", "--epochs", "1"]
+
+
+@pytest.fixture(autouse=True)
+def _cache_in_tmp(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def _folder(root, masks, classes, ext=".png", save=None):
+    """``root/images`` (JPEG photos) + ``root/masks`` (``masks``: arrays, saved with ``save(array, path)``, default
+    ``Image.fromarray(array).save(path)``) + ``root/classes.yaml`` (``classes``: its text)."""
+    for sub in ("images", "masks"):
+        os.makedirs(os.path.join(root, sub), exist_ok=True)
+    for i, mask in enumerate(masks):
+        h, w = mask.shape[:2]
+        Image.fromarray(photo(w, h, i)).save(os.path.join(root, "images", f"{i:03d}.jpg"), quality=92)
+        path = os.path.join(root, "masks", f"{i:03d}{ext}")
+        (save or (lambda a, p: Image.fromarray(a).save(p)))(mask, path)
+    with open(os.path.join(root, "classes.yaml"), "w", encoding="utf-8") as f:
+        f.write(classes)
+    return root
+
+
+def _labels(*datasets):
+    """Pixels per class id over every sample of ``datasets`` (as the loader gives them)."""
+    counts = {}
+    for data in datasets:
+        for i in range(len(data)):
+            values, n = np.unique(data[i][1].numpy(), return_counts=True)
+            for v, c in zip(values.tolist(), n.tolist()):
+                counts[v] = counts.get(v, 0) + c
+    return counts
+
+
+def _both_splits(root, **options):
+    """The train and the held-out val split of the folder ``root``, as ``test.py`` reads them (whole masks)."""
+    return [FolderSegmentation(root, split=split, mode="testval", **options) for split in ("train", "val")]
+
+
+def test_a_thin_0_255_foreground_with_a_two_class_file_is_refused_however_few_its_pixels(tmp_path):
+    """A crack two pixels wide (6 % of the pixels, in every mask) saved as 255: the ignore value, so the foreground
+    would never be learnt. Refused with the --binary hint, which then reads it as foreground."""
+    masks = []
+    for _ in range(6):
+        m = np.zeros((32, 32), np.uint8)
+        m[:, 15:17] = 255
+        masks.append(m)
+    root = _folder(str(tmp_path / "d"), masks, "classes: [background, crack]\n")
+    with pytest.raises(DatasetError, match=r"class 'crack' has no pixels while value 255 covers 6\.2 % of the mask "
+                                           r"pixels \(the masks hold only 0 and 255\); did you mean --binary"):
+        FolderSegmentation(root)
+    assert _labels(*_both_splits(root, binary=True)) == {0: 6 * 30 * 32, 1: 6 * 64}  # the crack: foreground
+
+
+def test_the_ignore_value_refusal_speaks_of_mask_pixels_and_a_rare_ignore_value_only_warns(tmp_path):
+    """Three classes, one never drawn, 255 on a thin border: a warning (VOC-style borders with an unused class are
+    legitimate), not a refusal; the share is of the mask pixels, as the table says."""
+    masks = []
+    for i in range(6):
+        m = np.zeros((32, 32), np.uint8)
+        m[8:20, 8:20] = 1
+        m[0] = 255
+        masks.append(m)
+    root = _folder(str(tmp_path / "d"), masks, "classes: [background, car, boat]\n")
+    data = FolderSegmentation(root)
+    assert any("class 'boat' (value 2) has no pixels" in w for w in data.scan.warnings)
+    assert data.scan.ignored == 6 * 32
+
+
+@pytest.mark.parametrize("ext, save, lossy", [
+    (".webp", lambda a, p: Image.fromarray(a).save(p, quality=30), True),
+    (".webp", lambda a, p: Image.fromarray(a).save(p, lossless=True), False),
+    (".tif", lambda a, p: Image.fromarray(a).save(p, compression="jpeg"), True),
+    (".tif", lambda a, p: Image.fromarray(a).save(p, compression="tiff_lzw"), False),
+    (".jp2", lambda a, p: Image.fromarray(a).save(p, quality_mode="rates", quality_layers=[40]), True),
+])
+def test_lossy_masks_are_refused_whatever_their_container(tmp_path, ext, save, lossy):
+    """The lossy check reads how the file is compressed, not only its format's name: a lossy WebP turned {0, 2, 4}
+    into values 0..6 at every edge; a lossless WebP or an LZW TIFF reads exactly."""
+    masks = []
+    for _ in range(6):
+        m = np.zeros((32, 32), np.uint8)
+        m[4:20, 4:20] = 4
+        m[20:28, 10:30] = 2
+        masks.append(m)
+    root = _folder(str(tmp_path / "d"), masks, "classes: [a, b, c, d, e, f, g]\n", ext, save)
+    if lossy:
+        with pytest.raises(DatasetError, match="lossy masks .*masks must be PNG or another lossless format"):
+            FolderSegmentation(root)
+        assert mask_histogram(os.path.join(root, "masks", "000" + ext))["lossy"] or ext == ".jp2"
+    else:
+        assert set(_labels(*_both_splits(root))) == {0, 2, 4}
+
+
+def test_grey_class_colours_are_read_as_their_class_by_the_scan_and_the_loader(tmp_path):
+    """CamVid's sky is (128, 128, 128): a colour mask holding only sky and void is all grey, and was read as an index
+    mask (value 128: refused, or with --unknown-labels ignore dropped). With the class file's colours it is sky."""
+    masks = []
+    for i in range(6):
+        m = np.zeros((32, 32, 3), np.uint8)
+        m[:10] = (128, 128, 128)
+        if i % 2 == 0:
+            m[16:24, 8:16] = (64, 0, 128)
+        masks.append(m)
+    classes = "classes: [void, sky, car]\ncolors: [[0, 0, 0], [128, 128, 128], [64, 0, 128]]\n"
+    root = _folder(str(tmp_path / "d"), masks, classes)
+    splits = _both_splits(root)
+    assert splits[0].scan.pixels == [6 * 22 * 32 - 3 * 64, 6 * 10 * 32, 3 * 64] and not splits[0].scan.warnings
+    assert _labels(*splits) == {0: 6 * 22 * 32 - 3 * 64, 1: 6 * 10 * 32, 2: 3 * 64}
+    grey_only = os.path.join(root, "masks", "001.png")
+    colors = splits[0]._colors
+    assert read_mask(grey_only, colors)[0] == "color" and read_mask(grey_only)[0] == "index"
+
+
+def test_grey_rgb_index_masks_without_class_colours_stay_index_masks(tmp_path):
+    """An index mask saved as RGB (each pixel (v, v, v)) with no colours in the class file: values, as before."""
+    masks = []
+    for i in range(6):
+        m = np.zeros((32, 32), np.uint8)
+        m[8:20, 8:20] = 1 + i % 2
+        masks.append(np.stack([m] * 3, axis=-1))
+    root = _folder(str(tmp_path / "d"), masks, "classes: [background, red, blue]\n")
+    assert _labels(*_both_splits(root)) == {0: 6 * (1024 - 144), 1: 3 * 144, 2: 3 * 144}
+
+
+def test_an_ignore_colour_that_is_a_class_colour_is_refused(tmp_path):
+    masks = [np.full((32, 32, 3), (128, 64, 128), np.uint8) for _ in range(4)]
+    classes = "classes: [road, sign]\ncolors: [[128, 64, 128], [255, 255, 255]]\nignore_color: [255, 255, 255]\n"
+    root = _folder(str(tmp_path / "d"), masks, classes)
+    with pytest.raises(DatasetError, match=r"ignore_color \[255, 255, 255\] is the colour of class 'sign': its "
+                                           r"pixels would be ignored"):
+        FolderSegmentation(root)
+
+
+def test_test_py_refuses_data_whose_class_file_is_not_the_networks(tmp_path, capsys):
+    """Trained on [bg, one, two]; evaluated on the same masks with the class file reordered [bg, two, one]: mask
+    value 1 would be scored as 'one' although the data says 'two'. One line, exit status 2; the same data with the
+    network's class file evaluates."""
+    masks = []
+    for i in range(8):
+        m = np.zeros((32, 32), np.uint8)
+        m[8:20, 8:20] = 1 + i % 2
+        masks.append(m)
+    root = _folder(str(tmp_path / "d"), masks, "classes: [bg, one, two]\n")
+    train, test = load_script("train"), load_script("test")
+    assert train.cli(["--dataset", "folder", "--data-root", root, "--output-dir", str(tmp_path / "runs"),
+                      *TINY]) == 0
+    ckpt = str(tmp_path / "runs" / "folder" / "unet" / "default" / "checkpoint.pth")
+    with open(os.path.join(root, "classes.yaml"), "w", encoding="utf-8") as f:
+        f.write("classes: [bg, two, one]\n")
+    capsys.readouterr()
+    assert test.cli(["--resume", ckpt, "--workers", "0", "--out-dir", str(tmp_path / "eval")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "classes.yaml: the data's 3 classes are not the network's 3 (class 1: 'two' here, " \
+                              "'one' in the network)" in err[0]
+    assert not (tmp_path / "eval" / "metrics.json").exists()
+    with open(os.path.join(root, "classes.yaml"), "w", encoding="utf-8") as f:
+        f.write("classes: [bg, one, two]\n")
+    assert test.cli(["--resume", ckpt, "--workers", "0", "--out-dir", str(tmp_path / "eval")]) == 0
