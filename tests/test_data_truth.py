@@ -172,3 +172,55 @@ def test_test_py_refuses_data_whose_class_file_is_not_the_networks(tmp_path, cap
     with open(os.path.join(root, "classes.yaml"), "w", encoding="utf-8") as f:
         f.write("classes: [bg, one, two]\n")
     assert test.cli(["--resume", ckpt, "--workers", "0", "--out-dir", str(tmp_path / "eval")]) == 0
+
+
+def test_a_checkpoint_moved_from_its_hold_out_list_is_scored_on_the_same_hold_out(tmp_path, capsys):
+    """Without the run's holdout.json beside the checkpoint, test.py drew a new hold-out with the defaults (seed 0,
+    a tenth), which held training images; now it draws it again with the run's recorded seed and share: the
+    images held out in training. test.py has no --seed (it was accepted and read nowhere)."""
+    import json
+    import shutil
+
+    masks = []
+    for i in range(6):
+        m = np.zeros((32, 32), np.uint8)
+        m[8:20, 8:20] = 1 + i % 2
+        masks.append(m)
+    root = _folder(str(tmp_path / "d"), masks, "classes: [bg, one, two]\n")
+    train, test = load_script("train"), load_script("test")
+    assert train.cli(["--dataset", "folder", "--data-root", root, "--output-dir", str(tmp_path / "runs"), *TINY,
+                      "--val-fraction", "0.34", "--seed", "3"]) == 0
+    run = tmp_path / "runs" / "folder" / "unet" / "default"
+    held = sorted(os.path.splitext(os.path.basename(p))[0] for p in
+                  json.loads((run / "holdout.json").read_text())["images"])
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.copy(run / "checkpoint.pth", moved / "checkpoint.pth")
+    assert test.cli(["--resume", str(moved / "checkpoint.pth"), "--workers", "0", "--out-dir", str(tmp_path / "e"),
+                     "--save-pred", str(tmp_path / "pred")]) == 0
+    assert sorted(os.path.splitext(n)[0] for n in os.listdir(tmp_path / "pred") if n.endswith(".png")) == held
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        test.cli(["--resume", str(moved / "checkpoint.pth"), "--seed", "3"])
+    assert stopped.value.code == 2 and "unrecognized arguments: --seed 3" in capsys.readouterr().err
+
+
+def test_class_weights_on_a_users_folder_write_nothing_into_it(tmp_path):
+    """--class-weights auto counted the labels and cached them in DIR/label_counts.json: the folder is the user's,
+    never written. The counts go to the user's cache folder, and the second run reads them from there."""
+    from encoding.datasets.class_weights import label_counts
+    from folder_data import tree
+
+    masks = []
+    for i in range(6):
+        m = np.zeros((32, 32), np.uint8)
+        m[8:20, 8:20] = 1 + i % 2
+        masks.append(m)
+    root = _folder(str(tmp_path / "d"), masks, "classes: [bg, one, two]\n")
+    before = tree(root)
+    data = FolderSegmentation(root, split="train", mode="testval")
+    first, again = label_counts(data, progress=False), label_counts(data, progress=False)
+    assert tree(root) == before
+    assert not first["cached"] and again["cached"] and again["pixels"] == first["pixels"]
+    cached = os.listdir(tmp_path / "cache" / "encoding" / "label_counts")
+    assert len(cached) == 1 and cached[0].endswith(".json")

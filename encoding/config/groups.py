@@ -211,7 +211,7 @@ class DeviceOptions:
     compile: str = option("none", "torch.compile the network (a bare --compile: auto, CUDA graphs on one GPU per "
                           "process, else inductor; C++ kernels on a CPU); eager, with one line saying why, where it "
                           "cannot", choices=COMPILE_CHOICES, nargs="?", const="auto", scripts=("train", "test"))
-    seed: int = option(1, "random seed", parse=int, scripts=("train", "test", "memory"),
+    seed: int = option(1, "random seed", parse=int, scripts=("train", "memory"),
                        per_script=memory(default=0))
     deterministic: bool = option(False, "deterministic kernels (torch.use_deterministic_algorithms): "
                                  "bitwise-reproducible runs", scripts=TRAIN)

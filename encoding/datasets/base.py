@@ -158,6 +158,9 @@ class BaseDataset(Dataset):
     UNKNOWN_LABEL: ClassVar[int] = INVALID_LABEL
     #: The script that downloads and lays out this dataset (default: ``scripts/prepare_<NAME>.py``).
     PREPARE_SCRIPT: ClassVar[str] = ""
+    #: Whether caches about the data (label counts) may be written into :attr:`dataset_dir` (false: a user's folder,
+    #: never written; they go to the user's cache folder).
+    WRITES_BESIDE_DATA: ClassVar[bool] = True
 
     def __init__(self, root: Optional[str] = None, split: str = "train", mode: Optional[str] = None,
                  transform: Optional[Callable] = None, target_transform: Optional[Callable] = None,

@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, Subset
 
 from ..utils.determinism import SeededSamples
-from ..utils.files import atomic_write
+from ..utils.files import atomic_write, user_cache_file
 from ..utils.progress import progress_bar
 from .base import BaseDataset
 from .layout import DatasetError
@@ -78,7 +78,7 @@ def label_counts(dataset: Dataset, *, cache: bool = True, progress: bool = True)
     Args:
         dataset: an :class:`~encoding.datasets.base.BaseDataset` (or a ``Subset`` of one); its full-size masks are
             read, whatever its mode's crops.
-        cache: read / write ``<dataset_dir>/label_counts.json`` (a read-only folder only warns).
+        cache: read / write the cache file (:func:`cache_path`; a folder that cannot be written only warns).
         progress: show a progress bar while counting.
 
     Returns:
@@ -90,7 +90,7 @@ def label_counts(dataset: Dataset, *, cache: bool = True, progress: bool = True)
     entry = {"dataset": base.NAME or type(base).__name__, "split": base.split, "root": base.root,
              "samples": len(indices), "fingerprint": _fingerprint(masks)}
     key = f"{entry['dataset']}/{entry['split']}/{entry['samples']}"
-    path = os.path.join(base.dataset_dir, CACHE_FILE)
+    path = cache_path(base)
     entries = _read_cache(path) if cache else {}
     found = entries.get(key)
     if isinstance(found, dict) and all(found.get(k) == v for k, v in entry.items()):
@@ -100,10 +100,21 @@ def label_counts(dataset: Dataset, *, cache: bool = True, progress: bool = True)
     entry.update(_count(base, indices, progress))
     if cache:
         try:
+            if not base.WRITES_BESIDE_DATA:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
             atomic_write(path, json.dumps(dict(entries, **{key: entry}), indent=1))
         except OSError as e:
             warnings.warn(f"cannot cache the label counts in {path}: {e}")
     return dict(entry, cached=False)
+
+
+def cache_path(base: BaseDataset) -> str:
+    """Where :func:`label_counts` caches ``base``'s counts: ``<dataset_dir>/label_counts.json`` beside the data the
+    toolkit prepared, the user's cache folder for a user's folder (``WRITES_BESIDE_DATA`` false: nothing is written
+    into it; :func:`~encoding.utils.files.user_cache_file`)."""
+    if base.WRITES_BESIDE_DATA:
+        return os.path.join(base.dataset_dir, CACHE_FILE)
+    return user_cache_file("label_counts", base.dataset_dir)
 
 
 def _valid_counts(entry: Dict[str, Any], nclass: int) -> bool:

@@ -157,6 +157,7 @@ class FolderSegmentation(BaseDataset):
     SPLITS = ("train", "val")
     BASE_SIZE = 520
     CROP_SIZE = 480
+    WRITES_BESIDE_DATA = False  # the user's folder: nothing is ever written into it
 
     def __init__(self, root: Optional[str] = None, split: str = "train", mode: Optional[str] = None, *args: Any,
                  val_fraction: float = 0.1, holdout_file: Optional[str] = None, holdout_seed: int = 0,

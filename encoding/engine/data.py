@@ -6,15 +6,16 @@ the classes, colours and ignore value from the checkpoint; :func:`data_metadata`
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Dict, List, Optional
 
 from torch import nn
 from torch.utils.data import Subset
 
-from . import builders
+from . import builders, state
 from ..config import BUILTIN_SIZES, ConfigError  # noqa: F401 (their home: encoding.config)
 from ..datasets import DatasetError, datasets as DATASETS
-from ..datasets.folder import holdout_path
+from ..datasets.folder import HOLDOUT_NAME, holdout_path
 from ..datasets.metadata import BinaryTarget, binary_class_id, binary_setup, dataset_metadata
 from ..datasets.scan import UNKNOWN_LABELS
 from ..nn.binary import BINARY_LOSSES
@@ -98,13 +99,24 @@ def data_metadata(c: Any, train_data: Any, val_data: Any, binary: bool) -> Dict[
 
 def eval_dataset_options(dataset: str, checkpoint: Optional[str], info: Any) -> Dict[str, Any]:
     """The dataset keywords of an evaluation of ``checkpoint``: a ``folder`` dataset validates on the hold-out
-    its run listed next to the checkpoint, with the run's ``unknown_labels``."""
+    its run listed next to the checkpoint, else on the hold-out drawn again with the run's recorded seed and share
+    (the same images while the folder holds the same files), with the run's ``unknown_labels``. A checkpoint that
+    recorded neither (not ``train.py``'s) draws with the defaults, and a warning says the hold-out may hold training
+    images."""
     if dataset != "folder":
         return {}
     options = {"unknown_labels": info.options.get("unknown_labels") or "error",
                "binary": bool(info.options.get("binary"))}
     holdout = holdout_path(os.path.dirname(os.path.abspath(checkpoint))) if checkpoint else None
-    return {**options, "holdout_file": holdout} if holdout and os.path.isfile(holdout) else options
+    if holdout and os.path.isfile(holdout):
+        return {**options, "holdout_file": holdout}
+    saved = state.saved_options(checkpoint, ("seed", "val_fraction")) if checkpoint else {}
+    if saved.get("seed") is not None and saved.get("val_fraction") is not None:
+        return {**options, "holdout_seed": saved["seed"], "val_fraction": saved["val_fraction"]}
+    warnings.warn(f"{checkpoint or 'these weights'}: no hold-out list ({HOLDOUT_NAME}) beside it and no recorded seed "
+                  "and --val-fraction: a folder without a val split is held out with the defaults, which may hold "
+                  "images the network trained on", stacklevel=2)
+    return options
 
 
 def binary_targets(dataset: Any, info: Any) -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "atomic_path",
     "refuse_own_input",
     "makedirs",
+    "user_cache_file",
 ]
 
 
@@ -297,3 +298,12 @@ def staged_dir(final: str, *, keep: bool = True, replace: bool = False) -> Itera
                         raise
     finally:
         _remove_tree(staging)
+
+
+def user_cache_file(kind: str, folder: str) -> str:
+    """Where a cache of ``kind`` (``"scans"``, ``"label_counts"``) about the data ``folder`` lives: a file of the
+    user's cache folder named after the folder's absolute path (``$XDG_CACHE_HOME/encoding/<kind>/<hash>.json``,
+    default ``~/.cache/encoding/...``), never in the data's folder (a user's, which may be read-only)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    digest = hashlib.sha256(os.path.abspath(folder).encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    return os.path.join(base, "encoding", kind, digest + ".json")

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ...utils.files import atomic_write
+from ...utils.files import atomic_write, user_cache_file
 from ...utils.images import ImageTooLarge, max_pixels
 from .audit import UNKNOWN_LABELS, FolderScan, audit, resolve_classes
 from ..base import check_image
@@ -91,9 +91,7 @@ def record_key(root: str, image: str, mask: str) -> str:
 def cache_file(root: str) -> str:
     """Where the scan records of the dataset ``root`` are cached: a file of the user's cache folder named after the
     root's absolute path (``$XDG_CACHE_HOME/encoding/scans/<hash>.json``, default ``~/.cache/encoding/...``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    digest = hashlib.sha256(os.path.abspath(root).encode("utf-8", "surrogateescape")).hexdigest()[:20]
-    return os.path.join(base, "encoding", "scans", digest + ".json")
+    return user_cache_file("scans", root)
 
 
 def _read_cache(path: str) -> Dict[str, Any]:
