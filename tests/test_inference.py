@@ -148,12 +148,19 @@ def test_test_py_slide_options_are_checked(tiny_run, capsys, monkeypatch):
     monkeypatch.setenv("ENCODING_DATA", str(tiny_run[0]))
     options = load_script("options")
     for argv, message in ((["--mode", "slide", "--multi-scale"], "--mode slide is single-scale"),
-                          (["--window", "32"], "--window / --stride are options of --mode slide")):
+                          (["--window", "32"], "--window / --stride are options of --mode slide"),
+                          (["--scales", "0.5,2.0"], "--scales is an option of --multi-scale"),
+                          (["--test-batch-size", "4"], "--test-batch-size is the batch of --mode val; --mode "
+                                                       "testval runs whole images, one per device")):
         with pytest.raises(SystemExit):
             options.parse_args(["--resume", tiny_run[1], *argv], "test")
         assert message in capsys.readouterr().err
     args = options.parse_args(["--resume", tiny_run[1], "--mode", "slide"], "test")
     assert (args.mode, args.inference, args.window, args.stride) == ("testval", "slide", 32, 21)
+    args = options.parse_args(["--resume", tiny_run[1], "--multi-scale", "--scales", "0.5,2.0"], "test")
+    assert args.scales == (0.5, 2.0)  # with the option they belong to: taken
+    assert options.parse_args(["--resume", tiny_run[1], "--mode", "val", "--test-batch-size", "4"],
+                              "test").test_batch_size == 4
 
 
 def test_a_preset_offline_fails_in_one_line(monkeypatch, tmp_path):

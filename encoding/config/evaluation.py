@@ -78,6 +78,8 @@ def evaluation_rules(script: str, values: Dict[str, Any], sources: Dict[str, str
         ConfigError: options of different modes together.
     """
     values["torchvision_weights"] = values["torchvision_weights"] or values.get("pretrained") == "torchvision"
+    if _given(sources, "scales") and not values.get("multi_scale"):  # else set and never read
+        raise ConfigError("--scales is an option of --multi-scale")
     if values["scales"] is None:
         rule(values, sources, "scales", MULTI_SCALES.get(values["dataset"], DEFAULT_SCALES),
              f"PyTorch-Encoding's for {values['dataset']}")
@@ -98,8 +100,16 @@ def evaluation_rules(script: str, values: Dict[str, Any], sources: Dict[str, str
     if values["mode"] == "val" and (values["multi_scale"] or values["save_pred"]):
         raise ConfigError(f"{'--multi-scale' if values['multi_scale'] else '--save-pred'} works on whole images: use "
                           "--mode testval (its default) or --mode test")
+    if _given(sources, "test_batch_size") and values["mode"] != "val":
+        raise ConfigError(f"--test-batch-size is the batch of --mode val; --mode {values['mode']} runs whole images, "
+                          "one per device")
     if values["test_batch_size"] is None:
         rule(values, sources, "test_batch_size", 16, "test.py's")
+
+
+def _given(sources: Dict[str, str], name: str) -> bool:
+    """Whether the user set ``name`` (on the command line or in a config file), not a default, recipe or rule."""
+    return sources.get(name, "").startswith(("command line", "config file"))
 
 
 def evaluation_fields() -> List[Tuple[str, Any, dataclasses.Field]]:

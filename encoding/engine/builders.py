@@ -41,6 +41,7 @@ from ..errors import UsageError
 from ..models import SegmentationModel
 from ..models.factory import nclass_of
 from ..models.network import NetworkSpec
+from ..models.spec_layers import spec_backbone
 from ..nn.loss import LOSSES, SegmentationLosses
 from ..parallel import DataParallelCriterion, DataParallelModel, resolve_devices
 from ..utils.determinism import EpochSampler, SeededSamples, seed_worker
@@ -230,8 +231,10 @@ def param_groups(model: nn.Module) -> List[Dict[str, Any]]:
     """Optimizer parameter groups: the backbone first, then everything else (the heads).
 
     :class:`~encoding.utils.lr_scheduler.IterationLR` gives group 0 the base learning rate and later groups
-    ``head_lr_mult`` times it (10x: the PyTorch-Encoding convention for pretrained backbones and new heads). A
-    model without a ``backbone`` attribute gives a single group.
+    ``head_lr_mult`` times it (10x: the PyTorch-Encoding convention for pretrained backbones and new heads). The
+    backbone is the model's ``backbone`` module, a spec network's (``torchvision:`` / ``module:factory``, wrapped in
+    :class:`~encoding.models.external.ExternalModel`) its network's (:func:`~encoding.models.spec_layers
+    .spec_backbone`); a model without one gives a single group.
 
     Args:
         model: the (possibly wrapped) segmentation model.
@@ -241,6 +244,8 @@ def param_groups(model: nn.Module) -> List[Dict[str, Any]]:
     """
     module = getattr(model, "module", model)
     backbone = getattr(module, "backbone", None)
+    if not isinstance(backbone, nn.Module) and isinstance(getattr(module, "net", None), nn.Module):
+        backbone = spec_backbone(module.net)  # a spec network's
     trainable = [p for p in module.parameters() if p.requires_grad]
     if not isinstance(backbone, nn.Module):
         return [{"params": trainable}]
