@@ -29,6 +29,25 @@ def test_export_refuses_to_overwrite_its_own_checkpoint(tmp_path, capsys):
     assert not (tmp_path / "net.json").exists()
 
 
+def test_export_refuses_to_overwrite_a_file_of_its_input_model_folder(tmp_path, capsys):
+    """--resume FOLDER --output FOLDER/config.pt2 wrote its metadata over the folder's config.json (and
+    FOLDER/model.safetensors over the weights): every file of the folder is an input."""
+    from encoding.inference import save_pretrained
+
+    model = get_segmentation_model("fcn", backbone="vgg_tiny", nclass=3).eval()
+    model.info = ModelInfo.of_dataset("shapes", model="fcn", backbone="vgg_tiny")
+    folder = str(tmp_path / "shared")
+    save_pretrained(model, folder)
+    before = {name: open(os.path.join(folder, name), "rb").read() for name in os.listdir(folder)}
+    for output in ("config.pt2", "model.safetensors"):
+        with pytest.raises(SystemExit) as stop:
+            export_cli(["--resume", folder, "--format", "exported", "--static", "--output",
+                        os.path.join(folder, output)])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.count("\n") == 1 and "that is the input file" in err
+    assert {name: open(os.path.join(folder, name), "rb").read() for name in os.listdir(folder)} == before
+
+
 def test_export_is_atomic_on_a_full_disk(tmp_path, monkeypatch, capsys):
     ckpt = network_checkpoint(tmp_path / "model_best.pth", "fcn")
     output = tmp_path / "model.pt2"

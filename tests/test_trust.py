@@ -219,3 +219,20 @@ def test_the_gate_follows_the_innermost_reading():
                   trust_code=False)
     with pytest.raises(UntrustedCode, match="'evil'"):
         check_trusted({"model": "fcn", "dataset_class": "evil:Data"}, "x", trust_code=False)
+
+
+def test_a_config_file_naming_code_needs_trust_code_on_the_command_line(tmp_path, payload, capsys):
+    """train.py --config FILE: a file (shared, downloaded) that names a module:factory network imported it with no
+    opt-in. Refused in one line, nothing imported; --trust-code on the command line runs it (the
+    file cannot opt in for itself); --model on the command line is the user's own request."""
+    from encoding.config.resolve import resolve
+
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(f"model: {SPEC}\ntrust-code: true\n")
+    with pytest.raises(UntrustedCode) as caught:
+        resolve("train", ["--config", str(shared)])
+    _one_line_refusal(caught)
+    assert f"config file {shared}" in str(caught.value) and not payload()
+    assert resolve("train", ["--config", str(shared), "--trust-code"]).options()["model"] == SPEC
+    assert resolve("train", ["--config", str(shared), "--model", "unet"]).options()["model"] == "unet"
+    assert not payload()  # resolving imports nothing: the network is built later

@@ -260,10 +260,14 @@ class WeightOptions:
                                        "fcn/deeplab with --backbone resnet50/101", scripts=EVAL)
     trust_code: bool = option(False, "import and run the code the checkpoint's network names (a module:factory "
                               "model, a dataset class of its author's); without it such a checkpoint is refused "
-                              "(docs/sharing.md, 'Trust')", recorded=False, scripts=EVAL + ("export", "app"),
+                              "(docs/sharing.md, 'Trust')", recorded=False,
+                              scripts=EVAL + ("export", "app", "train"),
                               per_script={"app": dict(help="import and run the code the --model folder or --resume "
                                                       "checkpoint names (a module:factory network, a dataset class): "
-                                                      "only for files you trust")})
+                                                      "only for files you trust"),
+                                          "train": dict(help="import and run the code a --config file names (a "
+                                                        "module:factory network, a dataset class): only for files "
+                                                        "you trust (--model on the command line needs no opt-in)")})
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ import torch
 
 from ..datasets import datasets as DATASETS
 from ..utils.configfile import ConfigFileError, parse_config, read_config
+from ..utils.trust import check_trusted
 from .errors import ConfigError
 from .evaluation import MODEL_SPECIFIC, evaluation_rules, weights_layer
 from .fields import cli_name
@@ -145,6 +146,9 @@ def resolve(script: str = "train", argv: Optional[Sequence[str]] = None, *, reci
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     cli, path, filed = parse_layers(script, argv)
+    if path is not None:  # a config file (someone's, shared) names code: run only with the command line's opt-in
+        check_trusted({k: v for k, v in filed.items() if k not in cli}, f"config file {path}",
+                      bool(cli.get("trust_code")))
     given = {**filed, **cli}
     layers: List[Layer] = [("default", _defaults(script))]
     saved = weights_layer(script, given, read_saved)

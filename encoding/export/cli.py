@@ -27,13 +27,22 @@ def format_of(output: Optional[str]) -> str:
     return next((name for name, known in SUFFIXES.items() if known == suffix), "onnx")
 
 
+def _read_files(source: str) -> List[str]:
+    """The files an export of ``source`` reads: the checkpoint, or every file of a model folder (an output among
+    them would overwrite its config.json or its weights)."""
+    if os.path.isdir(source):
+        return [os.path.join(source, name) for name in sorted(os.listdir(source))
+                if os.path.isfile(os.path.join(source, name))]
+    return [source] if os.path.exists(source) else []
+
+
 def main(argv: Optional[List[str]] = None) -> List[str]:
     """Export as ``argv`` says; returns the paths written."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.format = args.format or format_of(args.output)
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.resume)), "model" + SUFFIXES[args.format])
-    inputs = [args.resume] if os.path.exists(args.resume) else []
+    inputs = _read_files(args.resume)
     try:  # before the checkpoint is read: an output that would destroy it, or itself, is a bad option value
         check_output(output, inputs)
     except ValueError as err:
