@@ -131,6 +131,13 @@ def test_a_run_saved_config_repeats_the_run(tiny_shapes, tmp_path, options):
     assert vars(options.parse_args(["--config", saved] + elsewhere)) == vars(
         options.parse_args(["--config", first] + elsewhere))
     assert options.parse_args(["--config", saved, "--batch-size", "2"] + elsewhere).batch_size == 2
+    # into its own directory, a run would write its config.yaml over the --config it reads (or --overwrite delete
+    # it): refused, the file as it was
+    before = open(saved, "rb").read()
+    for more in (["--resume", str(run_dir / "checkpoint.pth"), "--epochs", "2"], ["--overwrite"]):
+        with pytest.raises(ConfigError, match="that is this run's own config.yaml, which the run writes again"):
+            train.main(["--config", saved] + more, datasets=tiny_shapes)
+    assert open(saved, "rb").read() == before and (run_dir / "checkpoint.pth").exists()
 
 
 @pytest.mark.parametrize("dataset", RECIPE_FILES)

@@ -163,6 +163,11 @@ def check_run_dir(config: "TrainingConfig") -> None:
         raise ConfigError(f"{c.run_dir} already holds a run ({', '.join(found)}): continue it with --resume "
                           f"{os.path.join(c.run_dir, CHECKPOINT_NAME)}, replace it with --overwrite, or pick "
                           "another --checkname")
+    own = os.path.join(c.run_dir, RUN_CONFIG_NAME)
+    for path in {s[len("config file "):] for s in c.sources.values() if s.startswith("config file ")}:
+        if not c.eval and os.path.isfile(own) and os.path.samefile(path, own):  # the run writes its own again
+            raise ConfigError(f"--config {path}: that is this run's own {RUN_CONFIG_NAME}, which the run writes "
+                              "again (or --overwrite deletes): pass a copy of it, or another --checkname")
 
 
 def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint) -> None:
