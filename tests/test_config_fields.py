@@ -261,3 +261,24 @@ def test_read_recipe_needs_no_parser_and_the_old_call_still_works(tmp_path):
     assert (recipe["model"], recipe["lr"], recipe["weight_decay"]) == ("encnet", 0.004, 0.0)
     with pytest.warns(FutureWarning, match=r"read_recipe\(parser, directory, dataset\) is now"):
         assert read_recipe(build_parser("train"), str(tmp_path), "ade20k") == recipe
+
+
+@pytest.mark.parametrize("argv, owner", [
+    (["--aux-weight", "0.5"], "--aux"), (["--se-weight", "0.5"], "--se-loss"),
+    (["--momentum", "0.5"], "--optimizer sgd"), (["--lr-step", "3"], "--lr-scheduler step"),
+    (["--threshold", "0.3"], "--binary / --binary-class"), (["--val-fraction", "0.2"], "--dataset folder"),
+    (["--unknown-labels", "ignore"], "--dataset folder")])
+def test_an_option_asked_for_without_the_setting_it_belongs_to_is_refused(argv, owner):
+    """Accepted and read nowhere, these changed nothing: refused on the command line; with their setting, taken."""
+    from encoding.config.resolve import ONLY_WITH, resolve
+
+    with pytest.raises(ConfigError, match=f"^{argv[0]} is an option of {owner} "):
+        resolve("train", argv)
+    name = argv[0][2:].replace("-", "_")
+    assert any(option == name for option, _, _ in ONLY_WITH)
+    enabling = {"--aux": ["--aux"], "--se-loss": ["--model", "encnet", "--se-loss"],
+                "--optimizer sgd": ["--optimizer", "sgd"], "--lr-scheduler step": ["--lr-scheduler", "step"],
+                "--binary / --binary-class": ["--binary", "--dataset", "folder", "--data-root", "d"],
+                "--dataset folder": ["--dataset", "folder", "--data-root", "d"]}[owner]
+    got = resolve("train", enabling + argv).options()[name]
+    assert got == type(got)(argv[1])  # the value asked for, taken

@@ -192,10 +192,23 @@ def _rule(values: Dict[str, Any], sources: Dict[str, str], name: str, value: Any
     sources[name] = f"rule: {why}"
 
 
+#: ``train.py``'s options that apply only with another setting: ``(option, whether it applies, to what it belongs)``;
+#: asked for on the command line without it, they are refused (a saved ``config.yaml`` records every value).
+ONLY_WITH = (("aux_weight", lambda v: v["aux"], "--aux"), ("se_weight", lambda v: v["se_loss"], "--se-loss"),
+             ("momentum", lambda v: v["optimizer"] == "sgd", "--optimizer sgd"),
+             ("lr_step", lambda v: v["lr_scheduler"] == "step", "--lr-scheduler step"),
+             ("threshold", lambda v: v["binary"] or v["binary_class"] is not None, "--binary / --binary-class"),
+             ("val_fraction", lambda v: v["dataset"] == "folder", "--dataset folder"),
+             ("unknown_labels", lambda v: v["dataset"] == "folder", "--dataset folder"))
+
+
 def _rules(script: str, values: Dict[str, Any], sources: Dict[str, str], recipe: Dict[str, Any],
            given: Dict[str, Any]) -> None:
-    """The documented rules of :data:`RULES`, each applied once."""
+    """The documented rules of :data:`RULES`, each applied once; :data:`ONLY_WITH`'s refusals."""
     if script == "train":
+        for name, applies, owner in ONLY_WITH:
+            if sources.get(name) == "command line" and not applies(values):
+                raise ConfigError(f"{cli_name(name)} is an option of {owner} (without it, it would change nothing)")
         if "lr" not in given and "batch_size" in given and recipe.get("lr") and recipe.get("batch_size"):
             _rule(values, sources, "lr", recipe["lr"] * values["batch_size"] / recipe["batch_size"],
                   f"the recipe's lr {recipe['lr']:g} x --batch-size {values['batch_size']} / {recipe['batch_size']}")

@@ -277,8 +277,8 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
                                            balance=None if c.balance == "none" else c.balance, compile=c.compile)
     optimizer = builders.build_optimizer(model, c.lr, kind=c.optimizer, momentum=c.momentum,
                                          weight_decay=c.weight_decay, zero_redundancy=c.strategy == "zero1")
-    if len(optimizer.param_groups) == 1 and c.head_lr_mult != 1 and c.sources.get("head_lr_mult", "").startswith(
-            ("command line", "config file")):  # one group: the multiplier would apply to nothing
+    if len(optimizer.param_groups) == 1 and c.head_lr_mult != 1 and c.sources.get("head_lr_mult") == "command line":
+        # one group: the multiplier asked for would apply to nothing (a saved config.yaml records every value)
         raise ConfigError(f"--head-lr-mult {c.head_lr_mult}: {c.model} has no backbone module to tell from its heads "
                           "(one learning rate for every parameter)")
     scheduler = builders.build_scheduler(optimizer, c.lr_scheduler, c.lr, c.epochs, len(loaders.train),

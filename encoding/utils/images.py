@@ -105,6 +105,8 @@ def open_image(path: Union[str, os.PathLike], limit: Optional[int] = None) -> It
     except UnidentifiedImageError:
         raise UnidentifiedImageError(f"{os.fspath(path)}: not an image of a format read here "
                                      f"({', '.join(READ_FORMATS)})") from None
+    except Image.DecompressionBombError as err:  # Pillow's own bound, from the header: nothing decoded either
+        raise ImageTooLarge(f"{os.fspath(path)}: {err} (checked before decoding)") from None
     with opened as im:
         check_pixels(im.width, im.height, os.fspath(path), limit)
         yield im
