@@ -224,3 +224,37 @@ def test_class_weights_on_a_users_folder_write_nothing_into_it(tmp_path):
     assert not first["cached"] and again["cached"] and again["pixels"] == first["pixels"]
     cached = os.listdir(tmp_path / "cache" / "encoding" / "label_counts")
     assert len(cached) == 1 and cached[0].endswith(".json")
+
+
+def test_a_colour_mask_converted_to_a_palette_image_is_warned_of(tmp_path):
+    """A colour mask saved as a palette (P) image by an editor's colour reduction: its values are palette slots, so
+    sky (slot 0) reads as background. P masks are read as class ids (as documented); where a value's palette colour
+    is another class's colour in the class file, the run says so. A palette whose colours are the classes' (VOC's
+    masks) says nothing."""
+    classes = "classes: [background, person, sky]\ncolors: [[0, 0, 0], [220, 20, 60], [70, 130, 180]]\n"
+
+    def converted(a, p):
+        Image.fromarray(a).convert("P", palette=Image.Palette.ADAPTIVE, colors=4).save(p)
+
+    masks = []
+    for _ in range(6):
+        m = np.zeros((32, 32, 3), np.uint8)
+        m[:8] = (70, 130, 180)
+        m[16:24, 8:16] = (220, 20, 60)
+        masks.append(m)
+    root = _folder(str(tmp_path / "converted"), masks, classes, save=converted)
+    warnings = FolderSegmentation(root).scan.warnings
+    assert len(warnings) == 1 and "6 palette mask(s) colour a value as another class" in warnings[0]
+    assert "value 0 is read as 'background' but coloured as 'sky'" in warnings[0]
+
+    def voc_style(a, p):  # class ids, with the class file's colours as the palette
+        im = Image.fromarray(a)
+        im.putpalette([0, 0, 0, 220, 20, 60, 70, 130, 180])
+        im.save(p)
+
+    ids = []
+    for _ in range(6):
+        m = np.zeros((32, 32), np.uint8)
+        m[:8], m[16:24, 8:16] = 2, 1
+        ids.append(m)
+    assert FolderSegmentation(_folder(str(tmp_path / "voc"), ids, classes, save=voc_style)).scan.warnings == []

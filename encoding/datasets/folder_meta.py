@@ -313,7 +313,8 @@ def _grey(packed: np.ndarray) -> np.ndarray:
 def mask_histogram(path: str) -> Dict[str, Any]:
     """Every value of the mask ``path`` counted, in pieces of :data:`PIECE_PIXELS` pixels (never a wide copy of the
     whole mask): ``{"size": [w, h], "format", "lossy", "kind", "values", "counts"}``, as :func:`_as_labels` reads it
-    (an RGB mask's packed colours, grey or not: :func:`grey_index` decides with the classes).
+    (an RGB mask's packed colours, grey or not: :func:`grey_index` decides with the classes); a palette (``P``) mask
+    adds ``"palette"``: ``[value, packed colour]`` of each of its values.
 
     Raises:
         DatasetError: as :func:`read_mask`, or the mask holds more than :data:`MAX_MASK_VALUES` distinct values.
@@ -336,9 +337,14 @@ def mask_histogram(path: str) -> Dict[str, Any]:
             if len(counts) > MAX_MASK_VALUES:
                 raise DatasetError(path, f"holds more than {MAX_MASK_VALUES} different values: not a label mask (a "
                                          "photo, or a smoothed export?)")
+        rgb = im.getpalette() if im.mode == "P" else None
     values = sorted(counts)
-    return {"size": [w, h], "format": fmt, "lossy": lossy, "kind": kind, "values": values,
-            "counts": [counts[v] for v in values]}
+    record = {"size": [w, h], "format": fmt, "lossy": lossy, "kind": kind, "values": values,
+              "counts": [counts[v] for v in values]}
+    if rgb:  # each value's colour: a colour mask converted to a palette image shows in them
+        record["palette"] = [[v, int(pack_colors(np.array(rgb[3 * v:3 * v + 3], dtype=np.uint8)))]
+                             for v in values if 3 * v + 3 <= len(rgb)]
+    return record
 
 
 def color_lookup(spec: Optional[ClassSpec]) -> Dict[int, int]:

@@ -76,8 +76,7 @@ def _record(image: str, mask: str) -> Dict[str, Any]:
             if path == image:
                 record["image_size"] = list(found)
             else:
-                record.update(mask_size=found["size"], format=found["format"], lossy=found["lossy"],
-                              kind=found["kind"], values=found["values"], counts=found["counts"])
+                record.update({k: v for k, v in found.items() if k != "size"}, mask_size=found["size"])
             continue
         break
     return record
@@ -255,4 +254,23 @@ def check_scan(records: Dict[str, Dict[str, Any]], spec: Optional[ClassSpec], un
         mapped[key] = allowed
     if found:
         raise report(found, root)
-    return audit(records, mapped, spec, binary_255, unknown_pixels, binary=binary, train=train, root=root)
+    scan = audit(records, mapped, spec, binary_255, unknown_pixels, binary=binary, train=train, root=root)
+    scan.warnings += _palette_swaps(records, spec, root)
+    return scan
+
+
+def _palette_swaps(records: Dict[str, Dict[str, Any]], spec: ClassSpec, root: str) -> List[str]:
+    """Warnings of palette masks whose colour for a value is another class's colour in the class file: a colour
+    mask converted to a palette image (its values are palette slots, not class ids), read as class ids as every
+    ``P`` mask is."""
+    colors = {int(c): i for c, i in color_lookup(spec).items() if i < len(spec.names)}
+    swapped = [(r, v, colors[c]) for r in records.values() for v, c in r.get("palette", ())
+               if c in colors and colors[c] != v]
+    if not swapped:
+        return []
+    record, value, other = swapped[0]
+    files = len({id(r) for r, _, _ in swapped})
+    return [f"{files} palette mask(s) colour a value as another class (e.g. {_show(record['mask'], root)}: value "
+            f"{value} is read as {spec.names[value] if value < len(spec.names) else 'no class'!r} but coloured as "
+            f"{spec.names[other]!r}): a palette mask's values are its class ids; if its colours are the classes, "
+            "save it as RGB"]
