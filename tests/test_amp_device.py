@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from encoding.engine.loop import autocast_device, evaluate, train_one_epoch
+from encoding.engine.loop import autocast_context, evaluate, train_one_epoch
 from encoding.parallel import DataParallelModel
 from encoding.utils.metrics import SegmentationMetric
 
@@ -42,14 +42,16 @@ def _criterion(outputs, target):
                for o, t in zip(outputs, target.chunk(len(outputs))))
 
 
-def test_the_autocast_device_is_the_inputs_else_the_models():
+def test_autocast_is_the_inputs_device_else_the_models():
     model = Recorder()
-    assert autocast_device(model, torch.device("cpu")) == torch.device("cpu")
-    assert autocast_device(model, None) == torch.device("cpu")  # the parameters' device
-    assert autocast_device(nn.ReLU(), None) == torch.device("cpu")  # nothing to ask: the CPU
-    meta = Recorder().to("meta")
-    assert autocast_device(meta, None) == torch.device("meta")
-    assert autocast_device(meta, torch.device("cpu")) == torch.device("cpu")
+    with autocast_context(None, torch.bfloat16, model):  # the parameters' device: the CPU
+        assert torch.is_autocast_enabled("cpu")
+    with autocast_context(torch.device("cpu"), torch.bfloat16):
+        assert torch.is_autocast_enabled("cpu")
+    with autocast_context(None, torch.bfloat16, nn.ReLU()):  # nothing to ask: the CPU
+        assert torch.is_autocast_enabled("cpu")
+    with autocast_context(None, None, model):
+        assert not torch.is_autocast_enabled("cpu")
 
 
 def test_cpu_amp_reaches_a_data_parallel_models_replicas():

@@ -258,3 +258,15 @@ def test_a_colour_mask_converted_to_a_palette_image_is_warned_of(tmp_path):
         m[:8], m[16:24, 8:16] = 2, 1
         ids.append(m)
     assert FolderSegmentation(_folder(str(tmp_path / "voc"), ids, classes, save=voc_style)).scan.warnings == []
+
+
+def test_a_val_list_sharing_images_with_the_train_list_is_refused(tmp_path):
+    """splits/val.txt listing an image of splits/train.txt: validation would score images the network trained on."""
+    from folder_data import make_folder
+
+    root = make_folder(str(tmp_path / "d"), "lists")
+    with open(os.path.join(root, "splits", "val.txt"), "a") as f:
+        f.write("img00\n")
+    with pytest.raises(DatasetError, match=r"val\.txt: lists 1 image\(s\) that train\.txt lists too \(e\.g\. "
+                                           r"images/img00\.jpg\)"):
+        FolderSegmentation(root, split="val")

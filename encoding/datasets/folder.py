@@ -87,7 +87,9 @@ def find_splits(root: str) -> Tuple[str, Dict[str, List[Pair]], List[Problem]]:
         names = sorted(n[:-4] for n in os.listdir(join(root, "splits")) if n.endswith(".txt"))
         if not names:
             raise DatasetError(join(root, "splits"), "holds no <split>.txt list file")
-        return "splits", {n: read_pair_list(root, join(root, "splits", n + ".txt")) for n in names}, []
+        lists = {n: read_pair_list(root, join(root, "splits", n + ".txt")) for n in names}
+        _check_apart(lists, root)
+        return "splits", lists, []
     split_dirs = [n for n in ("train", "val", "test") if os.path.isdir(join(root, n, "images"))]
     if split_dirs:
         layout, folders = "split folders", {n: (join(root, n, "images"), join(root, n, "masks")) for n in split_dirs}
@@ -105,6 +107,18 @@ def find_splits(root: str) -> Tuple[str, Dict[str, List[Pair]], List[Problem]]:
         splits[name], unpaired = pair_folders(images, masks)
         problems += unpaired
     return layout, splits, problems
+
+
+def _check_apart(lists: Dict[str, List[Pair]], root: str) -> None:
+    """Refuse a validation (or test) list that shares images with the training list: its scores would be of images
+    the network trained on."""
+    trained = {os.path.realpath(image) for image, _ in lists.get("train", ())}
+    for name, pairs in lists.items():
+        shared = [image for image, _ in pairs if name != "train" and os.path.realpath(image) in trained]
+        if shared:
+            raise DatasetError(os.path.join(root, "splits", name + ".txt"), f"lists {len(shared)} image(s) that "
+                               f"train.txt lists too (e.g. {os.path.relpath(shared[0], root)}): its scores would be of "
+                               "images the network trained on; list each image in one split")
 
 
 def hold_out(pairs: List[Pair], fraction: float, seed: int, root: str,

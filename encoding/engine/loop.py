@@ -27,17 +27,20 @@ from ..parallel import DataParallelModel
 from ..utils.dist import is_dist_avail_and_initialized, is_fully_sharded, is_main_process, reduce_across_processes
 from ..utils.logger import MetricLogger, SmoothedValue
 
-__all__ = ["param_groups", "autocast_context", "autocast_device", "backward_step", "check_finite_loss",
+__all__ = ["param_groups", "autocast_context", "backward_step", "check_finite_loss",
            "train_one_epoch", "evaluate", "evaluate_images", "predicted_labels", "Interrupted", "GracefulInterrupt"]
 
 _EVAL_POSTFIX_EVERY = 10
 
 
-def autocast_context(device: torch.device, dtype: Optional[torch.dtype]) -> contextlib.AbstractContextManager:
-    """``torch.autocast`` for mixed precision on ``device`` when ``dtype`` is given, else a no-op context."""
+def autocast_context(device: Optional[torch.device], dtype: Optional[torch.dtype],
+                     model: Optional[nn.Module] = None) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` for mixed precision when ``dtype`` is given (else a no-op context), on ``device`` or, where
+    it is ``None``, where ``model``'s parameters are (a DataParallelModel on GPUs takes its inputs on the CPU)."""
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
+    where = device or next((p.device for p in (model.parameters() if model is not None else ())), torch.device("cpu"))
+    return torch.autocast(where.type, dtype=dtype)
 
 
 def backward_step(loss: Tensor, optimizer: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler] = None,
@@ -162,15 +165,6 @@ class GracefulInterrupt:
         self._previous = {}
 
 
-def autocast_device(model: nn.Module, device: Optional[torch.device]) -> torch.device:
-    """Where mixed precision applies: ``device`` (the inputs' device), else where the model's parameters are (a
-    :class:`~encoding.parallel.DataParallelModel` on GPUs takes its inputs on the CPU, its autocast is CUDA's)."""
-    if device is not None:
-        return device
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
 def _inputs_on(batch: Sequence[Any], model: nn.Module, device: Optional[torch.device]) -> List[Any]:
     """Keep inputs on the CPU for a DataParallelModel (it scatters them); otherwise move them to ``device``."""
     if device is None or isinstance(model, DataParallelModel):
@@ -223,12 +217,11 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
     model.train()
     meters = MetricLogger()
     meters.add_meter("lr", SmoothedValue(window_size=1, fmt="{value:.2e}"))
-    amp_device = autocast_device(model, device)
     check = before_step if before_step is not None else (lambda i, value: check_finite_loss(value, epoch, i))
     bar = tqdm(loader, desc=f"train {epoch}", disable=not is_main_process(), dynamic_ncols=True, leave=False)
     for i, batch in enumerate(bar, start=start_iteration):
         image, target = _inputs_on(batch[:2], model, device)
-        with autocast_context(amp_device, amp_dtype):
+        with autocast_context(device, amp_dtype, model):
             loss = criterion(model(image), target)
         value = loss.item()  # one host sync per step, used for the check and the log
         try:
@@ -274,13 +267,12 @@ def evaluate(model: nn.Module, loader: Iterable, metric: Any, device: Optional[t
     """
     model.eval()
     metric.reset()
-    amp_device = autocast_device(model, device)
     unscored = _unscored_forwards(model, loader)
     bar = _ScoreBar(metric, loader)
     for i, batch in enumerate(loader):
         bar.next_batch(i)
         image, target = _inputs_on(batch[:2], model, device)
-        with autocast_context(amp_device, amp_dtype):
+        with autocast_context(device, amp_dtype, model):
             outputs = model(image)
         metric.update(outputs, target)
         if on_outputs is not None:
@@ -289,7 +281,7 @@ def evaluate(model: nn.Module, loader: Iterable, metric: Any, device: Optional[t
             bar.bar.close()
             raise Interrupted(epoch, None)
     for _ in range(unscored):  # FSDP2 gathers the weights from every rank in each forward: as many on each rank
-        with autocast_context(amp_device, amp_dtype):
+        with autocast_context(device, amp_dtype, model):
             model(_inputs_on([loader.dataset[0][0].unsqueeze(0)], model, device)[0])
     metric.reduce_from_all_processes()
     return bar.finish(metric.compute())
