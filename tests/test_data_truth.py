@@ -270,3 +270,29 @@ def test_a_val_list_sharing_images_with_the_train_list_is_refused(tmp_path):
     with pytest.raises(DatasetError, match=r"val\.txt: lists 1 image\(s\) that train\.txt lists too \(e\.g\. "
                                            r"images/img00\.jpg\)"):
         FolderSegmentation(root, split="val")
+
+
+def test_an_rgba_mask_with_transparent_pixels_is_refused(tmp_path):
+    """An editor's layer: one brush colour, transparent elsewhere, where it keeps the brush colour too. Read as RGB
+    it was that class everywhere; a transparent pixel's colour means nothing: refused, naming the file. An opaque
+    RGBA mask reads as its colours."""
+    classes = "classes: [background, road]\ncolors: [[0, 0, 0], [128, 64, 128]]\n"
+
+    def layer(a, p):
+        rgba = np.zeros(a.shape[:2] + (4,), np.uint8)
+        rgba[..., :3] = (128, 64, 128)
+        rgba[..., 3] = np.where(a[..., 0] > 0, 255, 0)
+        Image.fromarray(rgba, "RGBA").save(p)
+
+    masks = []
+    for _ in range(4):
+        m = np.zeros((32, 32, 3), np.uint8)
+        m[10:20] = (128, 64, 128)
+        masks.append(m)
+    root = _folder(str(tmp_path / "layer"), masks, classes, save=layer)
+    with pytest.raises(DatasetError, match=r"4 masks with transparent pixels \(their colour is no label: flatten"):
+        FolderSegmentation(root)
+    opaque = _folder(str(tmp_path / "opaque"), masks, classes,
+                     save=lambda a, p: Image.fromarray(np.dstack([a, np.full(a.shape[:2], 255, np.uint8)]),
+                                                       "RGBA").save(p))
+    assert FolderSegmentation(opaque).scan.pixels == [4 * 22 * 32, 4 * 10 * 32]

@@ -31,8 +31,8 @@ from PIL import Image
 from ..utils.images import ImageTooLarge, open_image, upright
 from .layout import DatasetError
 
-__all__ = ["CLASS_FILES", "MAX_CLASS_FILE", "MAX_CLASSES", "ClassSpec", "read_class_file", "read_mask", "grey_index",
-           "mask_histogram", "pack_colors", "color_lookup", "format_colors"]
+__all__ = ["CLASS_FILES", "MAX_CLASS_FILE", "MAX_CLASSES", "ClassSpec", "TransparentMask", "read_class_file",
+           "read_mask", "grey_index", "mask_histogram", "pack_colors", "color_lookup", "format_colors"]
 
 
 #: The class files looked for in a folder dataset's root, in this order.
@@ -229,6 +229,10 @@ def pack_colors(rgb: np.ndarray) -> np.ndarray:
     return (rgb[..., 0] << 16) | (rgb[..., 1] << 8) | rgb[..., 2]
 
 
+class TransparentMask(DatasetError):
+    """An RGBA mask with transparent pixels (their colour is no label)."""
+
+
 @contextlib.contextmanager
 def _opened_mask(path: str) -> Iterator[Tuple[Image.Image, str, bool]]:
     """``(mask, file format, lossy)``: the mask ``path`` opened (size checked from the header), upright, mode
@@ -272,10 +276,13 @@ def _webp_lossy(path: str) -> bool:
             f.seek(16 if fourcc == b"ANMF" else size + (size & 1), 1)
 
 
-def _as_labels(im: Image.Image) -> Tuple[str, np.ndarray]:
+def _as_labels(im: Image.Image, path: str) -> Tuple[str, np.ndarray]:
     if im.mode in _INDEX_MODES:
         values = np.asarray(im)
         return "index", values.astype(np.uint8) if values.dtype == bool else values
+    if im.mode == "RGBA" and np.asarray(im.getchannel("A")).min() < 255:  # a transparent pixel's colour means nothing
+        raise TransparentMask(path, "mask has transparent pixels: their colour is no label (an editor's layer often "
+                                    "keeps its brush colour there); flatten it onto the background colour, save as RGB")
     rgb = np.asarray(im.convert("RGB"))
     return "color", pack_colors(rgb)
 
@@ -291,7 +298,7 @@ def read_mask(path: str, colors: Optional[Mapping[int, int]] = None) -> Tuple[st
         ImageTooLarge: over the pixel limit (checked before decoding).
     """
     with _opened_mask(path) as (im, _, _):
-        kind, values = _as_labels(im)
+        kind, values = _as_labels(im, path)
     if grey_index(kind, values, colors or {}):
         return "index", (values & 255).astype(np.uint8)  # a grey index mask saved as RGB
     return kind, values
@@ -325,7 +332,7 @@ def mask_histogram(path: str) -> Dict[str, Any]:
         (w, h), kind = im.size, "index" if im.mode in _INDEX_MODES else "color"
         rows = max(1, PIECE_PIXELS // max(w, 1))
         for top in range(0, h, rows):
-            kind, piece = _as_labels(im.crop((0, top, w, min(h, top + rows))))
+            kind, piece = _as_labels(im.crop((0, top, w, min(h, top + rows))), path)
             if piece.dtype == np.uint8:
                 n = np.bincount(piece.ravel(), minlength=256)
                 found = np.flatnonzero(n)

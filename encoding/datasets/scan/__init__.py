@@ -8,12 +8,13 @@ histogram, or the problem that stopped reading. The records are cached in a cach
 ``$XDG_CACHE_HOME/encoding/scans`` or ``~/.cache/encoding/scans``, never in the dataset's folder, which may be
 read-only), each stamped with its files' sizes and modification times: only new or changed files are read again.
 
-:func:`check_scan` then finds, without reading anything, **every** bad file -- unreadable or truncated files,
-images over the pixel limit, lossy masks (JPEG, JPEG 2000, AVIF, lossy WebP, JPEG-compressed TIFF), masks whose
-size differs from their image's, values or colours of no class -- and raises one :class:`~encoding.datasets.DatasetError` naming them grouped by problem (the
-count and the first names of each group; the full list in a file of the temp folder when there are more), before
-any run directory is written. The label audit (:mod:`.audit`) follows. ``python -m encoding.datasets.scan DIR``
-runs the scan alone and prints its summary and the class-pixel table.
+:func:`check_scan` then finds, without reading anything, **every** bad file -- unreadable or truncated files, images
+over the pixel limit, lossy masks (JPEG, JPEG 2000, AVIF, lossy WebP, JPEG-compressed TIFF), RGBA masks with
+transparent pixels, masks whose size differs from their image's, values or colours of no class -- and raises one
+:class:`~encoding.datasets.DatasetError` naming them grouped by problem (the count and the first names of each
+group; the full list in a file of the temp folder when there are more), before any run directory is written. The
+label audit (:mod:`.audit`) follows. ``python -m encoding.datasets.scan DIR`` runs the scan alone and prints its
+summary and the class-pixel table.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from ...utils.files import atomic_write, user_cache_file
 from ...utils.images import ImageTooLarge, max_pixels
 from .audit import UNKNOWN_LABELS, FolderScan, audit, resolve_classes
 from ..base import check_image
-from ..folder_meta import ClassSpec, color_lookup, format_colors, grey_index, mask_histogram
+from ..folder_meta import ClassSpec, TransparentMask, color_lookup, format_colors, grey_index, mask_histogram
 from ..layout import DatasetError
 
 __all__ = ["UNKNOWN_LABELS", "LOSSY_FORMATS", "FolderScan", "Problem", "cache_file", "record_key", "scan_pairs",
@@ -49,6 +50,8 @@ GROUPS = {
     "too large": "over the pixel limit (raise it with --max-pixels or ENCODING_MAX_PIXELS)",
     "lossy": "lossy masks (JPEG, JPEG 2000, lossy WebP, JPEG-compressed TIFF...: compression alters label values; "
              "masks must be PNG or another lossless format)",
+    "transparent": "masks with transparent pixels (their colour is no label: flatten them onto the background "
+                   "colour, save them as RGB)",
     "size": "mask size differs from its image",
     "values": "values of no class",
 }
@@ -70,6 +73,8 @@ def _record(image: str, mask: str) -> Dict[str, Any]:
             found = read(path)
         except ImageTooLarge as err:
             record["error"] = ["too large", path, str(err)[len(path) + 2:].split(" (checked")[0]]
+        except TransparentMask as err:
+            record["error"] = ["transparent", err.path, err.problem]
         except DatasetError as err:
             record["error"] = ["unreadable", err.path, err.problem]
         else:
