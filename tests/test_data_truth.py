@@ -36,6 +36,16 @@ def _folder(root, masks, classes, ext=".png", save=None):
     return root
 
 
+def _squares(n, rgb=False):
+    """``n`` 32 x 32 index masks: a square of class ``1 + i % 2`` on background 0 (``rgb``: saved as grey RGB)."""
+    masks = []
+    for i in range(n):
+        m = np.zeros((32, 32), np.uint8)
+        m[8:20, 8:20] = 1 + i % 2
+        masks.append(np.stack([m] * 3, axis=-1) if rgb else m)
+    return masks
+
+
 def _labels(*datasets):
     """Pixels per class id over every sample of ``datasets`` (as the loader gives them)."""
     counts = {}
@@ -129,12 +139,7 @@ def test_grey_class_colours_are_read_as_their_class_by_the_scan_and_the_loader(t
 
 def test_grey_rgb_index_masks_without_class_colours_stay_index_masks(tmp_path):
     """An index mask saved as RGB (each pixel (v, v, v)) with no colours in the class file: values, as before."""
-    masks = []
-    for i in range(6):
-        m = np.zeros((32, 32), np.uint8)
-        m[8:20, 8:20] = 1 + i % 2
-        masks.append(np.stack([m] * 3, axis=-1))
-    root = _folder(str(tmp_path / "d"), masks, "classes: [background, red, blue]\n")
+    root = _folder(str(tmp_path / "d"), _squares(6, rgb=True), "classes: [background, red, blue]\n")
     assert _labels(*_both_splits(root)) == {0: 6 * (1024 - 144), 1: 3 * 144, 2: 3 * 144}
 
 
@@ -151,12 +156,7 @@ def test_test_py_refuses_data_whose_class_file_is_not_the_networks(tmp_path, cap
     """Trained on [bg, one, two]; evaluated on the same masks with the class file reordered [bg, two, one]: mask
     value 1 would be scored as 'one' although the data says 'two'. One line, exit status 2; the same data with the
     network's class file evaluates."""
-    masks = []
-    for i in range(8):
-        m = np.zeros((32, 32), np.uint8)
-        m[8:20, 8:20] = 1 + i % 2
-        masks.append(m)
-    root = _folder(str(tmp_path / "d"), masks, "classes: [bg, one, two]\n")
+    root = _folder(str(tmp_path / "d"), _squares(8), "classes: [bg, one, two]\n")
     train, test = load_script("train"), load_script("test")
     assert train.cli(["--dataset", "folder", "--data-root", root, "--output-dir", str(tmp_path / "runs"),
                       *TINY]) == 0
@@ -181,12 +181,7 @@ def test_a_checkpoint_moved_from_its_hold_out_list_is_scored_on_the_same_hold_ou
     import json
     import shutil
 
-    masks = []
-    for i in range(6):
-        m = np.zeros((32, 32), np.uint8)
-        m[8:20, 8:20] = 1 + i % 2
-        masks.append(m)
-    root = _folder(str(tmp_path / "d"), masks, "classes: [bg, one, two]\n")
+    root = _folder(str(tmp_path / "d"), _squares(6), "classes: [bg, one, two]\n")
     train, test = load_script("train"), load_script("test")
     assert train.cli(["--dataset", "folder", "--data-root", root, "--output-dir", str(tmp_path / "runs"), *TINY,
                       "--val-fraction", "0.34", "--seed", "3"]) == 0
@@ -211,12 +206,7 @@ def test_class_weights_on_a_users_folder_write_nothing_into_it(tmp_path):
     from encoding.datasets.class_weights import label_counts
     from folder_data import tree
 
-    masks = []
-    for i in range(6):
-        m = np.zeros((32, 32), np.uint8)
-        m[8:20, 8:20] = 1 + i % 2
-        masks.append(m)
-    root = _folder(str(tmp_path / "d"), masks, "classes: [bg, one, two]\n")
+    root = _folder(str(tmp_path / "d"), _squares(6), "classes: [bg, one, two]\n")
     before = tree(root)
     data = FolderSegmentation(root, split="train", mode="testval")
     first, again = label_counts(data, progress=False), label_counts(data, progress=False)

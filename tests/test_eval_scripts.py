@@ -117,8 +117,8 @@ def test_the_progress_bar_ends_with_the_final_score(trained, tmp_path, capsys, m
     refresh (batch 0 of 5 here)."""
     base, checkpoint, _ = trained
     monkeypatch.setenv("ENCODING_PROGRESS", "lines")
-    scores = run_test("--resume", checkpoint, "--mode", mode, "--test-batch-size", "1", "--out-dir", str(tmp_path),
-                      root=base, mode=mode)
+    batch = ["--test-batch-size", "1"] if mode == "val" else []  # an option of --mode val alone
+    scores = run_test("--resume", checkpoint, "--mode", mode, *batch, "--out-dir", str(tmp_path), root=base, mode=mode)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval")]
     assert "100%" in lines[-1] and "5/5" in lines[-1], lines
     assert f"mIoU={scores['mIoU']:.4f}" in lines[-1] and f"pixAcc={scores['pixAcc']:.4f}" in lines[-1], lines

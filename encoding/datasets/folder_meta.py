@@ -262,8 +262,8 @@ def _lossy(im: Image.Image, path: str) -> bool:
 
 
 def _webp_lossy(path: str) -> bool:
-    """Whether the WebP file ``path``'s first bitstream chunk is lossy ``VP8 `` rather than lossless ``VP8L``
-    (RIFF chunks after the 12-byte header; an animation's frames hold theirs after a 16-byte frame header)."""
+    """Whether the WebP file ``path``'s first bitstream chunk is the lossy ``"VP8 "`` rather than the lossless
+    ``"VP8L"`` (RIFF chunks after the 12-byte header; an animation's frames hold theirs after a 16-byte header)."""
     with open(path, "rb") as f:
         f.seek(12)
         while True:

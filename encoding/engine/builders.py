@@ -233,8 +233,8 @@ def param_groups(model: nn.Module) -> List[Dict[str, Any]]:
     :class:`~encoding.utils.lr_scheduler.IterationLR` gives group 0 the base learning rate and later groups
     ``head_lr_mult`` times it (10x: the PyTorch-Encoding convention for pretrained backbones and new heads). The
     backbone is the model's ``backbone`` module, a spec network's (``torchvision:`` / ``module:factory``, wrapped in
-    :class:`~encoding.models.external.ExternalModel`) its network's (:func:`~encoding.models.spec_layers
-    .spec_backbone`); a model without one gives a single group.
+    :class:`~encoding.models.external.ExternalModel`) its network's
+    (:func:`~encoding.models.spec_layers.spec_backbone`); a model without one gives a single group.
 
     Args:
         model: the (possibly wrapped) segmentation model.
