@@ -242,7 +242,8 @@ def check_scan(records: Dict[str, Dict[str, Any]], spec: Optional[ClassSpec], un
     """
     if unknown not in UNKNOWN_LABELS:
         raise ValueError(f"unknown must be one of {UNKNOWN_LABELS}, got {unknown!r}")
-    records = {k: _as_read(r, color_lookup(spec)) for k, r in records.items()}
+    raw_colors = color_lookup(spec)
+    records = {k: _as_read(r, raw_colors) for k, r in records.items()}
     readable = {k: r for k, r in records.items() if "error" not in r and not _lossy(r)}
     spec, binary_255 = resolve_classes(list(readable.values()), spec, binary)
     index = {i: i for i in range(len(spec.names))}
