@@ -236,3 +236,27 @@ def test_a_config_file_naming_code_needs_trust_code_on_the_command_line(tmp_path
     assert resolve("train", ["--config", str(shared), "--trust-code"]).options()["model"] == SPEC
     assert resolve("train", ["--config", str(shared), "--model", "unet"]).options()["model"] == "unet"
     assert not payload()  # resolving imports nothing: the network is built later
+
+
+def test_a_transformers_folder_named_by_data_cannot_run_its_own_code(tmp_path, monkeypatch):
+    """A checkpoint naming transformers:FOLDER whose config.json maps its classes to the folder's own code
+    (auto_map): transformers asked "run the custom code? [y/N]" on stdin, so an answer ran it. Without the opt-in
+    it is loaded with trust_remote_code=False and refused in one line (UntrustedCode), nothing imported."""
+    import io
+    import json
+
+    folder = tmp_path / "remote"
+    folder.mkdir()
+    marker = tmp_path / "ran.txt"
+    (folder / "config.json").write_text(json.dumps({"auto_map": {"AutoConfig": "evilcfg.EvilConfig"},
+                                                    "model_type": "evil-unknown"}))
+    (folder / "evilcfg.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n"
+                                       "from transformers import PretrainedConfig\n"
+                                       "class EvilConfig(PretrainedConfig):\n    model_type = 'evil-unknown'\n")
+    torch.save({"format": CHECKPOINT_FORMAT, "version": 1, "model": {}, "epoch": 0,
+                "args": {"dataset": "shapes", "model": f"transformers:{folder}"}}, tmp_path / "ck.pth")
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))  # whoever answers the prompt
+    with pytest.raises(UntrustedCode) as caught:
+        encoding.load_model(str(tmp_path / "ck.pth"))
+    assert "\n" not in str(caught.value) and "auto_map" in str(caught.value) and "--trust-code" in str(caught.value)
+    assert not marker.exists()

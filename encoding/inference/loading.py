@@ -26,7 +26,7 @@ from ..models.registry import PRESETS
 from ..utils.checkpoint import CheckpointError, check_state_fits
 from ..utils.images import max_pixels
 from ..utils.palette import generated_palette, palette_of
-from ..utils.trust import check_trusted, reading
+from ..utils.trust import UntrustedCode, check_trusted, reading
 from ..engine import state
 
 __all__ = ["ModelInfo", "NETWORK_OPTIONS", "DATA_OPTIONS", "load_model", "model_info", "check_network_options",
@@ -241,6 +241,8 @@ def _fitting_network(network: Dict[str, Any], nclass: int, weights: Any, path: s
     try:
         with torch.device("meta"):
             twin = NetworkSpec.from_options(network, nclass, recompute="none").build()
+    except UntrustedCode:  # the network names code (a transformers folder's auto_map): the refusal as it is
+        raise
     except (ValueError, KeyError, TypeError, NotImplementedError) as err:
         raise ValueError(f"{path!r} records network options that cannot be built: "
                          f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
