@@ -108,8 +108,9 @@ def evaluation_rules(script: str, values: Dict[str, Any], sources: Dict[str, str
 
 
 def _given(sources: Dict[str, str], name: str) -> bool:
-    """Whether the user set ``name`` (on the command line or in a config file), not a default, recipe or rule."""
-    return sources.get(name, "").startswith(("command line", "config file"))
+    """Whether the user set ``name`` on the command line (``test.py`` / ``demo.py`` read no config file), not a
+    default, the checkpoint's value or a rule."""
+    return sources.get(name) == "command line"
 
 
 def evaluation_fields() -> List[Tuple[str, Any, dataclasses.Field]]:

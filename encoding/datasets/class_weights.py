@@ -100,8 +100,7 @@ def label_counts(dataset: Dataset, *, cache: bool = True, progress: bool = True)
     entry.update(_count(base, indices, progress))
     if cache:
         try:
-            if not base.WRITES_BESIDE_DATA:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.makedirs(os.path.dirname(path), exist_ok=True)  # the user's cache folder may not exist yet
             atomic_write(path, json.dumps(dict(entries, **{key: entry}), indent=1))
         except OSError as e:
             warnings.warn(f"cannot cache the label counts in {path}: {e}")

@@ -31,13 +31,17 @@ from PIL import Image
 from ..utils.images import ImageTooLarge, open_image, upright
 from .layout import DatasetError
 
-__all__ = ["CLASS_FILES", "MAX_CLASS_FILE", "MAX_CLASSES", "ClassSpec", "TransparentMask", "read_class_file",
-           "read_mask", "grey_index", "mask_histogram", "pack_colors", "color_lookup", "format_colors"]
+__all__ = ["CLASS_FILES", "MAX_CLASS_FILE", "MAX_CLASSES", "LOSSY_FORMATS", "ClassSpec", "TransparentMask",
+           "read_class_file", "read_mask", "grey_index", "mask_histogram", "pack_colors", "color_lookup",
+           "format_colors"]
 
 
 #: The class files looked for in a folder dataset's root, in this order.
 CLASS_FILES = ("classes.yaml", "classes.yml", "classes.json", "classes.txt")
 RGB = Tuple[int, int, int]
+#: Mask formats that alter values when saved (masks must be lossless: PNG, TIFF, BMP, ...); a WebP or TIFF mask is
+#: lossy where its file says so (:func:`_lossy`).
+LOSSY_FORMATS = ("JPEG", "MPO", "JPEG2000", "AVIF", "HEIF")
 _INDEX_MODES = ("L", "P", "I", "I;16", "I;16L", "I;16B", "1")
 #: The bounds of a class file: its size in bytes and its number of classes (ids 0..253, 255 = ignore).
 MAX_CLASS_FILE = 1 << 20
@@ -234,15 +238,15 @@ class TransparentMask(DatasetError):
 
 
 @contextlib.contextmanager
-def _opened_mask(path: str) -> Iterator[Tuple[Image.Image, str, bool]]:
-    """``(mask, file format, lossy)``: the mask ``path`` opened (size checked from the header), upright, mode
-    checked, and whether its file was compressed lossily (:func:`_lossy`); errors as one line."""
+def _opened_mask(path: str) -> Iterator[Tuple[Image.Image, Image.Image]]:
+    """``(mask upright, mask as stored)``: the mask ``path`` opened (size checked from the header), mode checked (the
+    stored one keeps the file's format and compression, :func:`_lossy`); errors as one line."""
     try:
         with open_image(path) as im:
             if im.mode not in _INDEX_MODES + ("RGB", "RGBA"):
                 raise DatasetError(path, f"mask has mode {im.mode}; expected an index image (mode L or P, or 16-bit) "
                                          "or RGB")
-            yield upright(im), im.format or "", _lossy(im, path)
+            yield upright(im), im
     except FileNotFoundError:
         raise DatasetError(path, "mask file is missing") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
@@ -252,9 +256,9 @@ def _opened_mask(path: str) -> Iterator[Tuple[Image.Image, str, bool]]:
 
 
 def _lossy(im: Image.Image, path: str) -> bool:
-    """Whether the file of ``im`` holds lossily compressed pixels: JPEG (and MPO), a TIFF of JPEG-compressed strips,
-    a WebP of the lossy (VP8) bitstream (the lossless one is VP8L)."""
-    if im.format in ("JPEG", "MPO"):
+    """Whether the file of ``im`` holds lossily compressed pixels: one of :data:`LOSSY_FORMATS`, a TIFF of
+    JPEG-compressed strips, a WebP of the lossy (VP8) bitstream (the lossless one is VP8L)."""
+    if im.format in LOSSY_FORMATS:
         return True
     if im.format == "TIFF":
         return im.info.get("compression") in ("jpeg", "tiff_jpeg")
@@ -297,7 +301,7 @@ def read_mask(path: str, colors: Optional[Mapping[int, int]] = None) -> Tuple[st
         DatasetError: the file is missing or unreadable, or not a mask (the message names it).
         ImageTooLarge: over the pixel limit (checked before decoding).
     """
-    with _opened_mask(path) as (im, _, _):
+    with _opened_mask(path) as (im, _):
         kind, values = _as_labels(im, path)
     if grey_index(kind, values, colors or {}):
         return "index", (values & 255).astype(np.uint8)  # a grey index mask saved as RGB
@@ -328,7 +332,8 @@ def mask_histogram(path: str) -> Dict[str, Any]:
         ImageTooLarge: over the pixel limit (checked before decoding).
     """
     counts: Dict[int, int] = {}
-    with _opened_mask(path) as (im, fmt, lossy):
+    with _opened_mask(path) as (im, stored):
+        fmt, lossy = stored.format or "", _lossy(stored, path)  # the scan's alone, not the loader's every read
         (w, h), kind = im.size, "index" if im.mode in _INDEX_MODES else "color"
         rows = max(1, PIECE_PIXELS // max(w, 1))
         for top in range(0, h, rows):

@@ -31,7 +31,8 @@ from ...utils.files import atomic_write, user_cache_file
 from ...utils.images import ImageTooLarge, max_pixels
 from .audit import UNKNOWN_LABELS, FolderScan, audit, resolve_classes
 from ..base import check_image
-from ..folder_meta import ClassSpec, TransparentMask, color_lookup, format_colors, grey_index, mask_histogram
+from ..folder_meta import (LOSSY_FORMATS, ClassSpec, TransparentMask, color_lookup, format_colors, grey_index,
+                           mask_histogram)
 from ..layout import DatasetError
 
 __all__ = ["UNKNOWN_LABELS", "LOSSY_FORMATS", "FolderScan", "Problem", "cache_file", "record_key", "scan_pairs",
@@ -40,9 +41,6 @@ __all__ = ["UNKNOWN_LABELS", "LOSSY_FORMATS", "FolderScan", "Problem", "cache_fi
 #: A bad file: ``(problem group, path, detail)``.
 Problem = Tuple[str, str, str]
 Pair = Tuple[str, str]
-#: Mask formats that alter values when saved (masks must be lossless: PNG, TIFF, BMP, ...); a WebP or TIFF mask is
-#: lossy where its file says so (the record's ``"lossy"``, :func:`~.folder_meta.mask_histogram`).
-LOSSY_FORMATS = ("JPEG", "MPO", "JPEG2000", "AVIF", "HEIF")
 #: The problem groups in the order a report lists them, with what each one means.
 GROUPS = {
     "unpaired": "without its image or mask",
@@ -172,7 +170,7 @@ def _problem(record: Dict[str, Any], allowed: Dict[int, int], spec: ClassSpec) -
 
 
 def _lossy(record: Dict[str, Any]) -> bool:
-    return bool(record.get("lossy")) or record.get("format") in LOSSY_FORMATS
+    return bool(record.get("lossy"))  # mask_histogram's verdict (LOSSY_FORMATS and the file's own compression)
 
 
 def _as_read(record: Dict[str, Any], colors: Mapping[int, int]) -> Dict[str, Any]:
@@ -261,15 +259,16 @@ def check_scan(records: Dict[str, Dict[str, Any]], spec: Optional[ClassSpec], un
     if found:
         raise report(found, root)
     scan = audit(records, mapped, spec, binary_255, unknown_pixels, binary=binary, train=train, root=root)
-    scan.warnings += _palette_swaps(records, spec, root)
+    scan.warnings += _palette_swaps(records, spec, raw_colors, root)
     return scan
 
 
-def _palette_swaps(records: Dict[str, Dict[str, Any]], spec: ClassSpec, root: str) -> List[str]:
-    """Warnings of palette masks whose colour for a value is another class's colour in the class file: a colour
-    mask converted to a palette image (its values are palette slots, not class ids), read as class ids as every
-    ``P`` mask is."""
-    colors = {int(c): i for c, i in color_lookup(spec).items() if i < len(spec.names)}
+def _palette_swaps(records: Dict[str, Dict[str, Any]], spec: ClassSpec, raw_colors: Mapping[int, int],
+                   root: str) -> List[str]:
+    """Warnings of palette masks whose colour for a value is another class's colour in the class file
+    (``raw_colors``: :func:`~.folder_meta.color_lookup`'s): a colour mask converted to a palette image (its values
+    are palette slots, not class ids), read as class ids as every ``P`` mask is."""
+    colors = {c: i for c, i in raw_colors.items() if i < len(spec.names)}
     swapped = [(r, v, colors[c]) for r in records.values() for v, c in r.get("palette", ())
                if c in colors and colors[c] != v]
     if not swapped:

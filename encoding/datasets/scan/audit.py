@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..folder_meta import ClassSpec
 from ..layout import DatasetError
@@ -99,8 +99,8 @@ def resolve_classes(records: Sequence[Dict[str, Any]], spec: Optional[ClassSpec]
     Raises:
         DatasetError: colour masks without a class file, or values beyond 253 without one.
     """
-    values = sorted({v for r in records if r.get("kind") == "index" for v in r.get("values", ())})
-    zero_255 = bool(values) and set(values) <= {0, 255} and 255 in values
+    values = _index_values(records)
+    zero_255 = _only_0_255(values)
     if spec is not None:
         return spec, binary and zero_255 and len(spec.names) == 2 and spec.ignore_index == 255
     colored = next((r for r in records if r.get("kind") == "color"), None)
@@ -114,6 +114,16 @@ def resolve_classes(records: Sequence[Dict[str, Any]], spec: Optional[ClassSpec]
         mask = next(r["mask"] for r in records if top in r.get("values", ()))
         raise DatasetError(mask, f"holds label value {top}: more than 254 classes (or add a class file)")
     return ClassSpec(tuple(f"class_{i}" for i in range(top + 1)), source="scan"), False
+
+
+def _index_values(records: Iterable[Dict[str, Any]]) -> Set[int]:
+    """Every value the index masks of ``records`` hold."""
+    return {v for r in records if r.get("kind") == "index" for v in r.get("values", ())}
+
+
+def _only_0_255(values: Set[int]) -> bool:
+    """Whether index masks holding ``values`` are 0/255 masks (255 in them, nothing but 0 besides)."""
+    return 255 in values and values <= {0, 255}
 
 
 def _count(scan: FolderScan, records: Dict[str, Dict[str, Any]], mapped: Dict[str, Dict[int, int]],
@@ -199,6 +209,5 @@ def audit(records: Dict[str, Dict[str, Any]], mapped: Dict[str, Dict[int, int]],
                       train_pixels=None if train is None else [0] * n)
     _count(scan, records, mapped, unknown, set(train or ()))
     _binary_mix(scan, records, binary, root)
-    values = {v for r in records.values() if r.get("kind") == "index" for v in r.get("values", ())}
-    _empty_classes(scan, root, len(train or ()), 255 in values and values <= {0, 255})
+    _empty_classes(scan, root, len(train or ()), _only_0_255(_index_values(records.values())))
     return scan
