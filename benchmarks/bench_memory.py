@@ -6,7 +6,8 @@
     python benchmarks/bench_memory.py table       # per-device peaks and max batch at 11 GiB (docs/memory.md)
     python benchmarks/bench_memory.py advise      # --advise time: FCN-ResNet50, 150 classes, 8 x 11 GiB
                                                   #   (--baseline: and simulating every point, the same run;
-                                                  #   --own-shards: and each policy sharding its own model)
+                                                  #   --own-shards: and each policy sharding its own model;
+                                                  #   --alone: and in one process, no traces ahead)
     python benchmarks/bench_memory.py scale       # --simulate N of FCN-ResNet50, 5 strategies: time vs devices
                                                   #   (8, 64, 256, 1024; --scale-devices; --baseline: and
                                                   #   fsdp's ranks simulated whole, the same run)
@@ -18,6 +19,7 @@ Every figure is a ratio or an error measured in the same run (these machines are
 """
 import argparse
 import contextlib
+import json
 import os
 import sys
 import time
@@ -119,12 +121,19 @@ def advise(args):
                 "--strategies", "gather,balanced,ddp,fsdp,zero1", "--advise", "--memory-limit", "11GiB",
                 "--reserve", args.reserve, "--out-dir", args.out_dir] + (["--se-loss"] if model == "encnet" else [])
         start, cpu = time.perf_counter(), time.process_time()
-        report = tool_main(argv)
+        report = _advise_tool(argv, not args.one_process)
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        if args.json:  # the run of another process (--alone)
+            with open(args.json, "w") as out:
+                json.dump({"advise_s": report["advise_s"], "wall": wall, "advice": report["advice"]}, out)
+            return
         print(f"advise: {model}-ResNet50, 150 classes, 8 x 11GiB (--reserve {args.reserve}), 5 strategies x 3 "
               f"policies: advice {report['advise_s']:.1f} s (target <= 3 s, issue 45), "
-              f"{report['advise_cpu_s']:.1f} s of CPU time; whole tool {time.perf_counter() - start:.1f} s wall, "
-              f"{time.process_time() - cpu:.1f} s of CPU time (load average {os.getloadavg()[0]:.1f} on "
+              f"{report['advise_cpu_s']:.1f} s of CPU time (both processes); whole tool {wall:.1f} s wall, "
+              f"{cpu:.1f} s of CPU time in this process (load average {os.getloadavg()[0]:.1f} on "
               f"{os.cpu_count()} cores)", flush=True)
+        if args.alone:
+            _alone(model, args, report, wall)
         if args.own_shards:
             _own_shards(argv, report)
         if not args.baseline:
@@ -143,6 +152,36 @@ def advise(args):
         print(f"advise baseline (every point simulated, {stats['programs']} programs): {wall:.1f} s, {cpu:.1f} s of "
               f"CPU time; replays/baseline {report['advise_s'] / wall:.2f} wall, "
               f"{report['advise_cpu_s'] / cpu:.2f} CPU; answers {'the same' if same else 'DIFFERENT'}", flush=True)
+
+
+def _advise_tool(argv, ahead):
+    """The tool's report (``ahead``: its traces ahead in a second process, as on the command line), printing it."""
+    from encoding.memory.cli import parse_args
+    from encoding.memory.report import format_report, memory_report
+
+    report = memory_report(parse_args(argv), ahead=ahead)
+    print(format_report(report))
+    return report
+
+
+def _alone(model, args, report, wall):
+    """The same tool run in a fresh interpreter with every simulation in one process (before the traces ahead):
+    advice and whole-tool seconds, their ratios, and whether the answers are the same."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "alone.json")
+        subprocess.run([sys.executable, os.path.abspath(__file__), "advise", "--models", model, "--reserve",
+                        args.reserve, "--out-dir", args.out_dir, "--one-process", "--json", path],
+                       check=True, stdout=subprocess.DEVNULL)
+        with open(path) as f:
+            alone = json.load(f)
+    same = alone["advice"] == report["advice"]
+    print(f"advise in one process (a fresh interpreter, after this run): advice {alone['advise_s']:.1f} s, whole "
+          f"tool {alone['wall']:.1f} s; with the traces ahead / in one process: advice "
+          f"{report['advise_s'] / alone['advise_s']:.2f}, whole tool {wall / alone['wall']:.2f}; answers "
+          f"{'the same' if same else 'DIFFERENT'}", flush=True)
 
 
 def _own_shards(argv, report):
@@ -323,6 +362,11 @@ def main():
     parser.add_argument("--baseline", action="store_true",
                         help="advise: also the advice simulating every point (the search before replays), same run; "
                              "scale: also with fsdp's ranks simulated whole (before their composition), same run")
+    parser.add_argument("--alone", action="store_true",
+                        help="advise: also the tool with every simulation in one process (no traces ahead), in a "
+                             "fresh interpreter")
+    parser.add_argument("--one-process", action="store_true", help=argparse.SUPPRESS)  # --alone's run
+    parser.add_argument("--json", default=None, help=argparse.SUPPRESS)  # --alone's run: its figures
     parser.add_argument("--own-shards", action="store_true",
                         help="advise: also with every policy sharding its own fsdp model (before), same run")
     parser.add_argument("--scale-devices", type=int, nargs="*", default=[8, 64, 256, 1024],

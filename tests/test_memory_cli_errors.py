@@ -34,7 +34,7 @@ def test_memory_tool_report_that_cannot_be_written_is_one_line(tmp_path, capsys,
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, f"cannot write {tmp_path}/memory_balance.json: No space left on device")
 
-    monkeypatch.setattr(cli, "memory_report", lambda args: {"strategies": {}, "config": {}})
+    monkeypatch.setattr(cli, "memory_report", lambda args, **kwargs: {"strategies": {}, "config": {}})
     monkeypatch.setattr(cli, "format_report", lambda report: "table")
     monkeypatch.setattr(cli, "write_json", full)
     assert cli.cli(["--out-dir", str(tmp_path)]) == 1

@@ -156,7 +156,7 @@ def test_spec_network_recompute_is_planned_as_built():
     lower); a network the build refuses it for gets advice rows for ``none`` only."""
     from encoding.memory import Simulator, segmentation_spec
     from encoding.memory.program import DeviceProgram
-    from encoding.memory.report import buildable_policies
+    from encoding.memory.spec import buildable_policies
     from encoding.models.network import NetworkSpec
 
     peaks = {}

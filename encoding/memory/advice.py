@@ -1,36 +1,23 @@
 """The answer to "what fits?": per strategy and activation-checkpointing policy, the largest batch that fits a
 memory limit at a crop and the largest crop that fits at a batch (:func:`advise`), and the recommended configuration.
 
-The search does not bisect (:func:`largest_fitting`). The heaviest device's peak is the larger of a fixed level
-(the optimizer step's parameters, gradients and state) and a line in its share of the batch (every sample adds the
-same activations), so two points on the line give the answer and a third, at the answer, verifies it. Over the
-crop, activations grow with the pixels: the same search in ``crop ** 2`` (crops are multiples of
-:data:`CROP_STEP`). Every answer is then confirmed at the boundary (:func:`confirm_boundary`): it fits, one more
-sample per device (one more crop step) does not.
-
-The points come from replays (:mod:`~encoding.memory.replay`): each strategy's heaviest device program is
-simulated at the advice's share and crop, with its allocation events recorded, and its forward and backward at one
-sample and one crop step more; where both are the same events with sizes that are monomials of the share and crop,
-the events are replayed at any point (the simulator's own arithmetic on the sizes there: the same peak, not an
-estimate), followed by the rest of the step as recorded (gradients arriving, the optimizer step: nothing it holds
-grows with the point, checked by :func:`~encoding.memory.replay.compose`). ``fsdp`` is fitted before ``ddp``,
-whose sizes are all among its own (:data:`_FIT_ORDER`). Under a further checkpointing policy the forward and
-backward alone are traced where every size is one the steps fitted before have (the same activations,
-recomputed), and the rest is the first policy's (the same parameters, gradients and optimizer state), on the first
-policy's model and warmed optimizers (:class:`~encoding.memory.simulate.Simulator`'s ``sharded_from``). ``balanced``
-and ``zero1`` run ``ddp``'s forward and backward and differ only in what they hold around it (DDP's buckets, the
-optimizer state of a partition, the replicas' gradients arriving): their replays are ``ddp``'s with their own
-state, traced once. Where a replay does not fit (a size that is no monomial, different events), every point is
-simulated: device programs cached per (crop, policy), the fake model and the model sharded for ``fsdp`` shared
-across crops (and across policies), ``balanced`` and ``zero1`` composed from ``ddp``'s simulation at each point
-where that is exact (:class:`_Peaks`).
+The search does not bisect (:func:`largest_fitting`): the heaviest device's peak is the larger of a fixed level
+(the optimizer step's state) and a line in its share (in ``crop ** 2`` over crops, multiples of :data:`CROP_STEP`),
+so two points give the answer and a third verifies it; every answer is then confirmed at the boundary
+(:func:`confirm_boundary`). The points come from replays (:mod:`~encoding.memory.replay`) of each strategy's heaviest
+device program traced at the advice's share and crop and its forward and backward one sample and crop step beyond
+(``fsdp`` fitted before ``ddp``, whose sizes are among its own: :data:`_FIT_ORDER`); a further checkpointing policy
+traces its forward and backward alone, on the first policy's model, and takes the first policy's rest; ``balanced``
+and ``zero1`` are ``ddp``'s forward and backward with their own state. Where a replay does not fit, every point is
+simulated (:class:`_Peaks`: programs cached per crop and policy, ``balanced`` and ``zero1`` composed from ``ddp``
+where exact). docs/memory.md tells why each step is exact.
 """
 from __future__ import annotations
 
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..nn.recompute import RECOMPUTE_POLICIES
 from .program import MEMORY_STRATEGIES, DeviceProgram, StepSpec
@@ -39,7 +26,7 @@ from .search import confirm_boundary, largest_fitting
 from .simulate import Simulator
 
 __all__ = ["CROP_STEP", "ADVISED_STRATEGIES", "Advice", "advise", "recommend", "heaviest_program",
-           "largest_fitting", "confirm_boundary"]
+           "largest_fitting", "confirm_boundary", "planned_traces", "advice_peaks"]
 
 #: Crops are searched in multiples of this many pixels (the output stride of the dilated backbones).
 CROP_STEP = 8
@@ -113,8 +100,9 @@ class _Peaks:
 
     def __init__(self, spec_for: Callable[[int, str], StepSpec], num_devices: int, round_to: int,
                  backend: str = "nccl", origin: Optional[Tuple[int, int]] = None,
-                 reuse: Optional[Tuple[str, int, Simulator]] = None) -> None:
+                 reuse: Optional[Tuple[str, int, Simulator]] = None, ahead: Any = None) -> None:
         self.spec_for, self.num_devices, self.round_to, self.backend = spec_for, num_devices, round_to, backend
+        self.ahead = ahead  # traces simulated ahead in another process (encoding.memory.ahead.TracesAhead), or None
         self.origin = origin  # (share, crop) the replays are fitted at; None: every point simulated
         self._replays: Dict[Tuple[str, str], Optional[Replay]] = {}
         self._fits: List[Replay] = []  # the replays fitted from two traces (their sizes: size_table)
@@ -183,19 +171,19 @@ class _Peaks:
         table = size_table(self._fits, origin)
         base = self._bases.get(strategy)
         if base is not None and base[0] != policy:
-            start = self._trace(policy, crop, strategy, share, head=True)
+            start = self.trace(policy, crop, strategy, share, head=True)
             line = refit(start, table, self.round_to) or self._line(policy, strategy, start, origin)
             composed = None if line is None else compose(line, base[1], base[1])
             if composed is not None:
                 return composed
-        first = self._trace(policy, crop, strategy, share)
+        first = self.trace(policy, crop, strategy, share)
         replay = refit(first, table, self.round_to) if self._fits else None
         if replay is None:
             line = self._line(policy, strategy, first, origin)
             if line is None:  # the forward and backward are no replay: neither is the whole step
                 return None
             replay = compose(line, first, first) or fit(
-                first, self._trace(policy, crop + CROP_STEP, strategy, share + 1), origin,
+                first, self.trace(policy, crop + CROP_STEP, strategy, share + 1), origin,
                 (share + 1, crop + CROP_STEP), self.round_to)
             if replay is not None:
                 self._fits.append(replay)
@@ -209,7 +197,7 @@ class _Peaks:
         backward traced one sample and crop step beyond (:func:`~encoding.memory.replay.head`), or ``None``."""
         beyond = (origin[0] + 1, origin[1] + CROP_STEP)
         start = head(trace)
-        second = None if start is None else head(self._trace(policy, beyond[1], strategy, beyond[0], head=True))
+        second = None if start is None else head(self.trace(policy, beyond[1], strategy, beyond[0], head=True))
         return None if second is None else fit(start, second, origin, beyond, self.round_to)
 
     def _composed(self, policy: str, strategy: str, share: int, crop: int) -> Optional[Replay]:
@@ -224,12 +212,17 @@ class _Peaks:
             composed = compose(line, *first)
             if composed is not None:
                 return composed
-        own = (self._trace(policy, crop, strategy, share), self._trace(policy, crop, "ddp", share))
+        own = (self.trace(policy, crop, strategy, share), self.trace(policy, crop, "ddp", share))
         self._own.setdefault(strategy, own)
         return compose(line, *own)
 
-    def _trace(self, policy: str, crop: int, strategy: str, share: int, head: bool = False) -> Tuple[int, List[tuple]]:
-        """The recorded step of ``strategy``'s heaviest device (``head``: its forward and backward alone)."""
+    def trace(self, policy: str, crop: int, strategy: str, share: int, head: bool = False) -> Tuple[int, List[tuple]]:
+        """The recorded step of ``strategy``'s heaviest device (``head``: its forward and backward alone; one
+        simulated ahead where :attr:`ahead` has it)."""
+        if head and self.ahead is not None:
+            trace = self.ahead.take((policy, crop, strategy, share))
+            if trace is not None:
+                return trace
         sim = self.simulator(policy, crop)
         program = heaviest_program(sim, strategy, share, self.num_devices)
         return sim.forward_backward(program) if head else sim.result(program, record=True).trace
@@ -249,6 +242,17 @@ class _Peaks:
         start, rest, _ = frame
         return start + max(ddp[1] - ddp[0], rest)
 
+    def later(self, policy: str, crop: int, strategy: str, share: int) -> Callable[[], int]:
+        """:meth:`simulated` when called, asked now of :attr:`ahead`'s second process where there is one (simulated
+        there while this one simulates another point; here if it does not answer)."""
+        key = (policy, crop, strategy, share)
+        asked = self.ahead is not None and self.ahead.ask_peak(key)
+
+        def answer() -> int:
+            value = self.ahead.peak(key) if asked else None
+            return self.simulated(*key) if value is None else value
+        return answer
+
     def _frame(self, sim: Simulator, program: DeviceProgram, share: int) -> Optional[Tuple[int, int, int]]:
         """What ``program`` holds around ``ddp``'s forward and backward, from both simulated at one point, or
         ``None`` when their forward and backward differ (composing would not be exact)."""
@@ -262,7 +266,7 @@ class _Peaks:
 def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], num_devices: int, batch: int,
            crop: int, limit_bytes: int, round_to: int = 1, policies: Sequence[str] = RECOMPUTE_POLICIES,
            stats: Optional[Dict[str, int]] = None, backend: str = "nccl", replay: bool = True,
-           simulator: Optional[Tuple[str, Simulator]] = None) -> List[Advice]:
+           simulator: Optional[Tuple[str, Simulator]] = None, ahead: Any = None) -> List[Advice]:
     """Per strategy x policy, the largest batch that fits ``limit_bytes`` per device at ``crop`` and the largest
     crop that fits at ``batch``; the recommended row marked (:func:`recommend`).
 
@@ -285,10 +289,13 @@ def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], 
             ``backend``, without workspaces; e.g. the one the tool's report used) whose model and programs the
             advice uses instead of simulating them again (recorded programs are replayed; see
             :class:`~encoding.memory.simulate.Simulator`'s ``record``). Programs count in ``stats`` where they ran.
+        ahead: the forward-and-backward traces of :func:`planned_traces` simulated in a second process while the
+            caller simulated something else (:class:`~encoding.memory.ahead.TracesAhead`: ``take(key)`` returns a
+            trace or ``None``); the traces it does not have are simulated here. ``stats["ahead"]``: those taken.
     """
     share = max(1, batch // num_devices)
     peaks = _Peaks(spec_for, num_devices, round_to, backend, (share, crop) if replay else None,
-                   None if simulator is None else (simulator[0], crop, simulator[1]))
+                   None if simulator is None else (simulator[0], crop, simulator[1]), ahead)
     before = peaks.programs_run
     if replay and policies:
         lines = {"ddp" if s in _COMPOSED else s for s in strategies if s in ADVISED_STRATEGIES}
@@ -302,8 +309,35 @@ def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], 
             rows.append(Advice(strategy, policy, per_device * num_devices, per_device, best_crop))
     rows = _confirmed(peaks, recommend(rows), crop, limit_bytes) if replay else recommend(rows)
     if stats is not None:
-        stats["programs"] = peaks.programs_run - before
+        stats["ahead"] = 0 if ahead is None else ahead.taken
+        stats["programs"] = peaks.programs_run - before + stats["ahead"]
     return rows
+
+
+def advice_peaks(spec_for: Callable[[int, str], StepSpec], num_devices: int, round_to: int, backend: str,
+                 first: Tuple[str, int]) -> "_Peaks":
+    """The heaviest devices' peaks as :func:`advise` makes them (for a second process,
+    :mod:`~encoding.memory.ahead`): its ``trace(policy, crop, strategy, share, head=True)`` and ``simulated(policy,
+    crop, strategy, share)`` give what the advice's own give, their simulators made in its order (``first``: the
+    ``(policy, crop)`` of the simulator it reuses, whose model and optimizers the further policies run on)."""
+    peaks = _Peaks(spec_for, num_devices, round_to, backend)
+    peaks.simulator(*first)
+    return peaks
+
+
+def planned_traces(strategies: Sequence[str], num_devices: int, batch: int, crop: int,
+                   policies: Sequence[str] = RECOMPUTE_POLICIES) -> List[Tuple[str, int, str, int]]:
+    """The forward-and-backward traces :func:`advise` (with replays) asks for in the usual case, as ``(policy,
+    crop, strategy, share)`` keys of its heaviest devices' programs, in about the order it asks: under the first
+    policy, the step one sample and crop step beyond the advice's point of ``gather`` and ``fsdp`` (``ddp``'s sizes
+    come from ``fsdp``'s; without ``fsdp``, its own), under every further policy the step at the point of each
+    strategy family. A network whose sizes another point must tell asks for more (simulated when asked)."""
+    share, crop = max(_MIN_REPLAYED, batch // num_devices), crop
+    lines = {"ddp" if s in _COMPOSED else s for s in strategies if s in ADVISED_STRATEGIES}
+    beyond = [s for s in _FIT_ORDER if s in lines and not (s == "ddp" and "fsdp" in lines)]
+    keys = [(policies[0], crop + CROP_STEP, s, share + 1) for s in beyond] if policies else []
+    order = list(dict.fromkeys("ddp" if s in _COMPOSED else s for s in strategies if s in ADVISED_STRATEGIES))
+    return keys + [(policy, crop, s, share) for policy in policies[1:] for s in order]
 
 
 def _confirmed(peaks: _Peaks, rows: List[Advice], crop: int, limit: int) -> List[Advice]:
@@ -318,7 +352,8 @@ def _confirmed(peaks: _Peaks, rows: List[Advice], crop: int, limit: int) -> List
         def peak(b: int) -> int:
             return peaks.simulated(best.recompute, crop, best.strategy, b)
 
-        if peak(best.per_device) <= limit < peak(best.per_device + 1):
+        beyond = peaks.later(best.recompute, crop, best.strategy, best.per_device + 1)  # meanwhile, elsewhere
+        if peak(best.per_device) <= limit < beyond():
             return rows
         warnings.warn(f"advice: the replayed batch of {best.strategy} / {best.recompute} ({best.per_device} per "
                       "device) was not confirmed by simulation; searched again by simulation", RuntimeWarning)

@@ -219,7 +219,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if args.timeline:  # the memory over one step, from the same simulation (encoding.memory.timeline)
         from .timeline import check_options
         check_options(args)
-    report = memory_report(args)
+    report = memory_report(args, ahead=True)
     print(format_report(report))
     write_json(report, args.json_path)
     print(f"wrote {args.json_path}")

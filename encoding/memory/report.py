@@ -5,13 +5,14 @@ table (:func:`format_report`), a JSON file (:func:`write_json`) and a PNG bar ch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import textwrap
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -19,13 +20,13 @@ from ..names import network_name
 from ..models.network import NetworkSpec
 from ..utils.files import atomic_write
 from ..utils.plot import save_figure
-from ..nn.recompute import RECOMPUTE_POLICIES
 from .advice import advise
+from .ahead import TracesAhead, traces_ahead
 from .balance import max_batch, strategy_peaks
 from .planner import AMP_DTYPES, loop_name
 from .profiler import learn_workspaces
 from .simulate import Simulator
-from .spec import step_spec
+from .spec import buildable_policies, step_spec
 from .tracker import CUDA_BLOCK, MIB
 
 
@@ -76,7 +77,7 @@ def _with(spec_args: Dict[str, Any], policy: str, **changes: Any) -> Dict[str, A
     return dict(spec_args, network=spec_args["network"].replace(recompute=policy), **changes)
 
 
-def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, Any]:
+def memory_report(args: argparse.Namespace, progress: bool = True, ahead: bool = False) -> Dict[str, Any]:
     """Peaks per device for every requested strategy (and, with ``--max-batch``, the largest batch that fits).
 
     Returns:
@@ -86,7 +87,10 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         ``"saving_mib"`` when simulated with ``--recompute`` (each device's peak without activation checkpointing
         and what it saves); with ``--advise``, ``"advice"`` (one dict per strategy x checkpointing policy:
         ``strategy``, ``recompute``, ``max_batch``, ``per_device``, ``max_crop``, ``recommended``) and
-        ``"advise_s"`` (its seconds; ``"advise_cpu_s"``: of CPU time).
+        ``"advise_s"`` (its seconds; ``"advise_cpu_s"``: of CPU time, a second process's included).
+
+    ``ahead``: with ``--advise``, what the advice needs besides the table traced meanwhile in a second process
+    (:mod:`~encoding.memory.ahead`, the command line's: where no other thread runs and no backward pass ran).
     """
     spec_args = step_arguments(args)
     spec = step_spec(**spec_args)
@@ -98,6 +102,22 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
     # recorded: the advice replays the programs the table simulated (the same step at the same crop)
     simulator = Simulator(spec, CUDA_BLOCK, workspaces=workspaces, backend=args.backend, record=args.advise)
     report = {"config": _config(args, "measured" if args.devices is not None else "simulated"), "strategies": {}}
+    policies = buildable_policies(spec_args["network"]) if args.advise else ()  # (--advise simulates: no --devices)
+
+    def spec_for(crop: int, policy: str) -> Any:  # the advice's steps
+        return step_spec(**_with(spec_args, policy, crop_size=crop))
+    ahead = traces_ahead(spec_for, args.strategies, args.num_devices, args.batch_size, args.crop_size, CUDA_BLOCK,
+                         args.backend, policies, args.recompute) if ahead and workspaces is None else None
+    with ahead or contextlib.nullcontext():
+        _table(args, spec_args, simulator, workspaces, report, progress)
+        if args.advise:
+            _advice(args, spec_for, simulator, policies, ahead, report, progress)
+    return report
+
+
+def _table(args: argparse.Namespace, spec_args: Dict[str, Any], simulator: Simulator, workspaces: Any,
+           report: Dict[str, Any], progress: bool) -> None:
+    """The peaks of every strategy, into ``report["strategies"]``."""
     for strategy in args.strategies:
         start = time.perf_counter()
         if args.devices is not None:
@@ -115,39 +135,22 @@ def memory_report(args: argparse.Namespace, progress: bool = True) -> Dict[str, 
         if args.recompute != "none" and args.devices is None:
             entry.update(_checkpoint_saving(_with(spec_args, "none"), strategy, args, peaks, workspaces))
         report["strategies"][strategy] = entry
-        what = "simulated" if args.devices is None else "measured"
-        _say(progress, f"{strategy}: {what} in {time.perf_counter() - start:.1f} s")
-    if args.advise:
-        start, cpu, stats = time.perf_counter(), time.process_time(), {}
-        report["advice"] = [row.as_dict() for row in advise(
-            lambda crop, policy: step_spec(**_with(spec_args, policy, crop_size=crop)),
-            args.strategies, args.num_devices, args.batch_size, args.crop_size, advice_budget(args),
-            CUDA_BLOCK, policies=buildable_policies(spec_args["network"]), stats=stats, backend=args.backend,
-            simulator=(args.recompute, simulator))]
-        report["advise_s"] = round(time.perf_counter() - start, 2)
-        report["advise_cpu_s"] = round(time.process_time() - cpu, 2)
-        _say(progress, f"advice: {stats['programs']} device programs simulated in {report['advise_s']:.1f} s")
-    return report
+        _say(progress, f"{strategy}: {'simulated' if args.devices is None else 'measured'} in "
+                       f"{time.perf_counter() - start:.1f} s")
 
 
-def buildable_policies(network: NetworkSpec) -> Tuple[str, ...]:
-    """The recomputation policies the network's build applies, cheapest first: every one for a network of the
-    registry; for a spec network (``torchvision:``, ``module:`` ...) those its build does not refuse (one without
-    a backbone of blocks refuses them), so that the advice lists no row whose saving would not happen."""
-    from ..errors import EncodingError
-    from ..names import is_model_spec
-
-    if not is_model_spec(network.model):
-        return RECOMPUTE_POLICIES
-    kept = []
-    for policy in RECOMPUTE_POLICIES:
-        try:
-            with torch.device("meta"):
-                network.replace(recompute=policy).build()
-        except EncodingError:
-            continue
-        kept.append(policy)
-    return tuple(kept)
+def _advice(args: argparse.Namespace, spec_for: Callable[[int, str], Any], simulator: Simulator,
+            policies: Sequence[str], ahead: Optional[TracesAhead], report: Dict[str, Any], progress: bool) -> None:
+    """The ``--advise`` rows and their time, into ``report``."""
+    start, cpu, stats = time.perf_counter(), time.process_time(), {}
+    report["advice"] = [row.as_dict() for row in advise(
+        spec_for, args.strategies, args.num_devices, args.batch_size, args.crop_size,
+        advice_budget(args), CUDA_BLOCK, policies=policies, stats=stats, backend=args.backend,
+        simulator=(args.recompute, simulator), ahead=ahead)]
+    report["advise_s"] = round(time.perf_counter() - start, 2)
+    report["advise_cpu_s"] = round(time.process_time() - cpu + (ahead.cpu_s if ahead else 0.0), 2)
+    also = f" ({stats['ahead']} of them ahead, in a second process)" if stats["ahead"] else ""
+    _say(progress, f"advice: {stats['programs']} device programs simulated{also} in {report['advise_s']:.1f} s")
 
 
 def _checkpoint_saving(plain_args: Dict[str, Any], strategy: str, args: argparse.Namespace, peaks: Sequence[int],

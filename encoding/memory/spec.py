@@ -2,15 +2,16 @@
 description training builds from) on square crops."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import torch
 
 from ..utils.renamed import renamed_keyword
 from ..models.network import NetworkSpec
+from ..nn.recompute import RECOMPUTE_POLICIES
 from .program import StepSpec
 
-__all__ = ["step_spec", "segmentation_spec"]
+__all__ = ["step_spec", "segmentation_spec", "buildable_policies"]
 
 
 def step_spec(network: NetworkSpec, crop_size: int, *, amp_dtype: Optional[torch.dtype] = None, seed: int = 0,
@@ -46,3 +47,23 @@ def segmentation_spec(model: str, backbone: str, nclass: int, crop_size: int, au
     recompute = renamed_keyword(old, "checkpoint", "recompute", recompute, "segmentation_spec")
     network = NetworkSpec(model, nclass, backbone=backbone, aux=aux, se_loss=se_loss, recompute=recompute)
     return step_spec(network, crop_size, amp_dtype=amp_dtype, seed=seed, keep_outputs=keep_outputs)
+
+
+def buildable_policies(network: NetworkSpec) -> Tuple[str, ...]:
+    """The recomputation policies the network's build applies, cheapest first: every one for a network of the
+    registry; for a spec network (``torchvision:``, ``module:`` ...) those its build does not refuse (one without
+    a backbone of blocks refuses them), so that the advice lists no row whose saving would not happen."""
+    from ..errors import EncodingError
+    from ..names import is_model_spec
+
+    if not is_model_spec(network.model):
+        return RECOMPUTE_POLICIES
+    kept = []
+    for policy in RECOMPUTE_POLICIES:
+        try:
+            with torch.device("meta"):
+                network.replace(recompute=policy).build()
+        except EncodingError:
+            continue
+        kept.append(policy)
+    return tuple(kept)
