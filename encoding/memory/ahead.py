@@ -33,6 +33,8 @@ from .advice import advice_peaks, planned_traces
 __all__ = ["TracesAhead", "can_fork", "traces_ahead"]
 
 Key = Tuple[str, int, str, int]
+#: How long the first process waits for one answer before it simulates the point itself (a trace takes seconds).
+_PATIENCE_S = 600
 
 
 def can_fork() -> bool:
@@ -98,6 +100,9 @@ class TracesAhead:
     def _answer(self, wanted: tuple) -> Any:
         while wanted not in self._received and self.failed is None:
             try:
+                if not self._conn.poll(_PATIENCE_S):
+                    self.failed = f"no answer in {_PATIENCE_S} s"
+                    break
                 kind, key, value, self.cpu_s = self._conn.recv()
             except (EOFError, OSError):
                 self.failed = "it ended"
