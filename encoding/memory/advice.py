@@ -298,8 +298,8 @@ def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], 
                    None if simulator is None else (simulator[0], crop, simulator[1]), ahead)
     before = peaks.programs_run
     if replay and policies:
-        lines = {"ddp" if s in _COMPOSED else s for s in strategies if s in ADVISED_STRATEGIES}
-        for strategy in (s for s in _FIT_ORDER if s in lines):
+        families = _families(strategies)
+        for strategy in (s for s in _FIT_ORDER if s in families):
             peaks.replay(policies[0], strategy)
     rows = []
     for policy in policies:
@@ -332,12 +332,15 @@ def planned_traces(strategies: Sequence[str], num_devices: int, batch: int, crop
     policy, the step one sample and crop step beyond the advice's point of ``gather`` and ``fsdp`` (``ddp``'s sizes
     come from ``fsdp``'s; without ``fsdp``, its own), under every further policy the step at the point of each
     strategy family. A network whose sizes another point must tell asks for more (simulated when asked)."""
-    share, crop = max(_MIN_REPLAYED, batch // num_devices), crop
-    lines = {"ddp" if s in _COMPOSED else s for s in strategies if s in ADVISED_STRATEGIES}
-    beyond = [s for s in _FIT_ORDER if s in lines and not (s == "ddp" and "fsdp" in lines)]
+    share, families = max(_MIN_REPLAYED, batch // num_devices), _families(strategies)
+    beyond = [s for s in _FIT_ORDER if s in families and not (s == "ddp" and "fsdp" in families)]
     keys = [(policies[0], crop + CROP_STEP, s, share + 1) for s in beyond] if policies else []
-    order = list(dict.fromkeys("ddp" if s in _COMPOSED else s for s in strategies if s in ADVISED_STRATEGIES))
-    return keys + [(policy, crop, s, share) for policy in policies[1:] for s in order]
+    return keys + [(policy, crop, s, share) for policy in policies[1:] for s in families]
+
+
+def _families(strategies: Sequence[str]) -> List[str]:
+    """The advised ``strategies``' replay families in order (``balanced`` and ``zero1`` replay ``ddp``'s)."""
+    return list(dict.fromkeys("ddp" if s in _COMPOSED else s for s in strategies if s in ADVISED_STRATEGIES))
 
 
 def _confirmed(peaks: _Peaks, rows: List[Advice], crop: int, limit: int) -> List[Advice]:

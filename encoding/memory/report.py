@@ -90,7 +90,7 @@ def memory_report(args: argparse.Namespace, progress: bool = True, ahead: bool =
         ``"advise_s"`` (its seconds; ``"advise_cpu_s"``: of CPU time, a second process's included).
 
     ``ahead``: with ``--advise``, what the advice needs besides the table traced meanwhile in a second process
-    (:mod:`~encoding.memory.ahead`, the command line's: where no other thread runs and no backward pass ran).
+    (:mod:`~encoding.memory.ahead`, the command line's: forked before the first simulation, where it is safe).
     """
     spec_args = step_arguments(args)
     spec = step_spec(**spec_args)
@@ -106,12 +106,12 @@ def memory_report(args: argparse.Namespace, progress: bool = True, ahead: bool =
 
     def spec_for(crop: int, policy: str) -> Any:  # the advice's steps
         return step_spec(**_with(spec_args, policy, crop_size=crop))
-    ahead = traces_ahead(spec_for, args.strategies, args.num_devices, args.batch_size, args.crop_size, CUDA_BLOCK,
-                         args.backend, policies, args.recompute) if ahead and workspaces is None else None
-    with ahead or contextlib.nullcontext():
+    traces = traces_ahead(spec_for, args.strategies, args.num_devices, args.batch_size, args.crop_size, CUDA_BLOCK,
+                          args.backend, policies, args.recompute) if ahead and workspaces is None else None
+    with traces or contextlib.nullcontext():
         _table(args, spec_args, simulator, workspaces, report, progress)
         if args.advise:
-            _advice(args, spec_for, simulator, policies, ahead, report, progress)
+            _advice(args, spec_for, simulator, policies, traces, report, progress)
     return report
 
 
