@@ -48,9 +48,9 @@ def _spawn(data, out, extra, **kwargs):
 
 
 def _resume_args(run_dir):
-    """``--resume`` the run's checkpoint when one was written (a kill may come before the first one)."""
-    path = os.path.join(run_dir, CHECKPOINT_NAME)
-    return ["--resume", path] if os.path.exists(path) else []
+    """``--resume`` the file the run continues from when one was written (a kill may come before the first one)."""
+    path = state.resumable(run_dir)
+    return ["--resume", path] if path else []
 
 
 def _finished(run_dir):
@@ -141,6 +141,34 @@ def test_kill_9_at_random_points_then_resume_ends_bitwise_equal(reference, tmp_p
     assert epochs == list(range(EPOCHS))  # one row per epoch: no duplicate after resumes
 
 
+#: The driver of a run that dies (as from ``kill -9``) between the two writes of its first epoch's end: after
+#: ``model_best.pth``, before ``checkpoint.pth``.
+_DIES_BETWEEN_WRITES = ("import os; import encoding.utils.checkpoint as c; write = c.atomic_write; "
+                        f"c.atomic_write = lambda p, d: os._exit(9) if p.endswith('{CHECKPOINT_NAME}') else write(p, d)"
+                        "; " + _DRIVER)
+
+
+def test_a_run_killed_between_its_first_two_writes_is_refused_naming_the_best_file_and_resumes_from_it(reference,
+                                                                                                       tmp_path):
+    data, expected, _, _ = reference
+    out = tmp_path / "runs"
+    run_dir = run_dir_of(out, "fcn")
+    env = {**os.environ, "ENCODING_DATA": str(data)}
+    died = subprocess.run([sys.executable, "-c", _DIES_BETWEEN_WRITES, *RUN, "--output-dir", str(out), "--epochs",
+                           str(EPOCHS)], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert died.returncode == 9, died.stdout + died.stderr
+    assert os.path.isfile(os.path.join(run_dir, "model_best.pth")) and not _finished(run_dir)
+    assert not os.path.exists(os.path.join(run_dir, CHECKPOINT_NAME))
+    again = _spawn(data, out, ["--epochs", str(EPOCHS)])
+    _, stderr = again.communicate(timeout=300)
+    best = os.path.join(run_dir, "model_best.pth")
+    assert again.returncode == 2 and f"continue it with --resume {best}," in stderr, stderr
+    resumed = _spawn(data, out, ["--epochs", str(EPOCHS), "--resume", best])
+    stdout, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0 and _finished(run_dir), stdout + stderr
+    _assert_bitwise_equal(_weights(os.path.join(run_dir, CHECKPOINT_NAME)), expected)
+
+
 def test_rng_state_round_trips_through_a_checkpoint(tmp_path):
     torch.manual_seed(3), np.random.seed(3), random.seed(3)
     save_checkpoint({"model": {}, "rng": rng_state()}, tmp_path)
@@ -185,8 +213,8 @@ def test_ctrl_c_sigterm_and_sighup_save_a_mid_epoch_checkpoint_and_resume_contin
     assert not os.path.exists(os.path.join(run_dir_of(out, "fcn"), ".lock"))  # released
     saved = load_checkpoint(checkpoint)
     assert saved["iteration"] > 0 or "while evaluating" in last
-    if signum == signal.SIGHUP:
-        return  # the same path as SIGTERM from here on
+    if signum != signal.SIGINT:
+        return  # the resume of a checkpoint saved on a signal does not depend on the signal: SIGINT's shows it
     proc = _spawn(data, out, ["--epochs", str(EPOCHS), "--resume", checkpoint])
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stdout + stderr

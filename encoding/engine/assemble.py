@@ -160,9 +160,10 @@ def check_run_dir(config: "TrainingConfig") -> None:
     c = config
     found = _started(c.run_dir) if not (c.eval or c.resume or c.overwrite) else []
     if found:
-        raise ConfigError(f"{c.run_dir} already holds a run ({', '.join(found)}): continue it with --resume "
-                          f"{os.path.join(c.run_dir, CHECKPOINT_NAME)}, replace it with --overwrite, or pick "
-                          "another --checkname")
+        path = state.resumable(c.run_dir)
+        way = f": continue it with --resume {path}," if path else " and no checkpoint to continue it from:"
+        raise ConfigError(f"{c.run_dir} already holds a run ({', '.join(found)}){way} replace it with --overwrite, "
+                          "or pick another --checkname")
     own = os.path.join(c.run_dir, RUN_CONFIG_NAME)
     for path in {s[len("config file "):] for s in c.sources.values() if s.startswith("config file ")}:
         if not c.eval and os.path.isfile(own) and os.path.samefile(path, own):  # the run writes its own again

@@ -31,8 +31,8 @@ from ..utils.dist import get_world_size
 from ..utils.files import atomic_write
 from .sharding import load_optimizer_state
 
-__all__ = ["Checkpoint", "ResumePoint", "ResumeRefused", "read", "training_state", "restore_best", "saved_options",
-           "launched_world_size"]
+__all__ = ["Checkpoint", "ResumePoint", "ResumeRefused", "read", "training_state", "restore_best", "resumable",
+           "saved_options", "launched_world_size"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -205,6 +205,18 @@ def restore_best(directory: PathLike, checkpoint: Optional[Checkpoint] = None) -
     with open(path, "rb") as f:
         atomic_write(best, f.read())
     return best
+
+
+def resumable(directory: PathLike) -> Optional[str]:
+    """The file a resume of the run in ``directory`` continues from: its ``checkpoint.pth``, else its
+    ``model_best.pth``, else ``None``. The best file is written first, from the same bytes
+    (:func:`~encoding.utils.save_checkpoint`), so a run stopped between the two writes of its first epoch holds only
+    that one: a complete checkpoint of the epoch."""
+    for name in (CHECKPOINT_NAME, BEST_NAME):
+        path = os.path.join(os.fspath(directory), name)
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 def saved_options(path: PathLike, names: Sequence[str]) -> Dict[str, Any]:
