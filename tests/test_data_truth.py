@@ -262,6 +262,40 @@ def test_a_val_list_sharing_images_with_the_train_list_is_refused(tmp_path):
         FolderSegmentation(root, split="val")
 
 
+def test_a_list_naming_an_image_twice_is_refused_for_scores_and_warned_of_for_training(tmp_path):
+    """A val list naming an image twice (once by stem, once by its paths) would count it twice in the scores: refused,
+    naming the entries. A training list may repeat an image on purpose: warned of, and trained on that many times."""
+    from folder_data import make_folder
+
+    root = make_folder(str(tmp_path / "d"), "lists")
+    val = os.path.join(root, "splits", "val.txt")
+    with open(val, "a") as f:
+        f.write("# a comment\nimg06\n")
+    with pytest.raises(DatasetError, match=r"val\.txt: lists 1 image\(s\) again \(e\.g\. images/img06\.jpg, "
+                                           r"entries 1 and 3\): its scores would count each as many times"):
+        FolderSegmentation(root, split="val")
+    with open(val, "w") as f:
+        f.write("img06\nimg07\n")
+    with open(os.path.join(root, "splits", "train.txt"), "a") as f:
+        f.write("img00\nimg00\n")
+    with pytest.warns(RuntimeWarning, match=r"train\.txt: lists 2 image\(s\) again \(e\.g\. images/img00\.jpg, "
+                                            r"entries 1 and 7\): each is trained on as many times an epoch"):
+        train = FolderSegmentation(root, split="train")
+    with pytest.warns(RuntimeWarning, match="train.txt"):  # the lists are read together
+        val = FolderSegmentation(root, split="val")
+    assert len(train) == 8 and len(val) == 2
+
+
+def test_a_published_split_list_naming_a_sample_twice_is_warned_of(tmp_path):
+    from encoding.datasets.layout import read_split_file
+
+    path = tmp_path / "val.txt"
+    path.write_text("2007_000033\n2007_000042 extra\n\n# note\n2007_000033\n")
+    with pytest.warns(RuntimeWarning, match=r"val\.txt: lists 1 sample id\(s\) more than once \(e\.g\. "
+                                            r"'2007_000033'\): each counts as many times"):
+        assert read_split_file(str(path)) == ["2007_000033", "2007_000042", "2007_000033"]
+
+
 def test_an_rgba_mask_with_transparent_pixels_is_refused(tmp_path):
     """An editor's layer: one brush colour, transparent elsewhere, where it keeps the brush colour too. Read as RGB
     it was that class everywhere; a transparent pixel's colour means nothing: refused, naming the file. An opaque

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import warnings
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -88,6 +89,8 @@ def find_splits(root: str) -> Tuple[str, Dict[str, List[Pair]], List[Problem]]:
         if not names:
             raise DatasetError(join(root, "splits"), "holds no <split>.txt list file")
         lists = {n: read_pair_list(root, join(root, "splits", n + ".txt")) for n in names}
+        for name, pairs in lists.items():
+            _check_once(pairs, join(root, "splits", name + ".txt"), root, training=name == "train")
         _check_apart(lists, root)
         return "splits", lists, []
     split_dirs = [n for n in ("train", "val", "test") if os.path.isdir(join(root, n, "images"))]
@@ -107,6 +110,26 @@ def find_splits(root: str) -> Tuple[str, Dict[str, List[Pair]], List[Problem]]:
         splits[name], unpaired = pair_folders(images, masks)
         problems += unpaired
     return layout, splits, problems
+
+
+def _check_once(pairs: List[Pair], path: str, root: str, training: bool) -> None:
+    """Refuse a validation (or test) list that names an image twice: its scores would count it twice. A training
+    list may repeat images on purpose (seen as many times an epoch): it is warned of."""
+    first: Dict[str, int] = {}
+    repeats = []
+    for i, (image, _) in enumerate(pairs):
+        earlier = first.setdefault(os.path.realpath(image), i)
+        if earlier != i:
+            repeats.append((image, earlier, i))
+    if not repeats:
+        return
+    image, a, b = repeats[0]
+    what = (f"lists {len(repeats)} image(s) again (e.g. {os.path.relpath(image, root)}, entries {a + 1} and "
+            f"{b + 1})")
+    if training:
+        warnings.warn(f"{path}: {what}: each is trained on as many times an epoch", RuntimeWarning, stacklevel=2)
+        return
+    raise DatasetError(path, f"{what}: its scores would count each as many times; list each image once")
 
 
 def _check_apart(lists: Dict[str, List[Pair]], root: str) -> None:

@@ -14,6 +14,8 @@ Example:
 from __future__ import annotations
 
 import os
+import warnings
+from collections import Counter
 from typing import List
 
 from ..errors import EXIT_USAGE, EncodingError
@@ -59,6 +61,10 @@ def read_split_file(path: str) -> List[str]:
         ids = [line.split()[0] for line in f if line.strip() and not line.lstrip().startswith("#")]
     if not ids:
         raise DatasetError(path, "split file is empty")
+    repeated = [i for i, n in Counter(ids).items() if n > 1]
+    if repeated:
+        warnings.warn(f"{path}: lists {len(repeated)} sample id(s) more than once (e.g. {repeated[0]!r}): each counts "
+                      "as many times, in training and in scores", RuntimeWarning, stacklevel=2)
     return ids
 
 
