@@ -381,7 +381,7 @@ def test_masks_that_pair_with_nothing_point_to_split_lists(tmp_path):
 
 
 # -- grey and 16-bit photos, the scan on its own ---------------------------------------------------------------------
-def test_the_scan_alone_prints_the_summary_and_the_class_table_and_writes_nothing(tmp_path):
+def test_the_scan_alone_prints_the_summary_and_the_class_table_and_writes_nothing(tmp_path, capsys):
     root = _photos(str(tmp_path / "d"), n=4, classes="background\nred\nblue\n")
     Image.fromarray(photo(32, 24, 1)[..., 0]).save(os.path.join(root, "images", "0001.jpg"))  # grey JPEG
     Image.fromarray(photo(32, 24, 2)[..., 0].astype(np.uint16) * 257).save(os.path.join(root, "images", "0002.png"))
@@ -398,10 +398,11 @@ def test_the_scan_alone_prints_the_summary_and_the_class_table_and_writes_nothin
     assert lines[7].split()[:2] == ["255", "(ignored)"] and tree(root) == before
     truncate(os.path.join(root, "images", "0003.jpg"))
     before = tree(root)
-    out = subprocess.run([sys.executable, "-m", "encoding.datasets.scan", root], capture_output=True, text=True,
-                         env=ENV)
-    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "0003.jpg" in out.stderr
-    assert "cannot decode image" in out.stderr and tree(root) == before
+    from encoding.datasets.scan.__main__ import cli
+
+    status, err = cli([root]), capsys.readouterr().err
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "0003.jpg" in err
+    assert "cannot decode image" in err and tree(root) == before
 
 
 # -- a read-only data root, a relative --data-root ---------------------------------------------------------------------

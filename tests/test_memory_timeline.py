@@ -123,13 +123,15 @@ def test_the_tool_writes_the_timeline_of_its_own_simulation(tmp_path):
 
 @pytest.mark.parametrize("extra, message", [(["--calibrate"], "--calibrate"), (["--timeline", __file__], "a file"),
                                             (["--timeline", "/proc/timeline"], "cannot write")])
-def test_the_tool_refuses_what_the_timeline_cannot_draw(tmp_path, extra, message):
+def test_the_tool_refuses_what_the_timeline_cannot_draw(tmp_path, extra, message, capsys):
+    from encoding.memory.cli import cli
+
     argv = ["--model", "fcn", "--backbone", "resnet50", "--simulate", "2", "--out-dir", str(tmp_path),
             "--timeline", str(tmp_path / "t")] + extra
-    done = subprocess.run([sys.executable, "-m", "encoding.memory"] + argv, capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
-    assert done.returncode == 2, done.stderr[-1000:]
-    assert message in done.stderr and "--timeline" in done.stderr and "Traceback" not in done.stderr
+    status, err = cli(argv), capsys.readouterr().err
+    assert status == 2, err[-1000:]
+    assert message in err and "--timeline" in err and "Traceback" not in err and err.count("\n") == 1, err
+    assert not os.listdir(tmp_path)  # refused before any work: nothing written
 
 
 @pytest.fixture
