@@ -337,6 +337,43 @@ def test_an_inline_image_is_written_as_it_is_and_checked_like_an_upload(tmp_path
     assert uploaded == str(tmp_path / "huge.png") and image.preprocess(None) is None
 
 
+@pytest.mark.parametrize("encode", ["base64", "percent"])
+def test_an_inline_image_over_the_upload_limit_is_refused_before_it_is_decoded(tmp_path, monkeypatch, encode):
+    """An inline image is held to an upload's byte limit (8 bytes a pixel of --max-pixels), from the URL's length:
+    refused with the page's message, nothing decoded or written; one of the limit's size is taken."""
+    import base64
+    from urllib.parse import quote_from_bytes
+
+    import gradio as gr
+    from gradio.data_classes import ImageData
+
+    from encoding.app import segment_tab
+    from encoding.app.segmentation import upload_limit
+
+    def url(raw):
+        if encode == "base64":
+            return "data:image/png;base64," + base64.b64encode(raw).decode()
+        return "data:image/png," + quote_from_bytes(raw, safe="")
+
+    from encoding.utils import images as image_limits
+
+    monkeypatch.setattr(image_limits, "_limit", 100)  # the server's --max-pixels 100
+    assert upload_limit() == 800
+    work = tmp_path / "work"
+    work.mkdir()
+    decoded = []
+    b64decode = base64.b64decode
+    monkeypatch.setattr(base64, "b64decode", lambda *a, **k: decoded.append(1) or b64decode(*a, **k))
+    with gr.Blocks():
+        image = segment_tab.image_input(str(work), label="image")
+    with pytest.raises(gr.Error, match=r"the inline image holds about 801 bytes, over the page's limit of 800 bytes "
+                                       r"\(8 a pixel of --max-pixels 100\)"):
+        image.preprocess(ImageData(url=url(bytes(801))))
+    assert not decoded and not os.listdir(work)
+    raw = bytes(range(200)) * 4 if encode == "base64" else b"a" * 800
+    assert open(image.preprocess(ImageData(url=url(raw))), "rb").read() == raw
+
+
 def test_the_page_plans_the_starters_network_and_refuses_a_bad_one_when_built(tmp_path, monkeypatch):
     from encoding.app.page import build_page
 

@@ -70,7 +70,8 @@ def test_what_a_subprocess_does_is_seen(user_runs, script, expected):
 
 
 def test_a_suite_that_touches_runs_fails(tmp_path):
-    """The session hook of conftest.py turns a touch of ``runs/`` into a failed run, although every test passed."""
+    """The session hook of conftest.py turns a touch of ``runs/`` into a failed run, although every test passed (a
+    suite that touches nothing passes under the same hook: the suite itself shows it)."""
     (tmp_path / "runs").mkdir()
     (tmp_path / "conftest.py").write_text(textwrap.dedent(f"""
         import importlib.util, sys
@@ -83,11 +84,8 @@ def test_a_suite_that_touches_runs_fails(tmp_path):
         pytest_terminal_summary = real.pytest_terminal_summary
     """))
     (tmp_path / "test_touch.py").write_text("import os\n\ndef test_lists_runs():\n    os.listdir('runs')\n")
-    (tmp_path / "test_clean.py").write_text("def test_nothing():\n    assert 1 + 1 == 2\n")
-    run = lambda *names: subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *names],
-                                        cwd=tmp_path, capture_output=True, text=True)
-    clean = run("test_clean.py")
-    assert clean.returncode == 0, clean.stdout + clean.stderr
-    touched = run("test_touch.py")
+    touched = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_touch.py"],
+                             cwd=tmp_path, capture_output=True, text=True)
     assert touched.returncode == 1, touched.stdout + touched.stderr
+    assert "1 passed" in touched.stdout  # the test passed: the session hook failed the run
     assert "touched the checkout's runs/" in touched.stdout and "os.listdir" in touched.stdout

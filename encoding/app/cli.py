@@ -23,16 +23,11 @@ from ..inference.loading import model_info
 from ..errors import MissingDependency, UsageError
 from ..names import names_code, names_path
 from ..utils.cli import run_cli
-from ..utils.images import max_pixels, set_max_pixels
+from ..utils.images import set_max_pixels
 from .planning import PlanLimits
 
-__all__ = ["BYTES_PER_PIXEL", "build_parser", "parse_args", "load_network", "plan_limits", "require_gradio", "main",
+__all__ = ["build_parser", "parse_args", "load_network", "plan_limits", "require_gradio", "main",
            "cli"]
-
-
-#: The largest upload Gradio stores, per pixel of ``--max-pixels``: an uncompressed 16-bit RGBA image has 8 bytes a
-#: pixel, so no image the page reads is refused for its file size (a larger file is refused before it is stored).
-BYTES_PER_PIXEL = 8
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,7 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     set_max_pixels(args.max_pixels)  # every image the page reads: checked from its header before decoding
     model = load_network(args)
     from .page import build_page
-    from .segmentation import validation_images
+    from .segmentation import upload_limit, validation_images
 
     examples = validation_images(model.info.dataset) if model is not None else []
     with tempfile.TemporaryDirectory(prefix="encoding-app-") as workdir:
@@ -115,7 +110,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         page.queue(default_concurrency_limit=args.concurrency_limit, max_size=args.max_queue).launch(
             server_name=args.host, server_port=args.port, show_error=True, quiet=True,
             allowed_paths=[workdir, *sorted({os.path.dirname(p) for p in examples})],
-            max_file_size=BYTES_PER_PIXEL * max_pixels())
+            max_file_size=upload_limit())
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:

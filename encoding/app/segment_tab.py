@@ -16,7 +16,8 @@ from ..utils.files import atomic_write
 from ..utils.images import max_pixels
 from .messages import COMPUTE, on_page
 from .rendering import write_overlay
-from .segmentation import MODES, SegmentRequest, legend_html, parse_scales, segment_image, write_mask
+from .segmentation import (BYTES_PER_PIXEL, MODES, SegmentRequest, legend_html, parse_scales, segment_image,
+                           upload_limit, write_mask)
 
 __all__ = ["SHARE_HEADERS", "image_input", "segment_handler", "segment_tab"]
 
@@ -36,10 +37,21 @@ def _window(value: Any, name: str) -> Optional[int]:
 
 def _data_url_file(url: str, folder: str) -> str:
     """The bytes of a ``data:`` URL (an image an API client sent inline) written to a file of ``folder``, not decoded
-    as an image (the handler checks its header like an upload's)."""
+    as an image (the handler checks its header like an upload's); refused above an upload's limit before decoding.
+
+    Raises:
+        gradio.Error: the URL holds more bytes than :func:`~.segmentation.upload_limit`.
+    """
+    import gradio as gr
+
     header, _, data = url.partition(",")
+    coded = header.endswith(";base64")
+    size = len(data) * 3 // 4 - (len(data) - len(data.rstrip("="))) if coded else len(data) - 2 * data.count("%")
+    if size > upload_limit():
+        raise gr.Error(f"the inline image holds about {size:,} bytes, over the page's limit of {upload_limit():,} "
+                       f"bytes ({BYTES_PER_PIXEL} a pixel of --max-pixels {max_pixels():,})")
     try:
-        raw = base64.b64decode(data, validate=True) if header.endswith(";base64") else unquote_to_bytes(data)
+        raw = base64.b64decode(data, validate=True) if coded else unquote_to_bytes(data)
     except binascii.Error:
         raw = b""  # not base64: an empty file, which the handler refuses as no image
     path = os.path.join(tempfile.mkdtemp(dir=folder), "inline-image")

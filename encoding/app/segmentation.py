@@ -31,12 +31,12 @@ from ..inference.predict import segment
 from ..errors import UsageError
 from ..utils.cli import scales
 from ..utils.files import atomic_write
-from ..utils.images import ImageTooLarge, check_pixels, open_image
+from ..utils.images import ImageTooLarge, check_pixels, max_pixels, open_image
 from ..utils.palette import colorize
 from .rendering import blend, present_legend_html
 
-__all__ = ["MODES", "SegmentRequest", "Segmentation", "parse_scales", "check_image_size", "segment_image",
-           "class_shares", "legend_html", "write_mask", "validation_images"]
+__all__ = ["MODES", "SegmentRequest", "Segmentation", "parse_scales", "BYTES_PER_PIXEL", "upload_limit",
+           "check_image_size", "segment_image", "class_shares", "legend_html", "write_mask", "validation_images"]
 
 #: The Segment tab's choices: the whole image at once, overlapping windows, several scales (PyTorch-Encoding's
 #: multi-scale evaluation, :class:`~encoding.models.MultiEvalModule`).
@@ -93,6 +93,17 @@ def parse_scales(text: str) -> Tuple[float, ...]:
         return scales(str(text))
     except argparse.ArgumentTypeError as err:
         raise UsageError(f"scales: {err} (such as 0.75,1,1.25)") from None
+
+
+#: The largest image file the page takes, per pixel of ``--max-pixels``: an uncompressed 16-bit RGBA image has 8
+#: bytes a pixel, so no image the page reads is refused for its file size.
+BYTES_PER_PIXEL = 8
+
+
+def upload_limit() -> int:
+    """The most bytes an image sent to the page may take, uploaded (Gradio refuses a larger file before storing it)
+    or inline (:func:`~.segment_tab.image_input`): :data:`BYTES_PER_PIXEL` per pixel of the pixel limit."""
+    return BYTES_PER_PIXEL * max_pixels()
 
 
 def check_image_size(path: str) -> None:
