@@ -349,13 +349,12 @@ def test_an_inline_image_over_the_upload_limit_is_refused_before_it_is_decoded(t
 
     from encoding.app import segment_tab
     from encoding.app.segmentation import upload_limit
+    from encoding.utils import images as image_limits
 
     def url(raw):
         if encode == "base64":
             return "data:image/png;base64," + base64.b64encode(raw).decode()
         return "data:image/png," + quote_from_bytes(raw, safe="")
-
-    from encoding.utils import images as image_limits
 
     monkeypatch.setattr(image_limits, "_limit", 100)  # the server's --max-pixels 100
     assert upload_limit() == 800

@@ -53,9 +53,9 @@ def _check_both_formats(model, program, tmp_path, dynamic, shapes):
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_every_architecture_exports_dynamic_and_runs_like_eager_at_the_traced_and_other_sizes(name, tmp_path):
-    """Every architecture traced once with dynamic shapes (the command's default), both formats run at the traced size and
-    at another batch and size (issue 35: PSPNet's and UPerNet's adaptive pooling was fixed to the traced size in
-    ONNX); an architecture torch cannot export fails with the documented reason, torch's own."""
+    """Every architecture traced once with dynamic shapes (the command's default), both formats run at the traced
+    size and at another batch and size (issue 35: PSPNet's and UPerNet's adaptive pooling was fixed to the traced
+    size in ONNX); an architecture torch cannot export fails with the documented reason, torch's own."""
     model = tiny_model(name)
     if name in UNEXPORTABLE:
         with pytest.raises(ExportError, match=re.escape(UNEXPORTABLE[name])):

@@ -47,8 +47,9 @@ def _data_url_file(url: str, folder: str) -> str:
     header, _, data = url.partition(",")
     coded = header.endswith(";base64")
     size = len(data) * 3 // 4 - (len(data) - len(data.rstrip("="))) if coded else len(data) - 2 * data.count("%")
-    if size > upload_limit():
-        raise gr.Error(f"the inline image holds about {size:,} bytes, over the page's limit of {upload_limit():,} "
+    limit = upload_limit()
+    if size > limit:
+        raise gr.Error(f"the inline image holds about {size:,} bytes, over the page's limit of {limit:,} "
                        f"bytes ({BYTES_PER_PIXEL} a pixel of --max-pixels {max_pixels():,})")
     try:
         raw = base64.b64decode(data, validate=True) if coded else unquote_to_bytes(data)
