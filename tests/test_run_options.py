@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from training_runs import load_train_script, run_script
+from training_runs import load_train_script, run_dir_of, run_script
 
 from encoding.utils.checkpoint import save_checkpoint
 
@@ -37,8 +37,14 @@ def test_crop_larger_than_base_warns_and_a_finished_run_says_so(tmp_path, capsys
     script.parse_args(["--crop-size", "200", "--base-size", "100"])
     assert "--crop-size 200 is larger than --base-size 100" in capsys.readouterr().err
     path = save_checkpoint({"model": {}, "epoch": 4}, tmp_path)
+    run_dir = run_dir_of(tmp_path)  # a run killed after its last checkpoint left its lock file and a temporary file
+    os.makedirs(run_dir)
+    leftovers = [os.path.join(run_dir, ".lock"), os.path.join(run_dir, f".log.jsonl.{'ef' * 16}.tmp")]
+    for leftover in leftovers:
+        open(leftover, "w").close()
     assert script.cli(["--epochs", "5", "--resume", path, "--output-dir", str(tmp_path)]) == 0
     assert "nothing to do" in capsys.readouterr().out
+    assert not any(os.path.exists(leftover) for leftover in leftovers)
 
 
 TRAIN_BAD = [
