@@ -17,7 +17,7 @@ from training_runs import load_train_script, run_dir_of, run_script, train_tiny
 from encoding.utils import EpochLogger, load_checkpoint
 from encoding.utils.checkpoint import CHECKPOINT_NAME
 from encoding.utils.files import staged_dir
-from encoding.utils.rundir import LOCK_NAME, RunDirLock, RunDirLocked, remove_leftovers, remove_stale_temp_files
+from encoding.utils.rundir import RunDirLock, RunDirLocked, remove_stale_temp_files
 
 
 # -- the lock ----------------------------------------------------------------------------------------------------------
@@ -159,18 +159,6 @@ def test_stale_temp_files_and_staging_folders_are_cleaned(tmp_path):
     with staged_dir(str(tmp_path / "shapes")) as staging:
         assert os.path.basename(staging).startswith(f".shapes.tmp-{os.getpid()}-")
     assert not leftover.exists() and alive.exists()
-
-
-def test_leftovers_of_a_dead_run_go_unless_a_live_run_holds_the_directory(tmp_path):
-    run_dir = tmp_path / "run"
-    stale = run_dir / f".{CHECKPOINT_NAME}.{'cd' * 16}.tmp"
-    with RunDirLock(str(run_dir)) as live:
-        stale.write_bytes(b"partial")
-        assert remove_leftovers(str(run_dir)) == [] and stale.exists() and os.path.exists(live.path)
-    (run_dir / LOCK_NAME).write_text(f"{_dead_pid()} {os.uname().nodename}\n")  # a run killed holding it
-    assert remove_leftovers(str(run_dir)) == [str(stale)]
-    assert os.listdir(run_dir) == []
-    assert remove_leftovers(str(tmp_path / "missing")) == [] and not (tmp_path / "missing").exists()
 
 
 def test_resumed_log_has_one_row_per_epoch(tmp_path):

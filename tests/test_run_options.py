@@ -7,7 +7,10 @@ import pytest
 import torch
 from training_runs import load_train_script, run_dir_of, run_script
 
-from encoding.utils.checkpoint import save_checkpoint
+from encoding.utils import EpochLogger, load_checkpoint
+from encoding.utils.checkpoint import BEST_NAME, save_checkpoint
+from encoding.utils.plot import CURVES_NAME
+from encoding.utils.rundir import LOCK_NAME, RunDirLock
 
 
 # -- train.py ----------------------------------------------------------------------------------------------------------
@@ -37,14 +40,28 @@ def test_crop_larger_than_base_warns_and_a_finished_run_says_so(tmp_path, capsys
     script.parse_args(["--crop-size", "200", "--base-size", "100"])
     assert "--crop-size 200 is larger than --base-size 100" in capsys.readouterr().err
     path = save_checkpoint({"model": {}, "epoch": 4}, tmp_path)
-    run_dir = run_dir_of(tmp_path)  # a run killed after its last checkpoint left its lock file and a temporary file
-    os.makedirs(run_dir)
-    leftovers = [os.path.join(run_dir, ".lock"), os.path.join(run_dir, f".log.jsonl.{'ef' * 16}.tmp")]
-    for leftover in leftovers:
-        open(leftover, "w").close()
     assert script.cli(["--epochs", "5", "--resume", path, "--output-dir", str(tmp_path)]) == 0
     assert "nothing to do" in capsys.readouterr().out
+    assert not os.path.exists(run_dir_of(tmp_path))  # another run's checkpoint: its run directory is not made
+
+
+def test_a_finished_run_killed_after_its_last_checkpoint_is_completed_by_its_resume(tmp_path, capsys):
+    run_dir = run_dir_of(tmp_path)  # the last process died after checkpoint.pth, before its log row and its end
+    EpochLogger(run_dir, enabled=True).write(3, mIoU=0.25)
+    path = save_checkpoint({"model": {}, "epoch": 4, "best_epoch": 4, "log_row": {"epoch": 4, "mIoU": 0.5}}, run_dir)
+    leftovers = [os.path.join(run_dir, LOCK_NAME), os.path.join(run_dir, f".log.jsonl.{'ef' * 16}.tmp")]
+    for leftover in leftovers:
+        open(leftover, "w").close()
+    assert load_train_script().cli(["--epochs", "5", "--resume", path, "--output-dir", str(tmp_path)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
     assert not any(os.path.exists(leftover) for leftover in leftovers)
+    assert [row["epoch"] for row in EpochLogger(run_dir).rows()] == [3, 4]
+    assert load_checkpoint(os.path.join(run_dir, BEST_NAME))["epoch"] == 4
+    assert os.path.isfile(os.path.join(run_dir, CURVES_NAME))
+    with RunDirLock(run_dir):  # a live run holds the directory: its files are left alone
+        open(leftovers[1], "w").close()
+        assert load_train_script().cli(["--epochs", "5", "--resume", path, "--output-dir", str(tmp_path)]) == 0
+        assert os.path.exists(leftovers[1])
 
 
 TRAIN_BAD = [

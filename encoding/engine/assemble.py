@@ -39,7 +39,7 @@ from ..utils.dist import get_rank, init_distributed_mode, is_main_process, timeo
 from ..utils.images import set_max_pixels
 from ..utils.metrics import SegmentationMetric
 from ..utils.monitor import MonitorUnavailable, require
-from ..utils.rundir import remove_leftovers, run_lock
+from ..utils.rundir import run_lock
 from ..utils.table import format_table
 from . import state
 from .data import (ConfigError, check_data_options, check_split, data_metadata, dataset_name, dataset_options, image_sizes,
@@ -350,7 +350,7 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
     resumed = checkpoint is not None and not (config.ft or config.eval)
     if resumed and checkpoint.finished(config.epochs):
         if int(os.environ.get("RANK", "0")) == 0:
-            remove_leftovers(config.run_dir)  # a run killed after its last checkpoint left its lock file
+            state.complete_finished(config.run_dir, checkpoint)  # a run killed after its last checkpoint
         print(f"nothing to do: {config.resume} already completed {checkpoint.done} of --epochs {config.epochs}; "
               "raise --epochs to train further")
         return {}

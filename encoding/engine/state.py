@@ -15,7 +15,8 @@ A run's checkpoint (written atomically by :func:`encoding.utils.save_checkpoint`
 Resuming reads the file once (:func:`read`); everything a resumed run needs comes from that one
 :class:`Checkpoint`: whether it is finished (:meth:`Checkpoint.finished`), the training state
 (:meth:`Checkpoint.restore_training`), the best model file (:func:`restore_best`) and the log
-(:meth:`Checkpoint.log_resume`).
+(:meth:`Checkpoint.log_resume`). A resume of a finished run trains nothing but completes its directory
+(:func:`complete_finished`).
 """
 from __future__ import annotations
 
@@ -29,10 +30,13 @@ from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load
 from ..utils.determinism import rng_state
 from ..utils.dist import get_world_size
 from ..utils.files import atomic_write
+from ..utils.logger import EpochLogger
+from ..utils.plot import CURVES_NAME, write_curves
+from ..utils.rundir import RunDirLock, RunDirLocked, remove_stale_temp_files
 from .sharding import load_optimizer_state
 
 __all__ = ["Checkpoint", "ResumePoint", "ResumeRefused", "read", "training_state", "restore_best", "resumable",
-           "saved_options", "launched_world_size"]
+           "complete_finished", "saved_options", "launched_world_size"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -205,6 +209,33 @@ def restore_best(directory: PathLike, checkpoint: Optional[Checkpoint] = None) -
     with open(path, "rb") as f:
         atomic_write(best, f.read())
     return best
+
+
+def complete_finished(directory: PathLike, checkpoint: Checkpoint) -> bool:
+    """Complete the run directory of a finished run whose last process died after its last checkpoint (``kill -9``
+    before the end of the run): ``model_best.pth`` (:func:`restore_best`), the log's last row
+    (:meth:`Checkpoint.log_resume`) and ``curves.png`` are restored, and the dead run's lock file and the
+    temporary files of its interrupted writes go. Returns whether it was done.
+
+    Nothing is done when ``checkpoint`` is not the directory's own ``checkpoint.pth``, or while a live run holds the
+    directory (or it cannot be written).
+    """
+    directory = os.fspath(directory)
+    path = os.path.join(directory, CHECKPOINT_NAME)
+    if not os.path.isfile(path) or not os.path.samefile(checkpoint.path, path):
+        return False
+    try:
+        lock = RunDirLock(directory).acquire()
+    except RunDirLocked:
+        return False
+    with lock:
+        remove_stale_temp_files(directory)
+        restore_best(directory, checkpoint)
+        log = EpochLogger(directory, enabled=True)
+        log.resume_after(*checkpoint.log_resume())
+        if not os.path.isfile(os.path.join(directory, CURVES_NAME)) and os.path.isfile(log.csv_path):
+            write_curves(log.csv_path)
+    return True
 
 
 def resumable(directory: PathLike) -> Optional[str]:

@@ -17,7 +17,6 @@ the lock a run takes there: on the main process only (rank 0 under ``torchrun``)
 
 While the lock is held, :func:`remove_stale_temp_files` deletes the temporary files of interrupted atomic writes
 (``.<name>.<hex>.tmp``, see :func:`encoding.utils.files.atomic_write`): nobody else can be writing them.
-:func:`remove_leftovers` does the same, and removes a dead run's lock file, for a command that finds nothing to do.
 """
 from __future__ import annotations
 
@@ -40,8 +39,8 @@ try:
 except ImportError:  # Windows: no flock; the lock file is then advisory only
     fcntl = None
 
-__all__ = ["FileLock", "RunDirLocked", "RunDirLock", "pid_alive", "remove_stale_temp_files", "remove_leftovers",
-           "run_directory", "run_lock", "die_with_parent", "LOCK_NAME"]
+__all__ = ["FileLock", "RunDirLocked", "RunDirLock", "pid_alive", "remove_stale_temp_files", "run_directory",
+           "run_lock", "die_with_parent", "LOCK_NAME"]
 
 LOCK_NAME = ".lock"
 _TEMP_FILE = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
@@ -220,25 +219,6 @@ def remove_stale_temp_files(directory: str) -> List[str]:
             os.unlink(path)
             removed.append(path)
     return removed
-
-
-def remove_leftovers(directory: str) -> List[str]:
-    """Tidy ``directory`` after runs that died in it (``kill -9``, power loss) when no live run holds it: the
-    temporary files of their interrupted writes and their lock file go. Returns the temporary files' paths.
-
-    For a command that finds nothing to do there (a resume of a finished run) and so takes no lock for a run; a
-    directory held by a live run, missing or not writable is left as it is.
-    """
-    lock = FileLock(os.path.join(directory, LOCK_NAME), blocking=False, remove=True)
-    try:
-        if not os.path.isdir(directory) or not lock.acquire():
-            return []
-    except OSError:  # not writable: nothing can be removed either
-        return []
-    try:
-        return remove_stale_temp_files(directory)
-    finally:
-        lock.release()  # removes the lock file (``remove=True``)
 
 
 def run_directory(output_dir: str, dataset: str, model: str, checkname: str) -> str:
