@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT
-from training_runs import run_dir_of
+from training_runs import run_dir_of, run_script
 
 from encoding.engine import GracefulInterrupt, state
 from encoding.utils import load_checkpoint, save_checkpoint
@@ -148,8 +148,8 @@ _DIES_BETWEEN_WRITES = ("import os; import encoding.utils.checkpoint as c; write
                         "; " + _DRIVER)
 
 
-def test_a_run_killed_between_its_first_two_writes_is_refused_naming_the_best_file_and_resumes_from_it(reference,
-                                                                                                       tmp_path):
+def test_a_run_killed_between_its_first_two_writes_is_refused_naming_the_best_file_and_resumes_from_it(
+        reference, tmp_path, monkeypatch, capsys):
     data, expected, _, _ = reference
     out = tmp_path / "runs"
     run_dir = run_dir_of(out, "fcn")
@@ -159,10 +159,10 @@ def test_a_run_killed_between_its_first_two_writes_is_refused_naming_the_best_fi
     assert died.returncode == 9, died.stdout + died.stderr
     assert os.path.isfile(os.path.join(run_dir, "model_best.pth")) and not _finished(run_dir)
     assert not os.path.exists(os.path.join(run_dir, CHECKPOINT_NAME))
-    again = _spawn(data, out, ["--epochs", str(EPOCHS)])
-    _, stderr = again.communicate(timeout=300)
-    best = os.path.join(run_dir, "model_best.pth")
-    assert again.returncode == 2 and f"continue it with --resume {best}," in stderr, stderr
+    monkeypatch.setenv("ENCODING_DATA", str(data))  # a start without --resume: refused before any work (in process)
+    assert run_script("train", RUN + ["--output-dir", str(out), "--epochs", str(EPOCHS)]) == 2
+    best, stderr = os.path.join(run_dir, "model_best.pth"), capsys.readouterr().err
+    assert f"continue it with --resume {best}," in stderr, stderr
     resumed = _spawn(data, out, ["--epochs", str(EPOCHS), "--resume", best])
     stdout, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0 and _finished(run_dir), stdout + stderr
