@@ -22,6 +22,7 @@ import io
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -450,21 +451,39 @@ def test_migration_guide_names_exist():
 
 
 # ------------------------------------------------------------------------------------------------ Sphinx build
-def _sphinx(srcdir: Path, outdir: Path) -> subprocess.CompletedProcess:
-    """``python -m sphinx -W -b html`` with the site's docs/conf.py (also for another source folder)."""
+def _sphinx(srcdir: Path, outdir: Path, doctrees: Optional[Path] = None) -> subprocess.CompletedProcess:
+    """``python -m sphinx -W -b html`` with the site's docs/conf.py (also for another source folder), into
+    ``outdir / "html"``."""
     return subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "-c", str(DOCS),
-         "-d", str(outdir / "doctrees"), str(srcdir), str(outdir / "html")],
+         "-d", str(doctrees or outdir / "doctrees"), str(srcdir), str(outdir / "html")],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+#: Where the README's docs command writes the site (``docs/_build/html``, its doctrees in ``html/.doctrees``).
+SITE = DOCS / "_build"
+#: The pages Sphinx makes without a source.
+GENERATED_PAGES = {"genindex", "search", "py-modindex"}
+
+
+def _page_without_source(site: Path, page: Path) -> bool:
+    rel = page.relative_to(site).with_suffix("")
+    if rel.parts[0] in ("_modules", "_static", "_sources") or str(rel) in GENERATED_PAGES:
+        return False
+    return not any((DOCS / rel).with_suffix(suffix).is_file() for suffix in (".md", ".rst"))
+
+
 @pytest.fixture(scope="session")
-def built_site(tmp_path_factory) -> Path:
-    """The site, built once per session exactly as the README says, with warnings as errors."""
-    out = tmp_path_factory.mktemp("docs")
-    result = _sphinx(DOCS, out)
+def built_site() -> Path:
+    """The site, built once per session exactly as the README's docs command builds it, with warnings as errors,
+    where that command writes it: the command, run after the suite (.ci/run), then redoes only what changed. A
+    site holding a page whose source is gone (Sphinx keeps it) is built afresh."""
+    html = SITE / "html"
+    if html.is_dir() and any(_page_without_source(html, page) for page in html.rglob("*.html")):
+        shutil.rmtree(SITE)
+    result = _sphinx(DOCS, SITE, doctrees=html / ".doctrees")
     assert result.returncode == 0, f"python -m sphinx -W failed:\n{result.stderr[-6000:]}"
-    return out / "html"
+    return html
 
 
 def test_site_builds_with_warnings_as_errors(built_site):
