@@ -348,8 +348,9 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
         enable_determinism()
     checkpoint = state.read(config.resume) if config.resume else None  # the one read of the file
     resumed = checkpoint is not None and not (config.ft or config.eval)
+    main = int(os.environ.get("RANK", "0")) == 0  # the launch's main process (before any process group)
     if resumed and checkpoint.finished(config.epochs):
-        if int(os.environ.get("RANK", "0")) == 0:
+        if main:
             state.complete_finished(config.run_dir, checkpoint)  # a run killed after its last checkpoint
         print(f"nothing to do: {config.resume} already completed {checkpoint.done} of --epochs {config.epochs}; "
               "raise --epochs to train further")
@@ -357,7 +358,7 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
     if resumed:
         check_resume(config, checkpoint)
     with _made_dirs(config.run_dir), run_lock(config.run_dir, enabled=not config.eval):  # before any work
-        if config.overwrite and not config.resume and int(os.environ.get("RANK", "0")) == 0:
+        if config.overwrite and not config.resume and main:
             for name in _started(config.run_dir):  # --overwrite: the earlier run's files go, nothing is mixed
                 os.unlink(os.path.join(config.run_dir, name))
         run = build_training(config, datasets=datasets, checkpoint=checkpoint)

@@ -225,16 +225,15 @@ def complete_finished(directory: PathLike, checkpoint: Checkpoint) -> bool:
     if not os.path.isfile(path) or not os.path.samefile(checkpoint.path, path):
         return False
     try:
-        lock = RunDirLock(directory).acquire()
-    except RunDirLocked:
+        with RunDirLock(directory):
+            remove_stale_temp_files(directory)
+            restore_best(directory, checkpoint)
+            log = EpochLogger(directory, enabled=True)
+            log.resume_after(*checkpoint.log_resume())
+            if not os.path.isfile(os.path.join(directory, CURVES_NAME)) and os.path.isfile(log.csv_path):
+                write_curves(log.csv_path)
+    except RunDirLocked:  # held by a live run, or not writable
         return False
-    with lock:
-        remove_stale_temp_files(directory)
-        restore_best(directory, checkpoint)
-        log = EpochLogger(directory, enabled=True)
-        log.resume_after(*checkpoint.log_resume())
-        if not os.path.isfile(os.path.join(directory, CURVES_NAME)) and os.path.isfile(log.csv_path):
-            write_curves(log.csv_path)
     return True
 
 
