@@ -112,7 +112,7 @@ def test_the_scripts_parser_is_the_library_parser_and_states_no_option():
 
 
 def test_training_config_is_the_flat_view_of_the_train_fields():
-    flat = [f for f in dataclasses.fields(TrainingConfig) if f.name != "sources"]
+    flat = [f for f in dataclasses.fields(TrainingConfig) if f.name not in ("sources", "config_file")]
     assert [(f.name, f.default) for f in flat] == [(f.name, f.default) for f, _ in option_specs("train")]
     assert TrainingConfig(epochs=2).epochs == 2 and TrainingConfig().sources == {}
 
@@ -208,7 +208,7 @@ def test_config_yaml_says_where_each_value_came_from():
     config = resolve("train", ["--lr", "0.01", "--resume", __file__]).training()
     header = config_header(config)
     assert "  lr: command line" in header and "resume" not in header.split("came from")[1]
-    assert "sources" not in saved_config(config)
+    assert "sources" not in saved_config(config) and "config_file" not in saved_config(config)
 
 
 # --- the recomputation option's new name -------------------------------------------------------------------------

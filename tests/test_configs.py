@@ -140,6 +140,21 @@ def test_a_run_saved_config_repeats_the_run(tiny_shapes, tmp_path, options):
     assert open(saved, "rb").read() == before and (run_dir / "checkpoint.pth").exists()
 
 
+def test_a_run_directory_config_the_command_line_overrides_wholly_is_still_refused(tiny_shapes, tmp_path):
+    """The refusal asks which file ``--config`` read, not which values it gave: a hand-written ``config.yaml`` in a
+    fresh run directory whose every value the command line overrides is no source, and was written over."""
+    run_dir = tmp_path / "runs" / "shapes" / "unet" / "mine"
+    run_dir.mkdir(parents=True)
+    own = _write(run_dir / RUN_CONFIG_NAME, "epochs: 1\n")
+    argv = ["--config", own, "--epochs", "2", "--output-dir", str(tmp_path / "runs"), "--checkname", "mine"]
+    settings = resolve("train", argv)
+    assert settings.config_file == own and settings.training().config_file == own
+    assert not [s for s in settings.sources.values() if s.startswith("config file")]
+    with pytest.raises(ConfigError, match="that is this run's own config.yaml, which the run writes again"):
+        load_script("train").main(argv, datasets=tiny_shapes)
+    assert open(own).read() == "epochs: 1\n" and os.listdir(run_dir) == [RUN_CONFIG_NAME]
+
+
 @pytest.mark.parametrize("dataset", RECIPE_FILES)
 def test_a_dataset_recipe_file_is_what_its_dataset_starts_from(options, dataset):
     path = recipe_file(dataset)

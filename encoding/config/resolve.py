@@ -71,6 +71,7 @@ class Settings:
         script: ``train``, ``test`` or ``demo``.
         sources: option name -> ``"recipe <path>"``, ``"checkpoint <path>"``, ``"config file <path>"``,
             ``"command line"`` or ``"rule: <why>"`` (an option absent here has its default).
+        config_file: the ``--config`` file read (``None``: none), even where the command line overrides all of it.
     """
 
     script: str
@@ -83,6 +84,7 @@ class Settings:
     eval: EvalOptions
     demo: DemoOptions
     sources: Mapping[str, str]
+    config_file: Optional[str] = None
 
     def options(self) -> Dict[str, Any]:
         """The script's options by name (``test.py`` adds ``inference``: ``whole`` or ``slide``)."""
@@ -97,7 +99,7 @@ class Settings:
 
     def training(self) -> Any:
         """The flat :class:`~.training.TrainingConfig` of ``train.py``'s settings, with :attr:`sources`."""
-        return TrainingConfig(**self.options(), sources=dict(self.sources))
+        return TrainingConfig(**self.options(), sources=dict(self.sources), config_file=self.config_file)
 
     def source(self, name: str) -> str:
         """Where the value of ``name`` came from (``"default"`` when no source set it)."""
@@ -169,7 +171,7 @@ def resolve(script: str = "train", argv: Optional[Sequence[str]] = None, *, reci
                 if source != "default":
                     sources[name] = source
     _rules(script, values, sources, recipe, given)
-    return _settings(script, values, sources)
+    return _settings(script, values, sources, path)
 
 
 def _defaults(script: str) -> Dict[str, Any]:
@@ -243,12 +245,12 @@ def _cpu_run(values: Dict[str, Any]) -> bool:
         not torch.cuda.is_available()
 
 
-def _settings(script: str, values: Dict[str, Any], sources: Dict[str, str]) -> Settings:
+def _settings(script: str, values: Dict[str, Any], sources: Dict[str, str], config_file: Optional[str]) -> Settings:
     groups = {}
     for name, cls in GROUPS.items():
         own = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}
         groups[name] = cls(**own)
-    return Settings(script=script, sources=MappingProxyType(dict(sources)), **groups)
+    return Settings(script=script, sources=MappingProxyType(dict(sources)), config_file=config_file, **groups)
 
 
 def describe_sources(sources: Mapping[str, str]) -> List[str]:

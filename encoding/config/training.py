@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import field, make_dataclass
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 from ..utils.rundir import run_directory
 from .parser import option_specs
@@ -28,13 +28,14 @@ def _run_dir(self: Any) -> str:
 TrainingConfig = make_dataclass(
     "TrainingConfig",
     [(f.name, f.type, field(default=f.default, metadata=f.metadata)) for f, _ in option_specs("train")]
-    + [("sources", Mapping[str, str], field(default_factory=dict, compare=False, repr=False))],
+    + [("sources", Mapping[str, str], field(default_factory=dict, compare=False, repr=False)),
+       ("config_file", Optional[str], field(default=None, compare=False, repr=False))],
     namespace={"run_dir": property(_run_dir), "__module__": __name__, "__doc__": (
         "A training run's options (``train.py``'s, one keyword each; see ``docs/configs.md``).\n\n"
         "The defaults are the built-in run, what ``train.py`` runs without options: a U-Net on ``vgg_tiny`` learning "
         "the embedded ``shapes`` dataset on a CPU in minutes (the option fields of :mod:`encoding.config.groups` "
         "hold them). ``sources`` maps an option to where its value came from (``resolve``'s record; empty when "
-        "built by hand). ``checkpoint=`` is the old name of ``recompute=`` (``FutureWarning``).")})
+        "built by hand); ``config_file`` is the ``--config`` file read (``None``: none). ``checkpoint=`` is the old name of ``recompute=`` (``FutureWarning``).")})
 _generated_init = TrainingConfig.__init__
 
 
@@ -50,5 +51,5 @@ TrainingConfig.__init__ = _init
 
 
 def flat_options(config: Any) -> Dict[str, Any]:
-    """The options of a :class:`TrainingConfig` by name (``sources`` left out)."""
+    """The options of a :class:`TrainingConfig` by name (``sources`` and ``config_file`` left out)."""
     return {f.name: getattr(config, f.name) for f, _ in option_specs("train")}

@@ -28,6 +28,7 @@ from ..config import AMP_DTYPES, Settings, TrainingConfig
 from ..utils.renamed import renamed_keyword
 from ..config.parser import option_specs
 from ..config.resolve import describe_sources
+from ..config.training import flat_options
 from ..datasets import class_weights as weights, datasets as DATASETS
 from ..names import is_model_spec
 from ..models.network import NetworkSpec
@@ -164,11 +165,10 @@ def check_run_dir(config: "TrainingConfig") -> None:
         way = f": continue it with --resume {path}," if path else " and no checkpoint to continue it from:"
         raise ConfigError(f"{c.run_dir} already holds a run ({', '.join(found)}){way} replace it with --overwrite, "
                           "or pick another --checkname")
-    own = os.path.join(c.run_dir, RUN_CONFIG_NAME)
-    for path in {s[len("config file "):] for s in c.sources.values() if s.startswith("config file ")}:
-        if not c.eval and os.path.isfile(own) and os.path.samefile(path, own):  # the run writes its own again
-            raise ConfigError(f"--config {path}: that is this run's own {RUN_CONFIG_NAME}, which the run writes "
-                              "again (or --overwrite deletes): pass a copy of it, or another --checkname")
+    own, path = os.path.join(c.run_dir, RUN_CONFIG_NAME), c.config_file
+    if path and not c.eval and os.path.isfile(own) and os.path.samefile(path, own):  # the run writes its own again
+        raise ConfigError(f"--config {path}: that is this run's own {RUN_CONFIG_NAME}, which the run writes "
+                          "again (or --overwrite deletes): pass a copy of it, or another --checkname")
 
 
 def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint) -> None:
@@ -240,8 +240,7 @@ def config_header(config: TrainingConfig) -> str:
 def saved_config(config: TrainingConfig) -> Dict[str, Any]:
     """What :data:`RUN_CONFIG_NAME` records: every option but :data:`UNRECORDED` (``resume`` is kept with ``ft``: the
     weights a fine-tuning starts from are part of the run)."""
-    return {k: v for k, v in asdict(config).items()
-            if k != "sources" and (k not in UNRECORDED or (k == "resume" and config.ft))}
+    return {k: v for k, v in flat_options(config).items() if k not in UNRECORDED or (k == "resume" and config.ft)}
 
 
 def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, Dataset]] = None,
