@@ -170,3 +170,25 @@ def test_resumed_log_has_one_row_per_epoch(tmp_path):
         log.resume_after(2, {"epoch": 2, "loss": 0.3})  # stopped between the checkpoint and its log row
         assert [r["epoch"] for r in log.rows()] == [0, 1, 2]
     assert [line.split(",")[0] for line in open(tmp_path / "log.csv")] == ["epoch", "0", "1", "2"]
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3])
+def test_a_log_row_cut_short_by_a_kill_is_written_whole_by_the_resume(tmp_path, cut):
+    """A kill in the middle of epoch 2's appends leaves a last row without its line end: the resume from the
+    checkpoint of epoch 2 drops it and writes the row whole, so the next epoch's row is not glued onto it."""
+    row = {"loss": 0.25, "mIoU": 0.5, "per_class": [0.5, 0.5]}
+    with EpochLogger(str(tmp_path)) as log:
+        for epoch in range(3):
+            log.write(epoch, **row)
+    whole = {name: (tmp_path / name).read_bytes() for name in ("log.csv", "log.jsonl")}
+    for name, text in whole.items():  # the last row cut `cut` bytes before its end
+        (tmp_path / name).write_bytes(text[:-cut])
+    with EpochLogger(str(tmp_path)) as log:
+        log.resume_after(2, {"epoch": 2, **row})
+        assert {name: (tmp_path / name).read_bytes() for name in whole} == whole
+        log.write(3, **row)
+        assert [r["epoch"] for r in log.rows()] == [0, 1, 2, 3]
+    with open(tmp_path / "log.csv", newline="") as f:
+        records = list(csv.reader(f))
+    assert [r[0] for r in records] == ["epoch", "0", "1", "2", "3"]
+    assert {len(r) for r in records} == {len(records[0])}

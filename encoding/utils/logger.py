@@ -20,7 +20,7 @@ import math
 import os
 import warnings
 from collections import deque
-from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional, Set
 
 import torch
 from torch import Tensor
@@ -235,8 +235,7 @@ class EpochLogger:
         if not self.enabled:
             return row
         if self.jsonl_path:
-            with open(self.jsonl_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
+            self._append_jsonl(row)
         if self.csv_path:
             self._append_csv(row)
         for sink in self.sinks:
@@ -264,43 +263,68 @@ class EpochLogger:
 
     def resume_after(self, epoch: int, row: Optional[Mapping[str, Any]] = None) -> None:
         """Make the log end at ``epoch`` when a run resumes from a checkpoint of that epoch: rows of later epochs
-        (written after that checkpoint, e.g. when resuming an older ``model_best.pth``) are dropped, and ``row``
-        (the checkpoint's own row) is appended when the run stopped before logging it."""
+        (written after that checkpoint, e.g. when resuming an older ``model_best.pth``) and a row cut short by a
+        kill are dropped, and ``row`` (the checkpoint's own row) is appended to each file that lacks it (the run
+        stopped before logging it, or in the middle of writing it)."""
         if not self.enabled:
             return
-        for path, keep in ((self.jsonl_path, self._keep_jsonl), (self.csv_path, self._keep_csv)):
-            if path and os.path.isfile(path):
-                keep(path, epoch)
-        rows = self.rows() if self.jsonl_path else []
-        if row and not any(r.get("epoch") == epoch for r in rows):
-            self.write(epoch, **{k: v for k, v in row.items() if k != "epoch"})
+        logged = {path: keep(path, epoch) for path, keep in ((self.jsonl_path, self._keep_jsonl),
+                                                              (self.csv_path, self._keep_csv)) if path}
+        if not row:
+            return
+        row = {"epoch": int(epoch), **{k: _jsonable(v) for k, v in row.items() if k != "epoch"}}
+        missing = [path for path, epochs in logged.items() if epoch not in epochs]
+        if self.jsonl_path in missing:
+            self._append_jsonl(row)
+        if self.csv_path in missing:
+            self._append_csv(row)
+        for sink in self.sinks if missing else []:
+            sink.scalars(int(epoch), scalars_of(row))
 
     @staticmethod
-    def _keep_jsonl(path: str, epoch: int) -> None:
+    def _keep_jsonl(path: str, epoch: int) -> Set[int]:
+        """Keep the whole rows of epochs up to ``epoch``; return their epochs."""
+        if not os.path.isfile(path):
+            return set()
         with open(path, encoding="utf-8") as f:
             lines = [line for line in f if line.strip()]
-        kept = []
+        kept, epochs = [], set()
         for line in lines:
             try:
-                if json.loads(line).get("epoch", -1) <= epoch:
-                    kept.append(line if line.endswith("\n") else line + "\n")
-            except ValueError:
+                found = json.loads(line).get("epoch", -1)
+            except ValueError:  # a line cut short
                 continue
+            if found <= epoch:
+                kept.append(line if line.endswith("\n") else line + "\n")
+                epochs.add(found)
         if kept != lines:
             atomic_write(path, "".join(kept))
+        return epochs
 
     @staticmethod
-    def _keep_csv(path: str, epoch: int) -> None:
+    def _keep_csv(path: str, epoch: int) -> Set[int]:
+        """Keep the whole rows of epochs up to ``epoch`` (not a last row cut short: one without its line end, or
+        without all its cells); return their epochs."""
+        if not os.path.isfile(path):
+            return set()
         with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            header, rows = list(reader.fieldnames or []), list(reader)
-        kept = [r for r in rows if r.get("epoch", "").isdigit() and int(r["epoch"]) <= epoch]
-        if kept != rows:
-            buffer = io.StringIO()
-            writer = csv.DictWriter(buffer, fieldnames=header)
-            writer.writeheader()
-            writer.writerows(kept)
+            text = f.read()
+        records = list(csv.reader(io.StringIO(text, newline="")))
+        header, rows = (records[0], records[1:]) if records else ([], [])
+        if rows and not text.endswith("\n"):
+            rows = rows[:-1]
+        column = header.index("epoch") if "epoch" in header else None
+        kept = [r for r in rows if len(r) == len(header) and column is not None and r[column].isdigit()
+                and int(r[column]) <= epoch]
+        if kept != records[1:]:
+            buffer = io.StringIO(newline="")
+            csv.writer(buffer).writerows([header] + kept)
             atomic_write(path, buffer.getvalue())
+        return {int(r[column]) for r in kept}
+
+    def _append_jsonl(self, row: Dict[str, Any]) -> None:
+        with open(self.jsonl_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
 
     def _append_csv(self, row: Dict[str, Any]) -> None:
         header: List[str] = []
