@@ -17,6 +17,7 @@ from encoding.parallel import (CallbackContext, DataParallelCriterion, DataParal
                                get_replica_context, parallel_apply, patch_replication_callback,
                                reduce_loss_terms, replicate, scatter)
 from encoding.parallel.criterion import InexactReductionWarning
+from encoding.parallel.devices import resolve_device
 from encoding.parallel.scatter_gather import get_split_sizes
 
 CPU3 = ["cpu"] * 3
@@ -97,6 +98,24 @@ def test_loss_and_grads_equal_whole_batch(criterion):
     outputs = DataParallelModel(net, CPU3)(x)
     assert outputs.split_sizes == [3, 2, 2]
     loss = DataParallelCriterion(criterion, CPU3)(outputs, y)
+    torch.testing.assert_close(loss, ref, **TOL)
+    assert_all_close(grads(loss, net), ref_grads)
+
+
+@pytest.mark.parametrize("call", ["positional", "target"])
+def test_a_torch_loss_called_with_torchs_argument_names_is_reduced_exactly(call):
+    """``criterion(outputs, target=y)`` is the same call as ``criterion(outputs, y)``: exact, no warning."""
+    torch.manual_seed(0)
+    net = SmallNet().double()
+    x, y = make_batch()
+    criterion = nn.CrossEntropyLoss(ignore_index=-1)
+    ref = criterion(net(x), y)
+    ref_grads = grads(ref, net)
+    outputs = DataParallelModel(net, CPU3)(x)
+    parallel = DataParallelCriterion(criterion, CPU3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InexactReductionWarning)
+        loss = parallel(outputs, y) if call == "positional" else parallel(outputs, target=y)
     torch.testing.assert_close(loss, ref, **TOL)
     assert_all_close(grads(loss, net), ref_grads)
 
@@ -516,6 +535,14 @@ def test_criterion_uses_model_split_not_a_fresh_chunking():
     torch.testing.assert_close(loss, F.mse_loss(net(x), y), **TOL)
     plain_list = [o for o in outputs]  # a plain list: sizes inferred from the outputs
     torch.testing.assert_close(DataParallelCriterion(nn.MSELoss(), [])(plain_list, y), loss, **TOL)
+
+
+@pytest.mark.parametrize("spelling", ["cpu:0", torch.device("cpu", 0)])
+def test_every_spelling_of_the_cpu_is_the_device_of_cpu_tensors(spelling):
+    """CPU tensors report ``cpu`` with no index: ``"cpu:0"`` resolves to it, so a module on the CPU can be wrapped."""
+    assert resolve_device(spelling) == torch.device("cpu") == torch.zeros(1).to(spelling).device
+    model = DataParallelModel(nn.Linear(4, 2).to(spelling), [spelling, spelling])
+    assert [o.shape[0] for o in model(torch.randn(5, 4))] == [3, 2]
 
 
 def test_parameters_must_live_on_first_device():

@@ -38,7 +38,9 @@ def _bn_state(net):
 @pytest.mark.parametrize("chunk_sizes", [[1, 3, 3], [5, 1, 1], [0, 4, 3], [3, 0, 4], [0, 0, 7]],
                          ids=["1-3-3", "5-1-1", "device0-empty", "middle-empty", "one-device-not-source"])
 def test_skewed_split_matches_plain_training_with_sync_batchnorm(chunk_sizes):
-    """Loss, input and parameter gradients, and BatchNorm statistics over 3 SGD steps equal the whole batch's."""
+    """Loss, input and parameter gradients, and BatchNorm statistics over 3 SGD steps equal the whole batch's
+    (``device0-empty``: the source device sits out, as on GPUs; its copy is dropped and the first running
+    replica's buffers are copied back)."""
     torch.manual_seed(0)
     plain = _net()
     sync = convert_sync_batchnorm(copy.deepcopy(plain))

@@ -191,6 +191,42 @@ def test_gradcheck_through_the_replica_sync():
     assert torch.autograd.gradcheck(lambda t: torch.cat(list(model(t))), (x,))
 
 
+def _penalty(output, input):
+    """A gradient penalty (WGAN-GP): ``|d output / d input|^2``, differentiated once more by its caller."""
+    grad, = torch.autograd.grad(output, input, grad_outputs=torch.ones_like(output), create_graph=True)
+    return grad.square().sum()
+
+
+def test_double_backward_through_the_replica_sync_matches_batchnorm():
+    """A gradient of a gradient (``create_graph=True``) through the synchronised statistics: the penalty and its
+    parameter gradients equal plain BatchNorm's on the whole batch."""
+    torch.manual_seed(3)
+    plain = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Tanh(), nn.Linear(6, 1)).double()
+    with torch.no_grad():
+        plain[1].weight.uniform_(0.5, 2.0)
+        plain[1].bias.uniform_(-1.0, 1.0)
+    sync = convert_sync_batchnorm(copy.deepcopy(plain))
+    x = torch.randn(7, 4, dtype=torch.float64)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want = _penalty(plain(xa), xa)
+    got = _penalty(torch.cat(list(DataParallelModel(sync, DEVICES)(xb))), xb)
+    close(got, want)
+    named = [(n, p) for n, p in plain.named_parameters() if n != "3.bias"]  # the penalty does not reach 3.bias
+    want_grads = torch.autograd.grad(want, [p for _, p in named])
+    got_grads = torch.autograd.grad(got, [dict(sync.named_parameters())[n] for n, _ in named])
+    for a, b in zip(got_grads, want_grads):
+        close(a, b)
+
+
+def test_eval_without_running_statistics_normalises_replicas_with_the_whole_batch():
+    """``track_running_stats=False``: BatchNorm uses the batch's statistics in eval mode too, the whole batch's."""
+    torch.manual_seed(4)
+    plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, track_running_stats=False)).double().eval()
+    sync = convert_sync_batchnorm(copy.deepcopy(plain)).eval()
+    x = torch.randn(7, 3, 6, 6, dtype=torch.float64)
+    close(torch.cat(list(DataParallelModel(sync, DEVICES)(x))), plain(x))
+
+
 def test_convert_sync_batchnorm_keeps_parameters_stats_and_flags():
     inner = nn.Sequential(nn.Conv1d(2, 3, 1), nn.BatchNorm1d(3), nn.BatchNorm3d(3, affine=False))
     net = nn.Sequential(nn.Conv2d(1, 2, 1), nn.BatchNorm2d(2, eps=1e-3, momentum=None), inner,
@@ -322,6 +358,17 @@ def _train(net, x, weight, scale):
     return record
 
 
+def _rank_penalty(net, x, weight):
+    """``(penalty, its parameter gradients)`` of the gradient penalty of ``sum(net(x) * weight)``: summed over the
+    ranks, the whole batch's (each rank's input gradient is that of the sum of the ranks' losses)."""
+    x = x.clone().requires_grad_()
+    grad, = torch.autograd.grad(net(x), x, grad_outputs=weight, create_graph=True)
+    penalty = grad.square().sum()
+    params = list(net.parameters())
+    grads = torch.autograd.grad(penalty, params, allow_unused=True)  # the last bias does not reach the penalty
+    return penalty.detach(), [torch.zeros_like(p) if g is None else g.detach() for g, p in zip(grads, params)]
+
+
 def _ddp_worker(rank, init_file, out_dir, state):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
@@ -334,7 +381,8 @@ def _ddp_worker(rank, init_file, out_dir, state):
         start = sum(SPLITS[:rank])
         part = slice(start, start + SPLITS[rank])
         record = _train(ddp, x[part], weight[part], 1.0)  # DDP averages gradients over the 2 ranks
-        record["bn"] = _bn_state(net)
+        record["bn"] = {k: v.clone() for k, v in _bn_state(net).items()}  # before the penalty's forward
+        record["penalty"] = _rank_penalty(net, x[part], weight[part])
         torch.save(record, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -360,6 +408,11 @@ def test_two_process_gloo_ddp_matches_full_batch_batchnorm(tmp_path):
                 close(g, e)
         for key, value in _bn_state(plain).items():
             torch.testing.assert_close(got["bn"][key], value, rtol=0, atol=ATOL)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)["penalty"] for rank in range(WORLD)]
+    penalty, grads = _rank_penalty(plain.train(), x, weight)  # double backward: sums over the ranks
+    close(sum(r[0] for r in ranks), penalty)
+    for k, g in enumerate(grads):
+        close(sum(r[1][k] for r in ranks), g)
 
 
 # -- CUDA (skipped without it) ------------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd import Function
-from torch.autograd.function import once_differentiable
 
 __all__ = ["GradientCarrier", "LocalMoments", "Normalize", "DistAllReduce", "slot", "merge_moments", "stats_dtype"]
 
@@ -62,7 +61,6 @@ class GradientCarrier(Function):
         return input.new_zeros((), dtype=stats_dtype(input)).expand(input.shape)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad: Tensor) -> Tensor:
         return grad.to(ctx.dtype)
 
@@ -84,7 +82,6 @@ class LocalMoments(Function):
         return mean, var
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_mean: Tensor, grad_var: Tensor) -> Tuple[Tensor, None]:
         input, mean = ctx.saved_tensors
         count = input.numel() // input.shape[1]
@@ -112,16 +109,17 @@ class Normalize(Function):
         return torch.batch_norm(input, weight, bias, mean, var, False, 0.0, eps, torch.backends.cudnn.enabled)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad: Tensor):
         input, mean, var, weight = ctx.saved_tensors
         invstd = torch.rsqrt(var + ctx.eps)
-        grad = like_input(grad, input)
-        # inference form (train=False); CUDA's kernel also wants the statistics as save_mean / save_invstd and a
-        # defined weight
         kernel_weight = weight if weight is not None else torch.ones_like(invstd)
-        _, grad_weight, grad_bias = torch.ops.aten.native_batch_norm_backward(
-            grad, input, kernel_weight, mean, var, mean, invstd, False, ctx.eps, [False, True, True])
+        if torch.is_grad_enabled():  # create_graph=True: the reductions in plain ops, which autograd differentiates
+            grad_weight, grad_bias = _reductions(grad, input, mean, invstd)
+        else:  # torch's kernel in inference form (train=False); CUDA's also wants the statistics as save_mean /
+            # save_invstd and a defined weight
+            grad = like_input(grad, input)
+            _, grad_weight, grad_bias = torch.ops.aten.native_batch_norm_backward(
+                grad, input, kernel_weight, mean, var, mean, invstd, False, ctx.eps, [False, True, True])
         scale = kernel_weight.to(invstd.dtype) * invstd
         grad_input = grad * channel_view(scale, input) if ctx.needs_input_grad[0] else None
         grad_mean = -scale * grad_bias.to(invstd.dtype)
@@ -129,6 +127,15 @@ class Normalize(Function):
         return (grad_input, None, grad_mean, grad_var,
                 grad_weight if weight is not None and ctx.needs_input_grad[4] else None,
                 grad_bias if ctx.needs_input_grad[5] else None, None)
+
+
+def _reductions(grad: Tensor, input: Tensor, mean: Tensor, invstd: Tensor) -> Tuple[Tensor, Tensor]:
+    """``sum(g * x_hat)`` and ``sum(g)`` per channel, in the statistics' precision, as differentiable torch ops (the
+    kernel's backward has no derivative with respect to the statistics)."""
+    dims = [0] + list(range(2, input.dim()))
+    grad = grad.to(invstd.dtype)
+    x_hat = (input.to(invstd.dtype) - channel_view(mean, input)) * channel_view(invstd, input)
+    return (grad * x_hat).sum(dims), grad.sum(dims)
 
 
 def like_input(grad: Tensor, input: Tensor) -> Tensor:
@@ -151,6 +158,4 @@ class DistAllReduce(Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tuple[Tensor, None]:
-        grad = grad.clone(memory_format=torch.contiguous_format)
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
+        return DistAllReduce.apply(grad, ctx.group), None  # itself: differentiable again under create_graph=True

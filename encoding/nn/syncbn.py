@@ -47,7 +47,9 @@ class SyncBatchNorm(_BatchNorm):
     Running statistics follow ``nn.BatchNorm``: ``running = (1 - momentum) * running + momentum * batch`` with the
     unbiased variance of the whole batch, and ``momentum=None`` gives the cumulative average. In replica mode only the
     master copy (replica 0, which shares the original module's buffers) updates them; in process mode every rank
-    does, with identical values.
+    does, with identical values. In eval mode without running statistics (``track_running_stats=False``) replicas
+    normalise with the whole batch's statistics too (torch's ``nn.SyncBatchNorm`` normalises each share alone);
+    distributed processes then normalise their own batches, whose number may differ from rank to rank.
 
     Failures never deadlock: a copy waiting for the others polls the replica context's ``failed`` event and raises
     :class:`encoding.parallel.ReplicaAbortedError` (so the caller sees the failing replica's own exception), and gives
@@ -124,7 +126,7 @@ class SyncBatchNorm(_BatchNorm):
         return _ACTIVATIONS[self.activation](output, self.slope, self.inplace)
 
     def _normalize(self, input: Tensor) -> Tensor:
-        if not self.training or not self.sync:
+        if not (self.training or self.running_mean is None) or not self.sync:  # eval with running statistics
             return super().forward(input)
         if self._rendezvous is not None and self._rendezvous.size > 1:
             if _group_size(self.process_group) > 1:
@@ -132,7 +134,7 @@ class SyncBatchNorm(_BatchNorm):
                                    "torch.distributed processes at once; use one process per device (DDP) or "
                                    "DataParallelModel in a single process")
             return self._sync_forward(input, self._exchange_replicas, update_running=self._copy_id == 0)
-        if _group_size(self.process_group) > 1:
+        if self.training and _group_size(self.process_group) > 1:  # eval: the ranks' batches need not line up
             return self._sync_forward(input, self._exchange_processes, update_running=True)
         return super().forward(input)
 

@@ -214,7 +214,7 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
         if len(self.device_ids) <= 1:  # like torch: call the module directly, nothing to split or check
             return self._run_direct(method, inputs, kwargs)
         check_module_device(self.module, self.src_device_obj)
-        devices = self.device_ids
+        devices, source_runs = self.device_ids, split is None or split[0] > 0
         if split is not None:  # devices with no sample sit this batch out
             devices = [d for d, n in zip(self.device_ids, split) if n > 0]
             split = [n for n in split if n > 0]
@@ -223,9 +223,11 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
         if len(devices) == 1 and devices[0] == self.src_device_obj:
             output = self._method(self.module, method)(*inputs_per_replica[0], **kwargs_per_replica[0])
             return ReplicaOutputs([output], sizes, devices, self.dim)
-        replicas = self._replicate(devices)
+        replicas = self._replicate(devices, source_runs)
         outputs = self.parallel_apply([self._method(r, method) for r in replicas], inputs_per_replica,
                                       kwargs_per_replica, devices)
+        if not source_runs:
+            keep_buffers(self.module, replicas[0])
         sample_lists = any(isinstance(leaf, PerSample) for _, leaf in iter_leaves(inputs_per_replica[0]))
         return ReplicaOutputs(outputs, sizes, devices, self.dim, sample_lists)
 
@@ -241,10 +243,11 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
             inputs_per_replica, kwargs_per_replica = self.scatter(inputs, kwargs, devices, split_sizes=split)
         return inputs_per_replica, kwargs_per_replica, sizes
 
-    def _replicate(self, devices: List[torch.device]) -> List[nn.Module]:
-        """Replicas for ``devices``; when the source device sits out, its copy is made (it aliases the module)
-        and dropped, and the replication callbacks see only the replicas that run."""
-        if devices[0] == self.src_device_obj:
+    def _replicate(self, devices: List[torch.device], source_runs: bool) -> List[nn.Module]:
+        """Replicas for ``devices``; when the source device (``device_ids[0]``) sits out, its copy is made (it
+        aliases the module) and dropped, and the replication callbacks see only the replicas that run (the first
+        of them is the master copy, whose buffers :func:`keep_buffers` copies back)."""
+        if source_runs:
             return self.replicate(self.module, devices)
         replicas = replicate(self.module, [self.src_device_obj] + devices, callbacks=False)[1:]
         execute_replication_callbacks(replicas)
@@ -261,6 +264,15 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
             size = None
         device = self.device_ids[0] if self.device_ids else device_of(output, torch.device("cpu"))
         return ReplicaOutputs([output], [size], [device], self.dim)
+
+
+@torch.no_grad()
+def keep_buffers(module: nn.Module, replica: nn.Module) -> None:
+    """Copy the buffers of ``replica`` (the master copy: running statistics, ``num_batches_tracked``) into
+    ``module``'s, as the master copy's own buffers would be when it is the module's copy on the source device."""
+    for (name, own), (_, updated) in zip(module.named_buffers(), replica.named_buffers()):
+        if own is not updated:
+            own.copy_(updated)
 
 
 def data_parallel(module: nn.Module, inputs: Any, device_ids: Optional[Sequence[DeviceLike]] = None,

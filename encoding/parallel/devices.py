@@ -23,7 +23,8 @@ def resolve_device(device: DeviceLike) -> torch.device:
             torch's ``gather`` target device and of mmcv's CPU scatter).
 
     Returns:
-        The ``torch.device`` (``"cuda"`` without index means the current CUDA device).
+        The ``torch.device`` (``"cuda"`` without index means the current CUDA device; every CPU device is
+        ``torch.device("cpu")``).
 
     Raises:
         ValueError: for a negative index other than ``-1``, a CUDA device that does not exist, or an unparsable
@@ -40,6 +41,8 @@ def resolve_device(device: DeviceLike) -> torch.device:
             device = torch.device(device)
         except RuntimeError as exc:
             raise ValueError(f"device_ids contains an invalid device {device!r}: {exc}") from None
+    if device.type == "cpu":  # "cpu:0" too: CPU tensors report no index, so a module there could not match it
+        return torch.device("cpu")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device_ids contains {device} but CUDA is not available on this machine; "

@@ -247,12 +247,22 @@ def exact_loss_terms(criterion: Callable[..., Any], args: Sequence[Any], kwargs:
     """
     if hasattr(criterion, "loss_terms"):
         return list(criterion.loss_terms(*args, **kwargs)), True
+    pair = _input_target(args, kwargs)
     if _is_torch_loss(criterion, (nn.CrossEntropyLoss, nn.NLLLoss)) and criterion.reduction in ("mean", "sum") \
-            and len(args) == 2 and not kwargs and isinstance(args[0], Tensor):
-        return cross_entropy_terms(criterion, args[0], args[1]), True
+            and pair is not None and isinstance(pair[0], Tensor):
+        return cross_entropy_terms(criterion, *pair), True
     loss = criterion(*args, **kwargs)
     if not isinstance(loss, Tensor) or loss.dim() != 0:
         return loss, True
     if getattr(criterion, "reduction", None) == "sum":
         return [LossTerm(loss, None)], True
     return [LossTerm(loss * batch_size, batch_size)], _is_torch_loss(criterion, PER_SAMPLE_MEAN_LOSSES)
+
+
+def _input_target(args: Sequence[Any], kwargs: dict) -> Optional[Tuple[Any, Any]]:
+    """``(input, target)`` of a call of a torch loss, given by position or by torch's names (``None``: another
+    call)."""
+    rest = ("input", "target")[len(args):]
+    if len(args) > 2 or set(kwargs) != set(rest):
+        return None
+    return tuple(args) + tuple(kwargs[name] for name in rest)
