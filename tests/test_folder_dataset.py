@@ -19,6 +19,7 @@ from encoding.datasets import FolderSegmentation, get_segmentation_dataset
 from encoding.datasets import scan as scan_module
 from encoding.datasets import DatasetError
 from encoding.engine.assemble import ConfigError
+from encoding.inference.evaluation import PredictionWriter, prediction_filename
 from folder_data import COLORS, make_folder
 
 TINY = ["--crop-size", "16", "--base-size", "24", "--batch-size", "4", "--workers", "0", "--epochs", "1"]
@@ -120,6 +121,33 @@ def test_binary_masks_and_the_binary_run_report_foreground_scores(scripts, tmp_p
     with pytest.raises(ConfigError, match="has 3 classes .* --binary-class NAME"):
         _train(scripts, multi, tmp_path / "runs3", "--binary")
     assert not (tmp_path / "runs3").exists()
+
+
+def test_same_file_names_in_two_sub_folders_are_two_predictions(tmp_path):
+    """Samples are named by their path below their split's shared folder, and predictions keep those folders: two
+    ``frame.png`` of ``cam_a/`` and ``cam_b/`` are two files (PE's flat names where the folder is flat)."""
+    root = tmp_path / "cams"
+    for split in ("train", "val"):
+        for cam, cls in (("cam_a", 1), ("cam_b", 2)):
+            for kind in ("images", "masks"):
+                (root / split / kind / cam).mkdir(parents=True)
+            mask = np.zeros((16, 16), np.uint8)
+            mask[4:12, 4:12] = cls
+            Image.fromarray(np.full((16, 16, 3), 60 * cls, np.uint8)).save(root / split / "images" / cam / "frame.png")
+            Image.fromarray(mask).save(root / split / "masks" / cam / "frame.png")
+    (root / "classes.yaml").write_text("classes: [background, a, b]\n")
+    data = FolderSegmentation(str(root), split="val", mode="testval", return_name=True)
+    names = [data[i][2] for i in range(len(data))]
+    assert names == ["cam_a/frame.png", "cam_b/frame.png"]
+    writer = PredictionWriter(str(tmp_path / "preds"), [(0, 0, 0), (255, 0, 0), (0, 0, 255)])
+    writer([data[i][1].clamp(min=0) for i in range(len(data))], names)
+    for name, cls in zip(names, (1, 2)):
+        assert np.unique(np.array(Image.open(tmp_path / "preds" / name))).tolist() == [0, cls]
+    flat = make_folder(str(tmp_path / "flat"), "splitdirs")
+    data = FolderSegmentation(flat, split="val", mode="testval", return_name=True)
+    assert data[0][2] == os.path.basename(data.images[0])
+    assert [prediction_filename(n) for n in ("a.jpg", "cam/a.jpg", "/data/x/a.jpg", "../up/a.jpg")] == [
+        "a.png", os.path.join("cam", "a.png"), "a.png", "a.png"]  # never outside the output folder
 
 
 def _bad(tmp_path, case):

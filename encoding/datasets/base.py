@@ -229,6 +229,11 @@ class BaseDataset(Dataset):
         """Return the image paths and the matching mask paths (``None`` when the split has no masks)."""
         raise NotImplementedError
 
+    def sample_name(self, index: int) -> str:
+        """The name sample ``index`` goes by (a prediction's file, an error map's, a score's): its file name, as in
+        PyTorch-Encoding (override where file names repeat within a split)."""
+        return os.path.basename(self.images[index])
+
     def _read_label(self, path: str) -> np.ndarray:
         """Read a raw label file into a 2-D integer array (PNG by default)."""
         try:
@@ -328,7 +333,7 @@ class BaseDataset(Dataset):
         return tv_tensors.Mask(torch.from_numpy(mapped))
 
     def _load(self, index: int) -> tuple:
-        name = os.path.basename(self.images[index])
+        name = self.sample_name(index)
         image = self._read_image(self.images[index])
         if self.mode == "test":
             return self.transform(image).as_subclass(Tensor), name

@@ -231,6 +231,7 @@ class FolderSegmentation(BaseDataset):
         self.ignore_value = spec.ignore_index
         self._colors = color_lookup(spec)
         super().__init__(root, split, mode, *args, **kwargs)
+        self._names_below = os.path.commonpath([os.path.dirname(path) for path in self.images])
 
     def _check_root(self) -> None:
         pass  # checked in __init__ (the layout is found before the base class runs)
@@ -238,6 +239,11 @@ class FolderSegmentation(BaseDataset):
     def _find_samples(self) -> Tuple[List[str], Optional[List[str]]]:
         pairs = self._split_pairs[self.split]
         return [image for image, _ in pairs], [mask for _, mask in pairs]
+
+    def sample_name(self, index: int) -> str:
+        """The image's path below the folder its split's images share (``cam_a/0001.png``): the same file name may
+        be in two sub-folders."""
+        return os.path.relpath(self.images[index], self._names_below).replace(os.sep, "/")
 
     def label_table(self) -> np.ndarray:  # type: ignore[override]
         """Raw value -> class index: the class ids, the ignore value (255 = foreground for 0/255 masks), and

@@ -179,7 +179,7 @@ class ErrorMaps:
         draw, font = ImageDraw.Draw(gallery), ImageFont.load_default()
         for i, (name, miou, row) in enumerate(rows):
             top = _LEGEND + i * (_CAPTION + _THUMB)
-            draw.text((2, top + 1), f"{i + 1}. {os.path.basename(name)}  mIoU {miou:.4f}", fill=(0, 0, 0), font=font)
+            draw.text((2, top + 1), f"{i + 1}. {name}  mIoU {miou:.4f}", fill=(0, 0, 0), font=font)
             gallery.paste(Image.fromarray(row), (0, top + _CAPTION))
         save_png(gallery, path)
         return path

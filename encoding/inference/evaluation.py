@@ -61,8 +61,14 @@ def read_image(path: str) -> Tensor:
 
 
 def prediction_filename(name: str) -> str:
-    """``"dir/2008_000123.jpg"`` -> ``"2008_000123.png"``: the file a prediction of that input is written to."""
-    return os.path.splitext(os.path.basename(name))[0] + ".png"
+    """The file, relative to the output folder, a prediction of the sample ``name`` is written to:
+    ``"2008_000123.jpg"`` -> ``"2008_000123.png"``; a relative name keeps its folders (``"cam_a/0001.jpg"`` ->
+    ``"cam_a/0001.png"``, a folder dataset's :meth:`~encoding.datasets.base.BaseDataset.sample_name`); an absolute
+    path or one going up keeps its file name only (``"/data/x/0001.jpg"`` -> ``"0001.png"``)."""
+    parts = name.replace(os.sep, "/").split("/")
+    if os.path.isabs(name) or ".." in parts:
+        parts = parts[-1:]
+    return os.path.join(*[p for p in parts[:-1] if p not in ("", ".")], os.path.splitext(parts[-1])[0] + ".png")
 
 
 class PredictionWriter:
@@ -95,9 +101,10 @@ class PredictionWriter:
 
 
 def save_png(image: Image.Image, path: str) -> None:
-    """Write ``image`` as a PNG at ``path`` atomically (no half-written file is ever seen there)."""
+    """Write ``image`` as a PNG at ``path`` atomically (no half-written file is ever seen there; its folder made)."""
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     atomic_write(path, buffer.getvalue())
 
 
