@@ -216,6 +216,28 @@ def test_class_weights_on_a_users_folder_write_nothing_into_it(tmp_path):
     assert len(cached) == 1 and cached[0].endswith(".json")
 
 
+def test_label_counts_of_masks_read_through_other_class_colours_are_counted_again(tmp_path):
+    """The same colour masks under a corrected class file are other classes' pixels: the cached counts (keyed on
+    the mask files) are not reused for them."""
+    from encoding.datasets.class_weights import label_counts
+
+    root = tmp_path / "colours"
+    for split in ("train", "val"):
+        for kind in ("images", "masks"):
+            (root / split / kind).mkdir(parents=True)
+        for i in range(2):
+            rgb = np.zeros((20, 20, 3), np.uint8)
+            rgb[:10], rgb[10:12] = (255, 0, 0), (0, 0, 255)  # 200 red and 40 blue pixels
+            Image.fromarray(rgb).save(root / split / "masks" / f"{i}.png")
+            Image.fromarray(photo(20, 20, i)).save(root / split / "images" / f"{i}.png")
+    counted = []
+    for colours in ("[[0, 0, 0], [0, 0, 255], [255, 0, 0]]", "[[0, 0, 0], [255, 0, 0], [0, 0, 255]]"):
+        (root / "classes.yaml").write_text(f"classes: [background, car, road]\ncolors: {colours}\n")
+        counted.append(label_counts(FolderSegmentation(str(root), split="train"), progress=False))
+    assert [c["pixels"] for c in counted] == [[320, 80, 400], [320, 400, 80]]
+    assert not counted[1]["cached"]
+
+
 def test_a_colour_mask_converted_to_a_palette_image_is_warned_of(tmp_path):
     """A colour mask saved as a palette (P) image by an editor's colour reduction: its values are palette slots, so
     sky (slot 0) reads as background. P masks are read as class ids (as documented); where a value's palette colour

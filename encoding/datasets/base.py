@@ -229,6 +229,12 @@ class BaseDataset(Dataset):
         """Return the image paths and the matching mask paths (``None`` when the split has no masks)."""
         raise NotImplementedError
 
+    def label_encoding(self) -> bytes:
+        """What turns mask values into classes (the label table, and whatever else a subclass reads masks with):
+        figures counted per class under another encoding are not this one's (:func:`~.class_weights.label_counts`
+        keys its cache on it)."""
+        return self._table.tobytes()
+
     def sample_name(self, index: int) -> str:
         """The name sample ``index`` goes by (a prediction's file, an error map's, a score's): its file name, as in
         PyTorch-Encoding (override where file names repeat within a split)."""

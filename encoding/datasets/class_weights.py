@@ -82,13 +82,15 @@ def label_counts(dataset: Dataset, *, cache: bool = True, progress: bool = True)
         progress: show a progress bar while counting.
 
     Returns:
-        The cache entry: ``dataset``, ``split``, ``root``, ``samples``, ``fingerprint``, ``pixels`` (``n_c``),
+        The cache entry: ``dataset``, ``split``, ``root``, ``samples``, ``fingerprint`` (the mask files),
+        ``labels`` (a digest of :meth:`~encoding.datasets.base.BaseDataset.label_encoding`), ``pixels`` (``n_c``),
         ``image_pixels`` (``m_c``) and ``cached`` (whether it came from the cache).
     """
     base, indices = _samples(dataset)
     masks = [base.masks[i] for i in indices]
     entry = {"dataset": base.NAME or type(base).__name__, "split": base.split, "root": base.root,
-             "samples": len(indices), "fingerprint": _fingerprint(masks)}
+             "samples": len(indices), "fingerprint": _fingerprint(masks),
+             "labels": hashlib.sha1(base.label_encoding()).hexdigest()}  # the masks read as other classes: recount
     key = f"{entry['dataset']}/{entry['split']}/{entry['samples']}"
     path = cache_path(base)
     entries = _read_cache(path) if cache else {}

@@ -245,6 +245,10 @@ class FolderSegmentation(BaseDataset):
         be in two sub-folders."""
         return os.path.relpath(self.images[index], self._names_below).replace(os.sep, "/")
 
+    def label_encoding(self) -> bytes:
+        """The label table and the class file's colours (colour masks are read through them)."""
+        return super().label_encoding() + json.dumps(sorted(self._colors.items())).encode()
+
     def label_table(self) -> np.ndarray:  # type: ignore[override]
         """Raw value -> class index: the class ids, the ignore value (255 = foreground for 0/255 masks), and
         values outside the classes ignored with ``unknown_labels="ignore"``."""
