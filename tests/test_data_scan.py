@@ -211,6 +211,22 @@ def test_mixed_0_1_and_0_255_masks_are_refused_with_binary_and_warned_of_without
     assert len(warnings) == 1 and warnings[0].startswith("3 masks hold 0/1")
 
 
+def _bordered(i, h, w):
+    """0/1 masks with 255 (ignore) on their borders; every third has no object: 0 and 255 only."""
+    m = np.full((h, w), 255, np.uint8)
+    m[1:-1, 1:-1] = 0
+    m[4:16, 4:20] = 1 if i % 3 else 0
+    return m
+
+
+def test_0_1_masks_whose_ignore_value_is_255_are_not_a_mix(train, capsys, tmp_path):
+    """255 in the 0/1 masks themselves is their ignore value: a mask of 0 and 255 is one without the object."""
+    root = _photos(str(tmp_path / "d"), mask=_bordered)
+    data = FolderSegmentation(root, binary=True)
+    assert data.scan.warnings == [] and not data.scan.binary_255
+    assert not [w for w in FolderSegmentation(root).scan.warnings if "0/255" in w]
+
+
 # -- 8. a small file, a huge mask: bounded memory ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def huge_mask(tmp_path_factory):

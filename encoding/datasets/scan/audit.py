@@ -149,17 +149,18 @@ def _count(scan: FolderScan, records: Dict[str, Dict[str, Any]], mapped: Dict[st
 
 
 def _binary_mix(scan: FolderScan, records: Dict[str, Dict[str, Any]], binary: bool, root: str) -> None:
-    """Refuse (``binary``) or warn of masks that mix 0/1 and 0/255 in a two-class dataset."""
+    """Refuse (``binary``) or warn of masks that mix 0/1 and 0/255 in a two-class dataset (not where the 0/1 masks
+    hold 255 too: it is then their ignore value, and a mask of 0 and 255 one without foreground)."""
     if len(scan.spec.names) != 2 or scan.binary_255:
         return
-    ones = [r["mask"] for r in records.values() if r.get("kind") == "index" and 1 in r["values"]]
+    ones = [r for r in records.values() if r.get("kind") == "index" and 1 in r["values"]]
     high = [r for r in records.values() if r.get("kind") == "index" and set(r["values"]) <= {0, 255}
             and 255 in r["values"]]
-    if not ones or not high:
+    if not ones or not high or any(255 in r["values"] for r in ones):  # 255 is the 0/1 masks' own ignore value
         return
     share = scan.share(sum(c for r in high for v, c in zip(r["values"], r["counts"]) if v == 255))
     name = os.path.relpath(high[0]["mask"], root) if root else high[0]["mask"]
-    one = os.path.relpath(ones[0], root) if root else ones[0]
+    one = os.path.relpath(ones[0]["mask"], root) if root else ones[0]["mask"]
     what = (f"{len(ones)} masks hold 0/1 (e.g. {one}) and {len(high)} hold only 0/255 (e.g. {name}): 255 is the "
             f"ignore value, so the 255 pixels of the 0/255 masks ({share:.1f} % of the mask pixels) are ignored, not "
             "foreground; save every mask with the same values (0/1, or 0/255 with no 1)")
