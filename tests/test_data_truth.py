@@ -2,6 +2,7 @@
 foreground with a two-class file, lossy masks that are not JPEG (WebP, JPEG-compressed TIFF, JPEG 2000), grey class
 colours (CamVid's sky) in colour masks, an ignore colour that is a class colour, and a test run on data whose class
 file is not the network's. Each case is built from real files and checks the scan and the loader alike."""
+import collections
 import os
 
 import numpy as np
@@ -306,6 +307,13 @@ def test_a_list_naming_an_image_twice_is_refused_for_scores_and_warned_of_for_tr
     with pytest.warns(RuntimeWarning, match="train.txt"):  # the lists are read together
         val = FolderSegmentation(root, split="val")
     assert len(train) == 8 and len(val) == 2
+    os.remove(os.path.join(root, "splits", "val.txt"))  # a hold-out drawn from the list: the repeats stay repeated
+    listed = collections.Counter(train.images)
+    for seed in range(4):
+        with pytest.warns(RuntimeWarning, match="train.txt"):
+            train, val = (FolderSegmentation(root, split=s, holdout_seed=seed) for s in ("train", "val"))
+        assert len(set(val.images)) == len(val.images) == 1
+        assert collections.Counter(train.images) == {k: n for k, n in listed.items() if k not in val.images}
 
 
 def test_a_published_split_list_naming_a_sample_twice_is_warned_of(tmp_path):

@@ -151,7 +151,8 @@ def hold_out(pairs: List[Pair], fraction: float, seed: int, root: str,
     Raises:
         DatasetError: fewer than 2 samples, or a hold-out file naming a sample the dataset does not have.
     """
-    by_name = {os.path.relpath(image, root): (image, mask) for image, mask in pairs}
+    named = [(os.path.relpath(image, root), (image, mask)) for image, mask in pairs]
+    by_name = dict(named)  # the draw is over images; an image a list repeats stays repeated in train
     if holdout_file and os.path.isfile(holdout_file):
         names = read_holdout(holdout_file)
         missing = [n for n in names if n not in by_name]
@@ -166,7 +167,7 @@ def hold_out(pairs: List[Pair], fraction: float, seed: int, root: str,
         random.Random(seed).shuffle(order)
         names = sorted(order[:min(len(order) - 1, max(1, round(fraction * len(order))))])
     chosen = set(names)
-    return [p for n, p in sorted(by_name.items()) if n not in chosen], [by_name[n] for n in names]
+    return [p for n, p in sorted(named, key=lambda item: item[0]) if n not in chosen], [by_name[n] for n in names]
 
 
 class FolderSegmentation(BaseDataset):
