@@ -16,6 +16,7 @@ from PIL import Image
 import encoding
 from conftest import ROOT, load_script
 from encoding.datasets import FolderSegmentation, get_segmentation_dataset
+from encoding.datasets.folder import HOLDOUT_SEED
 from encoding.datasets import scan as scan_module
 from encoding.datasets import DatasetError
 from encoding.engine.assemble import ConfigError
@@ -221,6 +222,11 @@ def test_the_hold_out_is_listed_and_reused(tmp_path):
     assert not set(train.images) & set(first.images) and len(train) == 16
     other = FolderSegmentation(root, split="val", val_fraction=0.2, holdout_seed=2)
     assert other.images != first.images
+    # with the defaults, Python, the scan and a default run draw the same hold-out
+    from encoding.config import TrainingConfig
+    from encoding.datasets.scan.__main__ import build_parser
+    assert HOLDOUT_SEED == TrainingConfig().seed == build_parser().parse_args([root]).seed
+    assert FolderSegmentation(root, split="val", val_fraction=0.2).images == first.images
 
 
 class _Mine(encoding.datasets.BaseDataset):

@@ -36,12 +36,15 @@ from .scan import FolderScan, cache_file, check_scan, record_key, scan_pairs
 from .transforms import LABEL_IGNORE
 
 __all__ = ["FolderSegmentation", "find_splits", "hold_out", "holdout_path", "read_holdout", "HOLDOUT_NAME",
-           "LEGACY_HOLDOUT_NAME"]
+           "LEGACY_HOLDOUT_NAME", "HOLDOUT_SEED"]
 
 #: The hold-out list a training run writes to its run directory (JSON: any legal file name survives).
 HOLDOUT_NAME = "holdout.json"
 #: The hold-out list of earlier runs (one name per line), still read.
 LEGACY_HOLDOUT_NAME = "holdout.txt"
+#: The seed of a hold-out drawn with the defaults: ``train.py``'s default ``--seed`` (the run draws with its seed),
+#: so a dataset built in Python with the defaults validates on the images a default run held out.
+HOLDOUT_SEED = 1
 
 
 def holdout_path(run_dir: str) -> str:
@@ -178,7 +181,8 @@ class FolderSegmentation(BaseDataset):
         split, mode, ...: see :class:`BaseDataset`.
         val_fraction: the hold-out share when the folder has no ``val`` split.
         holdout_file: where the hold-out list is read from (when it exists); :meth:`save_holdout` writes it.
-        holdout_seed: the seed of the hold-out draw.
+        holdout_seed: the seed of the hold-out draw (default :data:`HOLDOUT_SEED`, ``train.py``'s default
+            ``--seed``).
         unknown_labels: ``error`` (default): a mask value outside the classes stops the scan; ``ignore``: such
             pixels are ignored (and counted), 16-bit values past 255 too.
         binary: a ``--binary`` run: 0/255 masks are background / foreground even with a two-class file; masks mixing
@@ -198,7 +202,7 @@ class FolderSegmentation(BaseDataset):
     WRITES_BESIDE_DATA = False  # the user's folder: nothing is ever written into it
 
     def __init__(self, root: Optional[str] = None, split: str = "train", mode: Optional[str] = None, *args: Any,
-                 val_fraction: float = 0.1, holdout_file: Optional[str] = None, holdout_seed: int = 0,
+                 val_fraction: float = 0.1, holdout_file: Optional[str] = None, holdout_seed: int = HOLDOUT_SEED,
                  unknown_labels: str = "error", binary: bool = False, scan_cache: Union[bool, str] = True,
                  **kwargs: Any) -> None:
         if root is None:
