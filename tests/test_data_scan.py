@@ -375,13 +375,21 @@ def test_a_16_bit_mask_value_300_is_ignored_by_the_scan_and_the_loader_alike(tmp
         raise AssertionError("the 16-bit mask is in neither split")
 
 
+def test_masks_of_no_class_pixel_at_all_are_refused_even_with_unknown_labels_ignored(tmp_path):
+    """Every value outside the classes and ignored: nothing to learn or to score, refused naming the shares."""
+    root = _photos(str(tmp_path / "d"), n=4, classes="background\nred\n",
+                   mask=lambda i, h, w: np.full((h, w), 7 + i, np.uint8))
+    with pytest.raises(DatasetError, match=r"no mask pixel is of a class: 100\.0 % hold values outside the classes"):
+        FolderSegmentation(root, unknown_labels="ignore")
+
+
 # -- pairing: the mask suffixes people use -------------------------------------------------------------------------
 @pytest.mark.parametrize("suffix", ["_mask", "_label", "_gt", "-seg"])
 def test_masks_named_with_a_shared_suffix_pair_with_their_images(tmp_path, suffix):
     root = _photos(str(tmp_path / "d"), n=4)
     for i in range(4):
         os.rename(os.path.join(root, "masks", f"{i:04d}.png"), os.path.join(root, "masks", f"{i:04d}{suffix}.png"))
-    data = FolderSegmentation(root, split="train", val_fraction=0.25)
+    data = FolderSegmentation(root, split="train", val_fraction=0.25, holdout_seed=0)  # the draw holds 0002 out
     assert [os.path.basename(m) for m in data.masks] == [f"{i:04d}{suffix}.png" for i in (0, 1, 3)]
     assert [os.path.basename(m) for m in data.images] == [f"{i:04d}.jpg" for i in (0, 1, 3)]
 

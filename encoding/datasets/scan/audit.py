@@ -170,9 +170,15 @@ def _binary_mix(scan: FolderScan, records: Dict[str, Dict[str, Any]], binary: bo
 
 
 def _empty_classes(scan: FolderScan, root: str, train_count: int, zero_255: bool) -> None:
-    """Refuse a class without pixels while the ignore value is common, or while two classes' masks hold only 0 and
-    255 (``zero_255``: the 255 pixels are the missing class, however few); warn of classes without pixels."""
+    """Refuse masks of no class pixel at all, a class without pixels while the ignore value is common, or while two
+    classes' masks hold only 0 and 255 (``zero_255``: the 255 pixels are the missing class, however few); warn of
+    classes without pixels."""
     ignored = scan.share(scan.ignored)
+    if scan.samples and not any(scan.pixels):  # nothing to learn or to score
+        raise DatasetError(root or scan.spec.source, f"no mask pixel is of a class: {scan.share(scan.unknown):.1f} % "
+                           "hold values outside the classes (ignored: --unknown-labels ignore) and "
+                           f"{ignored:.1f} % the ignore value {scan.spec.ignore_index}; check the class file against "
+                           "the masks' values")
     binary_file = zero_255 and len(scan.spec.names) == 2 and scan.spec.ignore_index == 255
     for i, name in enumerate(scan.spec.names):
         if scan.pixels[i] == 0 and (ignored >= 100 * SUSPECT_IGNORE or binary_file) and not scan.binary_255:
