@@ -210,6 +210,19 @@ def test_the_scan_is_cached_and_reads_changed_files_again(tmp_path, monkeypatch)
     assert [os.path.basename(c[1]) for c in calls] == ["img01.png"]
 
 
+@pytest.mark.parametrize("layout", ["splitdirs", "mmseg"])
+def test_an_unlabelled_test_folder_is_left_out_not_refused(tmp_path, layout):
+    """Test images without masks (mmsegmentation's usual test split) are not a split to train on or to score."""
+    root = make_folder(str(tmp_path / "d"), layout)
+    images = os.path.join(root, *(("test", "images") if layout == "splitdirs" else ("img_dir", "test")))
+    os.makedirs(images)
+    Image.fromarray(np.zeros((20, 24, 3), np.uint8)).save(os.path.join(images, "unlabelled.jpg"))
+    data = FolderSegmentation(root)
+    assert data.SPLITS == ("train", "val") and len(data) == 6
+    with pytest.raises(ValueError, match="unknown split 'test'; valid splits: train, val"):
+        FolderSegmentation(root, split="test", mode="test")
+
+
 def test_the_hold_out_is_listed_and_reused(tmp_path):
     root = make_folder(str(tmp_path / "d"), "flat", n_train=18, n_val=2)
     first = FolderSegmentation(root, split="val", val_fraction=0.2, holdout_seed=1)

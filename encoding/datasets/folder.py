@@ -110,6 +110,8 @@ def find_splits(root: str) -> Tuple[str, Dict[str, List[Pair]], List[Problem]]:
                                  "(see docs/own-data.md)")
     splits, problems = {}, []
     for name, (images, masks) in folders.items():
+        if name == "test" and not os.path.isdir(masks):  # unlabelled test images: nothing to train on or score
+            continue
         splits[name], unpaired = pair_folders(images, masks)
         problems += unpaired
     return layout, splits, problems
