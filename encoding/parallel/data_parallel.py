@@ -227,7 +227,7 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
         outputs = self.parallel_apply([self._method(r, method) for r in replicas], inputs_per_replica,
                                       kwargs_per_replica, devices)
         if not source_runs:
-            keep_buffers(self.module, replicas[0])
+            _keep_buffers(self.module, replicas[0])
         sample_lists = any(isinstance(leaf, PerSample) for _, leaf in iter_leaves(inputs_per_replica[0]))
         return ReplicaOutputs(outputs, sizes, devices, self.dim, sample_lists)
 
@@ -246,7 +246,7 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
     def _replicate(self, devices: List[torch.device], source_runs: bool) -> List[nn.Module]:
         """Replicas for ``devices``; when the source device (``device_ids[0]``) sits out, its copy is made (it
         aliases the module) and dropped, and the replication callbacks see only the replicas that run (the first
-        of them is the master copy, whose buffers :func:`keep_buffers` copies back)."""
+        of them is the master copy, whose buffers ``_keep_buffers`` copies back)."""
         if source_runs:
             return self.replicate(self.module, devices)
         replicas = replicate(self.module, [self.src_device_obj] + devices, callbacks=False)[1:]
@@ -267,7 +267,7 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
 
 
 @torch.no_grad()
-def keep_buffers(module: nn.Module, replica: nn.Module) -> None:
+def _keep_buffers(module: nn.Module, replica: nn.Module) -> None:
     """Copy the buffers of ``replica`` (the master copy: running statistics, ``num_batches_tracked``) into
     ``module``'s, as the master copy's own buffers would be when it is the module's copy on the source device."""
     for (name, own), (_, updated) in zip(module.named_buffers(), replica.named_buffers()):
