@@ -260,3 +260,33 @@ def test_a_transformers_folder_named_by_data_cannot_run_its_own_code(tmp_path, m
         encoding.load_model(str(tmp_path / "ck.pth"))
     assert "\n" not in str(caught.value) and "auto_map" in str(caught.value) and "--trust-code" in str(caught.value)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("where", ["top", "backbone"])
+def test_a_shared_folders_stored_transformers_config_cannot_run_its_own_code(tmp_path, monkeypatch, where):
+    """A model folder (config.json + model.safetensors) whose stored transformers config maps a network to code
+    beside it (auto_map, also in a backbone's config): building its network asked transformers' prompt, and an
+    answer ran the folder's file. Refused in one line without the opt-in, nothing imported."""
+    import io
+    import json
+
+    import safetensors.torch
+
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    marker = tmp_path / "ran.txt"
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n"
+                                    "from transformers import PreTrainedModel\nclass Evil(PreTrainedModel):\n    pass\n")
+    mapped = {"auto_map": {"AutoModelForSemanticSegmentation": "evil.Evil", "AutoBackbone": "evil.Evil"}}
+    stored = {"model_type": "bert", "_name_or_path": str(folder),
+              **(mapped if where == "top" else {"backbone_config": {"model_type": "resnet", **mapped}})}
+    info = {"dataset": "shapes", "classes": ["a", "b"], "palette": [[0, 0, 0], [1, 1, 1]], "mean": [0.5] * 3,
+            "std": [0.5] * 3, "base_size": 64, "crop_size": 32, "options": {"model": "transformers:anything"}}
+    (folder / "config.json").write_text(json.dumps({"format": "encoding-model", "version": 1, "info": info,
+                                                    "transformers_config": stored}))
+    safetensors.torch.save_file({"x": torch.zeros(1)}, str(folder / "model.safetensors"))
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))  # whoever answers the prompt
+    with pytest.raises(UntrustedCode) as caught:
+        encoding.load_model(str(folder))
+    _one_line_refusal(caught, module="evil.Evil")
+    assert "auto_map" in str(caught.value) and not marker.exists()

@@ -30,7 +30,7 @@ import inspect
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -184,18 +184,34 @@ def _torchvision(name: str, num_classes: int, aux: bool, pretrained_backbone: An
     return builder(**{**options, **kwargs})
 
 
+def _auto_maps(config: Any) -> List[Any]:
+    """The ``auto_map`` entries (class -> the author's code) anywhere in a transformers config (a backbone's
+    config included)."""
+    if isinstance(config, dict):
+        own = [config["auto_map"]] if "auto_map" in config else []
+        return own + [m for value in config.values() for m in _auto_maps(value)]
+    if isinstance(config, list):
+        return [m for value in config for m in _auto_maps(value)]
+    return []
+
+
 def _transformers(path: str, num_classes: int, stored_config: Optional[Dict[str, Any]] = None,
                   **kwargs: Any) -> nn.Module:
     from transformers import AutoConfig, AutoModelForSemanticSegmentation
-    if stored_config is not None:  # a model folder's record of the network: built from it, weights read apart
-        _refuse_unknown(f"transformers:{path}", set(kwargs), "a stored config.json only")
-        return AutoModelForSemanticSegmentation.from_config(AutoConfig.for_model(**stored_config))
-    if not os.path.isdir(path):
-        raise UsageError(f"model spec transformers:{path}: no such folder (a save_pretrained folder of a "
-                         "semantic-segmentation model)")
     source = untrusted_source()
     # data's folder: no pickle, and no code of the folder's (its config's auto_map) on any answer to a prompt
     remote = {} if source is None else {"trust_remote_code": False}
+    if stored_config is not None:  # a model folder's record of the network: built from it, weights read apart
+        _refuse_unknown(f"transformers:{path}", set(kwargs), "a stored config.json only")
+        mapped = _auto_maps(stored_config)
+        if source is not None and mapped:
+            raise UntrustedCode(f"{source} names code to run: its transformers config maps a network to code "
+                                f"(auto_map {mapped[0]!r}); loading a model runs no code of its author's unless you "
+                                f"trust it: pass {OPT_IN}")
+        return AutoModelForSemanticSegmentation.from_config(AutoConfig.for_model(**stored_config), **remote)
+    if not os.path.isdir(path):
+        raise UsageError(f"model spec transformers:{path}: no such folder (a save_pretrained folder of a "
+                         "semantic-segmentation model)")
     safe = {} if source is None else {"use_safetensors": True, **remote}
     try:
         config, unused = AutoConfig.from_pretrained(path, num_labels=num_classes, return_unused_kwargs=True,
