@@ -180,6 +180,24 @@ def test_a_preset_offline_fails_in_one_line(monkeypatch, tmp_path):
     assert "\n" not in message and "could not download" in message and str(tmp_path) in message
 
 
+def test_a_presets_network_options_build_the_network_its_info_records(tmp_path):
+    """``output_stride=16`` for a preset is built (its info recorded 16 while the network kept 8, so its shared copy
+    was another network); another dataset / model / backbone is refused, and so is ``weights=`` for a checkpoint."""
+    from encoding.errors import UsageError
+    from encoding.models import get_model
+
+    path = tmp_path / "fcn.pth"
+    torch.save(get_model("fcn_resnet50_voc").state_dict(), path)
+    model = encoding.load_model("fcn_resnet50_voc", weights=str(path), output_stride=16)
+    dilations = [m.dilation[0] for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert model.info.options["output_stride"] == 16 and max(dilations) == 2  # stride 8 dilates layer4 by 4
+    with pytest.raises(UsageError, match="backbone='resnet101': the preset is dataset='pascal_voc', model='fcn', "
+                                         "backbone='resnet50'"):
+        encoding.load_model("fcn_resnet50_voc", weights=str(path), backbone="resnet101")
+    with pytest.raises(UsageError, match="weights= replaces a preset's published weights"):
+        encoding.load_model(str(tmp_path / "run.pth"), weights=str(path))
+
+
 @pytest.mark.gpu
 def test_segment_on_a_gpu_agrees_with_the_cpu(tiny_run):
     _, checkpoint, _ = tiny_run

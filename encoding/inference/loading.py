@@ -206,6 +206,9 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
     path = os.fspath(source)
     if not os.path.isfile(path) and path.lower() in PRESETS:
         return _load_preset(path.lower(), device, weights, given)
+    if weights is not None:
+        raise UsageError(f"load_model({path!r}, weights={os.fspath(weights)!r}): weights= replaces a preset's "
+                         "published weights; a checkpoint file or a shared model holds its own")
     shared = _load_shared(path, device, given, trust_code)
     if shared is not None:
         return shared
@@ -276,7 +279,12 @@ def _load_preset(name: str, device: Optional[Union[str, torch.device]], weights:
         raise UsageError(f"no published weights for the preset {name!r}: pass weights='path/to/model.pth' "
                          f"(presets with published weights: {', '.join(pretrained_model_list())})")
     preset = PRESETS[name]
-    model = get_model(name, pretrained=weights if weights is not None else True)
-    info = ModelInfo.of_dataset(**{**options, "dataset": preset["dataset"], "model": preset["name"],
-                                   "backbone": preset["backbone"], "aux": preset["aux"], "se_loss": preset["se_loss"]})
-    return _with_info(model, info, device)
+    named = {"dataset": preset["dataset"], "model": preset["name"], "backbone": preset["backbone"]}
+    other = {k: v for k, v in options.items() if k in named and v != named[k]}
+    if other:
+        raise UsageError(f"load_model({name!r}): {', '.join(f'{k}={v!r}' for k, v in other.items())}: the preset is "
+                         f"{', '.join(f'{k}={v!r}' for k, v in named.items())} (pass a checkpoint for another network)")
+    built = {"aux": preset["aux"], "se_loss": preset["se_loss"],
+             **{k: v for k, v in options.items() if k in ("aux", "se_loss", "output_stride", "head_channels")}}
+    model = get_model(name, pretrained=weights if weights is not None else True, **built)  # as its info says
+    return _with_info(model, ModelInfo.of_dataset(**{**options, **named, **built}), device)
