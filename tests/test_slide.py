@@ -65,6 +65,21 @@ def test_multi_scale_windows_batched_give_the_labels_of_one_window_at_a_time(une
         assert max(recorder.batches) == 4 and recorder.batches.count(4) > 2
 
 
+@pytest.mark.parametrize("window, stride", [(22, 15), (23, 13), (39, 31), (32, 21)])
+def test_multi_scale_windows_step_by_the_stride_given(unet, window, stride):
+    """``segment(scales=..., stride=S)`` steps by S pixels: the rate ``S / window`` rounded back to S - 1."""
+    module = inference_module(unet, scales=(1.0,), window=window, stride=stride)
+    assert module.stride == stride
+    assert inference_module(unet, scales=(1.0,), window=window).stride == int(window * 2 / 3)  # PE's default
+
+
+def test_a_one_pixel_strip_is_segmented_at_every_scale(unet):
+    """A 400 x 1 strip: its short side at scale 1 rounded to 0 pixels, a raw error of the interpolation."""
+    strip = np.random.default_rng(4).integers(0, 256, (400, 1, 3), dtype=np.uint8)
+    for image in (strip, strip.transpose(1, 0, 2)):
+        assert tuple(encoding.segment(unet, image, scales=(1.0, 0.5)).shape) == image.shape[:2]
+
+
 def test_segment_batches_windows_by_memory_and_keeps_the_labels(unet):
     image = np.random.default_rng(3).integers(0, 256, (97, 150, 3), dtype=np.uint8)
     single = encoding.segment(unet, image, mode="slide", window=32, window_batch=1)

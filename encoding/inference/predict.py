@@ -215,8 +215,8 @@ def inference_module(model: nn.Module, *, mode: str = "whole", window: Optional[
         window = window or info.crop_size
         check_windows(window, stride)
         return MultiEvalModule(model, info.out_channels, base_size=info.base_size, crop_size=window, scales=scales,
-                               flip=flip, stride_rate=min((stride or window * 2 / 3) / window, 1.0),
-                               mean=info.mean, std=info.std, window_batch=batch)
+                               flip=flip, stride=min(stride, window) if stride else None, mean=info.mean,
+                               std=info.std, window_batch=batch)
     if mode == "slide":
         window = window or (info or model_info(model)).crop_size
         check_windows(window, stride)

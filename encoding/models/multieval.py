@@ -92,7 +92,9 @@ class MultiEvalModule(nn.Module):
         crop_size: window size (and the size small images are padded to).
         scales: resize factors relative to ``base_size``.
         flip: also evaluate the horizontally flipped image.
-        stride_rate: window stride as a fraction of ``crop_size``.
+        stride_rate: window stride as a fraction of ``crop_size`` (PyTorch-Encoding's ``int(crop_size * rate)``).
+        stride: the window stride in pixels, instead of ``stride_rate`` (a rate would round ``S / crop_size`` back to
+            ``S - 1`` for many ``S``).
         mean: per-channel normalization mean of the input (for the padding value ``-mean/std``).
         std: per-channel normalization std of the input.
         window_batch: windows per forward (an int, or a function of one window: :data:`WindowBatch`).
@@ -112,7 +114,8 @@ class MultiEvalModule(nn.Module):
     def __init__(self, module: nn.Module, nclass: int, base_size: int = 520, crop_size: int = 480,
                  scales: Sequence[float] = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75), flip: bool = True,
                  stride_rate: float = 2.0 / 3.0, mean: Sequence[float] = IMAGENET_MEAN,
-                 std: Sequence[float] = IMAGENET_STD, window_batch: WindowBatch = 1) -> None:
+                 std: Sequence[float] = IMAGENET_STD, window_batch: WindowBatch = 1,
+                 stride: Optional[int] = None) -> None:
         super().__init__()
         if not scales:
             raise ValueError("MultiEvalModule needs at least one scale")
@@ -125,7 +128,9 @@ class MultiEvalModule(nn.Module):
         self.base_size, self.crop_size = base_size, crop_size
         self.scales = tuple(scales)
         self.flip = flip
-        self.stride = max(int(crop_size * stride_rate), 1)
+        if stride is not None and not 0 < stride <= crop_size:
+            raise ValueError(f"stride must be in [1, crop_size={crop_size}], got {stride}")
+        self.stride = stride or max(int(crop_size * stride_rate), 1)
         self.pad_value = tuple(-m / s for m, s in zip(mean, std))
         self.window_batch = window_batch
 
@@ -144,9 +149,9 @@ class MultiEvalModule(nn.Module):
 
     def _scaled_size(self, h: int, w: int, scale: float) -> Tuple[int, int]:
         long_size = int(math.ceil(self.base_size * scale))
-        if h > w:
-            return long_size, int(1.0 * w * long_size / h + 0.5)
-        return int(1.0 * h * long_size / w + 0.5), long_size
+        if h > w:  # the short side at least one pixel (a 400 x 1 strip)
+            return long_size, max(int(1.0 * w * long_size / h + 0.5), 1)
+        return max(int(1.0 * h * long_size / w + 0.5), 1), long_size
 
     def _evaluate_scale(self, image: Tensor) -> Tensor:
         """Logits of the whole (resized) image, by one padded pass or by sliding windows."""
