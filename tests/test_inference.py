@@ -79,6 +79,26 @@ def test_segment_takes_grey_arrays_as_it_takes_grey_files(tiny_run, tmp_path):
     assert torch.equal(encoding.segment(model, np.repeat(grey[..., None], 3, axis=2)), expected)
 
 
+def test_a_pil_image_gives_the_labels_of_its_file(tiny_run, tmp_path):
+    """A PIL image is read as its file is: a 16-bit grey PNG scaled to 8 bits (not clipped to white), an EXIF-rotated
+    JPEG upright."""
+    torch.manual_seed(0)
+    model = get_segmentation_model("unet", dataset="shapes", backbone="vgg_tiny_s2").eval()  # untrained: varied labels
+    grey = np.array(Image.open(tiny_eval_set(tiny_run[0], "test").images[0]).convert("L")).astype(np.uint16) * 257
+    Image.fromarray(grey).save(tmp_path / "wide.png")
+    rgb = np.array(Image.open(tiny_eval_set(tiny_run[0], "test").images[1]).convert("RGB"))[:, :50]
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90 degrees: shown upright as W x H
+    Image.fromarray(rgb).save(tmp_path / "turned.jpg", exif=exif)
+    for name in ("wide.png", "turned.jpg"):
+        path = str(tmp_path / name)
+        expected = encoding.segment(model, path)
+        assert len(expected.unique()) > 1
+        with Image.open(path) as image:
+            assert torch.equal(encoding.segment(model, image), expected), name
+    assert expected.shape == (50, rgb.shape[0])
+
+
 def test_segment_scales_reuse_multieval(tiny_run):
     """scales= is PyTorch-Encoding's multi-scale evaluation, MultiEvalModule at the checkpoint's sizes."""
     _, checkpoint, _ = tiny_run

@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from ..datasets.base import BaseDataset
+from ..datasets.base import BaseDataset, rgb_of
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD, image_transform
 from ..errors import UsageError
 from ..memory.fakes import new_fake_mode
@@ -141,7 +141,8 @@ def to_batch(image: ImageLike, mean: Sequence[float] = IMAGENET_MEAN,
     """``image`` as a normalised ``float32 B x 3 x H x W`` batch.
 
     Args:
-        image: a path (read by the datasets' reader: EXIF-upright, any mode converted to RGB), a PIL image, an
+        image: a path (read by the datasets' reader: EXIF-upright, any mode converted to RGB), a PIL image (read
+            as its file would be), an
             ``H x W x 3`` ``uint8`` array (``H x W`` or ``H x W x 1``: grey, its value in each channel, as a grey
             file is read), a ``uint8`` tensor ``3 x H x W`` / ``B x 3 x H x W`` (normalised here), or a
             float tensor ``3 x H x W`` / ``B x 3 x H x W`` taken as already normalised (as the datasets give them).
@@ -154,7 +155,7 @@ def to_batch(image: ImageLike, mean: Sequence[float] = IMAGENET_MEAN,
     if isinstance(image, (str, os.PathLike)):
         image = BaseDataset._read_image(os.fspath(image))
     if isinstance(image, Image.Image):
-        image = np.array(image.convert("RGB"))
+        image = rgb_of(image)  # as its file is read
     if isinstance(image, np.ndarray):
         if image.dtype == np.uint8 and (image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1)):
             image = np.repeat(image.reshape(*image.shape[:2], 1), 3, axis=2)  # grey: as PIL's convert("RGB")
