@@ -115,6 +115,10 @@ def test_window_batch_options_are_checked(unet):
             encoding.segment(unet, image, mode="slide", window=32, **keywords)
     with pytest.raises(ValueError, match="window_batch / window_memory are options of mode='slide'"):
         encoding.segment(unet, image, window_batch=4)
+    from encoding.config.parser import build_parser
+    from encoding.inference.predict import DEFAULT_WINDOW_MEMORY
+    (action,) = [a for a in build_parser("test")._actions if "--window-batch" in a.option_strings]
+    assert f"as many as {DEFAULT_WINDOW_MEMORY >> 20} MiB holds on a CPU" in action.help  # the help says the default
 
 
 class HostRead(nn.Module):

@@ -286,7 +286,7 @@ class EvalOptions:
     stride: Optional[int] = option(None, "--mode slide stride (default: 2/3 of --window)", parse=positive_int,
                                    scripts=("test",))
     window_batch: Optional[int] = option(None, "windows per forward of --mode slide / --multi-scale (default: as "
-                                         "many as 512 MiB holds on a CPU, half the free memory of a GPU; the labels "
+                                         "many as 64 MiB holds on a CPU, half the free memory of a GPU; the labels "
                                          "do not depend on it)", parse=positive_int, metavar="N", scripts=EVAL)
     multi_scale: bool = option(False, "average over scales and flips with sliding windows (MultiEvalModule)",
                                scripts=EVAL)
