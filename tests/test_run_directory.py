@@ -110,6 +110,17 @@ def test_a_started_run_directory_is_refused_unless_resume_or_overwrite(tiny_shap
     assert _log_epochs(tmp_path) == ["0", "1"]
     assert train_tiny(tiny_shapes, tmp_path, "--overwrite")[0] == 0  # a new run: the old files are gone
     assert _log_epochs(tmp_path) == ["0"] and load_checkpoint(checkpoint)["epoch"] == 0
+    # a fine-tuning, or a checkpoint of another directory, starts a run of its own: refused there, the files kept
+    assert train_tiny(tiny_shapes, tmp_path / "other", epochs=2)[0] == 0
+    other = os.path.join(run_dir_of(tmp_path / "other"), "model_best.pth")
+    before = os.stat(best).st_mtime_ns
+    for extra in (["--resume", other, "--ft"], ["--resume", os.path.join(os.path.dirname(other), CHECKPOINT_NAME)]):
+        capsys.readouterr()
+        assert train_tiny(tiny_shapes, tmp_path, *extra, epochs=3)[0] == 2
+        assert "already holds a run" in capsys.readouterr().err
+        assert os.stat(best).st_mtime_ns == before and _log_epochs(tmp_path) == ["0"]
+    assert train_tiny(tiny_shapes, tmp_path, "--resume", other, "--ft", "--overwrite", epochs=2)[0] == 0
+    assert _log_epochs(tmp_path) == ["0", "1"]  # the fine-tuning's own epochs, the old run's rows gone
 
 
 def test_parsing_options_never_looks_at_run_directories(tmp_path, monkeypatch):

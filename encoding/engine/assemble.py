@@ -152,14 +152,15 @@ def check_training(config: "TrainingConfig", given_datasets: bool = False) -> No
 
 def check_run_dir(config: "TrainingConfig") -> None:
     """Refuse to start a run in a directory that already holds another run (its checkpoints or logs), unless
-    ``resume`` continues it, ``overwrite`` replaces it or ``eval`` only evaluates. Asked by :func:`run_training`
+    ``resume`` continues it (a checkpoint of that directory, without ``ft``), ``overwrite`` replaces it or ``eval``
+    only evaluates. Asked by :func:`run_training`
     when the run starts, never while options are parsed (parsing reads no run directory).
 
     Raises:
         ConfigError: naming the directory, the files found and the three ways on.
     """
     c = config
-    found = _started(c.run_dir) if not (c.eval or c.resume or c.overwrite) else []
+    found = _started(c.run_dir) if not (c.eval or c.overwrite or _continues(c)) else []
     if found:
         path = state.resumable(c.run_dir)
         way = f": continue it with --resume {path}," if path else " and no checkpoint to continue it from:"
@@ -169,6 +170,14 @@ def check_run_dir(config: "TrainingConfig") -> None:
     if path and not c.eval and os.path.isfile(own) and os.path.samefile(path, own):  # the run writes its own again
         raise ConfigError(f"--config {path}: that is this run's own {RUN_CONFIG_NAME}, which the run writes "
                           "again (or --overwrite deletes): pass a copy of it, or another --checkname")
+
+
+def _continues(config: "TrainingConfig") -> bool:
+    """Whether the run continues the run of its own directory: ``--resume`` of a checkpoint there, without
+    ``--ft`` (a fine-tuning, or a checkpoint of another directory, starts a run of its own)."""
+    if not config.resume or config.ft:
+        return False
+    return os.path.realpath(os.path.dirname(os.path.abspath(config.resume))) == os.path.realpath(config.run_dir)
 
 
 def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint) -> None:
@@ -357,7 +366,7 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
     if resumed:
         check_resume(config, checkpoint)
     with _made_dirs(config.run_dir), run_lock(config.run_dir, enabled=not config.eval):  # before any work
-        if config.overwrite and not config.resume and main:
+        if config.overwrite and not resumed and not config.eval and main:
             for name in _started(config.run_dir):  # --overwrite: the earlier run's files go, nothing is mixed
                 os.unlink(os.path.join(config.run_dir, name))
         run = build_training(config, datasets=datasets, checkpoint=checkpoint)
