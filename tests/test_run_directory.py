@@ -108,8 +108,14 @@ def test_a_started_run_directory_is_refused_unless_resume_or_overwrite(tiny_shap
     assert os.stat(best).st_mtime_ns == before and _log_epochs(tmp_path) == ["0"]
     assert train_tiny(tiny_shapes, tmp_path, "--resume", checkpoint, epochs=2)[0] == 0
     assert _log_epochs(tmp_path) == ["0", "1"]
+    run_dir = run_dir_of(tmp_path)  # the earlier run's TensorBoard / W&B records and hold-out list go with it
+    earlier = ["events.out.tfevents.1.host.1", os.path.join("wandb", "offline-run-1", "run.wandb"), "holdout.json"]
+    for name in earlier:
+        os.makedirs(os.path.dirname(os.path.join(run_dir, name)), exist_ok=True)
+        open(os.path.join(run_dir, name), "w").close()
     assert train_tiny(tiny_shapes, tmp_path, "--overwrite")[0] == 0  # a new run: the old files are gone
     assert _log_epochs(tmp_path) == ["0"] and load_checkpoint(checkpoint)["epoch"] == 0
+    assert not any(os.path.exists(os.path.join(run_dir, name)) for name in earlier + ["wandb"])
     # a fine-tuning, or a checkpoint of another directory, starts a run of its own: refused there, the files kept
     assert train_tiny(tiny_shapes, tmp_path / "other", epochs=2)[0] == 0
     other = os.path.join(run_dir_of(tmp_path / "other"), "model_best.pth")

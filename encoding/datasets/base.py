@@ -27,13 +27,13 @@ from torch import Tensor
 from torch.utils.data import Dataset, get_worker_info
 from torchvision import tv_tensors
 
-from ..utils.images import ImageTooLarge, open_image, upright, upright_size
+from ..utils.images import ImageTooLarge, open_image, rgb_of, upright_size
 from .layout import DatasetError, default_root, read_split_file
 from .transforms import (IMAGENET_MEAN, IMAGENET_STD, LABEL_IGNORE, LeanCompose, PadTo, image_transform,
                          to_index_mask, train_joint_transform, transform_pair, val_joint_transform)
 
 __all__ = ["BaseDataset", "DatasetError", "default_root", "read_split_file", "identity_table", "shifted_table",
-           "ShiftedLabels", "mapped_table", "MODES", "read_rgb", "rgb_of", "check_image"]
+           "ShiftedLabels", "mapped_table", "MODES", "read_rgb", "check_image"]
 
 MODES = ("train", "val", "testval", "test")
 #: Internal: marks raw label values that are neither a class nor ignore in a label table (never in a returned mask).
@@ -80,18 +80,6 @@ def read_rgb(path: str) -> np.ndarray:
     """
     with _decoding(path), open_image(path) as im:
         return rgb_of(im)
-
-
-def rgb_of(im: Image.Image) -> np.ndarray:
-    """A PIL image as :func:`read_rgb` reads its file: upright by its EXIF orientation, 16/32-bit grey scaled to 8
-    bits, any mode converted to RGB (``encoding.segment`` of a PIL image gives the labels of its file)."""
-    im = upright(im)
-    if im.mode.startswith("I") or im.mode == "F":  # 16-bit PNG / TIFF grey ("I;16", "I"), float ("F")
-        wide = np.asarray(im, dtype=np.float64)
-        top = 65535.0 if im.mode != "F" else 1.0 if wide.size == 0 or wide.max() <= 1.0 else 255.0
-        grey = np.clip(np.rint(wide * (255.0 / top)), 0, 255).astype(np.uint8)
-        return np.repeat(grey[..., None], 3, axis=2)
-    return np.array(im if im.mode == "RGB" else im.convert("RGB"))
 
 
 def identity_table(nclass: int, ignore: Sequence[int] = (255,)) -> np.ndarray:

@@ -14,7 +14,9 @@ Device policy:
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import shutil
 import time
 import sys
 from dataclasses import asdict, replace
@@ -30,6 +32,7 @@ from ..config.parser import option_specs
 from ..config.resolve import describe_sources
 from ..config.training import flat_options
 from ..datasets import class_weights as weights, datasets as DATASETS
+from ..datasets.folder import HOLDOUT_NAME, LEGACY_HOLDOUT_NAME
 from ..names import is_model_spec
 from ..models.network import NetworkSpec
 from ..parallel import resolve_devices
@@ -39,7 +42,8 @@ from ..utils.determinism import enable_determinism
 from ..utils.dist import get_rank, init_distributed_mode, is_main_process, timeout_problem
 from ..utils.images import set_max_pixels
 from ..utils.metrics import SegmentationMetric
-from ..utils.monitor import MonitorUnavailable, require
+from ..utils.monitor import SINK_FILES, MonitorUnavailable, require
+from ..utils.plot import CURVES_NAME
 from ..utils.rundir import run_lock
 from ..utils.table import format_table
 from . import state
@@ -120,6 +124,17 @@ def _started(run_dir: str) -> List[str]:
     return [name for name in names if os.path.exists(os.path.join(run_dir, name))]
 
 
+def _clear_earlier_run(run_dir: str) -> None:
+    """``--overwrite``: the earlier run's files go (checkpoints, logs, curves, hold-out list, TensorBoard / W&B
+    records), so nothing of it is mixed into the new run's."""
+    for pattern in _started(run_dir) + [CURVES_NAME, HOLDOUT_NAME, LEGACY_HOLDOUT_NAME, *SINK_FILES]:
+        for path in glob.glob(os.path.join(glob.escape(run_dir), pattern)):
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+
+
 def check_training(config: "TrainingConfig", given_datasets: bool = False) -> None:
     """Refuse every option value of ``config`` that the run could only fail on later, before any directory is made
     or any data generated: dataset, splits, network, devices and schedule. It reads no file: whether the run
@@ -173,11 +188,9 @@ def check_run_dir(config: "TrainingConfig") -> None:
 
 
 def _continues(config: "TrainingConfig") -> bool:
-    """Whether the run continues the run of its own directory: ``--resume`` of a checkpoint there, without
-    ``--ft`` (a fine-tuning, or a checkpoint of another directory, starts a run of its own)."""
-    if not config.resume or config.ft:
-        return False
-    return os.path.realpath(os.path.dirname(os.path.abspath(config.resume))) == os.path.realpath(config.run_dir)
+    """Whether the run continues its directory's run: ``--resume`` of a checkpoint there, without ``--ft``."""
+    return bool(config.resume) and not config.ft and os.path.realpath(
+        os.path.dirname(os.path.abspath(config.resume))) == os.path.realpath(config.run_dir)
 
 
 def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint) -> None:
@@ -367,8 +380,7 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
         check_resume(config, checkpoint)
     with _made_dirs(config.run_dir), run_lock(config.run_dir, enabled=not config.eval):  # before any work
         if config.overwrite and not resumed and not config.eval and main:
-            for name in _started(config.run_dir):  # --overwrite: the earlier run's files go, nothing is mixed
-                os.unlink(os.path.join(config.run_dir, name))
+            _clear_earlier_run(config.run_dir)
         run = build_training(config, datasets=datasets, checkpoint=checkpoint)
         if is_main_process():
             print(run.describe())

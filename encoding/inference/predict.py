@@ -28,13 +28,14 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from ..datasets.base import BaseDataset, rgb_of
+from ..datasets.base import BaseDataset
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD, image_transform
 from ..errors import UsageError
 from ..memory.fakes import new_fake_mode
 from ..memory.tracker import AllocationTracker
 from ..models import MultiEvalModule, SlidingWindow
 from ..models.multieval import WindowBatch, flip_average
+from ..utils.images import rgb_of
 from ..utils.metrics import labels_of, main_output
 from .loading import ModelInfo, model_info
 

@@ -21,12 +21,14 @@ import contextlib
 import os
 from typing import Iterator, Optional, Union
 
+import numpy as np
+
 from PIL import Image, UnidentifiedImageError
 
 from ..errors import UsageError
 
 __all__ = ["DEFAULT_MAX_PIXELS", "READ_FORMATS", "ImageTooLarge", "max_pixels", "set_max_pixels", "check_pixels",
-           "image_extensions", "open_image", "orientation", "upright", "upright_size"]
+           "image_extensions", "open_image", "orientation", "upright", "upright_size", "rgb_of"]
 
 #: The default pixel limit (width x height) of an image the toolkit decodes.
 DEFAULT_MAX_PIXELS = 100_000_000
@@ -136,3 +138,15 @@ def upright(im: Image.Image) -> Image.Image:
 def upright_size(im: Image.Image) -> tuple:
     """``(width, height)`` of ``im`` as :func:`upright` shows it, read from the header (nothing decoded)."""
     return (im.height, im.width) if orientation(im) in (5, 6, 7, 8) else (im.width, im.height)
+
+
+def rgb_of(im: Image.Image) -> np.ndarray:
+    """A PIL image as :func:`encoding.datasets.base.read_rgb` reads its file: upright by its EXIF orientation, 16/32-bit grey scaled to 8
+    bits, any mode converted to RGB (``encoding.segment`` of a PIL image gives the labels of its file)."""
+    im = upright(im)
+    if im.mode.startswith("I") or im.mode == "F":  # 16-bit PNG / TIFF grey ("I;16", "I"), float ("F")
+        wide = np.asarray(im, dtype=np.float64)
+        top = 65535.0 if im.mode != "F" else 1.0 if wide.size == 0 or wide.max() <= 1.0 else 255.0
+        grey = np.clip(np.rint(wide * (255.0 / top)), 0, 255).astype(np.uint8)
+        return np.repeat(grey[..., None], 3, axis=2)
+    return np.array(im if im.mode == "RGB" else im.convert("RGB"))

@@ -15,10 +15,12 @@ import numpy as np
 
 from ..errors import MissingDependency
 
-__all__ = ["MonitorUnavailable", "INSTALL", "require", "TensorBoardSink", "WandbSink", "scalars_of"]
+__all__ = ["MonitorUnavailable", "INSTALL", "SINK_FILES", "require", "TensorBoardSink", "WandbSink", "scalars_of"]
 
 #: What to install for each sink (the option ``--<name>`` of ``train.py`` asks for it).
 INSTALL = {"tensorboard": "pip install -e .[monitor]", "wandb": "pip install wandb"}
+#: What the sinks write into a run directory (glob patterns; ``train.py --overwrite`` removes them with the run).
+SINK_FILES = ("events.out.tfevents.*", "wandb")
 
 
 class MonitorUnavailable(MissingDependency):
