@@ -14,9 +14,7 @@ Device policy:
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
-import shutil
 import time
 import sys
 from dataclasses import asdict, replace
@@ -32,21 +30,19 @@ from ..config.parser import option_specs
 from ..config.resolve import describe_sources
 from ..config.training import flat_options
 from ..datasets import class_weights as weights, datasets as DATASETS
-from ..datasets.folder import HOLDOUT_NAME, LEGACY_HOLDOUT_NAME
 from ..names import is_model_spec
 from ..models.network import NetworkSpec
 from ..parallel import resolve_devices
-from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME
 from ..utils.configfile import write_config
 from ..utils.determinism import enable_determinism
 from ..utils.dist import get_rank, init_distributed_mode, is_main_process, timeout_problem
 from ..utils.images import set_max_pixels
 from ..utils.metrics import SegmentationMetric
-from ..utils.monitor import SINK_FILES, MonitorUnavailable, require
-from ..utils.plot import CURVES_NAME
+from ..utils.monitor import MonitorUnavailable, require
 from ..utils.rundir import run_lock
 from ..utils.table import format_table
 from . import state
+from .directory import RUN_CONFIG_NAME, check_run_dir, clear_earlier_run
 from .data import (ConfigError, check_data_options, check_split, data_metadata, dataset_name, dataset_options, image_sizes,
                    run_criterion)
 from .run import Hook, RunInterrupted, TrainingRun, base_dataset, resume, train
@@ -56,8 +52,6 @@ __all__ = ["AMP_DTYPES", "RUN_CONFIG_NAME", "parse_device_ids", "ConfigError", "
            "config_header", "saved_config",
            "build_training", "run_training"]
 
-#: The run directory's record of the run's options: ``train.py --config RUN/config.yaml`` repeats the run.
-RUN_CONFIG_NAME = "config.yaml"
 #: What to do with a run directory rather than what the run is: not recorded in :data:`RUN_CONFIG_NAME` (the option
 #: fields marked ``recorded=False``).
 UNRECORDED = tuple(f.name for f, o in option_specs("train") if not o.recorded)
@@ -118,23 +112,6 @@ def _check_schedule(c: "TrainingConfig") -> None:
         raise ConfigError("--lr-scheduler step needs --lr-step N (epochs between two x0.1 decays)")
 
 
-def _started(run_dir: str) -> List[str]:
-    """The files of an earlier run in ``run_dir``."""
-    names = (CHECKPOINT_NAME, BEST_NAME, "log.csv", "log.jsonl")
-    return [name for name in names if os.path.exists(os.path.join(run_dir, name))]
-
-
-def _clear_earlier_run(run_dir: str) -> None:
-    """``--overwrite``: the earlier run's files go (checkpoints, logs, curves, hold-out list, TensorBoard / W&B
-    records), so nothing of it is mixed into the new run's."""
-    for pattern in _started(run_dir) + [CURVES_NAME, HOLDOUT_NAME, LEGACY_HOLDOUT_NAME, *SINK_FILES]:
-        for path in glob.glob(os.path.join(glob.escape(run_dir), pattern)):
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
-                os.unlink(path)
-
-
 def check_training(config: "TrainingConfig", given_datasets: bool = False) -> None:
     """Refuse every option value of ``config`` that the run could only fail on later, before any directory is made
     or any data generated: dataset, splits, network, devices and schedule. It reads no file: whether the run
@@ -163,34 +140,6 @@ def check_training(config: "TrainingConfig", given_datasets: bool = False) -> No
             require(name)
     except MonitorUnavailable as err:
         raise ConfigError(str(err)) from None
-
-
-def check_run_dir(config: "TrainingConfig") -> None:
-    """Refuse to start a run in a directory that already holds another run (its checkpoints or logs), unless
-    ``resume`` continues it (a checkpoint of that directory, without ``ft``), ``overwrite`` replaces it or ``eval``
-    only evaluates. Asked by :func:`run_training`
-    when the run starts, never while options are parsed (parsing reads no run directory).
-
-    Raises:
-        ConfigError: naming the directory, the files found and the three ways on.
-    """
-    c = config
-    found = _started(c.run_dir) if not (c.eval or c.overwrite or _continues(c)) else []
-    if found:
-        path = state.resumable(c.run_dir)
-        way = f": continue it with --resume {path}," if path else " and no checkpoint to continue it from:"
-        raise ConfigError(f"{c.run_dir} already holds a run ({', '.join(found)}){way} replace it with --overwrite, "
-                          "or pick another --checkname")
-    own, path = os.path.join(c.run_dir, RUN_CONFIG_NAME), c.config_file
-    if path and not c.eval and os.path.isfile(own) and os.path.samefile(path, own):  # the run writes its own again
-        raise ConfigError(f"--config {path}: that is this run's own {RUN_CONFIG_NAME}, which the run writes "
-                          "again (or --overwrite deletes): pass a copy of it, or another --checkname")
-
-
-def _continues(config: "TrainingConfig") -> bool:
-    """Whether the run continues its directory's run: ``--resume`` of a checkpoint there, without ``--ft``."""
-    return bool(config.resume) and not config.ft and os.path.realpath(
-        os.path.dirname(os.path.abspath(config.resume))) == os.path.realpath(config.run_dir)
 
 
 def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint) -> None:
@@ -380,7 +329,7 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
         check_resume(config, checkpoint)
     with _made_dirs(config.run_dir), run_lock(config.run_dir, enabled=not config.eval):  # before any work
         if config.overwrite and not resumed and not config.eval and main:
-            _clear_earlier_run(config.run_dir)
+            clear_earlier_run(config.run_dir)
         run = build_training(config, datasets=datasets, checkpoint=checkpoint)
         if is_main_process():
             print(run.describe())
