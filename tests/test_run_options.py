@@ -26,6 +26,8 @@ from encoding.utils.rundir import LOCK_NAME, RunDirLock
     (["--base-size", "0"], "argument --base-size: must be > 0"),
     (["--start-epoch", "16", "--epochs", "16"], "--start-epoch 16 must be below --epochs 16"),
     (["--resume", "no/such.pth"], "argument --resume: no such file: no/such.pth"),
+    (["--ft"], "--ft fine-tunes the weights of a checkpoint: pass --resume"),
+    (["--resume", __file__, "--start-epoch", "2"], "--start-epoch 2: a resume continues at its checkpoint's epoch"),
 ])
 def test_bad_options_fail_in_one_line_with_status_2(argv, message, capsys):
     script = load_train_script()
@@ -33,6 +35,21 @@ def test_bad_options_fail_in_one_line_with_status_2(argv, message, capsys):
         script.parse_args(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2 and len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(eval=True), "--eval evaluates a checkpoint: pass --resume"),
+    (dict(start_epoch=3, epochs=1), "--start-epoch 3 must be below --epochs 1"),
+    (dict(ft=True), "--ft fine-tunes the weights of a checkpoint"),
+])
+def test_the_python_api_refuses_what_train_py_refuses_before_any_work(options, message, tmp_path):
+    """``run_training(TrainingConfig(eval=True))`` scored an untrained network; train.py refused it."""
+    from encoding.engine import TrainingConfig, run_training
+    from encoding.engine.assemble import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        run_training(TrainingConfig(output_dir=str(tmp_path), **options))
+    assert os.listdir(tmp_path) == []
 
 
 def test_crop_larger_than_base_warns_and_a_finished_run_says_so(tmp_path, capsys):

@@ -104,6 +104,21 @@ def check_devices(text: Optional[str]) -> None:
         raise ConfigError(f"--device-ids {text}: a CUDA device is listed twice (only 'cpu' may repeat)")
 
 
+def _check_start(c: "TrainingConfig") -> None:
+    """Where the run starts: ``--eval`` / ``--ft`` need a checkpoint, ``--start-epoch`` a run that does not continue
+    one (a resume continues at the checkpoint's epoch)."""
+    for flag, what in (("eval", "--eval evaluates"), ("ft", "--ft fine-tunes the weights of")):
+        if getattr(c, flag) and not c.resume:
+            raise ConfigError(f"{what} a checkpoint: pass --resume <checkpoint.pth>")
+    if c.resume and not os.path.isfile(c.resume):
+        raise ConfigError(f"argument --resume: no such file: {c.resume}")
+    if c.start_epoch >= c.epochs:
+        raise ConfigError(f"--start-epoch {c.start_epoch} must be below --epochs {c.epochs}")
+    if c.start_epoch and c.resume and not (c.ft or c.eval):
+        raise ConfigError(f"--start-epoch {c.start_epoch}: a resume continues at its checkpoint's epoch; --start-epoch "
+                          "numbers the epochs of a new run or of --ft")
+
+
 def _check_schedule(c: "TrainingConfig") -> None:
     if c.warmup_epochs > c.epochs:  # equal: the warm-up takes the whole run (a one-epoch trial of a recipe)
         raise ConfigError(f"--warmup-epochs {c.warmup_epochs:g} is longer than the run (--epochs {c.epochs}): the "
@@ -114,8 +129,9 @@ def _check_schedule(c: "TrainingConfig") -> None:
 
 def check_training(config: "TrainingConfig", given_datasets: bool = False) -> None:
     """Refuse every option value of ``config`` that the run could only fail on later, before any directory is made
-    or any data generated: dataset, splits, network, devices and schedule. It reads no file: whether the run
-    directory already holds a run is :func:`check_run_dir`'s question, asked when the run starts.
+    or any data generated: where the run starts (``eval`` / ``ft`` / ``start_epoch`` / ``resume``'s file), dataset,
+    splits, network, devices and schedule. It reads no file: whether the run directory already holds a run is
+    :func:`check_run_dir`'s question, asked when the run starts.
 
     Raises:
         ConfigError: one line naming the option and the value.
@@ -128,6 +144,7 @@ def check_training(config: "TrainingConfig", given_datasets: bool = False) -> No
     for split, option in [] if given_datasets else [(c.train_split, "--train-split")] + (
             [] if c.no_val else [(c.val_split, "--val-split")]):
         check_split(c.dataset, split, option)
+    _check_start(c)
     check_data_options(c)
     check_devices(c.device_ids)
     if problem := builders.strategy_problem(c.strategy, c.amp) or timeout_problem(c.dist_timeout) or \
@@ -183,12 +200,6 @@ def check_settings(settings: Settings) -> None:
             check_split(s["dataset"], s["split"], "--split", masks=s["mode"] != "test")
         check_devices(s.get("device_ids"))
         return
-    if s["eval"] and not s["resume"]:
-        raise ConfigError("--eval evaluates a checkpoint: pass --resume <checkpoint.pth>")
-    if s["resume"] and not os.path.isfile(s["resume"]):
-        raise ConfigError(f"argument --resume: no such file: {s['resume']}")
-    if s["start_epoch"] >= s["epochs"]:
-        raise ConfigError(f"--start-epoch {s['start_epoch']} must be below --epochs {s['epochs']}")
     check_training(settings.training())
     base, crop = s["base_size"], s["crop_size"]
     if base is not None and crop is not None and crop > base:
