@@ -52,6 +52,23 @@ def test_the_python_api_refuses_what_train_py_refuses_before_any_work(options, m
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--balance", "memory"], "--balance memory splits a batch over the devices of one process; under torchrun"),
+    (["--device-ids", "cpu,cpu"], "--device-ids cpu,cpu: under torchrun each process takes cuda:LOCAL_RANK"),
+])
+def test_one_process_device_options_are_refused_under_torchrun(argv, message, capsys, monkeypatch):
+    """Under torchrun each process has one device: --balance failed after the data was built (a traceback labelled a
+    bug), --device-ids was ignored."""
+    script = load_train_script()
+    script.parse_args(argv)  # one process driving the devices: taken
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(SystemExit) as info:
+        script.parse_args(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and message in err[0], err
+
+
 def test_crop_larger_than_base_warns_and_a_finished_run_says_so(tmp_path, capsys):
     script = load_train_script()
     script.parse_args(["--crop-size", "200", "--base-size", "100"])

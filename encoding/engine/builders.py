@@ -51,7 +51,7 @@ from .compiled import compile_mode, compile_model
 
 __all__ = ["Placement", "Loaders", "select_devices", "build_model", "build_criterion", "build_loaders",
            "build_eval_loader", "OPTIMIZERS", "param_groups", "build_optimizer", "build_scheduler", "STRATEGIES",
-           "strategy_problem", "wrap_model"]
+           "strategy_problem", "torchrun_problem", "wrap_model"]
 
 
 @dataclass(frozen=True)
@@ -305,6 +305,19 @@ def strategy_problem(strategy: str, amp: str = "none", distributed: Optional[boo
                 "--nproc_per_node N train.py ... (without torchrun one process uses DataParallelModel)")
     if strategy == "fsdp" and amp == "fp16":
         return "--amp fp16 with --strategy fsdp: use --amp bf16 (no gradient scaler over sharded gradients)"
+    return None
+
+
+def torchrun_problem(balance: str, device_ids: Optional[str], distributed: Optional[bool] = None) -> Optional[str]:
+    """Why options of one process driving several devices cannot run under ``torchrun`` (one device per process:
+    ``cuda:LOCAL_RANK``, or the CPU), or ``None``."""
+    distributed = ("RANK" in os.environ and "WORLD_SIZE" in os.environ) if distributed is None else distributed
+    if distributed and balance not in (None, "none"):
+        return (f"--balance {balance} splits a batch over the devices of one process; under torchrun each process "
+                "has one device: drop --balance")
+    if distributed and device_ids is not None:
+        return (f"--device-ids {device_ids}: under torchrun each process takes cuda:LOCAL_RANK (or the CPU with "
+                "--no-cuda): drop --device-ids (CUDA_VISIBLE_DEVICES chooses the GPUs)")
     return None
 
 
