@@ -267,8 +267,9 @@ def test_read_recipe_needs_no_parser_and_the_old_call_still_works(tmp_path):
     (["--aux-weight", "0.5"], "--aux"), (["--se-weight", "0.5"], "--se-loss"),
     (["--momentum", "0.5"], "--optimizer sgd"), (["--lr-step", "3"], "--lr-scheduler step"),
     (["--threshold", "0.3"], "--binary / --binary-class"), (["--val-fraction", "0.2"], "--dataset folder"),
-    (["--unknown-labels", "ignore"], "--dataset folder")])
-def test_an_option_asked_for_without_the_setting_it_belongs_to_is_refused(argv, owner):
+    (["--unknown-labels", "ignore"], "--dataset folder"), (["--log-images", "2"], "--tensorboard / --wandb"),
+    (["--dist-timeout", "60"], "a torchrun launch")])
+def test_an_option_asked_for_without_the_setting_it_belongs_to_is_refused(argv, owner, monkeypatch):
     """Accepted and read nowhere, these changed nothing: refused on the command line; with their setting, taken."""
     from encoding.config.resolve import ONLY_WITH, resolve
 
@@ -279,6 +280,10 @@ def test_an_option_asked_for_without_the_setting_it_belongs_to_is_refused(argv, 
     enabling = {"--aux": ["--aux"], "--se-loss": ["--model", "encnet", "--se-loss"],
                 "--optimizer sgd": ["--optimizer", "sgd"], "--lr-scheduler step": ["--lr-scheduler", "step"],
                 "--binary / --binary-class": ["--binary", "--dataset", "folder", "--data-root", "d"],
-                "--dataset folder": ["--dataset", "folder", "--data-root", "d"]}[owner]
+                "--dataset folder": ["--dataset", "folder", "--data-root", "d"], "--tensorboard / --wandb": ["--wandb"],
+                "a torchrun launch": []}[owner]
+    if owner == "a torchrun launch":
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "2")
     got = resolve("train", enabling + argv).options()[name]
     assert got == type(got)(argv[1])  # the value asked for, taken

@@ -148,10 +148,12 @@ def test_missing_class_weights_file_is_refused_before_the_dataset_is_generated(t
 
 
 @pytest.mark.parametrize("value, says", [("inf", "finite"), ("1e15", "at most"), ("nan", "> 0"), ("-inf", "> 0")])
-def test_absurd_dist_timeout_is_one_line(value, says, tmp_path, capsys):
+def test_absurd_dist_timeout_is_one_line(value, says, tmp_path, capsys, monkeypatch):
     from conftest import TINY, load_script
 
-    with pytest.raises(SystemExit) as stop:
+    with monkeypatch.context() as launched, pytest.raises(SystemExit) as stop:  # as torchrun launches a process
+        launched.setenv("RANK", "0")
+        launched.setenv("WORLD_SIZE", "1")
         load_script("train").cli(TINY + [f"--dist-timeout={value}", "--output-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1 and "--dist-timeout" in err and says in err

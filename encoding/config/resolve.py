@@ -201,7 +201,9 @@ ONLY_WITH = (("aux_weight", lambda v: v["aux"], "--aux"), ("se_weight", lambda v
              ("lr_step", lambda v: v["lr_scheduler"] == "step", "--lr-scheduler step"),
              ("threshold", lambda v: v["binary"] or v["binary_class"] is not None, "--binary / --binary-class"),
              ("val_fraction", lambda v: v["dataset"] == "folder", "--dataset folder"),
-             ("unknown_labels", lambda v: v["dataset"] == "folder", "--dataset folder"))
+             ("unknown_labels", lambda v: v["dataset"] == "folder", "--dataset folder"),
+             ("log_images", lambda v: v["tensorboard"] or v["wandb"], "--tensorboard / --wandb"),
+             ("dist_timeout", lambda v: "RANK" in os.environ and "WORLD_SIZE" in os.environ, "a torchrun launch"))
 
 
 def _rules(script: str, values: Dict[str, Any], sources: Dict[str, str], recipe: Dict[str, Any],
