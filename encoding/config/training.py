@@ -35,7 +35,8 @@ TrainingConfig = make_dataclass(
         "The defaults are the built-in run, what ``train.py`` runs without options: a U-Net on ``vgg_tiny`` learning "
         "the embedded ``shapes`` dataset on a CPU in minutes (the option fields of :mod:`encoding.config.groups` "
         "hold them). ``sources`` maps an option to where its value came from (``resolve``'s record; empty when "
-        "built by hand); ``config_file`` is the ``--config`` file read (``None``: none). ``checkpoint=`` is the old name of ``recompute=`` (``FutureWarning``).")})
+        "built by hand); ``config_file`` is the ``--config`` file read (``None``: none). ``checkpoint=`` is the "
+        "old name of ``recompute=`` (``FutureWarning``).")})
 _generated_init = TrainingConfig.__init__
 
 

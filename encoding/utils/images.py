@@ -141,8 +141,9 @@ def upright_size(im: Image.Image) -> tuple:
 
 
 def rgb_of(im: Image.Image) -> np.ndarray:
-    """A PIL image as :func:`encoding.datasets.base.read_rgb` reads its file: upright by its EXIF orientation, 16/32-bit grey scaled to 8
-    bits, any mode converted to RGB (``encoding.segment`` of a PIL image gives the labels of its file)."""
+    """A PIL image as :func:`encoding.datasets.base.read_rgb` reads its file: upright by its EXIF orientation,
+    16/32-bit grey scaled to 8 bits, any mode converted to RGB (``encoding.segment`` of a PIL image gives the labels
+    of its file)."""
     im = upright(im)
     if im.mode.startswith("I") or im.mode == "F":  # 16-bit PNG / TIFF grey ("I;16", "I"), float ("F")
         wide = np.asarray(im, dtype=np.float64)
