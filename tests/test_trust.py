@@ -276,7 +276,8 @@ def test_a_shared_folders_stored_transformers_config_cannot_run_its_own_code(tmp
     folder.mkdir()
     marker = tmp_path / "ran.txt"
     (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n"
-                                    "from transformers import PreTrainedModel\nclass Evil(PreTrainedModel):\n    pass\n")
+                                    "from transformers import PreTrainedModel\n"
+                                    "class Evil(PreTrainedModel):\n    pass\n")
     mapped = {"auto_map": {"AutoModelForSemanticSegmentation": "evil.Evil", "AutoBackbone": "evil.Evil"}}
     stored = {"model_type": "bert", "_name_or_path": str(folder),
               **(mapped if where == "top" else {"backbone_config": {"model_type": "resnet", **mapped}})}
