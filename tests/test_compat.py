@@ -414,3 +414,20 @@ def test_nll_multilabel_smooth_on_soft_targets():
     close(loss(x, t), want)
     hard = torch.tensor([0, 2, 1, 4])
     close(loss.eval()(x, hard), F.cross_entropy(x, hard))
+
+
+@pytest.mark.parametrize("mode", ["val", "testval", "test"])
+def test_pytorch_encodings_v1_image_transform_gives_the_default_sample(shapes_root, mode):
+    """PE's scripts pass ``transforms.Compose([ToTensor(), Normalize(mean, std)])``, whose ToTensor wants a PIL image:
+    it gets one, and the sample is the default pipeline's (every sample raised a TypeError)."""
+    from torchvision import transforms
+
+    from encoding.datasets import get_segmentation_dataset
+
+    pe = transforms.Compose([transforms.ToTensor(), transforms.Normalize([.485, .456, .406], [.229, .224, .225])])
+    common = dict(root=str(shapes_root), split="val", mode=mode, num_train=8, num_val=4, progress=False,
+                  base_size=40, crop_size=32)
+    ours, theirs = (get_segmentation_dataset("shapes", **common, **extra)[0] for extra in ({}, {"transform": pe}))
+    torch.testing.assert_close(theirs[0], ours[0], rtol=0, atol=1e-6)
+    assert theirs[0].dtype == torch.float32
+    assert theirs[1] == ours[1] if mode == "test" else torch.equal(theirs[1], ours[1])  # the name, or the mask

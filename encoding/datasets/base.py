@@ -30,7 +30,7 @@ from torchvision import tv_tensors
 from ..utils.images import ImageTooLarge, open_image, rgb_of, upright_size
 from .layout import DatasetError, default_root, read_split_file
 from .transforms import (IMAGENET_MEAN, IMAGENET_STD, LABEL_IGNORE, LeanCompose, PadTo, image_transform,
-                         to_index_mask, train_joint_transform, transform_pair, val_joint_transform)
+                         to_index_mask, train_joint_transform, transform_pair, user_transform, val_joint_transform)
 
 __all__ = ["BaseDataset", "DatasetError", "default_root", "read_split_file", "identity_table", "shifted_table",
            "ShiftedLabels", "mapped_table", "MODES", "read_rgb", "check_image"]
@@ -117,8 +117,9 @@ class BaseDataset(Dataset):
         mode: ``train``, ``val``, ``testval`` or ``test``; default ``train`` for training splits, ``test`` for the
             ``test`` split, ``val`` otherwise.
         transform: image-only transform applied after the geometric ones; it receives a ``uint8``
-            ``3 x H x W`` :class:`tv_tensors.Image`. Default: scale to ``[0, 1]`` and normalise with the ImageNet
-            mean/std (``mean``/``std`` arguments).
+            ``3 x H x W`` :class:`tv_tensors.Image` (a torchvision v1 pipeline with ``ToTensor``, PyTorch-Encoding's,
+            a PIL image). Default: scale to ``[0, 1]`` and normalise with the ImageNet mean/std (``mean``/``std``
+            arguments).
         target_transform: applied to the final ``int64`` mask.
         base_size: reference long side for the training scale jitter (default: the class's ``BASE_SIZE``).
         crop_size: training / validation crop (default: the class's ``CROP_SIZE``).
@@ -171,7 +172,7 @@ class BaseDataset(Dataset):
         self.split, self.mode = split, mode
         self.base_size = int(base_size or self.BASE_SIZE)
         self.crop_size = int(crop_size or self.CROP_SIZE)
-        self.transform = transform if transform is not None else image_transform(mean, std)
+        self.transform = user_transform(transform) if transform is not None else image_transform(mean, std)
         self.target_transform = target_transform
         self.return_name, self.skip_bad = return_name, skip_bad
         # one counter slot per DataLoader worker (+ the main process) in shared memory: workers' skips add up

@@ -36,6 +36,7 @@ __all__ = [
     "PadTo",
     "LeanCompose",
     "image_transform",
+    "user_transform",
     "denormalize",
     "train_joint_transform",
     "val_joint_transform",
@@ -287,6 +288,29 @@ def transform_pair(image: tv_tensors.Image, mask: tv_tensors.Mask, joint: Option
     if pad is not None:
         image, mask = pad(tv_tensors.Image(image), mask)
     return image, mask
+
+
+class _FromPil:
+    """A torchvision v1 image pipeline (PyTorch-Encoding's ``Compose([ToTensor(), Normalize(...)])``) called on
+    the dataset's ``uint8`` image tensor: handed the PIL image its ``ToTensor`` expects."""
+
+    def __init__(self, transform: Callable) -> None:
+        self.transform = transform
+
+    def __call__(self, image: Tensor) -> Any:
+        return self.transform(F.to_pil_image(image.as_subclass(Tensor)))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.transform!r})"
+
+
+def user_transform(transform: Callable) -> Callable:
+    """A dataset's ``transform`` as the dataset calls it, on a ``uint8`` ``3 x H x W`` image tensor: a v1 pipeline
+    that starts from a PIL image (its ``ToTensor`` / ``PILToTensor``) gets one, as in PyTorch-Encoding."""
+    from torchvision import transforms as v1
+
+    steps = getattr(transform, "transforms", [transform])
+    return _FromPil(transform) if any(isinstance(s, (v1.ToTensor, v1.PILToTensor)) for s in steps) else transform
 
 
 def image_transform(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> LeanCompose:
