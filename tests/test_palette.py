@@ -70,6 +70,24 @@ def test_get_mask_pallete_is_colorize():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.parametrize("dataset", ["ade20k", "pcontext"])
+def test_get_mask_pallete_takes_make_preds_raw_values_as_pytorch_encoding(dataset):
+    """PE's test.py hands it ``make_pred``'s raw values (class k as k + 1): the pixel values stay those a submission
+    holds, and value k + 1 shows class k's colour (PE's ADE palette: 1 -> wall (120, 120, 120), 150 -> (92, 0,
+    255)); 0 ("other") the ignore colour. They were taken as class ids: colours off by one, the last class an error."""
+    n = len(get_palette(dataset))
+    raw = np.array([[0, 1, 2], [n, n - 1, 0]])
+    image = get_mask_pallete(raw, dataset)
+    np.testing.assert_array_equal(np.asarray(image), raw)
+    rgb = np.asarray(image.convert("RGB"))
+    classes = colorize(np.where(raw == 0, -1, raw - 1), dataset).convert("RGB")
+    np.testing.assert_array_equal(rgb, np.asarray(classes))
+    if dataset == "ade20k":
+        assert tuple(rgb[0, 1]) == (120, 120, 120) and tuple(rgb[1, 0]) == (92, 0, 255)
+    voc = np.array([[0, 21, 3]])
+    assert np.asarray(get_mask_pallete(voc, "pascal_voc")).tolist() == [[0, 255, 3]] and voc[0, 1] == 21
+
+
 def test_colorize_rejects_bad_input():
     with pytest.raises(ValueError, match=r"\[7, 300\]"):
         colorize(np.array([[0, 7, 300]]), "shapes")
