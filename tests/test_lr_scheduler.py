@@ -52,25 +52,30 @@ def test_warmup_then_poly_over_the_remaining_iterations():
 
 
 def test_head_multiplier_and_pe_call(caplog):
+    """PyTorch-Encoding's LR_Scheduler_Head runs the groups after the first at 10x; its LR_Scheduler gives every
+    group one rate (its recognition scripts' two groups, --no-bn-wd); ``quiet=`` announces nothing."""
     opt = two_group_optimizer()
-    sched = LR_Scheduler("poly", 0.01, num_epochs=2, iters_per_epoch=5)
+    sched = LR_Scheduler_Head("poly", 0.01, num_epochs=2, iters_per_epoch=5)
     with caplog.at_level(logging.INFO, logger="encoding.utils.lr_scheduler"):
         sched(opt, 3, 1, best_pred=0.5)
         lr = sched(opt, 4, 1, best_pred=0.5)
-    expected = 0.01 * (1 - 9 / 10) ** 0.9
-    assert lr == pytest.approx(expected, rel=1e-15)
-    assert [g["lr"] for g in opt.param_groups] == pytest.approx([expected, 10 * expected], rel=1e-15)
-    assert len([r for r in caplog.records if "Epoch 1" in r.getMessage()]) == 1  # announced once per epoch
-    assert sched.last_epoch == 9
+        expected = 0.01 * (1 - 9 / 10) ** 0.9
+        assert lr == pytest.approx(expected, rel=1e-15)
+        assert [g["lr"] for g in opt.param_groups] == pytest.approx([expected, 10 * expected], rel=1e-15)
+        assert len([r for r in caplog.records if "Epoch 1" in r.getMessage()]) == 1  # announced once per epoch
+        assert sched.last_epoch == 9 and isinstance(sched, LR_Scheduler)
+        one_rate = LR_Scheduler("poly", 0.01, num_epochs=2, iters_per_epoch=5, quiet=True)
+        assert one_rate(opt, 4, 1, best_pred=0.5) == pytest.approx(expected, rel=1e-15)
+        assert [g["lr"] for g in opt.param_groups] == pytest.approx([expected, expected], rel=1e-15)
+        assert len([r for r in caplog.records if "Epoch 1" in r.getMessage()]) == 1  # quiet: nothing more
     opt.param_groups[1]["lr_mult"] = 3.0
     sched(opt, 0, 0)
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.01, 0.03])
     with pytest.warns(FutureWarning, match="head_multiplier= is now head_lr_mult="):  # the old name still works
-        single = LR_Scheduler("poly", 0.01, 2, 5, head_multiplier=1.0)
+        single = LR_Scheduler_Head("poly", 0.01, 2, 5, head_multiplier=1.0)
     opt2 = two_group_optimizer()
     single(opt2, 0, 0)
     assert [g["lr"] for g in opt2.param_groups] == [0.01, 0.01]
-    assert LR_Scheduler_Head is LR_Scheduler
 
 
 def test_torch_style_matches_pe_style():

@@ -11,7 +11,7 @@ from typing import Optional
 from torch.optim import Optimizer
 
 from ..utils.lr_scheduler import IterationLR, logger as _schedule_logger
-from .declare import alias, old_name
+from .declare import old_name
 
 __all__ = ["LR_Scheduler", "LR_Scheduler_Head"]
 
@@ -31,27 +31,35 @@ class LR_Scheduler(IterationLR):  # noqa: N801 - PyTorch-Encoding name
     applied), as in the core.
 
     Signature: ``LR_Scheduler(mode, base_lr, num_epochs, iters_per_epoch, lr_step=0, warmup_epochs=0, *,
-    optimizer=None, head_lr_mult=10.0, power=0.9)``.
+    optimizer=None, quiet=False, head_lr_mult=1.0, power=0.9)``: one rate for every parameter group, as
+    PyTorch-Encoding's ``LR_Scheduler``; :class:`LR_Scheduler_Head` runs the groups after the first at 10x.
 
     Args:
         mode, base_lr, num_epochs, iters_per_epoch: as in :class:`~encoding.utils.lr_scheduler.IterationLR`.
         *steps: ``lr_step`` (epochs between two ×0.1 decays, ``step`` mode) and ``warmup_epochs``.
         optimizer: attach an optimizer to use the scheduler torch-style (``step()``); optional for PE style.
-        **options: ``head_lr_mult`` (factor of groups after the first, default 10; ``head_multiplier``, its old name,
-            with a ``FutureWarning``) and ``power`` (poly, 0.9).
+        quiet: do not announce each epoch's rate (PE's keyword).
+        **options: ``head_lr_mult`` (factor of groups after the first, default :attr:`HEAD_LR_MULT`;
+            ``head_multiplier``, its old name, with a ``FutureWarning``) and ``power`` (poly, 0.9).
 
     Example:
         >>> opt = torch.optim.SGD([{"params": backbone}, {"params": head}], lr=0.01)  # doctest: +SKIP
-        >>> sched = LR_Scheduler("poly", 0.01, num_epochs=50, iters_per_epoch=len(loader))  # doctest: +SKIP
+        >>> sched = LR_Scheduler_Head("poly", 0.01, num_epochs=50, iters_per_epoch=len(loader))  # doctest: +SKIP
         >>> for epoch in range(50):  # doctest: +SKIP
         ...     for i, batch in enumerate(loader):
         ...         sched(opt, i, epoch, best_pred)      # backbone 0.01 * f(T), head 0.1 * f(T)
     """
 
+    #: The factor of the parameter groups after the first (PyTorch-Encoding's ``LR_Scheduler``: one rate).
+    HEAD_LR_MULT = 1.0
+
     def __init__(self, mode: str, base_lr: float, num_epochs: int, iters_per_epoch: int, *steps: int,
-                 optimizer: Optional[Optimizer] = None, **options: float) -> None:
+                 optimizer: Optional[Optimizer] = None, quiet: bool = False, **options: float) -> None:
         # steps: (lr_step, warmup_epochs); options: head_lr_mult, power -- the core's schedule arguments
+        if "head_multiplier" not in options:
+            options.setdefault("head_lr_mult", self.HEAD_LR_MULT)
         self._configure(mode, base_lr, num_epochs, iters_per_epoch, *steps, **options)
+        self.quiet = quiet
         if optimizer is not None:
             self._attach(optimizer)
 
@@ -60,7 +68,8 @@ class LR_Scheduler(IterationLR):  # noqa: N801 - PyTorch-Encoding name
         lr = self.apply(optimizer, epoch * self.iters_per_epoch + i)
         if epoch > self.epoch:
             best = "" if best_pred is None else f", previous best = {best_pred:.4f}"
-            _schedule_logger.info("Epoch %d, learning rate = %.6g%s", epoch, lr, best)
+            if not self.quiet:
+                _schedule_logger.info("Epoch %d, learning rate = %.6g%s", epoch, lr, best)
             self.epoch = epoch
         return lr
 
@@ -71,5 +80,10 @@ class LR_Scheduler(IterationLR):  # noqa: N801 - PyTorch-Encoding name
         return self.optimizer
 
 
-#: PyTorch-Encoding's name for the scheduler with 10x head groups (:class:`LR_Scheduler` already does that).
-LR_Scheduler_Head = alias(LR_Scheduler, "LR_Scheduler_Head", "encoding.utils", "encoding.utils.lr_scheduler")
+@old_name("encoding.utils", "encoding.utils.lr_scheduler",
+          new="encoding.utils.IterationLR (head_lr_mult=10 by default; scheduler.step() after each optimizer.step())")
+class LR_Scheduler_Head(LR_Scheduler):  # noqa: N801 - PyTorch-Encoding name
+    """PyTorch-Encoding's scheduler of its segmentation scripts: :class:`LR_Scheduler` with the parameter groups
+    after the first (the new heads) at 10x the rate."""
+
+    HEAD_LR_MULT = 10.0
