@@ -431,3 +431,25 @@ def test_pytorch_encodings_v1_image_transform_gives_the_default_sample(shapes_ro
     torch.testing.assert_close(theirs[0], ours[0], rtol=0, atol=1e-6)
     assert theirs[0].dtype == torch.float32
     assert theirs[1] == ours[1] if mode == "test" else torch.equal(theirs[1], ours[1])  # the name, or the mask
+
+
+def test_pytorch_encodings_test_py_collate_and_per_image_evaluation(shapes_root):
+    """PE's test.py: ``DataLoader(testset, collate_fn=test_batchify_fn)`` gives lists of images of any sizes, and
+    ``MultiEvalModule.parallel_forward(images)`` their logits, one ``1 x nclass x H x W`` each."""
+    from torch.utils.data import DataLoader
+
+    from encoding.datasets import get_segmentation_dataset
+    from encoding.models import MultiEvalModule, get_segmentation_model
+
+    testset = get_segmentation_dataset("shapes", root=str(shapes_root), split="val", mode="test", num_train=8,
+                                       num_val=4, progress=False, base_size=40, crop_size=32)
+    with pytest.warns(FutureWarning, match="test_batchify_fn is an old name"):
+        from encoding.datasets import test_batchify_fn
+        images, names = next(iter(DataLoader(testset, batch_size=3, collate_fn=test_batchify_fn)))
+    assert isinstance(images, list) and len(images) == 3 and names == [testset[i][1] for i in range(3)]
+    model = get_segmentation_model("unet", dataset="shapes", backbone="vgg_tiny").eval()
+    evaluator = MultiEvalModule(model, testset.num_class, base_size=40, crop_size=32, scales=(1.0,))
+    outputs = evaluator.parallel_forward(images)
+    for image, output in zip(images, outputs):
+        assert output.shape == (1, testset.num_class, *image.shape[-2:])
+        torch.testing.assert_close(output, evaluator(image.unsqueeze(0)))

@@ -1,5 +1,5 @@
 """PyTorch-Encoding's small helpers: ``get_mask_pallete`` (on :func:`~encoding.utils.colorize`), ``mkdir`` and
-``check_sha1`` (on :mod:`encoding.utils.files`).
+``check_sha1`` (on :mod:`encoding.utils.files`), ``test_batchify_fn`` (its ``test.py``'s collate function).
 
 Each is declared in ``encoding.utils`` and its ``palette`` / ``files`` submodule beside its definition.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image
 
 from .. import datasets
@@ -17,7 +18,7 @@ from ..utils.files import check_checksum, makedirs
 from ..utils.palette import PaletteLike, colorize
 from .declare import old_name
 
-__all__ = ["get_mask_pallete", "mkdir", "check_sha1"]
+__all__ = ["get_mask_pallete", "mkdir", "check_sha1", "test_batchify_fn"]
 
 
 @old_name("encoding.utils", "encoding.utils.palette", new="encoding.utils.colorize")
@@ -52,3 +53,14 @@ def mkdir(path: str) -> str:
 def check_sha1(filename: str, sha1_hash: str) -> bool:
     """PyTorch-Encoding helper: whether ``filename`` has the given SHA-1 (see ``files.check_checksum``)."""
     return check_checksum(filename, "sha1:" + sha1_hash)
+
+
+@old_name("encoding.datasets", new="encoding.datasets.list_collate")
+def test_batchify_fn(data: Any) -> Any:
+    """PyTorch-Encoding's ``collate_fn`` of its ``test.py``: samples of different sizes as lists (``[(image, name),
+    ...]`` -> ``[[images], [names]]``), nothing stacked."""
+    if isinstance(data[0], (str, torch.Tensor)):
+        return list(data)
+    if isinstance(data[0], (tuple, list)):
+        return [test_batchify_fn.__wrapped__(field) for field in zip(*data)]
+    raise TypeError(f"batch must contain tensors, tuples or lists; found {type(data[0]).__name__}")

@@ -147,6 +147,13 @@ class MultiEvalModule(nn.Module):
             scores = score.contiguous() if scores is None else scores.add_(score)  # ours to add into
         return scores.div_(len(self.scales))
 
+    def parallel_forward(self, inputs: Sequence[Tensor]) -> List[Tensor]:
+        """PyTorch-Encoding's per-image call (its ``test.py``): ``inputs`` a list of ``3 x H x W`` images of any
+        sizes, each evaluated on the module's device; returns their ``1 x nclass x H x W`` logits (PE ran one
+        image per GPU; here they run in turn)."""
+        device = next(self.module.parameters(), torch.empty(0)).device
+        return [self(image.unsqueeze(0).to(device)) for image in inputs]
+
     def _scaled_size(self, h: int, w: int, scale: float) -> Tuple[int, int]:
         long_size = int(math.ceil(self.base_size * scale))
         if h > w:  # the short side at least one pixel (a 400 x 1 strip)
