@@ -216,3 +216,24 @@ def test_read_state_dict_is_the_one_safe_reader(tmp_path):
     assert not marker.exists()
     with pytest.raises(FileNotFoundError, match="nothing.pth"):
         read_state_dict(tmp_path / "nothing.pth")
+
+
+def test_pytorch_encodings_save_checkpoint_call_writes_where_its_scripts_read(tmp_path, monkeypatch):
+    """PE's train.py: ``save_checkpoint({"epoch", "state_dict", "optimizer", "best_pred"}, args, is_best)`` writes
+    ``runs/<dataset>/<model>/<backbone>/<checkname>/checkpoint.pth.tar`` and ``model_best.pth.tar``; PE's code reads
+    ``state_dict`` back, ours ``model`` (it raised on the Namespace, then on the missing ``model``)."""
+    monkeypatch.chdir(tmp_path)
+    net = torch.nn.Linear(3, 2)
+    args = argparse.Namespace(dataset="pascal_voc", model="encnet", backbone="resnet50", checkname="default")
+    state = {"epoch": 1, "state_dict": net.state_dict(), "optimizer": torch.optim.SGD(net.parameters(), 0.1)
+             .state_dict(), "best_pred": 0.5}
+    path = save_checkpoint(state, args, True)
+    folder = tmp_path / "runs" / "pascal_voc" / "encnet" / "resnet50" / "default"
+    assert path == os.path.join("runs", "pascal_voc", "encnet", "resnet50", "default", "checkpoint.pth.tar")
+    assert sorted(os.listdir(folder)) == ["checkpoint.pth.tar", "model_best.pth.tar"]
+    for name in ("checkpoint.pth.tar", "model_best.pth.tar"):
+        data = torch.load(folder / name, weights_only=True)
+        assert data["epoch"] == 1 and all(torch.equal(data["state_dict"][k], v) for k, v in net.state_dict().items())
+        assert load_checkpoint(str(folder / name))["model"].keys() == net.state_dict().keys()
+    del args.backbone
+    assert save_checkpoint(state, args, False).startswith(os.path.join("runs", "pascal_voc", "encnet", "default"))

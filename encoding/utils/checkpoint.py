@@ -45,18 +45,15 @@ _STATEFUL_KEYS, PathLike = ("optimizer", "scheduler", "scaler"), Union[str, os.P
 
 
 class CheckpointError(RuntimeError, ValueError, EncodingError):
-    """A checkpoint or weights file could not be used: corrupt, unsafe, foreign, or not matching the model.
-
-    Also a ``ValueError``: bad weights are a bad argument value (``pretrained="file.pth"``).
-    """
+    """A checkpoint or weights file could not be used: corrupt, unsafe, foreign, or not matching the model (also a
+    ``ValueError``: bad weights are a bad argument value, ``pretrained="file.pth"``)."""
 
 
 class NonFiniteError(FloatingPointError, EncodingError):
     """The state to save holds NaN or infinite values (the training diverged); nothing was written.
 
     Attributes:
-        tensor: the first offending tensor and its count of bad values
-            (e.g. ``"model.backbone.bn1.running_var (3 of 64 values NaN/inf)"``).
+        tensor: the first offending tensor and its count of bad values (``"model.bn1.running_var (3 of 64 ...)"``).
     """
 
     def __init__(self, message: str, tensor: str) -> None:
@@ -72,8 +69,7 @@ def _tensors(value: Any, prefix: str) -> Iterable[tuple]:
         for key, item in value.items():
             yield from _tensors(item, f"{prefix}.{key}" if prefix else str(key))
     elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from _tensors(item, f"{prefix}[{i}]")
+        yield from (pair for i, item in enumerate(value) for pair in _tensors(item, f"{prefix}[{i}]"))
 
 
 def first_nonfinite(state: Any, prefix: str = "") -> Optional[str]:
@@ -108,8 +104,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k) if not isinstance(k, (int, str)) else k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
-        items = [_plain(v) for v in value]
-        return tuple(items) if isinstance(value, tuple) else items
+        return (tuple if isinstance(value, tuple) else list)(_plain(v) for v in value)
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(value))
     if isinstance(value, (os.PathLike, torch.device, torch.dtype)):
@@ -129,6 +124,8 @@ def _state_of(value: Any) -> Any:
 def _build(state: Mapping[str, Any]) -> Dict[str, Any]:
     if not isinstance(state, Mapping):
         raise TypeError(f"state must be a dict, got {type(state).__name__}")
+    if "model" not in state and "state_dict" in state:  # PyTorch-Encoding's key, kept: its code reads it back
+        state = {"model": state["state_dict"], **state}
     if "model" not in state:
         raise KeyError("state must contain 'model' (a module or its state_dict)")
     checkpoint: Dict[str, Any] = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION}
@@ -147,6 +144,13 @@ def _build(state: Mapping[str, Any]) -> Dict[str, Any]:
     return checkpoint
 
 
+def _pe_destination(args: argparse.Namespace, filename: str) -> tuple:
+    """PE's ``runs/<dataset>/<model>[/<backbone>]/<checkname>``, checkpoint and best file names (``*.pth.tar``)."""
+    parts = [args.dataset, args.model] + ([args.backbone] if hasattr(args, "backbone") else []) + [args.checkname]
+    name = "checkpoint.pth.tar" if filename == CHECKPOINT_NAME else filename
+    return os.path.join("runs", *map(str, parts)), name, "model_best.pth.tar"
+
+
 def _destination(path_or_dir: PathLike, filename: str) -> str:
     """A path with a suffix (``run/last.pth``) is the file; a directory (existing or suffix-less) gets ``filename``."""
     path = os.fspath(path_or_dir)
@@ -161,11 +165,13 @@ def save_checkpoint(state: Mapping[str, Any], path_or_dir: PathLike, is_best: bo
 
     Args:
         state: ``{"model": model_or_state_dict, "optimizer": ..., "scheduler": ..., "scaler": ..., "epoch": int,
-            "best_pred": float, "args": Namespace_or_dict, "metrics": dict}``. Only ``model`` is required. Objects
+            "best_pred": float, "args": Namespace_or_dict, "metrics": dict}``. Only ``model`` (or PE's
+            ``state_dict``, then kept too) is required. Objects
             with ``state_dict()`` are stored as their state dict (wrapped models unwrapped); ``args`` may be an
             ``argparse.Namespace`` (stored as a dict); numpy values become tensors/numbers.
         path_or_dir: a directory (created if missing; the file is ``filename`` inside it) or a file path with a
-            suffix such as ``runs/exp/epoch_10.pth``.
+            suffix such as ``runs/exp/epoch_10.pth``; PyTorch-Encoding's ``args`` (a ``Namespace``): its
+            ``runs/<dataset>/<model>[/<backbone>]/<checkname>/checkpoint.pth.tar`` (and ``model_best.pth.tar``).
         is_best: also write ``model_best.pth`` next to it. It is written first, so an interruption between the two
             writes never leaves a checkpoint whose ``best_pred`` has no matching best file (see
             :func:`encoding.engine.state.restore_best` for the other direction).
@@ -185,6 +191,9 @@ def save_checkpoint(state: Mapping[str, Any], path_or_dir: PathLike, is_best: bo
         >>> save_checkpoint({"model": model, "optimizer": optimizer, "epoch": epoch, "best_pred": best,
         ...                  "args": args}, "runs/shapes/fcn", is_best=new_pred > best)  # doctest: +SKIP
     """
+    best = BEST_NAME
+    if isinstance(path_or_dir, argparse.Namespace):  # PyTorch-Encoding's save_checkpoint(state, args, is_best)
+        path_or_dir, filename, best = _pe_destination(path_or_dir, filename)
     target = _destination(path_or_dir, filename)
     checkpoint = _build(state)
     for key in ("model", "optimizer"):
@@ -196,15 +205,14 @@ def save_checkpoint(state: Mapping[str, Any], path_or_dir: PathLike, is_best: bo
     torch.save(checkpoint, buffer)
     data = buffer.getvalue()
     if is_best:
-        atomic_write(os.path.join(os.path.dirname(target) or ".", BEST_NAME), data)
+        atomic_write(os.path.join(os.path.dirname(target) or ".", best), data)
     atomic_write(target, data)
     return target
 
 
 def _summarise(keys: Iterable[str], limit: int = 10) -> str:
     keys = sorted(keys)
-    text = ", ".join(keys[:limit])
-    return text + (f", ... ({len(keys)} in all)" if len(keys) > limit else "")
+    return ", ".join(keys[:limit]) + (f", ... ({len(keys)} in all)" if len(keys) > limit else "")
 
 
 def _strip_prefix(state: Mapping[str, Tensor], expected: Iterable[str]) -> Mapping[str, Tensor]:
