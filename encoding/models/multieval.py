@@ -7,8 +7,9 @@ normalized value of a black pixel, ``-mean/std``), evaluated and cropped back. O
 ``int(crop_size * stride_rate)`` pixels, border windows padded), overlapping logits being averaged. Each scale's
 logits are resized to the original size; with ``flip`` the horizontally flipped image is evaluated too.
 
-Difference from PyTorch-Encoding: the result is the *mean* over scales and flips (PE summed them); the argmax is the
-same.
+Difference from PyTorch-Encoding: the result is the *mean of the logits* over windows, flips and scales, resized with
+``align_corners=False``; PE averaged ``exp(logits + flipped logits)`` over windows, summed over scales and resized with
+``align_corners=True``: one scale gives the same labels, several scales differ at a few pixels (docs/models.md).
 
 Both modules run ``window_batch`` windows per forward (stacked along the batch dimension; default 1, one at a time)
 and add each window's logits into the result in the same order as one at a time: the logits equal those of single
