@@ -9,7 +9,8 @@ logits are resized to the original size; with ``flip`` the horizontally flipped 
 
 Difference from PyTorch-Encoding: the result is the *mean of the logits* over windows, flips and scales, resized with
 ``align_corners=False``; PE averaged ``exp(logits + flipped logits)`` over windows, summed over scales and resized with
-``align_corners=True``: one scale gives the same labels, several scales differ at a few pixels (docs/models.md).
+``align_corners=True``: one scale without overlapping windows gives the same labels, several scales differ at a few
+pixels (docs/models.md).
 
 Both modules run ``window_batch`` windows per forward (stacked along the batch dimension; default 1, one at a time)
 and add each window's logits into the result in the same order as one at a time: the logits equal those of single
