@@ -286,6 +286,29 @@ def test_segment_image_is_encoding_segment_with_legend_and_shares(tiny_folder, i
         segment_image(model, None)
 
 
+def test_a_visitors_windows_and_scales_are_bounded_by_the_pixel_limit(tiny_folder, images):
+    """A 45 x 61 image under --max-pixels 1,000,000: a 3000 px window, scale 60 (a 2400 x 1800 image) and stride 1
+    made the server work far past the limit (memory, time); refused in one line before any work. Sensible
+    requests still run."""
+    from encoding.app.segmentation import MAX_SCALES
+    from encoding.utils.images import ImageTooLarge, set_max_pixels
+
+    set_max_pixels(1_000_000)
+    model = encoding.load_model(tiny_folder)
+    try:
+        for request, error, message in [
+                (SegmentRequest("multi-scale", window=3000, scales=(1.0,)), ImageTooLarge, "window 3000: image of"),
+                (SegmentRequest("multi-scale", scales=(60.0,)), ImageTooLarge, "the image at scale 60: image of"),
+                (SegmentRequest("slide", window=24, stride=5), UsageError, "stride 5: at least a quarter of"),
+                (SegmentRequest("multi-scale", scales=(1.0,) * (MAX_SCALES + 1)), UsageError, "at most")]:
+            with pytest.raises(error, match=message):
+                segment_image(model, images["scene"], request)
+        for request in (SegmentRequest("slide", window=24, stride=6), SegmentRequest("multi-scale", scales=(0.5, 2.0))):
+            assert segment_image(model, images["scene"], request).labels.shape == (45, 61)
+    finally:
+        set_max_pixels(None)
+
+
 def test_the_examples_are_the_validation_images_already_on_disk(shapes_root, tmp_path):
     from conftest import tiny_shapes_pair
 

@@ -15,6 +15,7 @@ import argparse
 import html
 import inspect
 import io
+import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -36,7 +37,8 @@ from ..utils.palette import colorize
 from .rendering import blend, present_legend_html
 
 __all__ = ["MODES", "SegmentRequest", "Segmentation", "parse_scales", "BYTES_PER_PIXEL", "upload_limit",
-           "check_image_size", "segment_image", "class_shares", "legend_html", "write_mask", "validation_images"]
+           "check_image_size", "check_work", "MAX_SCALES", "segment_image", "class_shares", "legend_html",
+           "write_mask", "validation_images"]
 
 #: The Segment tab's choices: the whole image at once, overlapping windows, several scales (PyTorch-Encoding's
 #: multi-scale evaluation, :class:`~encoding.models.MultiEvalModule`).
@@ -171,10 +173,40 @@ def segment_image(model: nn.Module, image: object, request: SegmentRequest = Seg
     info = model_info(model)
     keywords = request.keywords()
     array = _image_array(image)
+    check_work(request, array.shape[0], array.shape[1], info)
     labels = segment(model, array, **keywords)
     shares = class_shares(labels, info)
     return Segmentation(labels, blend(array, labels, info), colorize(labels, info.palette), shares,
                         present_legend_html(shares))
+
+
+#: The most scales a visitor's multi-scale request may hold.
+MAX_SCALES = 8
+
+
+def check_work(request: SegmentRequest, height: int, width: int, info: ModelInfo) -> None:
+    """Refuse a visitor's windows and scales that would make the page work past its pixel limit (``--max-pixels``):
+    a window, or the image at a scale (padded to the window), above it; a stride under a quarter of the window
+    (each pixel seen more than 16 times); more than :data:`MAX_SCALES` scales.
+
+    Raises:
+        ImageTooLarge: a window or scaled image above the limit. UsageError: the stride or the scales.
+    """
+    if request.mode == "whole":
+        return
+    window = request.window or info.crop_size
+    check_pixels(window, window, f"window {window}")
+    if request.stride is not None and request.stride < window / 4:
+        raise UsageError(f"stride {request.stride}: at least a quarter of the window ({-(-window // 4)} for window "
+                         f"{window}); a smaller one evaluates each pixel more than 16 times")
+    if request.mode != "multi-scale":
+        return
+    if len(request.scales) > MAX_SCALES:
+        raise UsageError(f"scales: {len(request.scales)} given, at most {MAX_SCALES}")
+    for scale in request.scales:  # MultiEvalModule's sizes: the long side at base_size * scale, padded to the window
+        long = math.ceil(info.base_size * scale)
+        short = max(int(min(height, width) * long / max(height, width) + 0.5), 1)
+        check_pixels(max(long, window), max(short, window), f"the image at scale {scale:g}")
 
 
 def class_shares(labels: torch.Tensor, info: ModelInfo) -> List[Tuple[str, Tuple[int, int, int], int, float]]:
