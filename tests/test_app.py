@@ -309,6 +309,15 @@ def test_a_visitors_windows_and_scales_are_bounded_by_the_pixel_limit(tiny_folde
         set_max_pixels(None)
 
 
+def test_the_page_serves_the_example_images_not_their_folders(tmp_path):
+    """The examples' folders were allowed: every file beside them (a dataset's training images, anything) was served
+    on request. Only the example files themselves (and the page's own folder) are."""
+    from encoding.app.cli import served_paths
+
+    examples = [str(tmp_path / "JPEGImages" / name) for name in ("b.jpg", "a.jpg", "a.jpg")]
+    assert served_paths("/work", examples) == ["/work", examples[1], examples[0]]
+
+
 def test_the_examples_are_the_validation_images_already_on_disk(shapes_root, tmp_path):
     from conftest import tiny_shapes_pair
 

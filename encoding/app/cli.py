@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 import tempfile
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import torch
 
@@ -26,7 +26,7 @@ from ..utils.cli import run_cli
 from ..utils.images import set_max_pixels
 from .planning import PlanLimits
 
-__all__ = ["build_parser", "parse_args", "load_network", "plan_limits", "require_gradio", "main",
+__all__ = ["build_parser", "parse_args", "load_network", "plan_limits", "require_gradio", "served_paths", "main",
            "cli"]
 
 
@@ -109,8 +109,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         print(f"encoding.app: serving {what} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
         page.queue(default_concurrency_limit=args.concurrency_limit, max_size=args.max_queue).launch(
             server_name=args.host, server_port=args.port, show_error=True, quiet=True,
-            allowed_paths=[workdir, *sorted({os.path.dirname(p) for p in examples})],
+            allowed_paths=served_paths(workdir, examples),
             max_file_size=upload_limit())
+
+
+def served_paths(workdir: str, examples: Sequence[str]) -> List[str]:
+    """What the page may serve besides Gradio's own files: its working folder and the example images themselves,
+    not their folders (a dataset's training images, anything else there)."""
+    return [workdir, *sorted(set(examples))]
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
