@@ -82,6 +82,7 @@ def test_export_cli_writes_the_model_and_its_metadata(tiny_run, tmp_path, capsys
         meta = json.load(f)
     assert meta["classes"][:2] == ["background", "disc"] and len(meta["palette"]) == 7
     assert meta["input"]["shape"] == [1, 3, 40, 56] and meta["input"]["dynamic"] is False
+    assert meta["output"]["shape"] == [1, 7, 40, 56]  # fixed as the file's output (it said batch / height / width)
     assert meta["model"]["model"] == "unet" and meta["mean"] == pytest.approx([0.485, 0.456, 0.406])
     props = {p.key: json.loads(p.value) for p in onnx.load(str(output)).metadata_props}
     assert props == meta

@@ -29,6 +29,30 @@ def test_export_refuses_to_overwrite_its_own_checkpoint(tmp_path, capsys):
     assert not (tmp_path / "net.json").exists()
 
 
+def test_export_refuses_to_overwrite_the_folder_of_its_transformers_network(tmp_path, capsys):
+    """A checkpoint of ``transformers:FOLDER`` is rebuilt from FOLDER: ``--output FOLDER/config.onnx`` wrote its
+    metadata over FOLDER's config.json (and the checkpoint no longer loaded)."""
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+
+    from encoding.models.external import build_external_model
+    from encoding.utils.checkpoint import save_checkpoint
+
+    config = SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16],
+                             patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
+                             decoder_hidden_size=16, num_labels=7)
+    folder = tmp_path / "segformer"
+    SegformerForSemanticSegmentation(config).save_pretrained(folder)
+    spec = f"transformers:{folder}"
+    ckpt = save_checkpoint({"model": build_external_model(spec, 7), "args": {"dataset": "shapes", "model": spec}},
+                           str(tmp_path / "run"))
+    before = {name: (folder / name).read_bytes() for name in os.listdir(folder)}
+    with pytest.raises(SystemExit) as stop:
+        export_cli(["--resume", ckpt, "--output", str(folder / "config.onnx")])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]  # not transformers' bars
+    assert stop.value.code == 2 and len(errors) == 1 and "config.json: that is the input file" in errors[0]
+    assert {name: (folder / name).read_bytes() for name in os.listdir(folder)} == before
+
+
 def test_export_refuses_to_overwrite_a_file_of_its_input_model_folder(tmp_path, capsys):
     """--resume FOLDER --output FOLDER/config.pt2 wrote its metadata over the folder's config.json (and
     FOLDER/model.safetensors over the weights): every file of the folder is an input."""

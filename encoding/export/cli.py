@@ -8,6 +8,7 @@ import warnings
 from typing import List, Optional
 
 from ..inference.loading import load_model
+from ..names import is_model_spec, parse_model_spec
 from ..config.parser import build_parser as config_parser
 from ..utils.cli import run_cli
 from .core import SUFFIXES, check_output, export_model
@@ -36,6 +37,14 @@ def _read_files(source: str) -> List[str]:
     return [source] if os.path.exists(source) else []
 
 
+def _network_files(model: Optional[str]) -> List[str]:
+    """The files of the folder a ``transformers:PATH`` network was built from (its config.json, its weights)."""
+    if not is_model_spec(model):
+        return []
+    spec = parse_model_spec(model)
+    return _read_files(spec.target) if spec.kind == "transformers" and os.path.isdir(spec.target) else []
+
+
 def main(argv: Optional[List[str]] = None) -> List[str]:
     """Export as ``argv`` says; returns the paths written."""
     parser = build_parser()
@@ -48,6 +57,11 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     except ValueError as err:
         parser.error(str(err))
     model = load_model(args.resume, trust_code=args.trust_code)
+    inputs += _network_files(model.info.options.get("model"))
+    try:  # the folder a transformers: network was read from is an input too
+        check_output(output, inputs)
+    except ValueError as err:
+        parser.error(str(err))
     if args.dynamic:
         message = "--dynamic is the default now (--static fixes the shape); the option will go"
         warnings.warn(message, FutureWarning, stacklevel=2)

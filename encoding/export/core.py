@@ -94,7 +94,9 @@ def metadata(info: ModelInfo, fmt: str, input_size: Sequence[int], dynamic: bool
         "input": {"name": INPUT_NAME, "shape": ["batch", 3, "height", "width"] if dynamic else [1, 3, height, width],
                   "dtype": "float32", "dynamic": dynamic, "example_size": [height, width],
                   "normalization": "(rgb / 255 - mean) / std, channels RGB"},
-        "output": {"name": OUTPUT_NAME, "shape": ["batch", info.out_channels, "height", "width"],
+        "output": {"name": OUTPUT_NAME,
+                   "shape": ["batch", info.out_channels, "height", "width"] if dynamic else
+                   [1, info.out_channels, height, width],
                    "labels": f"sigmoid > {info.threshold} (one foreground channel)" if info.binary
                    else "argmax over dimension 1"},
         "ignore_index": info.ignore_index,
