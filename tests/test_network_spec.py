@@ -44,7 +44,9 @@ def test_every_tool_builds_the_same_network_from_the_same_options(tmp_path):
     """Head width, output stride and aux of one description reach training's build, load_model of a checkpoint, a
     model folder, the memory tool's step and the web page's plan: the parameters have one set of shapes."""
     from encoding import load_model
-    from encoding.app.planning import plan_argv, served_request
+    from dataclasses import replace
+
+    from encoding.app.planning import keep_served, plan_argv, served_request
     from encoding.engine.builders import build_model
     from encoding.inference.hub import load_pretrained, save_pretrained
     from encoding.memory.cli import parse_args
@@ -69,6 +71,11 @@ def test_every_tool_builds_the_same_network_from_the_same_options(tmp_path):
     assert network == SPEC and _shapes(network.build()) == expected
     page = parse_args(plan_argv(served_request(loaded.info)) + ["--simulate", "2", "--crop-size", "32"])
     assert step_arguments(page)["network"] == SPEC
+    # the Plan button: the form has no head width / output stride box; the served network's are kept
+    served = served_request(loaded.info)
+    pressed = keep_served(replace(served, head_channels=None, output_stride=None), served)
+    assert step_arguments(parse_args(plan_argv(pressed) + ["--simulate", "2"]))["network"] == SPEC
+    assert keep_served(replace(served, backbone="resnet18", output_stride=None), served).output_stride is None
 
 
 def test_the_memory_tool_plans_the_head_width_it_is_given(tmp_path):

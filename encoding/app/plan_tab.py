@@ -9,7 +9,8 @@ from ..config.groups import AMP_CHOICES, RECOMPUTE_POLICIES
 from ..config.tools import MEMORY_STRATEGIES
 from ..errors import UsageError
 from .messages import COMPUTE, on_page
-from .planning import PlanLimits, PlanRequest, advice_rows, device_rows, form_defaults, plan_memory
+from .planning import (PlanLimits, PlanRequest, advice_rows, device_rows, form_defaults, keep_served,
+                       plan_memory)
 
 __all__ = ["SPEC_EXAMPLES", "model_choices", "dataset_sizes", "preset_network", "plan_handler", "plan_tab"]
 
@@ -56,11 +57,12 @@ def preset_network(model: str) -> Tuple[Any, ...]:
     return preset["backbone"], preset["dataset"], bool(preset.get("aux")), bool(preset.get("se_loss"))
 
 
-def plan_handler(workdir: str, limits: PlanLimits = PlanLimits()):
+def plan_handler(workdir: str, limits: PlanLimits = PlanLimits(), start: PlanRequest = PlanRequest()):
     """The function the tab calls: the options -> ``(command, table, chart, recommendation, advice, text table,
     JSON path, timeline PNG, timeline HTML)``; progress lines of the simulation go to the page's progress bar.
     ``limits``: what the page plans (:class:`~.planning.PlanLimits`: a model naming code is refused unless its
-    starter named it)."""
+    starter named it). ``start``: the served network's request, whose head width, output stride and data folder (no
+    box of the form holds them) a plan of that model and backbone keeps."""
     import gradio as gr
 
     @on_page
@@ -73,6 +75,7 @@ def plan_handler(workdir: str, limits: PlanLimits = PlanLimits()):
                               memory_limit=memory_limit, reserve=reserve, strategies=tuple(strategies or ()),
                               amp=amp or None, recompute=recompute or None, advise=bool(advise), aux=bool(aux),
                               se_loss=bool(se_loss), timeline=bool(timeline))
+        request = keep_served(request, start)
         steps = len(request.strategies) + bool(advise) + bool(timeline)
         done = [0]
 
@@ -165,4 +168,4 @@ def plan_tab(workdir: str, start: PlanRequest = PlanRequest(), limits: PlanLimit
     model.change(preset_network, [model], [backbone, dataset, aux, se_loss], api_name=False)
     dataset.change(dataset_sizes, [dataset], [nclass, crop], api_name=False)
     outputs = [command, table, chart, recommended, advice, text, report, timeline_png, timeline_html]
-    button.click(plan_handler(workdir, limits), inputs, outputs, api_name="plan", concurrency_id=COMPUTE)
+    button.click(plan_handler(workdir, limits, start), inputs, outputs, api_name="plan", concurrency_id=COMPUTE)

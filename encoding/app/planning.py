@@ -25,7 +25,7 @@ from ..utils.trust import UntrustedCode
 from ..models.registry import PRESETS
 from ..utils.trust import reading
 
-__all__ = ["PlanRequest", "PlanLimits", "MemoryPlanResult", "served_request", "check_request",
+__all__ = ["PlanRequest", "PlanLimits", "MemoryPlanResult", "served_request", "keep_served", "check_request",
            "plan_argv", "form_defaults", "plan_memory", "device_rows", "advice_rows"]
 
 @dataclass(frozen=True)
@@ -99,6 +99,15 @@ def served_request(info: Any) -> PlanRequest:
                        dataset=info.dataset if info.dataset in datasets else None, nclass=info.out_channels,
                        crop_size=info.crop_size, aux=bool(options.get("aux")), se_loss=bool(options.get("se_loss")),
                        head_channels=options.get("head_channels"), output_stride=options.get("output_stride"))
+
+
+def keep_served(request: PlanRequest, start: PlanRequest) -> PlanRequest:
+    """``request`` with the served network's head width, output stride and data folder (``start``'s: no box of the
+    form holds them) when it plans that network's model and backbone; else as it is."""
+    if (request.model, request.backbone) != (start.model, start.backbone):
+        return request
+    return replace(request, head_channels=start.head_channels, output_stride=start.output_stride,
+                   data_root=start.data_root)
 
 
 def _text(value: Any) -> str:
