@@ -21,12 +21,6 @@ def test_export_refuses_to_overwrite_its_own_checkpoint(tmp_path, capsys):
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1 and "model_best.pth" in err and "input" in err
     assert open(ckpt, "rb").read() == before
-    # --output net.onnx with --format exported: a .pt2 program under an ONNX name
-    with pytest.raises(SystemExit) as stop:
-        export_cli(["--resume", ckpt, "--format", "exported", "--output", str(tmp_path / "net.onnx")])
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and "the name of a onnx file; --format exported writes *.pt2" in err
-    assert not (tmp_path / "net.onnx").exists()
     # --output net.json: the model and its metadata would be one file
     with pytest.raises(SystemExit) as stop:
         export_cli(["--resume", ckpt, "--format", "onnx", "--output", str(tmp_path / "net.json")])

@@ -49,10 +49,6 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     """Export as ``argv`` says; returns the paths written."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.format and args.output and os.path.splitext(args.output)[1].lower() in SUFFIXES.values() \
-            and format_of(args.output) != args.format:  # an .onnx name holding a .pt2 program
-        parser.error(f"--output {args.output}: the name of a {format_of(args.output)} file; --format {args.format} "
-                     f"writes *{SUFFIXES[args.format]}")
     args.format = args.format or format_of(args.output)
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.resume)), "model" + SUFFIXES[args.format])
     inputs = _read_files(args.resume)
