@@ -32,7 +32,8 @@ ALLOWED = {
     ("encoding/datasets/prepare/download.py", "_fetch_local"): "a .part file renamed over the target when complete",
     ("encoding/datasets/prepare/download.py", "_fetch_http"): "a .part file renamed over the target when complete",
     ("encoding/datasets/prepare/download.py", "_merge_move"): "moves extracted files out of a staged_dir folder",
-    ("encoding/utils/logger.py", "write"): "appends one JSONL row per epoch (one write; resume completes the log)",
+    ("encoding/utils/logger.py", "_append_jsonl"): "appends one JSONL row per epoch (one write; resume drops a "
+                                                   "torn row and completes the log)",
     ("encoding/utils/logger.py", "_append_csv"): "appends one CSV row per epoch (a new column: atomic_write)",
     ("encoding/memory/cuda.py", "_ddp_worker"): "a rank's result in the measurement's own temporary folder",
 }
