@@ -40,6 +40,7 @@ import torch
 
 from ..datasets import datasets as DATASETS
 from ..utils.configfile import ConfigFileError, parse_config, read_config
+from ..utils.dist import launched_by_torchrun
 from ..utils.trust import check_trusted
 from .errors import ConfigError
 from .evaluation import MODEL_SPECIFIC, evaluation_rules, weights_layer
@@ -203,7 +204,7 @@ ONLY_WITH = (("aux_weight", lambda v: v["aux"], "--aux"), ("se_weight", lambda v
              ("val_fraction", lambda v: v["dataset"] == "folder", "--dataset folder"),
              ("unknown_labels", lambda v: v["dataset"] == "folder", "--dataset folder"),
              ("log_images", lambda v: v["tensorboard"] or v["wandb"], "--tensorboard / --wandb"),
-             ("dist_timeout", lambda v: "RANK" in os.environ and "WORLD_SIZE" in os.environ, "a torchrun launch"))
+             ("dist_timeout", lambda v: launched_by_torchrun(), "a torchrun launch"))
 
 
 def _rules(script: str, values: Dict[str, Any], sources: Dict[str, str], recipe: Dict[str, Any],

@@ -45,7 +45,7 @@ from ..models.spec_layers import spec_backbone
 from ..nn.loss import LOSSES, SegmentationLosses
 from ..parallel import DataParallelCriterion, DataParallelModel, resolve_devices
 from ..utils.determinism import EpochSampler, SeededSamples, seed_worker
-from ..utils.dist import ShardSampler, fsdp_units, get_local_rank, get_world_size
+from ..utils.dist import ShardSampler, fsdp_units, get_local_rank, get_world_size, launched_by_torchrun
 from ..utils.lr_scheduler import IterationLR
 from .compiled import compile_mode, compile_model
 
@@ -299,7 +299,7 @@ def strategy_problem(strategy: str, amp: str = "none", distributed: Optional[boo
     """
     if strategy not in STRATEGIES:
         return f"--strategy {strategy}: {STRATEGIES.unknown(strategy)}"
-    distributed = ("RANK" in os.environ and "WORLD_SIZE" in os.environ) if distributed is None else distributed
+    distributed = launched_by_torchrun() if distributed is None else distributed
     if strategy != "ddp" and not distributed:
         return (f"--strategy {strategy} shards the run over torchrun processes: start it with torchrun "
                 "--nproc_per_node N train.py ... (without torchrun one process uses DataParallelModel)")
@@ -311,7 +311,7 @@ def strategy_problem(strategy: str, amp: str = "none", distributed: Optional[boo
 def torchrun_problem(balance: str, device_ids: Optional[str], distributed: Optional[bool] = None) -> Optional[str]:
     """Why options of one process driving several devices cannot run under ``torchrun`` (one device per process:
     ``cuda:LOCAL_RANK``, or the CPU), or ``None``."""
-    distributed = ("RANK" in os.environ and "WORLD_SIZE" in os.environ) if distributed is None else distributed
+    distributed = launched_by_torchrun() if distributed is None else distributed
     if distributed and balance not in (None, "none"):
         return (f"--balance {balance} splits a batch over the devices of one process; under torchrun each process "
                 "has one device: drop --balance")

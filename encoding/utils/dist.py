@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 __all__ = [
+    "launched_by_torchrun",
     "init_distributed_mode",
     "is_dist_avail_and_initialized",
     "get_rank",
@@ -64,6 +65,12 @@ def timeout_problem(seconds: Optional[float], option: str = "--dist-timeout") ->
     return None
 
 
+def launched_by_torchrun() -> bool:
+    """Whether ``torchrun`` started this process (``RANK`` and ``WORLD_SIZE`` in the environment), known before any
+    process group is made."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
 def init_distributed_mode(backend: Optional[str] = None, timeout_s: Optional[float] = None) -> bool:
     """Initialize the default process group from the ``torchrun`` environment.
 
@@ -84,7 +91,7 @@ def init_distributed_mode(backend: Optional[str] = None, timeout_s: Optional[flo
     """
     if is_dist_avail_and_initialized():
         return True
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+    if not launched_by_torchrun():
         return False
     if not dist.is_available():
         raise RuntimeError("RANK/WORLD_SIZE are set but this PyTorch build has no torch.distributed")
