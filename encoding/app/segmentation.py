@@ -15,7 +15,6 @@ import argparse
 import html
 import inspect
 import io
-import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from torch import nn
 from ..datasets.base import read_rgb
 from ..inference.loading import ModelInfo, model_info
 from ..inference.predict import segment
+from ..models.multieval import scaled_size
 from ..errors import UsageError
 from ..utils.cli import scales
 from ..utils.files import atomic_write
@@ -203,10 +203,9 @@ def check_work(request: SegmentRequest, height: int, width: int, info: ModelInfo
         return
     if len(request.scales) > MAX_SCALES:
         raise UsageError(f"scales: {len(request.scales)} given, at most {MAX_SCALES}")
-    for scale in request.scales:  # MultiEvalModule's sizes: the long side at base_size * scale, padded to the window
-        long = math.ceil(info.base_size * scale)
-        short = max(int(min(height, width) * long / max(height, width) + 0.5), 1)
-        check_pixels(max(long, window), max(short, window), f"the image at scale {scale:g}")
+    for scale in request.scales:  # MultiEvalModule's sizes, padded to the window
+        h, w = scaled_size(height, width, info.base_size, scale)
+        check_pixels(max(w, window), max(h, window), f"the image at scale {scale:g}")
 
 
 def class_shares(labels: torch.Tensor, info: ModelInfo) -> List[Tuple[str, Tuple[int, int, int], int, float]]:

@@ -83,6 +83,15 @@ def batched_windows(module: nn.Module, boxes: Sequence[Box], take: Callable[[Box
             yield box, logits[i * rows:(i + 1) * rows]
 
 
+def scaled_size(h: int, w: int, base_size: int, scale: float) -> Tuple[int, int]:
+    """``(height, width)`` of an ``h x w`` image at ``scale`` in :class:`MultiEvalModule`: the long side
+    ``ceil(base_size * scale)``, the aspect ratio kept, the short side at least one pixel (a 400 x 1 strip)."""
+    long_size = int(math.ceil(base_size * scale))
+    if h > w:
+        return long_size, max(int(1.0 * w * long_size / h + 0.5), 1)
+    return max(int(1.0 * h * long_size / w + 0.5), 1), long_size
+
+
 class MultiEvalModule(nn.Module):
     """Evaluate a segmentation model over several scales and flips with sliding-window inference.
 
@@ -157,10 +166,7 @@ class MultiEvalModule(nn.Module):
         return [self(image.unsqueeze(0).to(device)) for image in inputs]
 
     def _scaled_size(self, h: int, w: int, scale: float) -> Tuple[int, int]:
-        long_size = int(math.ceil(self.base_size * scale))
-        if h > w:  # the short side at least one pixel (a 400 x 1 strip)
-            return long_size, max(int(1.0 * w * long_size / h + 0.5), 1)
-        return max(int(1.0 * h * long_size / w + 0.5), 1), long_size
+        return scaled_size(h, w, self.base_size, scale)
 
     def _evaluate_scale(self, image: Tensor) -> Tensor:
         """Logits of the whole (resized) image, by one padded pass or by sliding windows."""
