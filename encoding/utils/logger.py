@@ -20,7 +20,7 @@ import math
 import os
 import warnings
 from collections import deque
-from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional, Set
+from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
 import torch
 from torch import Tensor
@@ -231,16 +231,23 @@ class EpochLogger:
 
     def write(self, epoch: int, **values: Any) -> Dict[str, Any]:
         """Record ``epoch`` and ``values`` (numbers, tensors, short lists) and return the row as written to JSONL."""
-        row = {"epoch": int(epoch), **{k: _jsonable(v) for k, v in values.items()}}
-        if not self.enabled:
-            return row
-        if self.jsonl_path:
+        row = self._row(epoch, values)
+        if self.enabled:
+            self._record(row, [path for path in (self.jsonl_path, self.csv_path) if path])
+        return row
+
+    @staticmethod
+    def _row(epoch: int, values: Mapping[str, Any]) -> Dict[str, Any]:
+        return {"epoch": int(epoch), **{k: _jsonable(v) for k, v in values.items() if k != "epoch"}}
+
+    def _record(self, row: Dict[str, Any], paths: Sequence[str]) -> None:
+        """Append ``row`` to the logs among ``paths`` (the JSONL and / or the CSV file) and hand it to the sinks."""
+        if self.jsonl_path in paths:
             self._append_jsonl(row)
-        if self.csv_path:
+        if self.csv_path in paths:
             self._append_csv(row)
         for sink in self.sinks:
-            sink.scalars(int(epoch), scalars_of(row))
-        return row
+            sink.scalars(row["epoch"], scalars_of(row))
 
     def images(self, epoch: int, images: Mapping[str, Any]) -> None:
         """Hand ``H x W x 3`` ``uint8`` images by tag (e.g. prediction overlays) to TensorBoard / W&B."""
@@ -270,16 +277,9 @@ class EpochLogger:
             return
         logged = {path: keep(path, epoch) for path, keep in ((self.jsonl_path, self._keep_jsonl),
                                                               (self.csv_path, self._keep_csv)) if path}
-        if not row:
-            return
-        row = {"epoch": int(epoch), **{k: _jsonable(v) for k, v in row.items() if k != "epoch"}}
         missing = [path for path, epochs in logged.items() if epoch not in epochs]
-        if self.jsonl_path in missing:
-            self._append_jsonl(row)
-        if self.csv_path in missing:
-            self._append_csv(row)
-        for sink in self.sinks if missing else []:
-            sink.scalars(int(epoch), scalars_of(row))
+        if row and missing:
+            self._record(self._row(epoch, row), missing)
 
     @staticmethod
     def _keep_jsonl(path: str, epoch: int) -> Set[int]:
