@@ -270,7 +270,7 @@ class DataParallelModel(_DataParallelBase, nn.DataParallel):
 def _keep_buffers(module: nn.Module, replica: nn.Module) -> None:
     """Copy the buffers of ``replica`` (the master copy: running statistics, ``num_batches_tracked``) into
     ``module``'s, as the master copy's own buffers would be when it is the module's copy on the source device."""
-    for (name, own), (_, updated) in zip(module.named_buffers(), replica.named_buffers()):
+    for own, updated in zip(module.buffers(), replica.buffers()):
         if own is not updated:
             own.copy_(updated)
 
