@@ -14,6 +14,7 @@ from PIL import Image
 from conftest import ROOT, load_script
 from encoding.datasets import FolderSegmentation
 from encoding.datasets import DatasetError
+from encoding.datasets.metadata import dataset_metadata
 from folder_data import make_folder, photo, save_rotated_jpeg, tree, truncate
 
 TINY = ["--crop-size", "16", "--base-size", "24", "--batch-size", "4", "--workers", "0", "--epochs", "1"]
@@ -76,6 +77,7 @@ def test_0_255_masks_with_a_two_class_file_are_refused_with_the_hint(train, caps
            "masks hold only 0 and 255); did you mean --binary, or masks with values 0/1?" in line
     data = FolderSegmentation(root, binary=True, split="val", mode="testval")  # what the hint says works
     assert data.scan.binary_255 and sorted(data[0][1].unique().tolist()) == [0, 1]
+    assert dataset_metadata(data)["ignore_index"] is None  # 255 is the foreground: no pixel value is ignored
     assert data.scan.pixels[1] == 6 * 24 * 17 and data.scan.ignored == 0
     assert train.cli(["--dataset", "folder", "--data-root", root, "--output-dir", str(tmp_path / "runs"), *TINY,
                       "--binary"]) == 0
@@ -224,6 +226,7 @@ def test_0_1_masks_whose_ignore_value_is_255_are_not_a_mix(train, capsys, tmp_pa
     root = _photos(str(tmp_path / "d"), mask=_bordered)
     data = FolderSegmentation(root, binary=True)
     assert data.scan.warnings == [] and not data.scan.binary_255
+    assert dataset_metadata(data)["ignore_index"] == 255
     assert not [w for w in FolderSegmentation(root).scan.warnings if "0/255" in w]
 
 

@@ -235,7 +235,8 @@ class FolderSegmentation(BaseDataset):
         self.PALETTE = spec.colors or generated_palette(len(spec.names))
         self.IGNORE_COLOR = spec.ignore_color or next(c for c in [(0, 0, 0), (255, 255, 255)] + list(
             generated_palette(256)) if c not in self.PALETTE)
-        self.ignore_value = spec.ignore_index
+        #: The raw mask value of ignored pixels (``None`` for 0/255 masks: 255 is their foreground).
+        self.ignore_value: Optional[int] = None if self.scan.binary_255 else spec.ignore_index
         self._colors = color_lookup(spec)
         super().__init__(root, split, mode, *args, **kwargs)
         self._names_below = os.path.commonpath([os.path.dirname(path) for path in self.images])
