@@ -4,6 +4,7 @@ colours (CamVid's sky) in colour masks, an ignore colour that is a class colour,
 file is not the network's. Each case is built from real files and checks the scan and the loader alike."""
 import collections
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -350,3 +351,28 @@ def test_an_rgba_mask_with_transparent_pixels_is_refused(tmp_path):
                      save=lambda a, p: Image.fromarray(np.dstack([a, np.full(a.shape[:2], 255, np.uint8)]),
                                                        "RGBA").save(p))
     assert FolderSegmentation(opaque).scan.pixels == [4 * 22 * 32, 4 * 10 * 32]
+
+
+def test_a_trainval_list_is_a_split_to_train_on_and_validating_inside_it_is_warned_of(tmp_path):
+    """VOC's splits/trainval.txt holds val.txt by design: a list to train on, not refused as sharing images with
+    train.txt. A run training on it and validating on val is warned of; an unknown split names the folder's."""
+    from folder_data import make_folder
+
+    root = make_folder(str(tmp_path / "d"), "lists")
+    lists = os.path.join(root, "splits")
+    text = "".join(open(os.path.join(lists, f"{n}.txt")).read() for n in ("train", "val"))
+    with open(os.path.join(lists, "trainval.txt"), "w") as f:
+        f.write(text)
+    data = FolderSegmentation(root, split="trainval")
+    assert data.SPLITS == ("train", "trainval", "val") and len(data) == 8
+    with pytest.raises(DatasetError, match=r"unknown split 'nope'; valid splits: train, trainval, val"):
+        FolderSegmentation(root, split="nope")
+    train = load_script("train")
+    run = ["--dataset", "folder", "--data-root", root, *TINY]
+    with pytest.warns(RuntimeWarning, match=r"--val-split val shares 2 of its 2 images with --train-split trainval"):
+        assert train.cli(run + ["--train-split", "trainval", "--output-dir", str(tmp_path / "a")]) == 0
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*shares")
+        assert train.cli(run + ["--output-dir", str(tmp_path / "b")]) == 0
+    assert train.cli(run + ["--train-split", "nope", "--output-dir", str(tmp_path / "c")]) == 2
+    assert not os.path.exists(tmp_path / "c")

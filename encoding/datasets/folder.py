@@ -93,7 +93,7 @@ def find_splits(root: str) -> Tuple[str, Dict[str, List[Pair]], List[Problem]]:
             raise DatasetError(join(root, "splits"), "holds no <split>.txt list file")
         lists = {n: read_pair_list(root, join(root, "splits", n + ".txt")) for n in names}
         for name, pairs in lists.items():
-            _check_once(pairs, join(root, "splits", name + ".txt"), root, training=name == "train")
+            _check_once(pairs, join(root, "splits", name + ".txt"), root, training=_training_list(name))
         _check_apart(lists, root)
         return "splits", lists, []
     split_dirs = [n for n in ("train", "val", "test") if os.path.isdir(join(root, n, "images"))]
@@ -137,12 +137,18 @@ def _check_once(pairs: List[Pair], path: str, root: str, training: bool) -> None
     raise DatasetError(path, f"{what}: its scores would count each as many times; list each image once")
 
 
+def _training_list(name: str) -> bool:
+    """A list to train on: ``train``, or one named after it (``trainval``, ``train_aug``: VOC's lists, whose
+    ``trainval`` holds ``val`` by design; a run validating on images it trains on is warned of by the loaders)."""
+    return name.startswith("train")
+
+
 def _check_apart(lists: Dict[str, List[Pair]], root: str) -> None:
     """Refuse a validation (or test) list that shares images with the training list: its scores would be of images
     the network trained on."""
     trained = {os.path.realpath(image) for image, _ in lists.get("train", ())}
     for name, pairs in lists.items():
-        shared = [image for image, _ in pairs if name != "train" and os.path.realpath(image) in trained]
+        shared = [image for image, _ in pairs if not _training_list(name) and os.path.realpath(image) in trained]
         if shared:
             raise DatasetError(os.path.join(root, "splits", name + ".txt"), f"lists {len(shared)} image(s) that "
                                f"train.txt lists too (e.g. {os.path.relpath(shared[0], root)}): its scores would be of "
@@ -199,6 +205,7 @@ class FolderSegmentation(BaseDataset):
 
     NAME = "folder"
     SPLITS = ("train", "val")
+    SPLITS_FROM_DATA = True  # an instance's SPLITS are the folder's (its lists, its split folders)
     BASE_SIZE = 520
     CROP_SIZE = 480
     WRITES_BESIDE_DATA = False  # the user's folder: nothing is ever written into it
@@ -220,6 +227,9 @@ class FolderSegmentation(BaseDataset):
             pool = splits.pop("all", None) or splits.pop("train")
             splits["train"], splits["val"] = hold_out(pool, val_fraction, holdout_seed, root, holdout_file)
             self.holdout = [os.path.relpath(image, root) for image, _ in splits["val"]]
+        if split not in splits:
+            raise DatasetError(root, f"unknown split {split!r}; valid splits: {', '.join(sorted(splits))} (its "
+                                     f"{self.layout} layout)")
         self.SPLITS = tuple(splits)
         self._split_pairs = splits
         self.unknown_labels = unknown_labels
