@@ -12,8 +12,11 @@ Declaring modules (each on the core it is built on), imported with this package:
 * :mod:`.scheduler`: ``LR_Scheduler`` / ``LR_Scheduler_Head`` (PE's ``scheduler(optimizer, i, epoch, best_pred)``)
   on ``utils.lr_scheduler.IterationLR``.
 * :mod:`.metrics`: ``batch_pix_accuracy``, ``batch_intersection_union``, ``pixel_accuracy``,
-  ``intersection_and_union``, on ``utils.metrics.confusion_matrix``.
-* :mod:`.helpers`: ``get_mask_pallete`` (``utils.palette.colorize``), ``mkdir`` and ``check_sha1`` (``utils.files``).
+  ``intersection_and_union``, on ``utils.metrics.confusion_matrix``; ``accuracy`` (top-k), ``get_pixacc_miou``.
+* :mod:`.helpers`: ``get_mask_pallete`` (``utils.palette.colorize``), ``mkdir`` and ``check_sha1`` (``utils.files``),
+  ``load_image`` (``datasets.base.read_rgb``).
+* :mod:`.training`: ``MixUpWrapper``, ``get_selabel_vector`` (the SE loss's class presence), ``torch_dist_sum``
+  (``utils.dist.reduce_across_processes``).
 * :mod:`.batchnorm`: ``BatchNorm1d/2d/3d`` = ``SynchronizedBatchNorm1d/2d/3d``, ``convert_model``,
   ``patch_sync_batchnorm``, ``revert_sync_batchnorm``, ``set_sbn_eps_mode``, on ``nn.SyncBatchNorm``.
 * :mod:`.layers`: ``GlobalAvgPool2d``, ``View``, ``Sum``, ``Mean``, ``Normalize``, ``ConcurrentModule``,
@@ -39,30 +42,33 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from ..nn.loss import OhemCrossEntropy, SegmentationLosses, loss_inputs
-from . import aliases, batchnorm, helpers, layers, metrics, scheduler, wrappers
+from . import aliases, batchnorm, helpers, layers, metrics, scheduler, training, wrappers
 from .batchnorm import (BatchNorm1d, BatchNorm2d, BatchNorm3d, SynchronizedBatchNorm1d, SynchronizedBatchNorm2d,
                         SynchronizedBatchNorm3d, convert_model, patch_sync_batchnorm, revert_sync_batchnorm,
                         set_sbn_eps_mode)
 from .declare import DECLARED
-from .helpers import check_sha1, get_mask_pallete, mkdir
+from .helpers import check_sha1, get_mask_pallete, load_image, mkdir
 from .layers import (ConcurrentModule, ConvBnAct, DropBlock2D, EncodingCosine, EncodingDrop, GlobalAvgPool2d,
                      GramMatrix, Inspiration, LabelSmoothing, Mean, NLLMultiLabelSmooth, Normalize, Sum,
                      UpsampleConv2d, View)
-from .metrics import batch_intersection_union, batch_pix_accuracy, intersection_and_union, pixel_accuracy
+from .metrics import (accuracy, batch_intersection_union, batch_pix_accuracy, get_pixacc_miou, intersection_and_union,
+                      pixel_accuracy)
 from .scheduler import LR_Scheduler, LR_Scheduler_Head
+from .training import MixUpWrapper, get_selabel_vector, torch_dist_sum
 from .wrappers import MODULE_WRAPPERS, is_module_wrapper
 
 __all__ = [
     "ALIASES",
     "LR_Scheduler", "LR_Scheduler_Head", "loss_inputs", "SegmentationLosses", "OhemCrossEntropy",
-    "batch_pix_accuracy", "batch_intersection_union", "pixel_accuracy", "intersection_and_union",
-    "get_mask_pallete", "mkdir", "check_sha1",
+    "batch_pix_accuracy", "batch_intersection_union", "pixel_accuracy", "intersection_and_union", "accuracy",
+    "get_pixacc_miou", "get_mask_pallete", "mkdir", "check_sha1", "load_image",
+    "MixUpWrapper", "get_selabel_vector", "torch_dist_sum",
     "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SynchronizedBatchNorm1d", "SynchronizedBatchNorm2d",
     "SynchronizedBatchNorm3d", "convert_model", "patch_sync_batchnorm", "revert_sync_batchnorm", "set_sbn_eps_mode",
     "GlobalAvgPool2d", "View", "Sum", "Mean", "Normalize", "ConcurrentModule", "GramMatrix", "DropBlock2D",
     "LabelSmoothing", "EncodingDrop", "UpsampleConv2d", "Inspiration", "EncodingCosine", "ConvBnAct",
     "NLLMultiLabelSmooth", "MODULE_WRAPPERS", "is_module_wrapper",
-    "aliases", "batchnorm", "helpers", "layers", "metrics", "scheduler", "wrappers",
+    "aliases", "batchnorm", "helpers", "layers", "metrics", "scheduler", "training", "wrappers",
 ]
 
 #: Module -> {old name: the object it names there}: every old name, once per module users import it from (what the

@@ -1,24 +1,27 @@
 """PyTorch-Encoding's small helpers: ``get_mask_pallete`` (on :func:`~encoding.utils.colorize`), ``mkdir`` and
-``check_sha1`` (on :mod:`encoding.utils.files`), ``test_batchify_fn`` (its ``test.py``'s collate function).
+``check_sha1`` (on :mod:`encoding.utils.files`), ``test_batchify_fn`` (its ``test.py``'s collate function),
+``load_image`` (its ``utils/presets.py``: the demos' reader, on :func:`~encoding.datasets.base.read_rgb`).
 
-Each is declared in ``encoding.utils`` and its ``palette`` / ``files`` submodule beside its definition.
+Each is declared in ``encoding.utils`` (and its ``palette`` / ``files`` submodule) beside its definition.
 """
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Callable, Optional, Tuple, Union
 
 import numpy as np
 import torch
 from PIL import Image
 
 from .. import datasets
-from ..datasets.base import ShiftedLabels
+from ..datasets.base import ShiftedLabels, read_rgb
+from ..datasets.transforms import image_transform
 
 from ..utils.files import check_checksum, makedirs
 from ..utils.palette import PaletteLike, colorize
 from .declare import old_name
 
-__all__ = ["get_mask_pallete", "mkdir", "check_sha1", "test_batchify_fn"]
+__all__ = ["get_mask_pallete", "mkdir", "check_sha1", "test_batchify_fn", "load_image"]
 
 
 @old_name("encoding.utils", "encoding.utils.palette", new="encoding.utils.colorize")
@@ -64,3 +67,55 @@ def test_batchify_fn(data: Any) -> Any:
     if isinstance(data[0], (tuple, list)):
         return [test_batchify_fn.__wrapped__(field) for field in zip(*data)]
     raise TypeError(f"batch must contain tensors, tuples or lists; found {type(data[0]).__name__}")
+
+
+#: ``load_image``'s default transform: the datasets' (``uint8`` -> ``[0, 1]`` -> ImageNet mean / std), PE's
+#: ``Compose([ToTensor(), Normalize([.485, .456, .406], [.229, .224, .225])])``.
+DEFAULT_TRANSFORM = image_transform()
+
+
+def _demo_size(width: int, height: int, size: Optional[int], scale: Optional[float],
+               keep_asp: bool) -> Tuple[int, int]:
+    """``load_image``'s target ``(width, height)``, PE's rule: ``size`` wide (and ``size`` high without
+    ``keep_asp``), else the size divided by ``scale``, else unchanged."""
+    if size is not None:
+        return (size, int(size * 1.0 / width * height)) if keep_asp else (size, size)
+    if scale is not None:
+        return int(width / scale), int(height / scale)
+    return width, height
+
+
+@old_name("encoding.utils")
+def load_image(filename: Union[str, os.PathLike], size: Optional[int] = None, scale: Optional[float] = None,
+               keep_asp: bool = True, transform: Optional[Callable] = DEFAULT_TRANSFORM) -> Any:
+    """Read an image for a demo (PyTorch-Encoding's ``load_image``): RGB, optionally resized, then transformed.
+
+    Args:
+        filename: the image file (read as the datasets read it: pixel limit checked first, EXIF-upright, RGB).
+        size: resize to this width, the height following the aspect ratio (``keep_asp``) or equal to ``size``.
+        scale: without ``size``, divide both sides by ``scale``. Resizing is Lanczos (PE's ``ANTIALIAS``).
+        keep_asp: keep the aspect ratio when ``size`` is given.
+        transform: applied to the PIL image (PE's contract: a torchvision pipeline starting with ``ToTensor``);
+            the default normalises as the datasets do; ``None`` returns the PIL image.
+
+    Returns:
+        The transformed image: with the default a ``float32`` ``3 x H x W`` tensor (no batch dimension, as PE's;
+        ``.unsqueeze(0)`` for a model).
+
+    Raises:
+        DatasetError: the file is missing or not a readable image (the message names it).
+        ImageTooLarge: the image is over the pixel limit (named, nothing decoded).
+        ValueError: ``size`` / ``scale`` give an empty image (the message names the file).
+    """
+    path = os.fspath(filename)
+    rgb = read_rgb(path)
+    height, width = rgb.shape[:2]
+    target = _demo_size(width, height, size, scale, keep_asp)
+    if min(target) < 1:
+        raise ValueError(f"{path}: size={size}, scale={scale} resize the {width} x {height} image to {target}")
+    image = Image.fromarray(rgb)
+    if target != (width, height):
+        image = image.resize(target, Image.Resampling.LANCZOS)
+    if transform is DEFAULT_TRANSFORM:
+        return transform(torch.from_numpy(np.array(image)).permute(2, 0, 1))
+    return transform(image) if transform else image

@@ -3,19 +3,22 @@
 ``batch_pix_accuracy`` / ``batch_intersection_union`` use PE's label convention (``-1`` = unlabeled);
 ``pixel_accuracy`` / ``intersection_and_union`` the CSAIL scene-parsing one (``0`` = unlabeled). Each is
 declared in ``encoding.utils`` and ``encoding.utils.metrics`` beside its definition, and listed in the latter's
-``__all__`` as PE's was (``from encoding.utils.metrics import *``).
+``__all__`` as PE's was (``from encoding.utils.metrics import *``). PE's classification ``accuracy`` and its
+``get_pixacc_miou`` (accumulated counts -> ``(pixAcc, mIoU)``) are declared in the same two modules, by name only.
 """
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from ..utils.metrics import confusion_matrix, to_labels
 from .declare import old_name
 
-__all__ = ["batch_pix_accuracy", "batch_intersection_union", "pixel_accuracy", "intersection_and_union"]
+__all__ = ["batch_pix_accuracy", "batch_intersection_union", "pixel_accuracy", "intersection_and_union", "accuracy",
+           "get_pixacc_miou"]
 
 _NEW = "encoding.utils.SegmentationMetric (update(output, target), then get())"
 #: PyTorch-Encoding's ``encoding.utils.metrics.__all__`` listed them: ``from encoding.utils.metrics import *`` (its
@@ -99,3 +102,50 @@ def intersection_and_union(im_pred: Any, im_lab: Any, num_class: int) -> Tuple[n
     area_inter = area(pred[pred == lab])
     area_union = area(pred) + area(lab) - area_inter
     return area_inter, area_union
+
+
+@old_name("encoding.utils", "encoding.utils.metrics")
+def accuracy(output: Tensor, target: Tensor, topk: Sequence[int] = (1,)) -> List[Tensor]:
+    """Top-k classification accuracy of a batch, in percent (PyTorch-Encoding's ``accuracy``).
+
+    Args:
+        output: scores ``B x C``.
+        target: class indices ``B``.
+        topk: the ``k`` values, each at most ``C``.
+
+    Returns:
+        One 1-element float tensor per ``k`` (on ``output``'s device): ``100 * (# samples whose target is among
+        their k highest scores) / B``. Ties are broken as ``torch.topk`` breaks them.
+    """
+    with torch.no_grad():
+        _, best = output.topk(max(topk), dim=1, largest=True, sorted=True)
+        hits = best.eq(target.view(-1, 1).to(best.device))
+        return [hits[:, :k].any(dim=1).float().sum(0, keepdim=True) * (100.0 / target.size(0)) for k in topk]
+
+
+def _float64(value: Any) -> np.ndarray:
+    """A count (int, array, tensor on any device) as a float64 array."""
+    if isinstance(value, Tensor):
+        value = value.detach().cpu().double()
+    return np.asarray(value, dtype=np.float64)
+
+
+@old_name("encoding.utils", "encoding.utils.metrics", new=_NEW)
+def get_pixacc_miou(total_correct: Any, total_label: Any, total_inter: Any,
+                    total_union: Any) -> Tuple[np.float64, np.float64]:
+    """``(pixAcc, mIoU)`` of accumulated counts (PyTorch-Encoding helper, e.g. after ``torch_dist_sum``).
+
+    Args:
+        total_correct, total_label: correctly classified and labeled pixel counts (numbers or 1-element arrays /
+            tensors).
+        total_inter, total_union: per-class intersection and union counts (arrays or tensors of length ``nclass``).
+
+    Returns:
+        ``pixAcc = correct / (eps + labeled)`` and ``mIoU = mean_k inter_k / (eps + union_k)`` over *every* class
+        (``eps = np.spacing(1)``, as PE: a class absent from prediction and target counts as IoU 0, unlike
+        ``SegmentationMetric.get()``'s NaN-aware mean), as float64 scalars.
+    """
+    eps = np.spacing(1)
+    pix_acc = _float64(total_correct) / (eps + _float64(total_label))
+    iou = _float64(total_inter) / (eps + _float64(total_union))
+    return np.float64(pix_acc.item()), np.float64(iou.mean())

@@ -358,5 +358,13 @@ class SegmentationMetric:
         result = self.compute()
         return result["pixAcc"], result["mIoU"]
 
+    def get_all(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """PyTorch-Encoding's accumulated counts ``(correct, labeled, inter, union)`` (int64: two scalars, two
+        per-class vectors), e.g. for ``torch_dist_sum`` then ``get_pixacc_miou`` as PE's ``train_dist.py``."""
+        confusion = (torch.zeros(self.nclass, self.nclass, dtype=torch.int64) if self.confusion is None
+                     else self.confusion)
+        inter = confusion.diagonal()
+        return inter.sum(), confusion.sum(), inter.clone(), confusion.sum(0) + confusion.sum(1) - inter
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(nclass={self.nclass}, ignore_index={self.ignore_index}, device={self.device})"

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ...parallel.reduction import LossTerm, reduce_loss_terms, valid_count
 
-__all__ = ["SegmentationLosses", "loss_inputs"]
+__all__ = ["SegmentationLosses", "loss_inputs", "class_presence"]
 
 
 def loss_inputs(inputs: Tuple[Any, ...], se_loss: bool, aux: bool) -> Tuple[Dict[str, Tensor], Any]:
@@ -222,13 +222,13 @@ class SegmentationLosses(nn.Module):
         return LossTerm(total, valid_count(target, valid, weight), coeff)
 
     def _se_term(self, se: Tensor, target: Tensor, valid: Tensor, nclass: int) -> LossTerm:
-        present = _class_presence(target, valid, nclass).to(se.dtype)
+        present = class_presence(target, valid, nclass).to(se.dtype)
         weight = self._class_weight(se)
         total = F.binary_cross_entropy_with_logits(se, present, weight=weight, reduction="sum")
         return LossTerm(total, se.numel(), self.se_weight)
 
 
-def _class_presence(target: Tensor, valid: Tensor, nclass: int) -> Tensor:
+def class_presence(target: Tensor, valid: Tensor, nclass: int) -> Tensor:
     """``B x nclass`` boolean: which classes occur among the valid pixels of each image."""
     flat = torch.where(valid, target, nclass).reshape(target.shape[0], -1)
     present = torch.zeros(target.shape[0], nclass + 1, dtype=torch.bool, device=target.device)
