@@ -90,3 +90,21 @@ def test_slide_holds_one_full_size_copy_of_the_logits():
             out = module(image)
         assert len(mode.allocated) == 1, mode.allocated
         torch.testing.assert_close(out, whole, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("crop", [64, 32])  # one padded pass; sliding windows
+def test_multieval_refuses_an_nclass_that_is_not_the_network_s_channels(crop):
+    """A binary network's one channel with nclass=2 was broadcast into two equal channels on the sliding path (every
+    pixel background), and passed on the single pass: both paths refuse it, and nclass=1 scores it."""
+    from encoding.models import MultiEvalModule
+
+    class OneChannel(torch.nn.Module):
+        def forward(self, x):
+            return x[:, :1] * 10
+
+    image = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"MultiEvalModule\(nclass=2\): the network returns logits of shape "
+                                         r"\(1, 1, \d+, \d+\); nclass must be its number of output channels"):
+        MultiEvalModule(OneChannel(), nclass=2, base_size=64, crop_size=crop, scales=(1.0,), flip=False)(image)
+    out = MultiEvalModule(OneChannel(), nclass=1, base_size=64, crop_size=crop, scales=(1.0,), flip=False)(image)
+    assert torch.equal(out > 0, image[:, :1] > 0)

@@ -186,7 +186,7 @@ class MultiEvalModule(nn.Module):
             return self._pad(padded[..., box[0]:box[1], box[2]:box[3]], crop, crop)
 
         for (h0, h1, w0, w1), out in batched_windows(self.module, boxes, take, self.window_batch, self.flip):
-            logits[..., h0:h1, w0:w1] += out[..., :h1 - h0, :w1 - w0]
+            logits[..., h0:h1, w0:w1] += self._checked(out)[..., :h1 - h0, :w1 - w0]
             count[..., h0:h1, w0:w1] += 1
         return logits.div_(count)[..., :height, :width]
 
@@ -206,7 +206,16 @@ class MultiEvalModule(nn.Module):
 
     def _infer(self, image: Tensor) -> Tensor:
         """Logits of one padded window (at least float32), averaged with those of its horizontal flip."""
-        return flip_average(self.module, image, self.flip)
+        return self._checked(flip_average(self.module, image, self.flip))
+
+    def _checked(self, logits: Tensor) -> Tensor:
+        """``logits``, refused unless they have ``nclass`` channels (a binary network's one channel would be
+        broadcast into two equal ones)."""
+        if logits.dim() != 4 or logits.shape[1] != self.nclass:
+            raise ValueError(f"MultiEvalModule(nclass={self.nclass}): the network returns logits of shape "
+                             f"{tuple(logits.shape)}; nclass must be its number of output channels (1 for a binary "
+                             "network's one foreground channel)")
+        return logits
 
 
 class SlidingWindow(nn.Module):
