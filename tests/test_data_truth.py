@@ -376,3 +376,18 @@ def test_a_trainval_list_is_a_split_to_train_on_and_validating_inside_it_is_warn
         assert train.cli(run + ["--output-dir", str(tmp_path / "b")]) == 0
     assert train.cli(run + ["--train-split", "nope", "--output-dir", str(tmp_path / "c")]) == 2
     assert not os.path.exists(tmp_path / "c")
+
+
+def test_a_dataset_of_one_class_is_refused_before_anything_is_written(tmp_path, capsys):
+    """One class (a class file naming only the background): every pixel scored 100 % and the saved predictions were
+    thresholded as a binary network's. Refused in one line; --binary is the way to a class against the rest."""
+    from folder_data import make_folder
+
+    root = make_folder(str(tmp_path / "d"), "flat")
+    with open(os.path.join(root, "classes.yaml"), "w") as f:
+        f.write("classes: [background]\n")
+    out = tmp_path / "runs"
+    assert load_script("train").cli(["--dataset", "folder", "--data-root", root, "--output-dir", str(out), *TINY,
+                                     "--unknown-labels", "ignore"]) == 2
+    assert "--dataset folder: 1 class (background): nothing to tell apart" in capsys.readouterr().err
+    assert not out.exists()

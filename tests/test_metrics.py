@@ -175,6 +175,22 @@ def test_invalid_predictions_and_shapes():
         metric.update({"aux": torch.randn(1, 4, 2, 2)}, torch.zeros(1, 2, 2, dtype=torch.long))
 
 
+@pytest.mark.parametrize("threshold", [0.3, 0.5, 0.8])
+def test_integer_labels_with_a_kept_class_dimension_are_refused_not_read_as_logits(threshold):
+    """argmax(1, keepdim=True) labels with nclass=2 were taken for one binary logit channel (sigmoid(label) >
+    threshold): right at 0.5 by luck, wrong at other thresholds. They are refused, naming the fix."""
+    target = torch.tensor([[[0, 1], [1, 0]]])
+    labels = target.unsqueeze(1)  # 1 x 1 x 2 x 2 integers
+    for metric in (SegmentationMetric(2, binary=True, threshold=threshold), SegmentationMetric(2)):
+        with pytest.raises(TypeError, match=r"with a class dimension must be logits, got dtype torch.int64; pass "
+                                            r"integer labels shaped like the target \(1, 2, 2\)"):
+            metric.update(labels, target)
+        metric.update(labels[:, 0], target)
+        assert metric.get()[0] == 1.0
+    with pytest.raises(TypeError, match="must be logits"):
+        confusion_matrix(labels, target, 2)
+
+
 def test_replica_list_with_full_and_per_replica_targets():
     logits, target = random_batch(b=7, seed=7)
     chunks = list(torch.split(logits, [3, 3, 1]))

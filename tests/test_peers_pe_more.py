@@ -266,3 +266,19 @@ def test_lr_scheduler_without_iters_per_epoch_refuses_what_pe_could_not_compute(
             sched = LR_Scheduler("step", 0.1, 10, lr_step=3, warmup_epochs=2, quiet=True)
     assert sched(_optimizer(), 0, 0, 0.0) == pytest.approx(0.1)  # no warm-up: PE's 2 * 0 iterations
     assert sched(_optimizer(), 5, 4, 0.0) == pytest.approx(0.01)
+
+
+def test_batch_pix_accuracy_refuses_out_of_range_targets_as_its_partner_does():
+    """PE counted a target of 255 as a labeled, wrong pixel and -5 as unlabeled, while batch_intersection_union raised
+    on both: the two denominators disagreed. Both raise now; -1 stays PE's unlabeled value."""
+    logits = torch.tensor([[[[2.0, 0.0]], [[0.0, 2.0]]]])  # 1 x 2 x 1 x 2: labels 0, 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        assert encoding.utils.batch_pix_accuracy(logits, torch.tensor([[[0, -1]]])) == (1, 1)
+        assert encoding.utils.batch_pix_accuracy(logits, torch.tensor([[[0, 0]]])) == (1, 2)
+        for bad in (255, -5):
+            for helper in (encoding.utils.batch_pix_accuracy,
+                           lambda o, t: encoding.utils.batch_intersection_union(o, t, 2)):
+                with pytest.raises(ValueError, match=rf"target values must lie in \[0, 2\) or equal "
+                                                     rf"ignore_index=-1, got {bad}"):
+                    helper(logits, torch.tensor([[[0, bad]]]))

@@ -91,6 +91,11 @@ def data_metadata(c: Any, train_data: Any, val_data: Any, binary: bool) -> Dict[
             raise ConfigError(str(err)) from None
         if transform is not None:
             train_data.target_transform = val_data.target_transform = transform
+    meta = dataset_metadata(train_data, c.binary_class)
+    if not binary and len(meta["classes"]) < 2:
+        raise ConfigError(f"--dataset {c.dataset}: {len(meta['classes'])} class ({', '.join(meta['classes'])}): "
+                          "nothing to tell apart (every pixel would score 100 %); a class against the rest is "
+                          "--binary with two classes")
     if not c.no_val and is_main_process():
         _warn_shared_images(c, train_data, val_data)
     scan = getattr(train_data, "scan", None)
@@ -98,7 +103,7 @@ def data_metadata(c: Any, train_data: Any, val_data: Any, binary: bool) -> Dict[
         print(scan.summary())
         if hasattr(train_data, "save_holdout") and not c.eval:
             train_data.save_holdout(holdout_path(c.run_dir))
-    return dataset_metadata(train_data, c.binary_class)
+    return meta
 
 
 def _warn_shared_images(c: Any, train_data: Any, val_data: Any) -> None:

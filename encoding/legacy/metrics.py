@@ -35,9 +35,14 @@ def batch_pix_accuracy(output: Tensor, target: Tensor) -> Tuple[int, int]:
         target: int labels ``BxHxW``; negative values are unlabeled.
 
     Returns:
-        ``(pixel_correct, pixel_labeled)`` as Python ints.
+        ``(pixel_correct, pixel_labeled)`` as Python ints. Unlike PE, with logits a target value outside
+        ``[0, C)`` other than ``-1`` raises ``ValueError`` (as :func:`batch_intersection_union`) instead of being
+        counted as a labeled, wrong pixel (``255``) or as unlabeled (``-5``).
     """
-    labels, _ = to_labels(output, target)
+    labels, from_logits = to_labels(output, target)
+    if from_logits:
+        conf = confusion_matrix(labels, target, output.shape[0 if target.dim() <= 2 else 1], ignore_index=-1)
+        return int(conf.diagonal().sum()), int(conf.sum())
     target = target.to(labels.device)
     labeled = target >= 0
     correct = (labels == target) & labeled

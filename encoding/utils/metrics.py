@@ -83,6 +83,10 @@ def to_labels(preds: Tensor, target: Tensor, nclass: Optional[int] = None,
     if preds.dim() == target.dim() + 1:
         class_dim = 0 if target.dim() <= 2 else 1
         if preds.shape[:class_dim] + preds.shape[class_dim + 1:] == target.shape:
+            if not (preds.is_floating_point() or preds.is_complex()):
+                raise TypeError(f"predictions of shape {tuple(preds.shape)} with a class dimension must be logits, "
+                                f"got dtype {preds.dtype}; pass integer labels shaped like the target "
+                                f"{tuple(target.shape)} (e.g. squeeze a kept dimension)")
             if nclass == 2 and preds.shape[class_dim] == 1:
                 return binary_labels(preds.squeeze(class_dim), threshold), True
             if nclass is not None and preds.shape[class_dim] != nclass:
@@ -166,7 +170,8 @@ def confusion_matrix(preds: Tensor, target: Tensor, nclass: int, ignore_index: i
         raise ValueError(f"nclass must be >= 1, got {nclass}")
     n, ignore = int(nclass), int(ignore_index)
     labels, from_logits = to_labels(preds, target, n, threshold)
-    target = target.to(device=labels.device, dtype=torch.int64, non_blocking=True)
+    # non_blocking only towards an accelerator: a copy to the host would be read before it lands
+    target = target.to(device=labels.device, dtype=torch.int64, non_blocking=labels.device.type != "cpu")
     codes = _bin_codes(labels, target, n, ignore, check_labels=not from_logits)
     counts = torch.bincount(codes.flatten(), minlength=n * n + 3)
     bad_target, bad_labels = counts[n * n + 1:].tolist()
