@@ -1,6 +1,7 @@
 """experiments/segmentation/test.py and demo.py, end to end on a tiny generated `shapes` split (CPU)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -335,3 +336,41 @@ def test_demo_help_lists_only_what_demo_uses_and_shows_defaults(capsys):
     for unused in ("--workers", "--amp", "--device-ids", "--seed", "--data-root"):
         assert unused not in text
     assert "(default: 0.5)" in text and "--blend-background" in text and "--overwrite" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mode", "val", "--base-size", "100"], "--base-size is the size whole images are resized to .*--mode val "
+                                              "crops at --crop-size"),
+    (["--mode", "slide", "--base-size", "100"], "--mode slide runs each image at its own size"),
+    (["--mode", "slide", "--window", "64", "--crop-size", "32"], "--crop-size is --mode slide's window when "
+                                                                 "--window is not given"),
+    (["--mode", "test"], "--mode test predicts without scoring .* pass --save-pred DIR"),
+    (["--mode", "test", "--save-pred", "P", "--out-dir", "O"], "--out-dir is where the scores .* go; --mode test "
+                                                               "scores nothing"),
+])
+def test_options_a_mode_never_reads_are_refused(trained, tmp_path, capsys, argv, message):
+    """Each was accepted and changed nothing: the same scores with and without it, or (--mode test) nothing
+    written at all."""
+    _, checkpoint, _ = trained
+    argv = [str(tmp_path / a) if a in ("P", "O") else a for a in argv]
+    with pytest.raises(SystemExit) as stopped:
+        load_script("test").cli(["--resume", checkpoint, "--workers", "0", *argv])
+    assert stopped.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_python_evaluation_config_refuses_what_the_command_line_refuses():
+    """EvaluationConfig(scales=...) without multi_scale, or test_batch_size outside mode val, was set and never
+    read (the command line refused both)."""
+    from encoding.config import ConfigError
+    from encoding.inference.evaluation import EvaluationConfig
+
+    with pytest.raises(ConfigError, match="--scales is an option of --multi-scale"):
+        EvaluationConfig(resume="x.pth", scales=(0.5,))
+    with pytest.raises(ConfigError, match="--test-batch-size is the batch of --mode val"):
+        EvaluationConfig(resume="x.pth", test_batch_size=4)
+    with pytest.raises(ConfigError, match="--base-size is the size whole images are resized to"):
+        EvaluationConfig(resume="x.pth", mode="val", base_size=100)
+    assert EvaluationConfig(resume="x.pth", multi_scale=True, scales=(0.5,)).scales == (0.5,)
+    assert EvaluationConfig(resume="x.pth", mode="val", test_batch_size=4).test_batch_size == 4

@@ -100,11 +100,23 @@ def evaluation_rules(script: str, values: Dict[str, Any], sources: Dict[str, str
     if values["mode"] == "val" and (values["multi_scale"] or values["save_pred"]):
         raise ConfigError(f"{'--multi-scale' if values['multi_scale'] else '--save-pred'} works on whole images: use "
                           "--mode testval (its default) or --mode test")
+    _check_unread(values, sources)
     if _given(sources, "test_batch_size") and values["mode"] != "val":
         raise ConfigError(f"--test-batch-size is the batch of --mode val; --mode {values['mode']} runs whole images, "
                           "one per device")
     if values["test_batch_size"] is None:
         rule(values, sources, "test_batch_size", 16, "test.py's")
+
+
+def _check_unread(values: Dict[str, Any], sources: Dict[str, str]) -> None:
+    """Refuse a size option given where ``test.py``'s mode never reads it."""
+    slide = values["inference"] == "slide"
+    if _given(sources, "base_size") and (values["mode"] == "val" or slide) and not values["multi_scale"]:
+        why = "--mode slide runs each image at its own size" if slide else "--mode val crops at --crop-size"
+        raise ConfigError(f"--base-size is the size whole images are resized to (--mode testval / test, "
+                          f"--multi-scale); {why}")
+    if _given(sources, "crop_size") and slide and _given(sources, "window"):
+        raise ConfigError("--crop-size is --mode slide's window when --window is not given; pass one of them")
 
 
 def _given(sources: Dict[str, str], name: str) -> bool:
@@ -123,13 +135,18 @@ def evaluation_fields() -> List[Tuple[str, Any, dataclasses.Field]]:
     return made + [(inference.name, inference.type, dataclasses.field(default=inference.default))]
 
 
-def fill_evaluation(values: Dict[str, Any]) -> None:
+def fill_evaluation(values: Dict[str, Any], resolved: bool = False) -> None:
     """Complete the values of a hand-built evaluation config with ``test.py``'s rules (:func:`evaluation_rules`:
     the mode from the split and the other options, the window and stride of ``mode="slide"``, the batch, the
     scales), as the command line would.
 
+    Args:
+        values: the config's fields, completed in place.
+        resolved: the values come from resolved options (``test.py``'s: their rules applied and their command line
+            checked); else every value other than a default is taken as given, as on a command line.
+
     Raises:
-        ConfigError: options of different modes together.
+        ConfigError: options of different modes together, or an option the mode does not read.
     """
     def rule(values: Dict[str, Any], sources: Dict[str, str], name: str, value: Any, why: str) -> None:
         values[name] = value
@@ -137,7 +154,10 @@ def fill_evaluation(values: Dict[str, Any]) -> None:
     explicit = values["mode"]
     if values["inference"] == "slide":  # the mode the command line's --mode slide stands for
         values["mode"] = "slide"
-    evaluation_rules("test", values, {}, rule)
+    defaults = {name: field.default for name, _, field in evaluation_fields()}
+    given = {} if resolved else {name: "command line" for name, value in values.items()
+                                 if name in defaults and value is not None and value != defaults[name]}
+    evaluation_rules("test", values, given, rule)
     if values["inference"] == "slide" and explicit not in (None, "slide"):  # an explicit testval / test is kept
         values["mode"] = explicit
 

@@ -199,6 +199,7 @@ def check_settings(settings: Settings) -> None:
                           output_stride=s["output_stride"], head_channels=s["head_channels"])
         if settings.script == "test":
             check_split(s["dataset"], s["split"], "--split", masks=s["mode"] != "test")
+            _check_test_outputs(s["mode"], s["save_pred"], settings.source("out_dir"))
         check_devices(s.get("device_ids"))
         return
     check_training(settings.training())
@@ -206,6 +207,16 @@ def check_settings(settings: Settings) -> None:
     if base is not None and crop is not None and crop > base:
         sys.stderr.write(f"warning: --crop-size {crop} is larger than --base-size {base}: training images are "
                          "scaled around the base size, so most of each crop will be padding\n")
+
+
+def _check_test_outputs(mode: str, save_pred: Optional[str], out_dir_source: str) -> None:
+    """Refuse a ``test.py --mode test`` that would write nothing: it scores nothing and keeps only ``--save-pred``."""
+    if mode == "test" and not save_pred:
+        raise ConfigError("--mode test predicts without scoring (the test split has no masks) and keeps only what "
+                          "--save-pred DIR asks for: pass --save-pred DIR")
+    if mode == "test" and out_dir_source == "command line":
+        raise ConfigError("--out-dir is where the scores (metrics.json) go; --mode test scores nothing: its "
+                          "predictions go to --save-pred DIR")
 
 
 def config_header(config: TrainingConfig) -> str:

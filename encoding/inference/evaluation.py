@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+from contextvars import ContextVar
 from dataclasses import dataclass, fields, make_dataclass
 from typing import Any, List, Optional, Sequence
 
@@ -152,17 +153,24 @@ def overlay_with_legend(image: Any, labels: Any, dataset: str, class_names: Sequ
     return out
 
 
+#: Set while :meth:`EvaluationConfig.from_options` builds a config from resolved options.
+_FROM_OPTIONS: ContextVar[bool] = ContextVar("evaluation_from_options", default=False)
+
+
 class _Evaluation:
     """The methods of :class:`EvaluationConfig` (its fields are made from the option fields)."""
 
     def __post_init__(self) -> None:
-        values = vars(self)
-        fill_evaluation(values)
+        fill_evaluation(vars(self), resolved=_FROM_OPTIONS.get())
 
     @classmethod
     def from_options(cls, options: Any) -> "EvaluationConfig":
-        """The fields of ``options`` (e.g. an ``argparse.Namespace``) that this class has."""
-        return cls(**{f.name: getattr(options, f.name) for f in fields(cls) if hasattr(options, f.name)})
+        """The fields of ``options`` (e.g. ``test.py``'s resolved namespace, its rules applied) that this class has."""
+        token = _FROM_OPTIONS.set(True)
+        try:
+            return cls(**{f.name: getattr(options, f.name) for f in fields(cls) if hasattr(options, f.name)})
+        finally:
+            _FROM_OPTIONS.reset(token)
 
     @property
     def weights(self) -> str:
