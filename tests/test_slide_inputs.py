@@ -108,3 +108,14 @@ def test_multieval_refuses_an_nclass_that_is_not_the_network_s_channels(crop):
         MultiEvalModule(OneChannel(), nclass=2, base_size=64, crop_size=crop, scales=(1.0,), flip=False)(image)
     out = MultiEvalModule(OneChannel(), nclass=1, base_size=64, crop_size=crop, scales=(1.0,), flip=False)(image)
     assert torch.equal(out > 0, image[:, :1] > 0)
+
+
+def test_segment_refuses_scales_with_mode_slide():
+    """segment(mode="slide", scales=...) ran MultiEvalModule's padded windows, not mode="slide"'s (other logits), as
+    if mode were "whole"; test.py refuses --mode slide with --multi-scale. Both spellings are one refusal now."""
+    from encoding import segment
+    from encoding.inference.predict import InferenceOptionError
+
+    image = np.zeros((40, 40, 3), np.uint8)
+    with pytest.raises(InferenceOptionError, match=r"mode='slide' is single-scale .* drop mode='slide' or scales"):
+        segment(_Logits().eval(), image, mode="slide", scales=[1.0], window=32)

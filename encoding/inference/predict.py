@@ -200,7 +200,7 @@ def inference_module(model: nn.Module, *, mode: str = "whole", window: Optional[
 
     Raises:
         ValueError: an unknown mode, or a window / scales without the sizes to use. InferenceOptionError: a window,
-            stride or window batch that is not positive, a stride larger than the window (see
+            stride or window batch that is not positive, ``scales`` with ``mode="slide"``, a stride larger than the window (see
             :func:`check_windows`), both ``window_batch`` and ``window_memory``, or an unreadable memory size.
     """
     check_windows(window, stride)
@@ -212,6 +212,9 @@ def inference_module(model: nn.Module, *, mode: str = "whole", window: Optional[
     if mode == "whole" and (window_batch is not None or window_memory is not None) and not scales:
         raise ValueError("window_batch / window_memory are options of mode='slide' (or of scales=...), not of "
                          "mode='whole' (one pass over the whole image)")
+    if scales and mode == "slide":  # MultiEvalModule pads its windows: another method than mode="slide"'s
+        raise InferenceOptionError("mode='slide' is single-scale (mmsegmentation's windows); scales=... slide "
+                                   "PyTorch-Encoding's padded windows over each scale: drop mode='slide' or scales")
     if scales:
         info = info or model_info(model)
         window = window or info.crop_size
