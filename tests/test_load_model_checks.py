@@ -48,3 +48,26 @@ def test_load_model_refuses_edited_recorded_options_in_one_line(tmp_path):
     assert "model_best.pth" in str(err.value)
     with pytest.raises(ValueError, match="source must be"):
         load_model(3)
+
+
+def test_load_model_refuses_a_backbone_for_a_spec_network_and_a_dataset_of_other_classes(tmp_path):
+    """Both were accepted and ignored: the spec network was built without the backbone, and the recorded classes
+    were kept under another dataset's name; each was written on into the model's info (export metadata,
+    save_pretrained's config)."""
+    from encoding import load_model
+    from encoding.datasets.shapes import SHAPES_CLASSES
+    from encoding.errors import UsageError
+
+    path = network_checkpoint(tmp_path / "model_best.pth", "fcn")
+    data = torch.load(path, weights_only=True)
+    data["args"]["classes"] = list(SHAPES_CLASSES)
+    torch.save(data, path)
+    with pytest.raises(UsageError, match=r"dataset='pascal_voc'\): the network was trained on 'shapes' and outputs "
+                                         r"its 7 classes, not pascal_voc's 21"):
+        load_model(path, dataset="pascal_voc")
+    assert load_model(path, dataset="shapes").info.classes == tuple(SHAPES_CLASSES)
+    data["args"]["model"] = "torchvision:lraspp_mobilenet_v3_large"
+    torch.save(data, path)
+    with pytest.raises(UsageError, match=r"backbone='resnet50'\): the model spec "
+                                         r"torchvision:lraspp_mobilenet_v3_large has no backbone"):
+        load_model(path, backbone="resnet50")

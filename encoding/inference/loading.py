@@ -219,6 +219,7 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
     args = checkpoint.data.get("args")
     recorded = {k: v for k, v in (args if isinstance(args, dict) else {}).items()
                 if k in NETWORK_OPTIONS + DATA_OPTIONS}
+    _check_given(path, recorded, given)
     network = {**recorded, **given}
     needed = ("dataset", "model") if is_model_spec(network.get("model")) else ("dataset", "model", "backbone")
     missing = [k for k in needed if not network.get(k)]  # a spec network has no backbone of ours
@@ -232,6 +233,28 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
         model = _fitting_network(network, info.out_channels, checkpoint.data["model"], path)
     checkpoint.restore_weights(model)
     return _with_info(model, info, device)
+
+
+def _check_given(path: str, recorded: Dict[str, Any], given: Dict[str, Any]) -> None:
+    """Refuse an option the checkpoint's network cannot take: a ``backbone`` for a model spec (it has none of the
+    toolkit's), another ``dataset`` whose classes are not the ones the checkpoint records (the network's outputs keep
+    the recorded names: the dataset would only rename the checkpoint).
+
+    Raises:
+        UsageError: one line naming the option.
+    """
+    model = given.get("model") or recorded.get("model")
+    if is_model_spec(model) and given.get("backbone"):
+        raise UsageError(f"load_model({path!r}, backbone={given['backbone']!r}): the model spec {model} has no "
+                         "backbone of the toolkit's (drop backbone)")
+    dataset, classes = given.get("dataset"), recorded.get("classes")
+    if not dataset or not classes or dataset == recorded.get("dataset"):
+        return
+    theirs = tuple(getattr(resolve_dataset(dataset, trust_code=False), "CLASSES", ()) or ())
+    if theirs and theirs != tuple(classes):
+        raise UsageError(f"load_model({path!r}, dataset={dataset!r}): the network was trained on "
+                         f"{recorded.get('dataset')!r} and outputs its {len(classes)} classes, not {dataset}'s "
+                         f"{len(theirs)} (drop dataset: the checkpoint's classes and colours are used)")
 
 
 def _fitting_network(network: Dict[str, Any], nclass: int, weights: Any, path: str) -> nn.Module:
