@@ -14,6 +14,14 @@ import pytest
     (["--out-dir", "/proc/encoding-test"], "cannot write '/proc/encoding-test/memory_balance.json'"),
     (["--json", "/proc/encoding-test.json"], "--json"),
     (["--json", "same.out", "--chart", "same.out"], "same file"),
+    # accepted and changing nothing before: refused where the run never reads them
+    (["--steps", "5"], "--steps is read only with --devices (real GPUs)"),
+    (["--seed", "7"], "--seed is read only with --devices or --calibrate (real steps)"),
+    (["--backend", "gloo", "--strategies", "ddp"], "--backend is read only with simulated fsdp"),
+    (["--reserve", "1GiB"], "--reserve is read only with --advise"),
+    (["--data-root", "/nonexistent"], "--data-root is read only with --dataset folder"),
+    (["--model", "torchvision:lraspp_mobilenet_v3_large", "--backbone", "resnet101"],
+     "--backbone is read only with a network of the toolkit's (not a model spec)"),
 ])
 def test_memory_tool_bad_options_are_one_line_before_any_work(argv, says, tmp_path, capsys, monkeypatch):
     from encoding.memory import cli, report

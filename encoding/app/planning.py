@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..config.fields import defaults
 from ..config.tools import AppOptions
 from ..errors import UsageError
-from ..names import names_code, names_path
+from ..names import is_model_spec, names_code, names_path
 from ..utils.trust import UntrustedCode
 from ..models.registry import PRESETS
 from ..utils.trust import reading
@@ -205,16 +205,19 @@ def plan_argv(request: PlanRequest, out_dir: Optional[str] = None) -> List[str]:
         network = dict(model=preset["name"], backbone=preset["backbone"], dataset=preset["dataset"],
                        aux=preset.get("aux", False), se_loss=preset.get("se_loss", False), head_channels=None,
                        output_stride=None)
-    argv: List[str] = []
-    texts = [("--model", network["model"]), ("--backbone", network["backbone"]), ("--dataset", network["dataset"]),
+    argv: List[str] = []  # the page's fields the tool would not read in this plan are left out (it refuses them)
+    texts = [("--model", network["model"]),
+             ("--backbone", None if is_model_spec(_text(network["model"])) else network["backbone"]),
+             ("--dataset", network["dataset"]),
              ("--head-channels", _number(network["head_channels"])),
              ("--output-stride", _number(network["output_stride"])),
-             ("--data-root", request.data_root), ("--simulate", _number(request.devices)),
+             ("--data-root", request.data_root if network["dataset"] == "folder" else None),
+             ("--simulate", _number(request.devices)),
              ("--strategies", None if request.strategies is None else ",".join(request.strategies)),
              ("--recompute", request.recompute), ("--nclass", _number(request.nclass)),
              ("--crop-size", _number(request.crop_size)), ("--batch-size", _number(request.batch_size)),
              ("--memory-limit", request.memory_limit), ("--amp", None if request.amp == "none" else request.amp),
-             ("--reserve", request.reserve)]
+             ("--reserve", request.reserve if request.advise else None)]
     for flag, value in texts:
         if value is not None and (_text(value) or flag == "--strategies"):
             argv += _option(flag, _text(value))

@@ -13,13 +13,14 @@ import argparse
 import os
 import sys
 import tempfile
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 import torch
 
 from ..config.parser import build_parser as config_parser, warn_old_spellings
 from ..config.tools import DEFAULT_MEMORY_LIMIT, DEFAULT_RESERVE
 from ..errors import UsageError
+from ..names import is_model_spec
 from ..utils.cli import run_cli
 from ..utils.files import refuse_own_input
 from .planner import parse_memory
@@ -50,9 +51,29 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     warn_old_spellings("memory", given)
     try:
         _complete(args)
+        _check_read(args, {k for k, v in vars(args).items() if k in _READ_WHEN and v != parser.get_default(k)})
     except ValueError as exc:
         parser.error(str(exc))
     return args
+
+
+#: Options the tool reads only in some runs: option -> (whether this run reads it, when it does).
+_READ_WHEN = {
+    "steps": (lambda a: a.devices is not None, "--devices (real GPUs)"),
+    "seed": (lambda a: a.devices is not None or a.calibrate, "--devices or --calibrate (real steps)"),
+    "backend": (lambda a: a.devices is None and "fsdp" in a.strategies, "simulated fsdp"),
+    "reserve": (lambda a: a.advise, "--advise"),
+    "data_root": (lambda a: a.dataset == "folder", "--dataset folder (its class file)"),
+    "backbone": (lambda a: not is_model_spec(a.model), "a network of the toolkit's (not a model spec)"),
+}
+
+
+def _check_read(args: argparse.Namespace, given: Set[str]) -> None:
+    """Refuse an option given where this run never reads it (it would change nothing)."""
+    for name in sorted(given):
+        reads, when = _READ_WHEN[name]
+        if not reads(args):
+            raise ValueError(f"--{name.replace('_', '-')} is read only with {when}; this run would not use it")
 
 
 def _signed_sizes(argv: List[str]) -> List[str]:
