@@ -108,7 +108,7 @@ def test_export_cli_is_dynamic_by_default_with_named_axes(tiny_run, tmp_path, ca
     assert "note: --dynamic is the default now" in capsys.readouterr().err
 
 
-def test_export_format_follows_the_output_suffix_else_onnx(tiny_run, tmp_path, monkeypatch):
+def test_export_format_follows_the_output_suffix_else_onnx(tiny_run, tmp_path, monkeypatch, capsys):
     from encoding.export import cli as export_cli
 
     _, checkpoint, _ = tiny_run
@@ -116,8 +116,10 @@ def test_export_format_follows_the_output_suffix_else_onnx(tiny_run, tmp_path, m
     monkeypatch.setattr(export_cli, "export_model", lambda model, output, fmt, *a, **k: formats.append(fmt) or [output])
     for output in ("m.pt2", "m.PT2", "m.onnx", "m.bin"):
         assert cli(["--resume", checkpoint, "--output", str(tmp_path / output)]) == 0
+    assert "note" not in capsys.readouterr().err
     assert cli(["--resume", checkpoint, "--format", "exported", "--output", str(tmp_path / "x.onnx")]) == 0
     assert formats == ["exported", "exported", "onnx", "onnx", "exported"]  # an explicit --format wins
+    assert "x.onnx has the suffix of --format onnx and will hold --format exported (name it *.pt2)" in capsys.readouterr().err
     assert export_cli.format_of(None) == "onnx"
 
 

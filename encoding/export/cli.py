@@ -49,7 +49,11 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     """Export as ``argv`` says; returns the paths written."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    named = format_of(args.output) if os.path.splitext(args.output or "")[1].lower() in SUFFIXES.values() else None
     args.format = args.format or format_of(args.output)
+    if named not in (None, args.format):  # an explicit --format wins; the file's name will mislead other tools
+        sys.stderr.write(f"python -m encoding.export: note: --output {args.output} has the suffix of --format {named} "
+                         f"and will hold --format {args.format} (name it *{SUFFIXES[args.format]})\n")
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.resume)), "model" + SUFFIXES[args.format])
     inputs = _read_files(args.resume)
     try:  # before the checkpoint is read: an output that would destroy it, or itself, is a bad option value
