@@ -284,6 +284,10 @@ def test_format_table():
     assert "pixAcc 66.67" in lines[-1] and "mIoU 50.00" in lines[-1]
     with pytest.raises(ValueError, match="2 entries but the result has 3"):
         format_table(metric.compute(), ["a", "b"])
+    from encoding.utils.table import scores_to_json  # metrics.json: cut to the shorter list before
+    assert list(scores_to_json(metric.compute(), ["a", "b", "c"])["per_class"]) == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="2 entries but the result has 3"):
+        scores_to_json(metric.compute(), ["a", "b"])
 
 
 def test_utils_exports_resolve():

@@ -40,9 +40,7 @@ def format_table(result: Mapping[str, Any], class_names: Optional[Sequence[str]]
     """
     iou = [float(v) for v in result["IoU"]]
     acc = [float(v) for v in result["Acc"]]
-    names = [str(i) for i in range(len(iou))] if class_names is None else [str(name) for name in class_names]
-    if len(names) != len(iou):
-        raise ValueError(f"class_names has {len(names)} entries but the result has {len(iou)} classes")
+    names = _names(class_names, len(iou))
     rows = [("class", "IoU", "Acc")] + [(name, _percent(i, digits), _percent(a, digits))
                                          for name, i, a in zip(names, iou, acc)]
     lines = _aligned(rows)
@@ -56,6 +54,15 @@ def _number(value: Any) -> Optional[float]:
     return None if math.isnan(value) else value
 
 
+def _names(class_names: Optional[Sequence[str]], count: int) -> List[str]:
+    """One name per class (default: the class indices); refused when there are not ``count`` of them (the rows or
+    keys would be cut to the shorter list)."""
+    names = [str(i) for i in range(count)] if class_names is None else [str(name) for name in class_names]
+    if len(names) != count:
+        raise ValueError(f"class_names has {len(names)} entries but the result has {count} classes")
+    return names
+
+
 def scores_to_json(result: Mapping[str, Any], class_names: Optional[Sequence[str]] = None) -> dict:
     """The scores of :meth:`SegmentationMetric.compute` as plain JSON values (``NaN`` -> ``null``).
 
@@ -63,7 +70,7 @@ def scores_to_json(result: Mapping[str, Any], class_names: Optional[Sequence[str
         ``{"pixAcc", "mIoU", "mAcc", "fwIoU", "mDice", "per_class": {name: {"IoU", "Acc"}}}``.
     """
     iou, acc = result["IoU"].tolist(), result["Acc"].tolist()
-    names = list(class_names) if class_names is not None else [str(i) for i in range(len(iou))]
+    names = _names(class_names, len(iou))
     summary = {key: _number(result[key]) for key in _SUMMARY_KEYS if key in result}
     return {**summary, "per_class": {name: {"IoU": _number(i), "Acc": _number(a)}
                                      for name, i, a in zip(names, iou, acc)}}
