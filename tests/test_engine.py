@@ -129,7 +129,7 @@ def test_two_cpu_replicas_use_sync_batchnorm(tiny_shapes, tmp_path):
 def test_balance_option_reaches_the_dp_wrapper(tiny_shapes, tmp_path):
     script = load_train_script()
     assert script.parse_args([]).balance == "none"
-    assert script.parse_args(["--balance", "memory"]).balance == "memory"
+    assert script.parse_args(["--balance", "memory", "--device-ids", "cpu,cpu"]).balance == "memory"
     with pytest.raises(SystemExit):
         script.parse_args(["--balance", "fastest"])
     run = build_training(tiny_config(tmp_path, ["--device-ids", "cpu,cpu"]), datasets=tiny_shapes)

@@ -60,7 +60,7 @@ def test_one_process_device_options_are_refused_under_torchrun(argv, message, ca
     """Under torchrun each process has one device: --balance failed after the data was built (a traceback labelled a
     bug), --device-ids was ignored."""
     script = load_train_script()
-    script.parse_args(argv)  # one process driving the devices: taken
+    script.parse_args(argv + ["--device-ids", "cpu,cpu"] * ("--device-ids" not in argv))  # one process, 2 devices
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(SystemExit) as info:
@@ -189,3 +189,15 @@ def test_test_py_refuses_a_split_without_masks_for_scoring(tiny_run, capsys):
     status = run_script("test", ["--resume", tiny_run[1], "--split", "nosuch", "--workers", "0"])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and "--split nosuch" in err[0], err
+
+
+def test_balance_with_one_device_is_refused(capsys):
+    """One process driving one device (the CPU; one GPU): --balance memory was accepted and changed nothing."""
+    script = load_train_script()
+    for argv in ([], ["--device-ids", "cpu"]):
+        with pytest.raises(SystemExit) as info:
+            script.parse_args(["--balance", "memory", "--no-cuda", *argv])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and "--balance memory splits each batch over several devices; this run has one "\
+               "(" in err
+    assert script.parse_args(["--balance", "memory", "--device-ids", "cpu,cpu"]).balance == "memory"

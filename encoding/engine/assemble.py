@@ -149,6 +149,7 @@ def check_training(config: "TrainingConfig", given_datasets: bool = False) -> No
     check_devices(c.device_ids)
     if problem := builders.strategy_problem(c.strategy, c.amp) or timeout_problem(c.dist_timeout) or \
             builders.torchrun_problem(c.balance, c.device_ids) or \
+            builders.balance_problem(c.balance, parse_device_ids(c.device_ids), not c.no_cuda) or \
             weights.class_weights_problem(c.class_weights, None if c.binary or c.binary_class or c.dataset not in
                                           DATASETS else DATASETS[c.dataset].NUM_CLASS):
         raise ConfigError(problem)

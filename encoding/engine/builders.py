@@ -321,6 +321,18 @@ def torchrun_problem(balance: str, device_ids: Optional[str], distributed: Optio
     return None
 
 
+def balance_problem(balance: str, device_ids: Optional[Sequence[Any]], use_cuda: bool) -> Optional[str]:
+    """Why ``--balance`` has nothing to balance (one process driving one device of ``device_ids``, parsed), or
+    ``None``."""
+    if balance in (None, "none") or launched_by_torchrun():  # torchrun: torchrun_problem's
+        return None
+    devices = select_devices(device_ids, use_cuda=use_cuda).device_ids
+    if len(devices) < 2:
+        return (f"--balance {balance} splits each batch over several devices; this run has one "
+                f"({devices[0] if devices else 'the CPU'}): drop --balance, or give --device-ids of two or more")
+    return None
+
+
 def _fully_shard(model: nn.Module, device: torch.device) -> nn.Module:
     """FSDP2 over :func:`~encoding.utils.dist.fsdp_units` (reshard after forward), from rank 0's weights."""
     from torch.distributed import broadcast
