@@ -9,6 +9,7 @@ foreground pixels are kept. The result (PNG masks + a list file per split, under
 from __future__ import annotations
 
 import os
+from typing import Any, Mapping, Tuple
 
 import numpy as np
 from PIL import Image
@@ -17,6 +18,7 @@ from ...utils.progress import progress_bar as tqdm
 
 from ..layout import COCO_MASK_DIR, COCO_VOC_CATEGORY_IDS, DatasetError
 from ...utils.files import atomic_write, staged_dir
+from .annotations import image_shape, mask_stem
 
 __all__ = ["build_coco_masks", "MIN_FOREGROUND_PIXELS"]
 
@@ -31,6 +33,37 @@ def _import_coco_api():
         raise MissingDependency("building the COCO (VOC classes) masks needs pycocotools: pip install pycocotools "
                                 "(only once: the masks are then saved as PNGs and read without it)") from e
     return COCO
+
+
+def _load_coco(ann_file: str) -> Any:
+    """``pycocotools.coco.COCO`` of ``ann_file``; a file that is not COCO instances JSON is a one-line error."""
+    coco_api = _import_coco_api()
+    try:
+        return coco_api(ann_file)
+    except (ValueError, KeyError, TypeError, AssertionError, AttributeError) as e:  # pycocotools asserts a dict
+        raise DatasetError(ann_file, f"not a COCO instances annotation file ({e!r})") from e
+
+
+def _check_rle_size(ann: Mapping[str, Any], shape: Tuple[int, int]) -> None:
+    """An RLE segmentation carries its own size: it must be its image's, checked before it is decoded."""
+    segmentation = ann.get("segmentation")
+    if isinstance(segmentation, dict) and tuple(int(v) for v in segmentation.get("size", ())) != tuple(shape):
+        raise ValueError(f"annotation {ann.get('id')} has size {segmentation.get('size')}, image is {tuple(shape)}")
+
+
+def _voc_mask(coco: Any, info: Mapping[str, Any], class_of: Mapping[int, int], ann_file: str) -> np.ndarray:
+    """One image's mask of VOC classes: its instances painted in order, a pixel keeping the first class painted."""
+    mask = np.zeros(image_shape(info, ann_file), dtype=np.uint8)
+    try:
+        for ann in coco.loadAnns(coco.getAnnIds(imgIds=info["id"], iscrowd=None)):
+            cls = class_of.get(ann["category_id"])
+            if cls is not None:
+                _check_rle_size(ann, mask.shape)
+                region = np.asarray(coco.annToMask(ann)) > 0
+                mask[region & (mask == 0)] = cls
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise DatasetError(ann_file, f"bad annotation for image {info.get('file_name')!r} ({e!r})") from e
+    return mask
 
 
 def build_coco_masks(coco_dir: str, split: str, *, min_pixels: int = MIN_FOREGROUND_PIXELS,
@@ -49,6 +82,8 @@ def build_coco_masks(coco_dir: str, split: str, *, min_pixels: int = MIN_FOREGRO
 
     Raises:
         ImportError: pycocotools is not installed.
+        DatasetError: naming the annotation file: missing, not COCO instances JSON, an image whose ``file_name`` is
+            not a plain file name or whose size is not usable (:mod:`.annotations`), or an unreadable annotation.
     """
     list_file = os.path.join(coco_dir, COCO_MASK_DIR, f"{split}2017.txt")
     mask_dir = os.path.join(coco_dir, COCO_MASK_DIR, f"{split}2017")
@@ -58,20 +93,15 @@ def build_coco_masks(coco_dir: str, split: str, *, min_pixels: int = MIN_FOREGRO
     if not os.path.isfile(ann_file):
         raise DatasetError(ann_file, "COCO instance annotations are missing; "
                                      "run python -m encoding.datasets.prepare coco")
-    coco = _import_coco_api()(ann_file)
+    coco = _load_coco(ann_file)
     class_of = {cat: index for index, cat in enumerate(COCO_VOC_CATEGORY_IDS) if cat}
     kept = []
     with staged_dir(mask_dir, replace=True) as staging:
         for image_id in tqdm(sorted(coco.getImgIds()), desc=f"COCO {split} masks", disable=not progress):
             info = coco.loadImgs(image_id)[0]
-            mask = np.zeros((int(info["height"]), int(info["width"])), dtype=np.uint8)
-            for ann in coco.loadAnns(coco.getAnnIds(imgIds=image_id, iscrowd=None)):
-                cls = class_of.get(ann["category_id"])
-                if cls is not None:
-                    region = np.asarray(coco.annToMask(ann)) > 0
-                    mask[region & (mask == 0)] = cls
+            stem = mask_stem(info.get("file_name"), ann_file)
+            mask = _voc_mask(coco, info, class_of, ann_file)
             if int(np.count_nonzero(mask)) > min_pixels:
-                stem = os.path.splitext(info["file_name"])[0]
                 Image.fromarray(mask).save(os.path.join(staging, stem + ".png"))
                 kept.append(stem)
         if not kept:

@@ -4,8 +4,9 @@ Everything here is safe to re-run and safe to interrupt:
 
 * :func:`download` streams into ``<dest>.part`` (resuming it when the server or file allows), verifies the checksum,
   and only then renames the file into place; a file already present with the right checksum is not fetched again.
-* :func:`extract` unpacks into a private staging folder next to the destination and moves the result into place only
-  when the whole archive was read; a marker remembers which archive (by size and modification time) was extracted,
+* :func:`extract` unpacks (:func:`~.archives.unpack`: unsafe members refused) into a private staging folder next to
+  the destination and moves the result into place only when the whole archive was read, never deleting anything
+  already there; a marker remembers which archive (by size and modification time) was extracted,
   so a re-run does nothing.
 * :func:`fetch_resources` downloads (or reuses verified copies of) a recipe's :class:`Resource` files, from their
   published URLs or from a mirror.
@@ -21,22 +22,19 @@ Example:
 """
 from __future__ import annotations
 
-import gzip
 import json
 import os
-import shutil
-import tarfile
+import re
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import zipfile
-import zlib
 from typing import List, Mapping, NamedTuple, Optional, Sequence
 
 from ...errors import EncodingError
 from ..layout import DatasetError
 from ...utils.progress import progress_bar as tqdm
+from .archives import unpack
 
 from ...utils.files import (CHUNK, ChecksumError, atomic_write, check_checksum, makedirs, parse_checksum, staged_dir,
                             verify_checksum)
@@ -84,6 +82,17 @@ def _fetch_local(source: str, part: str, progress: bool, desc: str) -> None:
         _copy_stream(src, dst, bar)
 
 
+def _range_total(error: urllib.error.HTTPError) -> Optional[int]:
+    """The remote size a 416 answer declares (``Content-Range: bytes */<size>``), ``None`` when it declares none."""
+    match = re.fullmatch(r"\s*bytes\s+\*/(\d+)\s*", (error.headers or {}).get("Content-Range") or "")
+    return int(match.group(1)) if match else None
+
+
+def _permanent(error: BaseException) -> bool:
+    """An HTTP 4xx answer other than 408 (timeout) and 429 (too many requests): asking again will not help."""
+    return isinstance(error, urllib.error.HTTPError) and 400 <= error.code < 500 and error.code not in (408, 429)
+
+
 def _fetch_http(url: str, part: str, progress: bool, desc: str, timeout: float) -> None:
     done = os.path.getsize(part) if os.path.exists(part) else 0
     request = urllib.request.Request(url, headers={"User-Agent": "encoding-datasets"})
@@ -92,9 +101,13 @@ def _fetch_http(url: str, part: str, progress: bool, desc: str, timeout: float) 
     try:
         response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as e:
-        if e.code == 416 and done:  # asked past the end: the partial file is already complete
+        if e.code != 416 or not done:
+            raise
+        if _range_total(e) == done:  # asked exactly at the end: the partial file is already complete
             return
-        raise
+        os.remove(part)  # a stale partial file, larger than (or not known to be) the remote one: fetch it whole
+        _fetch_http(url, part, progress, desc, timeout)
+        return
     with response:
         resumed = done and response.status == 206
         if not resumed:
@@ -114,6 +127,8 @@ def _fetch_http_with_retries(url: str, part: str, progress: bool, desc: str, tim
             _fetch_http(url, part, progress, desc, timeout)
             return
         except (urllib.error.URLError, OSError, DownloadError) as e:  # HTTPError is a URLError
+            if _permanent(e):
+                raise DownloadError(f"cannot download {url}: {e}") from e
             if attempt >= retries:
                 raise DownloadError(f"cannot download {url} after {attempt} attempt(s): {e}") from e
             time.sleep(min(2 ** attempt, 30))
@@ -131,7 +146,8 @@ def download(url: str, path: Optional[str] = None, overwrite: bool = False, sha1
         checksum: expected digest, ``"md5:<hex>"``, ``"sha1:<hex>"``, ``"sha256:<hex>"`` or bare hex (algorithm from
             its length). ``None`` skips verification.
         progress: show a tqdm progress bar.
-        retries: attempts for network errors (each attempt resumes the partial file).
+        retries: attempts for network errors (each attempt resumes the partial file); an HTTP 4xx answer other
+            than 408 and 429 (e.g. 404) is not retried.
         timeout: socket timeout in seconds.
 
     Returns:
@@ -177,48 +193,52 @@ def download(url: str, path: Optional[str] = None, overwrite: bool = False, sha1
     return path
 
 
-def _archive_kind(archive: str) -> str:
-    if zipfile.is_zipfile(archive):
-        return "zip"
-    if tarfile.is_tarfile(archive):
-        return "tar"
-    raise DatasetError(archive, "not a zip or tar archive (or it is corrupt)")
+def _is_folder(path: str) -> bool:
+    """A real folder (an extracted symlink to a folder is an entry of its own, moved as it is)."""
+    return os.path.isdir(path) and not os.path.islink(path)
 
 
-def _check_member(name: str, archive: str) -> None:
-    normalised = os.path.normpath(name)
-    if os.path.isabs(name) or normalised == ".." or normalised.startswith(".." + os.sep):
-        raise DatasetError(archive, f"refusing to extract {name!r}, which points outside the destination")
+def _kind(folder: bool) -> str:
+    return "folder" if folder else "file"
 
 
-def _extract_all(archive: str, kind: str, dest: str) -> None:
-    if kind == "zip":
-        with zipfile.ZipFile(archive) as zf:
-            for name in zf.namelist():
-                _check_member(name, archive)
-            zf.extractall(dest)
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_merge(src: str, dst: str, entry: str, archive: str) -> None:
+    """Refuse, before anything is moved, an entry whose kind (file / folder) differs from what ``dst`` already is,
+    and a file that would replace the archive itself: merging never deletes anything of the data root.
+
+    A folder entry is merged into an existing folder, or into the folder an existing symlink points to (datasets
+    kept on another disk).
+    """
+    if not os.path.lexists(dst):
         return
-    with tarfile.open(archive) as tf:
-        members = tf.getmembers()
-        for member in members:
-            _check_member(member.name, archive)
-            if member.issym() or member.islnk():
-                _check_member(os.path.join(os.path.dirname(member.name), member.linkname), archive)
-        if hasattr(tarfile, "data_filter"):
-            tf.extractall(dest, members=members, filter="data")
-        else:  # pragma: no cover - Python < 3.11.4
-            tf.extractall(dest, members=members)
+    is_folder, dst_folder = _is_folder(src), os.path.isdir(dst)
+    if is_folder != dst_folder:
+        raise DatasetError(archive, f"entry {entry!r} is a {_kind(is_folder)} but {dst} is an existing "
+                                    f"{_kind(dst_folder)}; refusing to replace it (move it away and run again)")
+    if is_folder:
+        for name in sorted(os.listdir(src)):
+            _check_merge(os.path.join(src, name), os.path.join(dst, name), f"{entry}/{name}", archive)
+    elif _same_file(dst, archive):
+        raise DatasetError(archive, f"entry {entry!r} would be written over the archive itself ({dst})")
 
 
 def _merge_move(src: str, dst: str) -> None:
-    """Move ``src`` to ``dst``; when both are folders, merge ``src`` into ``dst`` (its files win)."""
-    if os.path.isdir(src) and os.path.isdir(dst) and not os.path.islink(dst):
+    """Move ``src`` to ``dst``; a folder is merged into an existing folder (or a symlink's folder), files win.
+
+    Checked first by :func:`_check_merge`: a file never meets a folder here, and nothing is deleted.
+    """
+    if _is_folder(src) and os.path.isdir(dst):
         for name in os.listdir(src):
             _merge_move(os.path.join(src, name), os.path.join(dst, name))
         os.rmdir(src)
         return
-    if os.path.isdir(dst) and not os.path.islink(dst):
-        shutil.rmtree(dst)
     os.replace(src, dst)
 
 
@@ -227,14 +247,28 @@ def _archive_fingerprint(archive: str) -> dict:
     return {"archive": os.path.basename(archive), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+def _extracted_entries(marker: str, fingerprint: dict, dest: str) -> Optional[List[str]]:
+    """The top-level entries the marker records for this very archive when they all still exist, else ``None``
+    (no marker, an unreadable one, another archive, or an entry gone)."""
+    try:
+        with open(marker, encoding="utf-8") as f:
+            recorded = json.load(f)
+        entries = [str(e) for e in recorded["entries"]]
+        same = recorded["fingerprint"] == fingerprint
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return entries if same and all(os.path.exists(os.path.join(dest, e)) for e in entries) else None
+
+
 def extract(archive: str, dest: str, *, rename: Optional[Mapping[str, str]] = None, overwrite: bool = False,
             progress: bool = True) -> List[str]:
     """Unpack a zip or tar(.gz/.bz2/.xz) archive into ``dest``, all or nothing, and skip it on re-runs.
 
     The archive is unpacked into a staging folder inside ``dest``; only after every member was read are its top-level
-    entries moved into place (folders that already exist are merged, e.g. two archives both holding ``VOCdevkit/``).
-    Members pointing outside ``dest`` are refused. A marker ``dest/.extracted-<archive>.json`` records the archive's
-    size and modification time, so extracting the same archive again is a no-op.
+    entries moved into place (folders that already exist, or symlinks to folders, are merged, e.g. two archives both
+    holding ``VOCdevkit/``; an archive's file replaces a file). Members pointing outside ``dest`` are refused. A
+    marker ``dest/.extracted-<archive>.json`` records the archive's size and modification time, so extracting the
+    same archive again is a no-op.
 
     Args:
         archive: the archive file.
@@ -247,26 +281,23 @@ def extract(archive: str, dest: str, *, rename: Optional[Mapping[str, str]] = No
         The paths of the top-level entries created or updated in ``dest``.
 
     Raises:
-        ValueError: not an archive, a corrupt archive, or an unsafe member path.
+        DatasetError: not an archive, a corrupt or truncated one, an unsafe member (see
+            :func:`~encoding.datasets.prepare.archives.unpack`), or an entry that is a file where ``dest`` holds a
+            folder (or the other way): nothing of ``dest`` is ever deleted.
     """
     archive, dest = os.path.expanduser(archive), makedirs(dest)
     marker = os.path.join(dest, f".extracted-{os.path.basename(archive)}.json")
     fingerprint = _archive_fingerprint(archive)
-    if not overwrite and os.path.isfile(marker):
-        with open(marker, encoding="utf-8") as f:
-            recorded = json.load(f)
-        if recorded.get("fingerprint") == fingerprint and all(
-                os.path.exists(os.path.join(dest, e)) for e in recorded.get("entries", [])):
-            return [os.path.join(dest, e) for e in recorded["entries"]]
-    kind = _archive_kind(archive)
+    done = None if overwrite else _extracted_entries(marker, fingerprint, dest)
+    if done is not None:
+        return [os.path.join(dest, e) for e in done]
     rename = dict(rename or {})
     with staged_dir(os.path.join(dest, f".staging-{os.path.basename(archive)}"), keep=False) as staging:
-        try:
-            _extract_all(archive, kind, staging)
-        except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
-            raise ValueError(f"{archive}: corrupt or truncated archive ({e})") from e
-        entries = []
+        unpack(archive, staging)
         names = sorted(os.listdir(staging))
+        for name in names:
+            _check_merge(os.path.join(staging, name), os.path.join(dest, rename.get(name, name)), name, archive)
+        entries = []
         for name in tqdm(names, desc=f"placing {os.path.basename(archive)}", leave=False, disable=not progress):
             target = rename.get(name, name)
             _merge_move(os.path.join(staging, name), os.path.join(dest, target))

@@ -11,7 +11,7 @@ import json
 import os
 import warnings
 from collections import defaultdict
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Tuple
 
 import numpy as np
 from PIL import Image
@@ -20,6 +20,7 @@ from ...utils.progress import progress_bar as tqdm
 
 from ..layout import CONTEXT_CATEGORY_IDS, CONTEXT_LIST_DIR, CONTEXT_MASK_DIR, DatasetError
 from ...utils.files import atomic_write, staged_dir
+from .annotations import image_shape, mask_stem
 
 __all__ = ["decode_rle", "convert_context_annotations"]
 
@@ -65,14 +66,22 @@ def _category_lookup() -> np.ndarray:
     return lookup
 
 
-def _context_mask(image: Mapping[str, Any], annotations: List[Mapping[str, Any]], lookup: np.ndarray) -> np.ndarray:
-    category = np.zeros((int(image["height"]), int(image["width"])), dtype=np.int64)
+def _category(ann: Mapping[str, Any]) -> int:
+    """An annotation's category id, a whole number >= 0 (a negative one would index the lookup from its end)."""
+    category = ann["category_id"]
+    if type(category) is not int or category < 0:
+        raise ValueError(f"annotation {ann.get('id')} has category_id {category!r}, expected a whole number >= 0")
+    return category
+
+
+def _context_mask(image: Mapping[str, Any], annotations: List[Mapping[str, Any]], lookup: np.ndarray,
+                  json_path: str) -> np.ndarray:
+    category = np.zeros(image_shape(image, json_path), dtype=np.int64)
     for ann in annotations:
-        region = decode_rle(ann["segmentation"])
-        if region.shape != category.shape:
-            raise ValueError(f"annotation {ann.get('id')} of image {image['file_name']} has size {region.shape}, "
-                             f"image is {category.shape}")
-        category[region] = int(ann["category_id"])
+        size = tuple(int(v) for v in ann["segmentation"]["size"])
+        if size != category.shape:  # checked before decoding: the RLE's own size is not trusted
+            raise ValueError(f"annotation {ann.get('id')} has size {size}, image is {category.shape}")
+        category[decode_rle(ann["segmentation"])] = _category(ann)
     inside = category < len(lookup)
     return np.where(inside, lookup[np.where(inside, category, 0)], 0).astype(np.uint8)
 
@@ -82,6 +91,20 @@ def _count_ids(path: str) -> int:
         return 0
     with open(path, encoding="utf-8") as f:
         return sum(1 for line in f if line.strip())
+
+
+def _read_detail(json_path: str) -> Tuple[List[Mapping[str, Any]], Dict[Any, List[Mapping[str, Any]]]]:
+    """The image records of a PASCAL-in-Detail file and its segmentation annotations grouped by image id."""
+    try:
+        with open(json_path, encoding="utf-8") as f:
+            data = json.load(f)
+        images = [dict(image) for image in data["images"]]
+        by_image: Dict[Any, List[Mapping[str, Any]]] = defaultdict(list)
+        for ann in data["annos_segmentation"]:
+            by_image[ann["image_id"]].append(ann)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DatasetError(json_path, f"not a PASCAL-in-Detail annotation file ({e!r})") from e
+    return images, by_image
 
 
 def convert_context_annotations(json_path: str, voc_root: str, *, overwrite: bool = False,
@@ -94,31 +117,29 @@ def convert_context_annotations(json_path: str, voc_root: str, *, overwrite: boo
 
     Returns:
         Number of images per phase, e.g. ``{"train": 4998, "val": 5105}``.
+
+    Raises:
+        DatasetError: naming ``json_path``: not a PASCAL-in-Detail file, an image whose ``file_name`` is not a
+            plain file name or whose size is not usable (:mod:`.annotations`), a negative category id, an annotation
+            of another size than its image.
     """
     mask_dir, list_dir = os.path.join(voc_root, CONTEXT_MASK_DIR), os.path.join(voc_root, CONTEXT_LIST_DIR)
     if not overwrite and os.path.isdir(mask_dir) and os.path.isfile(os.path.join(list_dir, "val.txt")):
         return {p: _count_ids(os.path.join(list_dir, p + ".txt")) for p in ("train", "val")}
-    try:
-        with open(json_path, encoding="utf-8") as f:
-            data = json.load(f)
-        images = data["images"]
-        annotations = data["annos_segmentation"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DatasetError(json_path, f"not a PASCAL-in-Detail annotation file ({e!r})") from e
-    by_image: Dict[Any, List[Mapping[str, Any]]] = defaultdict(list)
-    for ann in annotations:
-        by_image[ann["image_id"]].append(ann)
+    images, by_image = _read_detail(json_path)
     lookup = _category_lookup()
     phases: Dict[str, List[str]] = defaultdict(list)
     with staged_dir(mask_dir, replace=True) as staging:
         for image in tqdm(images, desc="PASCAL-Context masks", disable=not progress):
-            stem = os.path.splitext(image["file_name"])[0]
+            stem = mask_stem(image.get("file_name"), json_path)
             try:
-                mask = _context_mask(image, by_image.get(image["image_id"], []), lookup)
-            except (ValueError, KeyError) as e:
+                mask = _context_mask(image, by_image.get(image.get("image_id"), []), lookup, json_path)
+            except DatasetError:
+                raise
+            except (ValueError, KeyError, TypeError) as e:
                 raise DatasetError(json_path, f"bad annotation for {image.get('file_name')}: {e}") from e
             Image.fromarray(mask).save(os.path.join(staging, stem + ".png"))
-            phases[image.get("phase", "train")].append(stem)
+            phases[str(image.get("phase", "train"))].append(stem)
         os.makedirs(list_dir, exist_ok=True)
         for phase in ("train", "val"):
             stems = sorted(phases.get(phase, []))

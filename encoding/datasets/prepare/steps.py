@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+from ...errors import UsageError
 from ..layout import (ADE20K_DIR, CITYS_DIR, COCO_DIR, CONTEXT_DIR, SBD_DIR, VOC_DIR, DatasetError,
                       default_root)
 from ...utils.files import verify_checksum
@@ -133,10 +134,19 @@ def resolve_root(root: Optional[str] = None) -> str:
     return os.path.expanduser(root or default_root())
 
 
+def _missing(recipe: Recipe, folder: str) -> Optional[str]:
+    """The first of the recipe's expected paths missing under ``folder``, else ``None``."""
+    paths = (os.path.join(folder, path) for path in recipe.expected)
+    return next((path for path in paths if not os.path.exists(path)), None)
+
+
 def install(recipe: Recipe, root: str, archives: Sequence[str], files: Sequence[str] = (), *,
             overwrite: bool = False, progress: bool = True) -> str:
     """Extract local ``archives`` into the root, check the recipe's layout and run its converter (saying first
     where the dataset goes: :func:`~.location.announce_writing`).
+
+    The markers that make a re-run skip an archive are trusted only when every expected path is there: a dataset
+    folder removed since (its archive's top-level folder still holding another dataset) is extracted again.
 
     Args:
         recipe: what lands where (:class:`Recipe`).
@@ -154,12 +164,15 @@ def install(recipe: Recipe, root: str, archives: Sequence[str], files: Sequence[
     """
     announce_writing("the prepared dataset", os.path.join(root, recipe.folder), root)
     dest = os.path.join(root, recipe.extract_to) if recipe.extract_to else root
-    for archive in archives:
-        extract(archive, dest, rename=recipe.rename, overwrite=overwrite, progress=progress)
     folder = os.path.join(root, recipe.folder)
-    for path in recipe.expected:
-        if not os.path.exists(os.path.join(folder, path)):
-            raise DatasetError(os.path.join(folder, path), "missing after extraction; is the archive the right one?")
+    # An archive's marker only vouches for its top-level entries, which another dataset may share (VOC 2012 and
+    # VOC 2010 both ship VOCdevkit/): a dataset that is not all there is extracted again, whatever the markers say.
+    redo = overwrite or _missing(recipe, folder) is not None
+    for archive in archives:
+        extract(archive, dest, rename=recipe.rename, overwrite=redo, progress=progress)
+    missing = _missing(recipe, folder)
+    if missing:
+        raise DatasetError(missing, "missing after extraction; is the archive the right one?")
     if recipe.convert is not None:
         recipe.convert(folder, files, overwrite, progress)
     return folder
@@ -223,8 +236,13 @@ def prepare_pascal(root: Optional[str] = None, *, voc: bool = True, aug: bool = 
 
     Returns:
         The prepared dataset folders.
+
+    Raises:
+        UsageError: both ``voc`` and ``aug`` are off.
     """
     names = [name for name, wanted in (("pascal_voc", voc), ("pascal_aug", aug)) if wanted]
+    if not names:
+        raise UsageError("pascal: nothing to prepare with both VOC 2012 and SBD left out (--no-voc --no-aug)")
     return [run_recipe(RECIPES[name], root, download_dir=download_dir, mirror=mirror, checksums=checksums,
                        overwrite=overwrite, progress=progress) for name in names]
 

@@ -1,0 +1,59 @@
+"""What an annotation file (PASCAL-Context's or COCO's JSON) declares about an image, checked before it is used.
+
+An annotation file is data: an image's ``file_name`` names the mask written for it only when it is a plain file name
+(no folder, no ``..``, not absolute), so nothing is written outside the dataset's folder; and its declared height
+and width are positive whole numbers within the toolkit's pixel limit
+(:func:`encoding.utils.images.max_pixels`, ``ENCODING_MAX_PIXELS``) before an array is allocated for it. Each refusal
+is one :class:`~encoding.datasets.layout.DatasetError` naming the annotation file and the image.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Tuple
+
+from ...utils.images import ImageTooLarge, check_pixels
+from ..layout import DatasetError
+
+__all__ = ["mask_stem", "image_shape"]
+
+_SEPARATORS = tuple({"/", "\\", os.sep, os.altsep} - {None})
+
+
+def mask_stem(file_name: Any, source: str) -> str:
+    """The stem of an image's ``file_name`` (``2008_000002`` for ``2008_000002.jpg``), the name of its mask.
+
+    Args:
+        file_name: the ``file_name`` the annotation file gives.
+        source: the annotation file (named by the error).
+
+    Raises:
+        DatasetError: not a plain file name: not a string, empty, ``.`` or ``..``, absolute, or holding a separator.
+    """
+    stem = os.path.splitext(file_name)[0] if isinstance(file_name, str) else ""
+    if stem in ("", ".", "..") or "\0" in file_name or os.path.isabs(file_name) or \
+            any(sep in file_name for sep in _SEPARATORS):
+        raise DatasetError(source, f"image file_name {file_name!r} is not a plain file name (its mask would be "
+                                   "written outside the dataset folder)")
+    return stem
+
+
+def _side(image: Mapping[str, Any], key: str, source: str) -> int:
+    value = image.get(key)
+    if type(value) is not int or value <= 0:
+        raise DatasetError(source, f"image {image.get('file_name')!r}: {key} must be a positive whole number, "
+                                   f"got {value!r}")
+    return value
+
+
+def image_shape(image: Mapping[str, Any], source: str) -> Tuple[int, int]:
+    """``(height, width)`` of an image record of an annotation file, checked before a mask is allocated.
+
+    Raises:
+        DatasetError: a side missing, not a positive whole number, or more pixels than the limit.
+    """
+    height, width = _side(image, "height", source), _side(image, "width", source)
+    try:
+        check_pixels(width, height, f"image {image.get('file_name')!r}")
+    except ImageTooLarge as e:
+        raise DatasetError(source, str(e)) from None
+    return height, width
