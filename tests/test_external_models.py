@@ -353,12 +353,12 @@ def test_relative_transformers_path_is_recorded_absolute(tmp_path, monkeypatch):
     assert resolve("train", ["--model", "fcn"]).options()["model"] == "fcn"
 
 
-def test_head_lr_mult_reaches_a_spec_networks_heads_or_is_refused(tmp_path, factory_module, tiny_shapes):
+def test_head_lr_mult_reaches_a_spec_networks_heads_or_is_refused(tmp_path, factory_module, tiny_shapes, capsys):
     """--head-lr-mult split the groups on the top module's ``backbone``: a spec network (wrapped) gave one group, so
     the multiplier (and --pretrained-backbone's rule of 10) applied to nothing. Its network's backbone now splits
     them; a network without one refuses a multiplier the user asks for."""
     from encoding.config import ConfigError
-    from encoding.engine import builders
+    from encoding.engine import TrainingConfig, builders, run_training
 
     net = get_segmentation_model("torchvision:lraspp_mobilenet_v3_large", nclass=3)
     groups = builders.param_groups(net)
@@ -367,7 +367,12 @@ def test_head_lr_mult_reaches_a_spec_networks_heads_or_is_refused(tmp_path, fact
     optimizer = builders.build_optimizer(net, 0.01)
     scheduler = builders.build_scheduler(optimizer, "poly", 0.01, 1, 10, head_lr_mult=10)
     assert scheduler.get_last_lr() == pytest.approx([0.01, 0.1])
-    with pytest.raises(ConfigError, match=r"--head-lr-mult 5.0: my_models.tiny:build has no backbone module"):
+    with pytest.raises(SystemExit) as stopped:  # on the command line, before any data is built or run written
         load_script("train").main(TINY + ["--output-dir", str(tmp_path / "runs"), "--model", factory_module,
                                           "--head-lr-mult", "5"], datasets=tiny_shapes)
-    assert not list((tmp_path / "runs").rglob("*.pth"))  # refused before a step: nothing saved
+    assert stopped.value.code == 2 and not (tmp_path / "runs").exists()
+    assert "--head-lr-mult 5.0: my_models.tiny:build has no backbone module" in capsys.readouterr().err
+    config = TrainingConfig(model=factory_module, output_stride=None, head_lr_mult=5.0,
+                            output_dir=str(tmp_path / "api"), sources={"head_lr_mult": "command line"})
+    with pytest.raises(ConfigError, match=r"--head-lr-mult 5.0: my_models.tiny:build has no backbone module"):
+        run_training(config)

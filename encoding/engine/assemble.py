@@ -21,6 +21,7 @@ from dataclasses import asdict, replace
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+from torch import nn
 from torch.utils.data import Dataset
 
 from . import builders
@@ -65,12 +66,15 @@ def parse_device_ids(text: Optional[str]) -> Optional[List[Any]]:
 
 def check_network(dataset: str, model: str, backbone: str, *, aux: bool = False, se_loss: bool = False,
                   output_stride: Optional[int] = None, head_channels: Optional[int] = None,
-                  recompute: Any = False, nclass: Optional[int] = None, **old: Any) -> None:
+                  recompute: Any = False, nclass: Optional[int] = None, **old: Any) -> nn.Module:
     """Refuse a dataset or network the builders cannot make: the network is built on the ``meta`` device (no
     memory, no weights, no download), so every late error of the model's constructors is found now.
 
     ``recompute``: ``False`` (or ``"none"``), ``"backbone"`` or ``"all"``; ``checkpoint=`` is its old name
     (``FutureWarning``).
+
+    Returns:
+        The network on the ``meta`` device.
 
     Raises:
         ConfigError: naming the option(s) and the valid values.
@@ -81,7 +85,7 @@ def check_network(dataset: str, model: str, backbone: str, *, aux: bool = False,
     network = NetworkSpec(model, nclass or DATASETS[dataset].NUM_CLASS or 2, backbone=backbone, aux=aux,
                           se_loss=se_loss, output_stride=output_stride, head_channels=head_channels,
                           recompute=recompute)
-    network.check(ConfigError)
+    return network.check(ConfigError)
 
 
 def check_devices(text: Optional[str]) -> None:
@@ -138,9 +142,9 @@ def check_training(config: "TrainingConfig", given_datasets: bool = False) -> No
     """
     c = config
     if not given_datasets or c.dataset in DATASETS:
-        check_network(c.dataset, c.model, c.backbone, aux=c.aux, se_loss=c.se_loss, output_stride=c.output_stride,
+        _check_head_lr(c, check_network(c.dataset, c.model, c.backbone, aux=c.aux, se_loss=c.se_loss, output_stride=c.output_stride,
                       head_channels=c.head_channels, recompute=c.recompute,
-                      nclass=1 if c.binary or c.binary_class else None)
+                      nclass=1 if c.binary or c.binary_class else None))
     for split, option in [] if given_datasets else [(c.train_split, "--train-split")] + (
             [] if c.no_val else [(c.val_split, "--val-split")]):
         check_split(c.dataset, split, option)
@@ -159,6 +163,16 @@ def check_training(config: "TrainingConfig", given_datasets: bool = False) -> No
             require(name)
     except MonitorUnavailable as err:
         raise ConfigError(str(err)) from None
+
+
+def _check_head_lr(c: "TrainingConfig", model: nn.Module) -> None:
+    """Refuse a ``--head-lr-mult`` given for a network of one parameter group (no backbone module to tell from its
+    heads): it would apply to nothing. ``model``: the network (its ``meta`` twin before any work); a saved
+    config.yaml records every value, so only the command line's is refused."""
+    if c.head_lr_mult != 1 and c.sources.get("head_lr_mult") == "command line" and \
+            len(builders.param_groups(model)) == 1:
+        raise ConfigError(f"--head-lr-mult {c.head_lr_mult}: {c.model} has no backbone module to tell from its heads "
+                          "(one learning rate for every parameter)")
 
 
 def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint) -> None:
@@ -272,10 +286,7 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
                                            balance=None if c.balance == "none" else c.balance, compile=c.compile)
     optimizer = builders.build_optimizer(model, c.lr, kind=c.optimizer, momentum=c.momentum,
                                          weight_decay=c.weight_decay, zero_redundancy=c.strategy == "zero1")
-    if len(optimizer.param_groups) == 1 and c.head_lr_mult != 1 and c.sources.get("head_lr_mult") == "command line":
-        # one group: the multiplier asked for would apply to nothing (a saved config.yaml records every value)
-        raise ConfigError(f"--head-lr-mult {c.head_lr_mult}: {c.model} has no backbone module to tell from its heads "
-                          "(one learning rate for every parameter)")
+    _check_head_lr(c, model)
     scheduler = builders.build_scheduler(optimizer, c.lr_scheduler, c.lr, c.epochs, len(loaders.train),
                                          lr_step=c.lr_step, warmup_epochs=c.warmup_epochs,
                                          head_lr_mult=c.head_lr_mult)
