@@ -562,19 +562,22 @@ def test_bad_samples_raise_naming_the_file_or_are_skipped(tmp_path, case):
     assert info.value.path == bad_path and bad_path in str(info.value)
     with pytest.raises(DatasetError, match=message):
         ds.verify()
-    skipping = _voc(tmp_path, skip_bad=True)
     with pytest.warns(RuntimeWarning, match="skipping bad sample"):
-        image, mask = skipping[1]
-    assert mask.shape == SIZES[2]  # the next good sample
-    assert skipping.num_skipped == 1 and skipping.skipped[0][0] == bad_path
+        scored = _voc(tmp_path, skip_bad=True)  # a scoring mode drops it when built: no sample is scored twice
+    assert len(scored) == 2 and scored[1][1].shape == SIZES[2] and scored.num_skipped == 1
+    assert scored.skipped[0][0] == bad_path
+    skipping = get_segmentation_dataset("pascal_voc", root=str(tmp_path), split="train", mode="train",
+                                        skip_bad=True, base_size=40, crop_size=16)
+    with pytest.warns(RuntimeWarning, match="skipping bad sample"):
+        skipping[1]  # training: the next good sample stands in
+    assert skipping.num_skipped == 1 and skipping.skipped[0][0] == bad_path and len(skipping) == 3
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         skipping[1]  # known bad: no second warning
     assert skipping.num_skipped == 1
-    checked = _voc(tmp_path, skip_bad=True)
     with pytest.warns(RuntimeWarning):
-        assert checked.verify() == 1
-    assert len(checked) == 2
+        assert skipping.verify() == 1
+    assert len(skipping) == 2
 
 
 def test_missing_mask_and_empty_split(tmp_path):
@@ -627,3 +630,12 @@ def test_the_reader_scales_16_bit_and_names_a_bad_file(tmp_path):
     for reader in (read_rgb, check_image):
         with pytest.raises(DatasetError, match="bad.png.*cannot decode image"):
             reader(str(tmp_path / "bad.png"))
+
+
+def test_the_test_split_without_masks_is_refused_in_a_scoring_mode(tmp_path):
+    """split="test" (images only) with mode="testval" was built, then failed on the first sample with a TypeError."""
+    base, ids = make_voc(str(tmp_path))
+    write_lines(os.path.join(base, "ImageSets", "Segmentation", "test.txt"), ids)
+    with pytest.raises(DatasetError, match=r"split 'test' has no masks for mode 'testval' \(mode='test' predicts\)"):
+        get_segmentation_dataset("pascal_voc", root=str(tmp_path), split="test", mode="testval")
+    assert len(get_segmentation_dataset("pascal_voc", root=str(tmp_path), split="test", mode="test")) == 3

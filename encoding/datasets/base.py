@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -28,16 +28,15 @@ from torch.utils.data import Dataset, get_worker_info
 from torchvision import tv_tensors
 
 from ..utils.images import ImageTooLarge, open_image, rgb_of, upright_size
+from .labels import INVALID_LABEL, identity_table, mapped_table, shifted_table
 from .layout import DatasetError, default_root, read_split_file
-from .transforms import (IMAGENET_MEAN, IMAGENET_STD, LABEL_IGNORE, LeanCompose, PadTo, image_transform,
+from .transforms import (IMAGENET_MEAN, IMAGENET_STD, LeanCompose, PadTo, image_transform,
                          to_index_mask, train_joint_transform, transform_pair, user_transform, val_joint_transform)
 
 __all__ = ["BaseDataset", "DatasetError", "default_root", "read_split_file", "identity_table", "shifted_table",
            "ShiftedLabels", "mapped_table", "MODES", "read_rgb", "check_image"]
 
 MODES = ("train", "val", "testval", "test")
-#: Internal: marks raw label values that are neither a class nor ignore in a label table (never in a returned mask).
-INVALID_LABEL = 254
 _LABEL_MODES = ("L", "P", "I", "I;16", "1")
 _SKIP_SLOTS = 257
 
@@ -82,32 +81,6 @@ def read_rgb(path: str) -> np.ndarray:
         return rgb_of(im)
 
 
-def identity_table(nclass: int, ignore: Sequence[int] = (255,)) -> np.ndarray:
-    """Label table for masks that already hold class indices ``0..nclass-1`` plus ignore values."""
-    table = np.full(256, INVALID_LABEL, dtype=np.uint8)
-    table[:nclass] = np.arange(nclass)
-    table[list(ignore)] = LABEL_IGNORE
-    return table
-
-
-def shifted_table(nclass: int) -> np.ndarray:
-    """Label table for masks where 0 means "other" (ignored) and ``1..nclass`` are the classes (ADE20K, PContext)."""
-    table = np.full(256, INVALID_LABEL, dtype=np.uint8)
-    table[0] = LABEL_IGNORE
-    table[1:nclass + 1] = np.arange(nclass)
-    return table
-
-
-def mapped_table(mapping: Dict[int, int], max_raw: int, ignore: Sequence[int] = (255,)) -> np.ndarray:
-    """Label table from an explicit ``raw -> class`` mapping; other raw values up to ``max_raw`` are ignored."""
-    table = np.full(256, INVALID_LABEL, dtype=np.uint8)
-    table[:max_raw + 1] = LABEL_IGNORE
-    table[list(ignore)] = LABEL_IGNORE
-    for raw, cls in mapping.items():
-        table[raw] = cls
-    return table
-
-
 class BaseDataset(Dataset):
     """Base class of every segmentation dataset.
 
@@ -128,7 +101,8 @@ class BaseDataset(Dataset):
         jitter: photometric jitter strength in training (``None``/0: off).
         val_crop: ``val`` mode resizes + centre-crops (``True``) or returns the whole image (``False``).
         return_name: also return the image file name (``(image, mask, name)``); ``test`` mode always does.
-        skip_bad: skip unusable samples with a warning (counted in ``num_skipped``) instead of raising.
+        skip_bad: skip unusable samples with a warning (counted in ``num_skipped``) instead of raising: in training
+            the next sample stands in; a scoring mode drops them when built (:meth:`verify`): none is scored twice.
         mean, std: normalisation of the default image transform.
 
     Returns from ``__getitem__``:
@@ -189,7 +163,11 @@ class BaseDataset(Dataset):
             self._pad = None
         self._check_root()
         images, masks = self._find_samples()
+        if masks is None and mode != "test":
+            raise DatasetError(self.root, f"split {split!r} has no masks for mode {mode!r} (mode='test' predicts)")
         self.images, self.masks = self._drop_missing(images, None if mode == "test" else masks)
+        if skip_bad and mode != "train":
+            self.verify()
         if not self.images:
             raise DatasetError(self.root, f"no samples found for split {split!r}")
 

@@ -28,7 +28,8 @@ import numpy as np
 
 from ..utils.files import atomic_write
 from ..utils.palette import generated_palette
-from .base import BaseDataset, INVALID_LABEL
+from .base import BaseDataset
+from .labels import INVALID_LABEL
 from .folder_meta import color_lookup, read_class_file, read_mask
 from .layout import DatasetError
 from .pairing import Pair, Problem, pair_folders, read_pair_list
