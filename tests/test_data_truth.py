@@ -369,8 +369,15 @@ def test_a_trainval_list_is_a_split_to_train_on_and_validating_inside_it_is_warn
         FolderSegmentation(root, split="nope")
     train = load_script("train")
     run = ["--dataset", "folder", "--data-root", root, *TINY]
-    with pytest.warns(RuntimeWarning, match=r"--val-split val shares 2 of its 2 images with --train-split trainval"):
+    with pytest.warns(RuntimeWarning, match=r"the 'val' split shares 2 of its 2 images with the 'trainval' split it "
+                                            r"trains on"):
         assert train.cli(run + ["--train-split", "trainval", "--output-dir", str(tmp_path / "a")]) == 0
+    with warnings.catch_warnings():  # --no-val scores nothing: nothing to warn of
+        warnings.filterwarnings("error", message=".*shares")
+        assert train.cli(run + ["--train-split", "trainval", "--no-val", "--output-dir", str(tmp_path / "n")]) == 0
+    from encoding.engine.builders import build_loaders  # the public builder warns as train.py does
+    with pytest.warns(RuntimeWarning, match=r"the 'val' split shares 2 of its 2 images"):
+        build_loaders("folder", batch_size=2, root=root, train_split="trainval", workers=0)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*shares")
         assert train.cli(run + ["--output-dir", str(tmp_path / "b")]) == 0

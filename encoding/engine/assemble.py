@@ -275,7 +275,8 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
         c.dataset, batch_size=c.batch_size, test_batch_size=c.test_batch_size, root=c.data_root,
         train_split=c.train_split, val_split=c.val_split, workers=c.workers, train_limit=c.train_limit,
         val_limit=c.val_limit, distributed=distributed, seed=c.seed, pin_memory=device.type == "cuda",
-        skip_bad=c.skip_bad, datasets=datasets, dataset_options=dataset_options(c), **image_sizes(c))
+        skip_bad=c.skip_bad, datasets=datasets, dataset_options=dataset_options(c), validated=not c.no_val,
+        **image_sizes(c))
     train_data, binary = base_dataset(loaders.train), c.binary or c.binary_class is not None
     meta = data_metadata(c, train_data, base_dataset(loaders.val), binary)
     class_names = meta["classes"]

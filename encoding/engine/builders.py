@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from ..config import AUX_WEIGHT_LIBRARY, OPTIMIZERS, STRATEGIES
 from ..utils.renamed import renamed_keyword
-from ..datasets import get_segmentation_dataset, list_collate
+from ..datasets import get_segmentation_dataset, list_collate, warn_shared_images
 from ..datasets.class_weights import resolve_class_weights
 from ..errors import UsageError
 from ..models import SegmentationModel
@@ -45,7 +45,8 @@ from ..models.spec_layers import spec_backbone
 from ..nn.loss import LOSSES, SegmentationLosses
 from ..parallel import DataParallelCriterion, DataParallelModel, resolve_devices
 from ..utils.determinism import EpochSampler, SeededSamples, seed_worker
-from ..utils.dist import ShardSampler, fsdp_units, get_local_rank, get_world_size, launched_by_torchrun
+from ..utils.dist import (ShardSampler, fsdp_units, get_local_rank, get_world_size, is_main_process,
+                          launched_by_torchrun)
 from ..utils.lr_scheduler import IterationLR
 from .compiled import compile_mode, compile_model
 
@@ -163,7 +164,7 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
                   seed: int = 0, pin_memory: bool = False, skip_bad: bool = False,
                   scale_range: Optional[Tuple[float, float]] = None,
                   datasets: Optional[Tuple[Dataset, Dataset]] = None,
-                  dataset_options: Optional[Dict[str, Any]] = None) -> Loaders:
+                  dataset_options: Optional[Dict[str, Any]] = None, validated: bool = True) -> Loaders:
     """Training (``train`` mode, shuffled) and validation (``val`` mode) loaders of a registered dataset.
 
     The training order and each sample's augmentation depend only on ``(seed, epoch, sample)``
@@ -185,12 +186,15 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
             generated set in a test); the options that build a dataset (root, splits, sizes, skip_bad, scale_range)
             are then the caller's.
         dataset_options: more keywords of the dataset class (e.g. the ``folder`` dataset's ``val_fraction``).
+        validated: the validation set is scored (then one sharing the training set's images is warned of).
     """
     if datasets is None:
         sizes = dict(base_size=base_size, crop_size=crop_size, skip_bad=skip_bad, **(dataset_options or {}))
         datasets = (get_segmentation_dataset(dataset, root=root, split=train_split, mode="train",
                                              scale_range=scale_range, **sizes),
                     get_segmentation_dataset(dataset, root=root, split=val_split, mode="val", **sizes))
+        if validated and is_main_process():
+            warn_shared_images(*datasets)
     train_set, val_set = datasets
     train_set, val_set = _limit(train_set, train_limit), _limit(val_set, val_limit)
     train_sampler = EpochSampler(train_set, shuffle=True, seed=seed, distributed=distributed)

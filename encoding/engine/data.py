@@ -96,26 +96,12 @@ def data_metadata(c: Any, train_data: Any, val_data: Any, binary: bool) -> Dict[
         raise ConfigError(f"--dataset {c.dataset}: {len(meta['classes'])} class ({', '.join(meta['classes'])}): "
                           "nothing to tell apart (every pixel would score 100 %); a class against the rest is "
                           "--binary with two classes")
-    if not c.no_val and is_main_process():
-        _warn_shared_images(c, train_data, val_data)
     scan = getattr(train_data, "scan", None)
     if scan is not None and is_main_process():
         print(scan.summary())
         if hasattr(train_data, "save_holdout") and not c.eval:
             train_data.save_holdout(holdout_path(c.run_dir))
     return meta
-
-
-def _warn_shared_images(c: Any, train_data: Any, val_data: Any) -> None:
-    """Warn of a validation split that shares images with the training split (VOC's ``trainval`` holds ``val``):
-    its scores would be of images the network trains on."""
-    trained = {os.path.realpath(p) for p in getattr(train_data, "images", None) or ()}
-    scored = list(getattr(val_data, "images", None) or ())
-    shared = [p for p in scored if os.path.realpath(p) in trained]
-    if shared:
-        warnings.warn(f"--val-split {c.val_split} shares {len(shared)} of its {len(scored)} images with --train-split "
-                      f"{c.train_split} (e.g. {shared[0]}): its scores are of images the network trains on",
-                      RuntimeWarning, stacklevel=3)
 
 
 def eval_dataset_options(dataset: str, checkpoint: Optional[str], info: Any) -> Dict[str, Any]:
