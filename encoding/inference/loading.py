@@ -244,7 +244,7 @@ def _check_given(path: str, recorded: Dict[str, Any], given: Dict[str, Any]) -> 
         UsageError: one line naming the option.
     """
     model = given.get("model") or recorded.get("model")
-    if is_model_spec(model) and given.get("backbone"):
+    if is_model_spec(model) and given.get("backbone") not in (None, recorded.get("backbone")):
         raise UsageError(f"load_model({path!r}, backbone={given['backbone']!r}): the model spec {model} has no "
                          "backbone of the toolkit's (drop backbone)")
     dataset, classes = given.get("dataset"), recorded.get("classes")
