@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
 from ..utils.images import ImageTooLarge, open_image, rgb_of, upright_size
@@ -38,7 +38,6 @@ __all__ = ["BaseDataset", "DatasetError", "default_root", "read_split_file", "id
 
 MODES = ("train", "val", "testval", "test")
 _LABEL_MODES = ("L", "P", "I", "I;16", "1")
-_SKIP_SLOTS = 257
 
 
 @contextlib.contextmanager
@@ -161,8 +160,7 @@ class BaseDataset(Dataset):
         self.transform = user_transform(transform) if transform is not None else image_transform(mean, std)
         self.target_transform = target_transform
         self.return_name, self.skip_bad = return_name, skip_bad
-        # one counter slot per DataLoader worker (+ the main process) in shared memory: workers' skips add up
-        self._skip_counts = torch.zeros(_SKIP_SLOTS, dtype=torch.int64).share_memory_() if skip_bad else None
+        self._dropped, self._found = 0, None  # bad samples dropped; found while loading (shared by the workers)
         self.skipped: List[Tuple[str, str]] = []
         self._bad: set = set()
         self._table = self.label_table()
@@ -182,6 +180,7 @@ class BaseDataset(Dataset):
             self.verify()
         if not self.images:
             raise DatasetError(self.root, f"no samples found for split {split!r}")
+        self._found = torch.zeros(len(self.images), dtype=torch.bool).share_memory_() if skip_bad else None
 
     # ----------------------------------------------------------------------------------------------- subclass hooks
     def _check_root(self) -> None:
@@ -271,12 +270,18 @@ class BaseDataset(Dataset):
     def num_skipped(self) -> int:
         """Bad samples skipped so far, counted across DataLoader worker processes (``skipped`` lists only those of
         this process)."""
-        return int(self._skip_counts.sum()) if self._skip_counts is not None else 0
+        return self._dropped + (int(self._found.sum()) if self._found is not None else 0)
 
-    def _skip(self, path: str, problem: str) -> None:
+    def _skip(self, path: str, problem: str, index: Optional[int] = None) -> None:
+        """Warn of and count a bad sample once: dropped (``index`` ``None``), or found while loading sample
+        ``index`` (not again when another worker process found it first)."""
+        if index is None:
+            self._dropped += 1
+        elif self._found is not None:
+            if bool(self._found[index]):
+                return
+            self._found[index] = True
         warnings.warn(f"skipping bad sample {path}: {problem}", RuntimeWarning, stacklevel=3)
-        worker = get_worker_info()
-        self._skip_counts[0 if worker is None else 1 + worker.id % (_SKIP_SLOTS - 1)] += 1
         self.skipped.append((path, problem))
 
     def _drop_missing(self, images: List[str], masks: Optional[List[str]]) -> Tuple[List[str], Optional[List[str]]]:
@@ -347,7 +352,7 @@ class BaseDataset(Dataset):
                 return self._load(i)
             except DatasetError as e:
                 self._bad.add(i)
-                self._skip(e.path, e.problem)
+                self._skip(e.path, e.problem, i)
         raise DatasetError(self.root, f"every sample of split {self.split!r} is unusable")
 
     def verify(self) -> int:
@@ -365,12 +370,19 @@ class BaseDataset(Dataset):
             except DatasetError as e:
                 if not self.skip_bad:
                     raise
-                self._skip(e.path, e.problem)
+                found = self._found is not None and bool(self._found[i])  # counted when it was loaded
+                self._dropped += found
+                if not found:
+                    self._skip(e.path, e.problem)
                 bad.append(i)
         for i in reversed(bad):
             del self.images[i]
             if self.masks is not None:
                 del self.masks[i]
+        if self._found is not None:
+            kept = torch.ones(len(self._found), dtype=torch.bool)
+            kept[bad] = False
+            self._found = self._found[kept].clone().share_memory_()
         self._bad.clear()
         return len(bad)
 
