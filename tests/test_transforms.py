@@ -295,3 +295,13 @@ def test_samples_do_not_depend_on_the_thread_count(shapes_root):
         torch.set_num_threads(threads)
     for a, b in zip(*samples):
         assert_same(a, b)
+
+
+def test_an_image_transform_that_changes_the_size_is_refused(shapes_root):
+    """transform= runs on the image alone: a Resize in it returned an image and a mask of different sizes, scored
+    without an error in val / testval."""
+    ds = shapes(shapes_root, split="val", mode="testval", transform=v2.Compose([v2.Resize(20), v2.ToDtype(
+        torch.float32, scale=True)]))
+    with pytest.raises(ValueError, match=r"changed the image's size \(\d+, \d+\) to \(\d+, \d+\): it runs on the "
+                                         r"image alone, so the mask no longer matches"):
+        ds[0]

@@ -276,6 +276,9 @@ def transform_pair(image: tv_tensors.Image, mask: tv_tensors.Mask, joint: Option
 
     Returns:
         ``(image, mask)`` as the last stage returns them.
+
+    Raises:
+        ValueError: ``image_transform`` changed the image's size (the mask would no longer match it).
     """
     steps: List[Tuple[_LeanStep, Any]] = []
     if (_lean_inputs((image, mask)) and _lean_steps([joint] if joint is not None else [], steps)
@@ -284,7 +287,11 @@ def transform_pair(image: tv_tensors.Image, mask: tv_tensors.Mask, joint: Option
         return _run_lean(steps, (image, mask))
     if joint is not None:
         image, mask = joint(image, mask)
-    image = image_transform(image)
+    size, image = tuple(image.shape[-2:]), image_transform(image)
+    if isinstance(image, Tensor) and tuple(image.shape[-2:]) != size:
+        raise ValueError(f"transform {image_transform!r} changed the image's size {size} to {tuple(image.shape[-2:])}:"
+                         " it runs on the image alone, so the mask no longer matches; resize or crop in the joint "
+                         "transform")
     if pad is not None:
         image, mask = pad(tv_tensors.Image(image), mask)
     return image, mask
