@@ -7,10 +7,10 @@ import sys
 import warnings
 from typing import List, Optional
 
-from ..inference.loading import load_model
-from ..names import is_model_spec, parse_model_spec
+from ..inference.loading import load_model, network_files
 from ..config.parser import build_parser as config_parser
 from ..utils.cli import run_cli
+from ..utils.files import source_files
 from .core import SUFFIXES, check_output, export_model
 
 __all__ = ["build_parser", "format_of", "main", "cli"]
@@ -28,40 +28,26 @@ def format_of(output: Optional[str]) -> str:
     return next((name for name, known in SUFFIXES.items() if known == suffix), "onnx")
 
 
-def _read_files(source: str) -> List[str]:
-    """The files an export of ``source`` reads: the checkpoint, or every file of a model folder (an output among
-    them would overwrite its config.json or its weights)."""
-    if os.path.isdir(source):
-        return [os.path.join(source, name) for name in sorted(os.listdir(source))
-                if os.path.isfile(os.path.join(source, name))]
-    return [source] if os.path.exists(source) else []
-
-
-def _network_files(model: Optional[str]) -> List[str]:
-    """The files of the folder a ``transformers:PATH`` network was built from (its config.json, its weights)."""
-    if not is_model_spec(model):
-        return []
-    spec = parse_model_spec(model)
-    return _read_files(spec.target) if spec.kind == "transformers" and os.path.isdir(spec.target) else []
-
-
 def main(argv: Optional[List[str]] = None) -> List[str]:
     """Export as ``argv`` says; returns the paths written."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.static and args.dynamic:
+        parser.error("--static and --dynamic: give one (--static fixes the shape 1 x 3 x H x W; dynamic is the "
+                     "default)")
     named = format_of(args.output) if os.path.splitext(args.output or "")[1].lower() in SUFFIXES.values() else None
     args.format = args.format or format_of(args.output)
     if named not in (None, args.format):  # an explicit --format wins; the file's name will mislead other tools
         sys.stderr.write(f"python -m encoding.export: note: --output {args.output} has the suffix of --format {named} "
                          f"and will hold --format {args.format} (name it *{SUFFIXES[args.format]})\n")
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.resume)), "model" + SUFFIXES[args.format])
-    inputs = _read_files(args.resume)
+    inputs = source_files(args.resume)
     try:  # before the checkpoint is read: an output that would destroy it, or itself, is a bad option value
         check_output(output, inputs)
     except ValueError as err:
         parser.error(str(err))
     model = load_model(args.resume, trust_code=args.trust_code)
-    inputs += _network_files(model.info.options.get("model"))
+    inputs += network_files(model.info.options.get("model"))
     try:  # the folder a transformers: network was read from is an input too
         check_output(output, inputs)
     except ValueError as err:

@@ -11,23 +11,27 @@ ONNX, with its metadata.
 """
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
+from torch.export.graph_signature import ExportGraphSignature, InputKind
 
 from ..config.tools import FORMATS
-from ..errors import EncodingError
+from ..errors import EncodingError, MissingDependency, UsageError
 from ..inference.loading import ModelInfo, model_info
 from ..names import network_name
 from ..utils.files import atomic_path, atomic_write, refuse_own_input
+from ..utils.images import max_pixels
 from ..utils.metrics import main_output
 from .pooling import exportable_pooling
 
 __all__ = ["FORMATS", "SUFFIXES", "UNEXPORTABLE", "ExportError", "MainOutput", "export_program", "metadata",
-           "save_program", "export_model", "check_output", "metadata_path"]
+           "save_program", "export_model", "check_output", "metadata_path", "check_format_installed", "traced_size"]
 
 #: The file suffix of each export format of :data:`~encoding.config.tools.FORMATS`: ``onnx`` (an ONNX file, for
 #: onnxruntime and other runtimes) and ``exported`` (a ``torch.export`` ExportedProgram, read back by
@@ -63,8 +67,12 @@ def export_program(model: nn.Module, input_size: Sequence[int], dynamic: bool = 
     with ``dynamic``, whose batch, height and width are then free: adaptive average pooling is then traced as
     :class:`~.pooling.ExportableAdaptiveAvgPool2d`, which ONNX runs right at every size).
 
+    The program holds only what the main output needs: the auxiliary and SE branches (computed by the forward,
+    unused by ``logits``) are removed with their weights as dead code. ``model`` is traced in eval mode and left in
+    the mode each of its modules was in.
+
     Args:
-        model: a segmentation model in eval mode.
+        model: a segmentation model.
         input_size: ``(H, W)`` of the example input (the only accepted size unless ``dynamic``).
         dynamic: export with dynamic batch, height and width.
         name: how to name the model in errors (default: its class name).
@@ -77,12 +85,49 @@ def export_program(model: nn.Module, input_size: Sequence[int], dynamic: bool = 
     example = torch.randn(2 if dynamic else 1, 3, height, width, device=device)
     auto = torch.export.Dim.AUTO
     shapes = ({0: auto, 2: auto, 3: auto},) if dynamic else None
-    traced = MainOutput(exportable_pooling(model) if dynamic else model).eval()
+    with _eval_mode(model):
+        traced = MainOutput(exportable_pooling(model) if dynamic else model).eval()
+        try:
+            program = torch.export.export(traced, (example,), dynamic_shapes=shapes, strict=False)
+            return _without_dead_code(program.run_decompositions({}))  # no decomposition: the dead code removed
+        except Exception as err:  # torch raises many types (UserError, Unsupported, GuardOnDataDependent, ...)
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ExportError(f"torch.export cannot export {name or type(model).__name__}: {reason}") from err
+
+
+def _without_dead_code(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` without the nodes no output needs, and without the parameters and buffers no node reads: the
+    auxiliary and SE heads (their weights too), which the forward computes and :class:`MainOutput` drops."""
+    module, signature = program.graph_module, program.graph_signature
+    module.graph.eliminate_dead_code()
+    placeholders = {node.name: node for node in module.graph.nodes if node.op == "placeholder"}
+    unused = [spec for spec in signature.input_specs if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER)
+              and not placeholders[spec.arg.name].users]
+    if not unused or "verifiers" not in inspect.signature(torch.export.ExportedProgram).parameters:
+        return program  # (an older torch's constructor: the dead weights stay in the file, the dead code is gone)
+    for spec in unused:
+        module.graph.erase_node(placeholders[spec.arg.name])
+    module.recompile()
+    dropped = {spec.target for spec in unused}
+    kept = ExportGraphSignature([spec for spec in signature.input_specs if spec not in unused],
+                                list(signature.output_specs))
+    return torch.export.ExportedProgram(
+        root=module, graph=module.graph, graph_signature=kept,
+        state_dict={k: v for k, v in program.state_dict.items() if k not in dropped},
+        range_constraints=program.range_constraints, module_call_graph=program.module_call_graph,
+        example_inputs=program.example_inputs, constants=program.constants, verifiers=[program.verifier])
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode inside the block; after it, each module back in the mode it was in."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
     try:
-        return torch.export.export(traced, (example,), dynamic_shapes=shapes, strict=False)
-    except Exception as err:  # torch raises many types (UserError, Unsupported, GuardOnDataDependent, ...)
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ExportError(f"torch.export cannot export {name or type(model).__name__}: {reason}") from err
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 def metadata(info: ModelInfo, fmt: str, input_size: Sequence[int], dynamic: bool) -> Dict[str, Any]:
@@ -151,7 +196,25 @@ def _write(program: torch.export.ExportedProgram, path: str, fmt: str, meta: Dic
     return [path, side]
 
 
+def check_format_installed(fmt: str) -> None:
+    """Refuse ``fmt`` when what writes it is not installed: ONNX needs ``onnx`` and ``onnxscript`` (the extra
+    ``export``), checked before any trace.
+
+    Raises:
+        MissingDependency: one line naming the package and the extra to install.
+    """
+    if fmt != "onnx":
+        return
+    for package in ("onnx", "onnxscript"):
+        try:
+            __import__(package)
+        except ImportError:
+            raise MissingDependency(f"--format onnx needs the package {package}: pip install 'encoding[export]' "
+                                    "(or --format exported, which needs only torch)") from None
+
+
 def _save_onnx(program: torch.export.ExportedProgram, path: str, meta: Dict[str, Any]) -> None:
+    check_format_installed("onnx")
     import onnx  # the "export" extra
 
     try:
@@ -233,12 +296,32 @@ def _run_file(path: str, fmt: str, image: Tensor) -> Optional[Tensor]:
                           "was written: export it with --static, at the size it will run at") from None
 
 
+def traced_size(info: ModelInfo, input_size: Optional[Sequence[int]], name: str) -> Tuple[int, int]:
+    """The ``(H, W)`` to trace at: ``input_size``, else the training crop ``info`` records; its pixels under the
+    pixel limit (:func:`~encoding.utils.images.max_pixels`: the example input and the activations are allocated).
+
+    Raises:
+        UsageError: no size (a model that records no crop size: one line asking for ``--input-size H W``), or
+            ``H x W`` over the pixel limit (one line).
+    """
+    if input_size is None and info.crop_size is None:
+        raise UsageError(f"export of {name}: the model records no training crop size to trace at; give one with "
+                         "--input-size H W (input_size=(H, W) in Python)")
+    height, width = tuple(input_size) if input_size is not None else (info.crop_size, info.crop_size)
+    if height * width > max_pixels():
+        raise UsageError(f"--input-size {height} {width}: {height * width:,} pixels is over the pixel limit of "
+                         f"{max_pixels():,} (the example input and the network's activations are allocated at that "
+                         "size; raise the limit with ENCODING_MAX_PIXELS)")
+    return height, width
+
+
 def export_model(model: nn.Module, path: str, fmt: str, input_size: Optional[Tuple[int, int]] = None,
                  dynamic: bool = False, inputs: Sequence[Optional[str]] = ()) -> List[str]:
     """Export a model from :func:`encoding.load_model` (its ``model.info`` gives the metadata) to ``path``.
 
     Args:
-        model: the network, in eval mode, with its :class:`~encoding.inference.loading.ModelInfo`.
+        model: the network, with its :class:`~encoding.inference.loading.ModelInfo` (exported in eval mode, and
+            left in the mode it was in).
         path: the model file (``.onnx`` / ``.pt2``); the metadata goes to ``<path without suffix>.json``.
         fmt: ``"onnx"`` or ``"exported"``.
         input_size: ``(H, W)`` of the traced input (default: the training crop).
@@ -251,15 +334,19 @@ def export_model(model: nn.Module, path: str, fmt: str, input_size: Optional[Tup
 
     Raises:
         ValueError: an unknown format, a model without info, or an output path that is an input, a directory or
-            the metadata's own path (``.json``). ExportError: torch cannot export it, or a dynamic export that
-            differs from the eager model at another size (nothing written).
+            the metadata's own path (``.json``); no ``input_size`` for a model that records no crop size, or one
+            over the pixel limit. MissingDependency: ``onnx`` without the ``export`` extra (before any trace).
+            ExportError: torch cannot export it, or a dynamic export that differs from the eager model at another
+            size (nothing written).
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
     check_output(path, inputs)
+    check_format_installed(fmt)
     info = model_info(model)
-    size = tuple(input_size or (info.crop_size, info.crop_size))
     name = network_name(str(info.options.get("model") or ""), info.options.get("backbone"))
-    program = export_program(model, size, dynamic, name or None)
-    verify = _verifier(model, fmt, size, name or type(model).__name__) if dynamic else None
-    return _write(program, path, fmt, metadata(info, fmt, size, dynamic), verify)
+    size = traced_size(info, input_size, name or type(model).__name__)
+    with _eval_mode(model):  # the check of a dynamic export compares with the eager model in eval mode too
+        program = export_program(model, size, dynamic, name or None)
+        verify = _verifier(model, fmt, size, name or type(model).__name__) if dynamic else None
+        return _write(program, path, fmt, metadata(info, fmt, size, dynamic), verify)

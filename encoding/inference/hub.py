@@ -11,7 +11,6 @@ config too), ``model.safetensors`` and a ``README.md`` model card; :func:`load_p
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from typing import Any, Dict, Optional, Union
@@ -23,10 +22,11 @@ from ..errors import EXIT_USAGE, EncodingError, MissingDependency, UsageError
 from ..models.external import ExternalModel
 from ..models.network import NetworkSpec
 from ..names import is_hub_id, network_name
-from ..utils.checkpoint import CheckpointError, check_state_fits
-from ..utils.files import atomic_write, makedirs
+from ..utils.checkpoint import CheckpointError, check_state_fits, unwrap_model
+from ..utils.files import atomic_write, makedirs, refuse_own_input
 from ..utils.trust import OPT_IN, UntrustedCode, check_trusted, code_named, reading
-from .loading import SOURCE_READERS, ModelInfo, check_network_options, model_info, to_import
+from .loading import SOURCE_READERS, ModelInfo, check_network_options, model_info, network_files, to_import
+from .safetensors_header import MAX_HEADER_BYTES, bad_folder as _bad, read_safetensors_header
 
 __all__ = ["MODEL_CONFIG_NAME", "WEIGHTS_NAME", "MAX_CONFIG_BYTES", "MAX_HEADER_BYTES", "save_pretrained",
            "load_pretrained", "read_safetensors_header", "push_to_hub", "HubUnavailable", "is_pretrained_source"]
@@ -58,19 +58,56 @@ def save_pretrained(model: nn.Module, directory: Union[str, os.PathLike], *,
         The folder.
 
     Raises:
-        ValueError: ``model`` carries no ModelInfo.
+        ValueError: ``model`` carries no ModelInfo; weights that are not float32 (a ``.half()`` model: save
+            ``model.float()``); a ``directory`` that is a file, or the folder a ``transformers:PATH`` network is
+            built from (its config.json and weights would be overwritten). One line each, before anything is written.
     """
-    info = model_info(model)
-    directory = makedirs(os.fspath(directory))
+    network = _unwrapped(model)  # torch.compile / DataParallel wrappers: the network's own keys
+    info = model_info(model if isinstance(getattr(model, "info", None), ModelInfo) else network)
+    state = network.state_dict()
+    _check_float32(state, os.fspath(directory))
+    directory = _target(os.fspath(directory), info)
     data: Dict[str, Any] = {"format": _FORMAT, "version": 1, "info": info.to_json()}
-    net = getattr(model, "net", None)
-    if isinstance(model, ExternalModel) and hasattr(getattr(net, "config", None), "to_dict"):
+    net = getattr(network, "net", None)
+    if isinstance(network, ExternalModel) and hasattr(getattr(net, "config", None), "to_dict"):
         data["transformers_config"] = net.config.to_dict()
-    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items()}
     atomic_write(os.path.join(directory, WEIGHTS_NAME), _safetensors().save(tensors, metadata={"format": "pt"}))
     atomic_write(os.path.join(directory, MODEL_CONFIG_NAME), json.dumps(data, indent=2, default=str) + "\n")
     atomic_write(os.path.join(directory, CARD_NAME), model_card(info, metrics, config))
     return directory
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The network inside ``torch.compile`` (``_orig_mod``) and ``DataParallel`` / DDP (``module``) wrappers."""
+    while True:
+        inner = unwrap_model(getattr(model, "_orig_mod", model))
+        if inner is model:
+            return model
+        model = inner
+
+
+def _check_float32(state: Dict[str, torch.Tensor], directory: str) -> None:
+    """Refuse floating weights of another dtype than float32, the dtype :func:`load_pretrained` builds (and checks)
+    the network in: a folder of float16 weights would be refused by its own loader."""
+    wrong = [f"{k} ({v.dtype})" for k, v in state.items() if v.is_floating_point() and v.dtype != torch.float32]
+    if wrong:
+        raise UsageError(f"save_pretrained({directory}): a shared model holds float32 weights, these are not: "
+                         f"{', '.join(wrong[:3])}{' ...' if len(wrong) > 3 else ''}; save model.float()")
+
+
+def _target(directory: str, info: ModelInfo) -> str:
+    """``directory`` created, once it is known that it is no file and not the folder of a ``transformers:PATH``
+    network (the files written would replace its config.json and weights)."""
+    directory = os.path.expanduser(directory)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise UsageError(f"save_pretrained({directory}): that is a file; give a folder (created when missing)")
+    written = [os.path.join(directory, name) for name in (WEIGHTS_NAME, MODEL_CONFIG_NAME, CARD_NAME)]
+    try:
+        refuse_own_input(written, network_files(info.options.get("model")), "writing")
+        return makedirs(directory)
+    except (ValueError, OSError) as err:
+        raise UsageError(f"save_pretrained({directory}): {str(err).splitlines()[0]}") from None
 
 
 def model_card(info: ModelInfo, metrics: Optional[Dict[str, Any]] = None,
@@ -101,10 +138,11 @@ def model_card(info: ModelInfo, metrics: Optional[Dict[str, Any]] = None,
 
 
 def is_pretrained_source(source: str) -> bool:
-    """Whether :func:`encoding.load_model` should read ``source`` as a shared model: a folder holding
-    ``config.json``, or (when no such path exists) a Hub id ``user/repo``."""
+    """Whether :func:`encoding.load_model` should read ``source`` as a shared model: a folder (one without
+    ``config.json`` is refused by :func:`load_pretrained` in one line), or (when no such path exists) a Hub id
+    ``user/repo``."""
     if os.path.isdir(source):
-        return os.path.isfile(os.path.join(source, MODEL_CONFIG_NAME))
+        return True
     return not os.path.exists(source) and is_hub_id(source) and \
         not source.endswith((".pth", ".pt", ".tar", ".ckpt", ".safetensors", ".bin"))
 
@@ -124,21 +162,16 @@ def _snapshot(repo_id: str, revision: Optional[str]) -> str:
                                 f"that name cannot be read ({type(err).__name__}: {reason})") from None
 
 
-#: The largest ``config.json`` and safetensors header read (safetensors' own header limit is 100 MB).
-MAX_CONFIG_BYTES, MAX_HEADER_BYTES = 16 << 20, 100 << 20
-#: safetensors' dtype names -> torch's.
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-           "BOOL": torch.bool}
-
-
-def _bad(folder: str, what: str) -> UsageError:
-    return UsageError(f"{folder}: not a usable shared encoding model: {what}")
+#: The largest ``config.json`` read.
+MAX_CONFIG_BYTES = 16 << 20
 
 
 def _read_config(folder: str) -> Dict[str, Any]:
     """``config.json``, bounded in size; a damaged file is one line naming the folder."""
     path = os.path.join(folder, MODEL_CONFIG_NAME)
+    if not os.path.exists(path):
+        raise _bad(folder, f"no {MODEL_CONFIG_NAME}: a folder written by save_pretrained holds one (a checkpoint is "
+                   "a file: give its path)")
     try:
         if os.path.getsize(path) > MAX_CONFIG_BYTES:
             raise _bad(folder, f"{MODEL_CONFIG_NAME} is larger than {MAX_CONFIG_BYTES >> 20} MiB")
@@ -181,46 +214,10 @@ def _read_info(folder: str, data: Dict[str, Any]) -> ModelInfo:
     return info
 
 
-def read_safetensors_header(path: str, folder: str) -> Dict[str, torch.Tensor]:
-    """The tensors a safetensors file holds, as ``meta`` tensors of their dtype and shape, from its header alone
-    (at most :data:`MAX_HEADER_BYTES` read; every entry's byte range checked against the file's size).
-
-    Raises:
-        UsageError: a missing, truncated or damaged file, a header too large, an unknown dtype (naming ``folder``).
-    """
-    name = os.path.basename(path)
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            length = int.from_bytes(f.read(8), "little") if size >= 8 else -1
-            raw = f.read(length) if 0 < length <= min(MAX_HEADER_BYTES, size - 8) else None
-    except OSError as err:
-        raise _bad(folder, f"{name}: {str(err).splitlines()[0]}") from None
-    if raw is None:
-        raise _bad(folder, f"{name}: a header of {length} bytes in a file of {size} (truncated or damaged; at most "
-                   f"{MAX_HEADER_BYTES >> 20} MiB)")
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        header = None
-    if not isinstance(header, dict):
-        raise _bad(folder, f"{name}: its header is no safetensors header")
-    tensors, data_size = {}, size - 8 - length
-    for key, entry in header.items():
-        if key == "__metadata__":
-            continue
-        try:
-            dtype, shape, (start, end) = _DTYPES[entry["dtype"]], entry["shape"], entry["data_offsets"]
-            ok = all(type(d) is int and d >= 0 for d in (*shape, start, end)) and len(shape) <= 8
-            numel = math.prod(shape) if ok else -1
-            ok = ok and end - start == numel * dtype.itemsize and start <= end <= data_size
-        except (KeyError, TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise _bad(folder, f"{name}: entry {str(key)[:80]!r} is damaged (dtype, shape or byte range; the file "
-                       f"holds {data_size} bytes of data)")
-        tensors[key] = torch.empty(shape, dtype=dtype, device="meta")
-    return tensors
+def _keyed_as(state: Dict[str, torch.Tensor], own: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """``state`` under ``own``'s keys once :func:`check_state_fits` accepted it: its keys, or ``module.`` + its keys
+    (the weights of a ``DataParallel`` model, whose prefix ``check_state_fits`` drops too)."""
+    return state if state.keys() == own.keys() else {k[len("module."):]: v for k, v in state.items()}
 
 
 def _check_fits(model: nn.Module, stored: Dict[str, torch.Tensor], folder: str, name: str) -> None:
@@ -230,6 +227,7 @@ def _check_fits(model: nn.Module, stored: Dict[str, torch.Tensor], folder: str, 
     except CheckpointError as err:
         raise UsageError(f"{folder}: the weights do not fit {name}: {str(err).splitlines()[0]}") from None
     own = model.state_dict()
+    stored = _keyed_as(stored, own)
     wrong = [f"{k} ({stored[k].dtype}, expected {own[k].dtype})" for k in own if stored[k].dtype != own[k].dtype]
     if wrong:
         raise _bad(folder, f"{WEIGHTS_NAME} holds tensors of the wrong dtype: {', '.join(wrong[:3])}")
@@ -270,7 +268,7 @@ def load_pretrained(source: Union[str, os.PathLike], *, device: Optional[Union[s
         source: a folder, or a Hub id ``user/repo`` (read through ``huggingface_hub``'s cache; ``HF_HUB_OFFLINE=1``
             reads the cache only).
         device: where to put the model (default: the CPU).
-        revision: a Hub branch, tag or commit.
+        revision: a Hub branch, tag or commit (a local folder has none: refused).
         trust_code: import the code that ``config.json`` names (a ``module:factory`` network, a dataset class of
             the author's); without it such a folder is refused (``encoding.utils.trust``).
 
@@ -281,6 +279,9 @@ def load_pretrained(source: Union[str, os.PathLike], *, device: Optional[Union[s
         FileNotFoundError: a Hub id that cannot be read (offline and not cached, no such repository).
     """
     source = os.fspath(source)
+    if os.path.isdir(source) and revision is not None:
+        raise UsageError(f"load_pretrained({source!r}, revision={str(repr(revision))[:60]}): {source} is a local "
+                         "folder, which has no revisions; revision= picks one of a Hub repository user/repo")
     folder = source if os.path.isdir(source) else _snapshot(source, revision)
     data = _read_config(folder)
     info = _read_info(folder, data)
@@ -294,7 +295,7 @@ def load_pretrained(source: Union[str, os.PathLike], *, device: Optional[Union[s
     from safetensors import SafetensorError
     try:
         state = reader.load_file(os.path.join(folder, WEIGHTS_NAME))
-        model.load_state_dict(state, strict=True)
+        model.load_state_dict(_keyed_as(state, model.state_dict()), strict=True)
     except (OSError, RuntimeError, ValueError, SafetensorError) as err:
         raise _bad(folder, f"{WEIGHTS_NAME}: {str(err).splitlines()[0]}") from None
     model.info = info

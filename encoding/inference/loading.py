@@ -8,6 +8,7 @@ normalisation and the sizes it was trained at, which :func:`encoding.segment` an
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
@@ -20,10 +21,11 @@ from ..datasets.metadata import resolve_dataset
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ..errors import UsageError
 from ..models import get_model, pretrained_model_list
-from ..names import is_model_spec
+from ..names import is_model_spec, parse_model_spec
 from ..models.network import NetworkSpec
 from ..models.registry import PRESETS
 from ..utils.checkpoint import CheckpointError, check_state_fits
+from ..utils.files import source_files
 from ..utils.images import max_pixels
 from ..utils.palette import generated_palette, palette_of
 from ..utils.trust import UntrustedCode, check_trusted, reading
@@ -105,6 +107,7 @@ class ModelInfo:
             if value is not None and (type(value) is not int or not 0 < value * value <= max_pixels()):
                 raise ValueError(f"{name} {str(repr(value))[:20]} is not a whole number of pixels with its square "
                                  f"under the pixel limit ({max_pixels():,}; --max-pixels)")
+        _check_label_fields(self)
 
     @classmethod
     def of_dataset(cls, dataset: str, **options: Any) -> "ModelInfo":
@@ -145,6 +148,41 @@ class ModelInfo:
         data.update(classes=list(self.classes), palette=[list(c) for c in self.palette], mean=list(self.mean),
                     std=list(self.std))
         return data
+
+
+def _is_real(value: Any) -> bool:
+    """A finite int or float (not a bool, not a string)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_label_fields(info: ModelInfo) -> None:
+    """Refuse the fields that make labels and normalise inputs when they are of the wrong type or out of range: a
+    ``binary`` that is not a bool (``"false"`` is true), a ``threshold`` that is no probability in (0, 1), an
+    ``ignore_index`` that is not an int, a non-finite mean / std or a std that is not positive (a division by 0).
+
+    Raises:
+        ValueError: one line naming the field and its value.
+    """
+    index = info.ignore_index
+    checks = (("binary", isinstance(info.binary, bool), "true or false"),
+              ("threshold", _is_real(info.threshold) and 0 < info.threshold < 1,
+               "a number in (0, 1) (the foreground is sigmoid > threshold)"),
+              ("ignore_index", index is None or (isinstance(index, int) and not isinstance(index, bool)),
+               "an int or null"),
+              ("mean", all(_is_real(v) for v in info.mean), "finite numbers"),
+              ("std", all(_is_real(v) and v > 0 for v in info.std), "finite numbers above 0"))
+    for name, ok, kind in checks:
+        if not ok:
+            raise ValueError(f"{name} {str(repr(getattr(info, name)))[:60]} must be {kind}")
+
+
+def network_files(model: Any) -> List[str]:
+    """The files of the folder a ``transformers:PATH`` network is built from (its config.json, its weights): inputs
+    that a command writing files must not overwrite (``[]`` for any other network)."""
+    if not is_model_spec(model):
+        return []
+    spec = parse_model_spec(model)
+    return source_files(spec.target) if spec.kind == "transformers" and os.path.isdir(spec.target) else []
 
 
 def model_info(model: nn.Module) -> ModelInfo:

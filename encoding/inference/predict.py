@@ -284,6 +284,6 @@ def segment(model: nn.Module, image: ImageLike, *, mode: str = "whole", window: 
     module = inference_module(model, mode=mode, window=window, stride=stride, scales=scales, flip=flip,
                               info=info if isinstance(info, ModelInfo) else None, window_batch=window_batch,
                               window_memory=window_memory)
-    threshold = info.options.get("threshold", 0.5) if isinstance(info, ModelInfo) else 0.5
+    threshold = info.threshold if isinstance(info, ModelInfo) else ModelInfo.threshold  # what the exports say too
     labels = labels_of(main_output(module(batch.to(device))), threshold).cpu()
     return labels if isinstance(image, Tensor) and image.dim() == 4 else labels[0]

@@ -29,7 +29,7 @@ import shutil
 import stat
 import tempfile
 import uuid
-from typing import Iterator, Optional, Sequence, Tuple, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 from ..errors import EncodingError
 from .progress import progress_bar as tqdm
@@ -46,6 +46,7 @@ __all__ = [
     "atomic_write",
     "atomic_path",
     "refuse_own_input",
+    "source_files",
     "makedirs",
     "user_cache_file",
 ]
@@ -240,6 +241,15 @@ def refuse_own_input(outputs: Union[str, Sequence[str]], inputs: Union[str, Sequ
         if real in written:
             raise ValueError(f"{option} {out}: two of the files written would be the same file {written[real]}")
         written[real] = out
+
+
+def source_files(source: str) -> List[str]:
+    """The files a command reading ``source`` reads: the file itself, or every file of a folder (a model folder's
+    config.json and weights); ``[]`` when nothing is there. What :func:`refuse_own_input` is given as inputs."""
+    if os.path.isdir(source):
+        return [os.path.join(source, name) for name in sorted(os.listdir(source))
+                if os.path.isfile(os.path.join(source, name))]
+    return [source] if os.path.exists(source) else []
 
 
 def _remove_tree(path: str) -> None:
