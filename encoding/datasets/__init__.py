@@ -23,7 +23,8 @@ Example:
 """
 from typing import Any, Optional, Type
 
-from .base import BaseDataset, DatasetError, MODES, default_root, warn_shared_images
+from .base import BaseDataset, DatasetError, MODES, default_root
+from .layout import warn_shared_images
 from .transforms import IGNORE_INDEX, IMAGENET_MEAN, IMAGENET_STD
 from .collate import list_collate, pad_collate, pad_stack
 from .ade20k import ADE20KSegmentation

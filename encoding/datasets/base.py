@@ -34,7 +34,7 @@ from .transforms import (IMAGENET_MEAN, IMAGENET_STD, LeanCompose, PadTo, image_
                          to_index_mask, train_joint_transform, transform_pair, user_transform, val_joint_transform)
 
 __all__ = ["BaseDataset", "DatasetError", "default_root", "read_split_file", "identity_table", "shifted_table",
-           "ShiftedLabels", "mapped_table", "MODES", "read_rgb", "check_image", "warn_shared_images"]
+           "ShiftedLabels", "mapped_table", "MODES", "read_rgb", "check_image"]
 
 MODES = ("train", "val", "testval", "test")
 _LABEL_MODES = ("L", "P", "I", "I;16", "1")
@@ -78,18 +78,6 @@ def read_rgb(path: str) -> np.ndarray:
     """
     with _decoding(path), open_image(path) as im:
         return rgb_of(im)
-
-
-def warn_shared_images(train: Any, val: Any) -> None:
-    """Warn of a validation set that shares images with the training set (VOC's ``trainval`` holds ``val``): its
-    scores would be of images the network trains on."""
-    trained = {os.path.realpath(p) for p in getattr(train, "images", None) or ()}
-    scored = list(getattr(val, "images", None) or ())
-    shared = [p for p in scored if os.path.realpath(p) in trained]
-    if shared:
-        warnings.warn(f"the {getattr(val, 'split', 'validation')!r} split shares {len(shared)} of its {len(scored)} "
-                      f"images with the {getattr(train, 'split', 'training')!r} split it trains on (e.g. "
-                      f"{shared[0]}): its scores are of images the network trains on", RuntimeWarning, stacklevel=3)
 
 
 class BaseDataset(Dataset):

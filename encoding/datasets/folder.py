@@ -31,7 +31,7 @@ from ..utils.palette import generated_palette
 from .base import BaseDataset
 from .labels import INVALID_LABEL
 from .folder_meta import color_lookup, read_class_file, read_mask
-from .layout import DatasetError
+from .layout import DatasetError, shared_images
 from .pairing import Pair, Problem, pair_folders, read_pair_list
 from .scan import FolderScan, cache_file, check_scan, record_key, scan_pairs
 from .transforms import LABEL_IGNORE
@@ -147,9 +147,9 @@ def _training_list(name: str) -> bool:
 def _check_apart(lists: Dict[str, List[Pair]], root: str) -> None:
     """Refuse a validation (or test) list that shares images with the training list: its scores would be of images
     the network trained on."""
-    trained = {os.path.realpath(image) for image, _ in lists.get("train", ())}
+    trained = [image for image, _ in lists.get("train", ())]
     for name, pairs in lists.items():
-        shared = [image for image, _ in pairs if not _training_list(name) and os.path.realpath(image) in trained]
+        shared = [] if _training_list(name) else shared_images(trained, [image for image, _ in pairs])
         if shared:
             raise DatasetError(os.path.join(root, "splits", name + ".txt"), f"lists {len(shared)} image(s) that "
                                f"train.txt lists too (e.g. {os.path.relpath(shared[0], root)}): its scores would be of "

@@ -2,8 +2,8 @@
 
 The dataset classes read these folders and :mod:`encoding.datasets.prepare` writes them; both import this module and
 neither imports the other for a folder name. It declares names and paths only (plus the error raised when a file is
-not where this layout says, the data root, and the split-file reader both sides use), so it imports nothing of
-``encoding``.
+not where this layout says, the data root, the split-file reader both sides use, and the check of splits that share
+images), so it imports nothing of ``encoding`` but its errors.
 
 Example:
     >>> import os
@@ -16,12 +16,12 @@ from __future__ import annotations
 import os
 import warnings
 from collections import Counter
-from typing import List
+from typing import Any, List, Sequence
 
 from ..errors import EXIT_USAGE, EncodingError
 
 __all__ = [
-    "DatasetError", "default_root", "read_split_file",
+    "DatasetError", "default_root", "read_split_file", "shared_images", "warn_shared_images",
     "ADE20K_DIR", "VOC_DIR", "SBD_DIR", "SBD_MAT_DIR", "SBD_PNG_DIR", "CONTEXT_DIR", "CONTEXT_MASK_DIR",
     "CONTEXT_LIST_DIR", "CONTEXT_CATEGORY_IDS", "CITYS_DIR", "COCO_DIR", "COCO_MASK_DIR", "COCO_VOC_CATEGORY_IDS",
     "SHAPES_CLASSES", "SHAPES_DEFAULT_SEED", "SHAPES_DEFAULT_NUM_TRAIN", "SHAPES_DEFAULT_NUM_VAL", "shapes_folder",
@@ -104,3 +104,20 @@ def shapes_folder(seed: int, num_train: int, num_val: int) -> str:
     if (seed, num_train, num_val) == (SHAPES_DEFAULT_SEED, SHAPES_DEFAULT_NUM_TRAIN, SHAPES_DEFAULT_NUM_VAL):
         return "shapes"
     return f"shapes-seed{seed}-{num_train}-{num_val}"
+
+
+def shared_images(trained: Sequence[str], scored: Sequence[str]) -> List[str]:
+    """The images of ``scored`` that ``trained`` holds too (the same file under any path: compared by real path)."""
+    real = {os.path.realpath(p) for p in trained}
+    return [p for p in scored if os.path.realpath(p) in real]
+
+
+def warn_shared_images(train: Any, val: Any) -> None:
+    """Warn of a validation set that shares images with the training set (VOC's ``trainval`` holds ``val``): its
+    scores would be of images the network trains on."""
+    scored = list(getattr(val, "images", None) or ())
+    shared = shared_images(getattr(train, "images", None) or (), scored)
+    if shared:
+        warnings.warn(f"the {getattr(val, 'split', 'validation')!r} split shares {len(shared)} of its {len(scored)} "
+                      f"images with the {getattr(train, 'split', 'training')!r} split it trains on (e.g. "
+                      f"{shared[0]}): its scores are of images the network trains on", RuntimeWarning, stacklevel=3)

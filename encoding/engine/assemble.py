@@ -142,9 +142,10 @@ def check_training(config: "TrainingConfig", given_datasets: bool = False) -> No
     """
     c = config
     if not given_datasets or c.dataset in DATASETS:
-        _check_head_lr(c, check_network(c.dataset, c.model, c.backbone, aux=c.aux, se_loss=c.se_loss, output_stride=c.output_stride,
-                      head_channels=c.head_channels, recompute=c.recompute,
-                      nclass=1 if c.binary or c.binary_class else None))
+        network = check_network(c.dataset, c.model, c.backbone, aux=c.aux, se_loss=c.se_loss,
+                                output_stride=c.output_stride, head_channels=c.head_channels, recompute=c.recompute,
+                                nclass=1 if c.binary or c.binary_class else None)
+        _check_head_lr(c, network)
     for split, option in [] if given_datasets else [(c.train_split, "--train-split")] + (
             [] if c.no_val else [(c.val_split, "--val-split")]):
         check_split(c.dataset, split, option)

@@ -200,8 +200,9 @@ def inference_module(model: nn.Module, *, mode: str = "whole", window: Optional[
 
     Raises:
         ValueError: an unknown mode, or a window / scales without the sizes to use. InferenceOptionError: a window,
-            stride or window batch that is not positive, ``scales`` with ``mode="slide"``, a stride larger than the window (see
-            :func:`check_windows`), both ``window_batch`` and ``window_memory``, or an unreadable memory size.
+            stride or window batch that is not positive, ``scales`` with ``mode="slide"``, a stride larger than the
+            window (see :func:`check_windows`), both ``window_batch`` and ``window_memory``, or an unreadable memory
+            size.
     """
     check_windows(window, stride)
     batch = _window_batch(model, window_batch, window_memory, flip)

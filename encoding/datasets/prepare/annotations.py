@@ -14,7 +14,7 @@ from typing import Any, Mapping, Tuple
 from ...utils.images import ImageTooLarge, check_pixels
 from ..layout import DatasetError
 
-__all__ = ["mask_stem", "image_shape"]
+__all__ = ["mask_stem", "image_shape", "check_rle_size"]
 
 _SEPARATORS = tuple({"/", "\\", os.sep, os.altsep} - {None})
 
@@ -57,3 +57,15 @@ def image_shape(image: Mapping[str, Any], source: str) -> Tuple[int, int]:
     except ImageTooLarge as e:
         raise DatasetError(source, str(e)) from None
     return height, width
+
+
+def check_rle_size(ann: Mapping[str, Any], shape: Tuple[int, ...]) -> None:
+    """An RLE segmentation (a dict) carries its own size: it must be its image's ``shape``, checked before it is
+    decoded (polygons, lists, carry none).
+
+    Raises:
+        ValueError: another size (the converters turn it into a :class:`DatasetError` naming the file).
+    """
+    segmentation = ann.get("segmentation")
+    if isinstance(segmentation, dict) and tuple(int(v) for v in segmentation.get("size", ())) != tuple(shape):
+        raise ValueError(f"annotation {ann.get('id')} has size {segmentation.get('size')}, image is {tuple(shape)}")

@@ -9,7 +9,7 @@ foreground pixels are kept. The result (PNG masks + a list file per split, under
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Tuple
+from typing import Any, Mapping
 
 import numpy as np
 from PIL import Image
@@ -18,7 +18,7 @@ from ...utils.progress import progress_bar as tqdm
 
 from ..layout import COCO_MASK_DIR, COCO_VOC_CATEGORY_IDS, DatasetError
 from ...utils.files import atomic_write, staged_dir
-from .annotations import image_shape, mask_stem
+from .annotations import check_rle_size, image_shape, mask_stem
 
 __all__ = ["build_coco_masks", "MIN_FOREGROUND_PIXELS"]
 
@@ -44,13 +44,6 @@ def _load_coco(ann_file: str) -> Any:
         raise DatasetError(ann_file, f"not a COCO instances annotation file ({e!r})") from e
 
 
-def _check_rle_size(ann: Mapping[str, Any], shape: Tuple[int, int]) -> None:
-    """An RLE segmentation carries its own size: it must be its image's, checked before it is decoded."""
-    segmentation = ann.get("segmentation")
-    if isinstance(segmentation, dict) and tuple(int(v) for v in segmentation.get("size", ())) != tuple(shape):
-        raise ValueError(f"annotation {ann.get('id')} has size {segmentation.get('size')}, image is {tuple(shape)}")
-
-
 def _voc_mask(coco: Any, info: Mapping[str, Any], class_of: Mapping[int, int], ann_file: str) -> np.ndarray:
     """One image's mask of VOC classes: its instances painted in order, a pixel keeping the first class painted."""
     mask = np.zeros(image_shape(info, ann_file), dtype=np.uint8)
@@ -58,7 +51,7 @@ def _voc_mask(coco: Any, info: Mapping[str, Any], class_of: Mapping[int, int], a
         for ann in coco.loadAnns(coco.getAnnIds(imgIds=info["id"], iscrowd=None)):
             cls = class_of.get(ann["category_id"])
             if cls is not None:
-                _check_rle_size(ann, mask.shape)
+                check_rle_size(ann, mask.shape)
                 region = np.asarray(coco.annToMask(ann)) > 0
                 mask[region & (mask == 0)] = cls
     except (ValueError, KeyError, TypeError, IndexError) as e:

@@ -20,7 +20,7 @@ from ...utils.progress import progress_bar as tqdm
 
 from ..layout import CONTEXT_CATEGORY_IDS, CONTEXT_LIST_DIR, CONTEXT_MASK_DIR, DatasetError
 from ...utils.files import atomic_write, staged_dir
-from .annotations import image_shape, mask_stem
+from .annotations import check_rle_size, image_shape, mask_stem
 
 __all__ = ["decode_rle", "convert_context_annotations"]
 
@@ -78,9 +78,7 @@ def _context_mask(image: Mapping[str, Any], annotations: List[Mapping[str, Any]]
                   json_path: str) -> np.ndarray:
     category = np.zeros(image_shape(image, json_path), dtype=np.int64)
     for ann in annotations:
-        size = tuple(int(v) for v in ann["segmentation"]["size"])
-        if size != category.shape:  # checked before decoding: the RLE's own size is not trusted
-            raise ValueError(f"annotation {ann.get('id')} has size {size}, image is {category.shape}")
+        check_rle_size(ann, category.shape)
         category[decode_rle(ann["segmentation"])] = _category(ann)
     inside = category < len(lookup)
     return np.where(inside, lookup[np.where(inside, category, 0)], 0).astype(np.uint8)
