@@ -64,13 +64,16 @@ def _worker(rank, world_size, port, out_dir):
         single = SegmentationMetric(5)
         for r in range(world_size):
             single.update(*_data(r))
+        reduced = metric.confusion.clone()
+        metric.reduce_from_all_processes()  # a second call reduces the same local counts, not the sum again
         logger = MetricLogger()
         logger.update(loss=float(rank + 1), n=rank + 1)  # rank 0: 1 x 1.0, rank 1: 2 x 2.0
         logger.synchronize_between_processes()
         barrier()
         result = {
             "rank": get_rank(), "world": get_world_size(), "main": is_main_process(),
-            "same_confusion": bool(torch.equal(metric.confusion, single.confusion)),
+            "same_confusion": bool(torch.equal(reduced, single.confusion)),
+            "same_after_second": bool(torch.equal(metric.confusion, single.confusion)),
             "scores": [metric.get(), single.get()],
             "sum": reduce_across_processes(torch.tensor([rank, 10 * rank])).tolist(),
             "mean": reduce_across_processes(rank + 1, op="mean"),
@@ -97,6 +100,7 @@ def test_two_process_gloo(tmp_path):
     for r, res in enumerate(results):
         assert res["rank"] == r and res["world"] == 2 and res["main"] == (r == 0)
         assert res["same_confusion"]  # DDP evaluation == single-process evaluation over all data
+        assert res["same_after_second"]
         assert res["scores"][0] == res["scores"][1]
         assert res["sum"] == [1, 10] and res["mean"] == 1.5 and res["max"] == 1.0 and res["min"] == 5
         assert res["loss_avg"] == pytest.approx((1 * 1.0 + 2 * 2.0) / 3)

@@ -241,6 +241,28 @@ def test_reduce_without_distributed_is_identity():
     assert empty.confusion.sum() == 0
 
 
+def test_reduce_twice_does_not_sum_twice(monkeypatch):
+    """A second reduction reduces the same local counts; batches after a reduction are counted once each."""
+    import encoding.utils.metrics as metrics_module
+    world = 2  # every rank holds the same counts: the all-reduce doubles them
+    monkeypatch.setattr(metrics_module, "reduce_across_processes", lambda t: t * world)
+    first, second = (torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1])), (torch.tensor([2, 2]), torch.tensor([2, 0]))
+    metric, local = SegmentationMetric(3), SegmentationMetric(3)
+    metric.update(*first)
+    local.update(*first)
+    metric.reduce_from_all_processes()
+    metric.reduce_from_all_processes()
+    assert torch.equal(metric.confusion, local.confusion * world)
+    metric.update(*second)
+    local.update(*second)
+    assert torch.equal(metric.confusion, local.confusion)  # this process's own counts again
+    metric.reduce_from_all_processes()
+    assert torch.equal(metric.confusion, local.confusion * world)
+    metric.reset()
+    metric.reduce_from_all_processes()
+    assert metric.confusion.sum() == 0
+
+
 def test_pe_batch_helpers_match_reference():
     logits, target = random_batch(b=2, nclass=5, seed=11)
     pred = logits.argmax(1).numpy()

@@ -300,10 +300,11 @@ class SegmentationMetric:
         self.ignore_index = int(ignore_index)
         self.device = torch.device(device) if device is not None else None
         self.confusion: Optional[Tensor] = None
+        self._local: Optional[Tensor] = None  # this process's own counts while ``confusion`` holds the reduced sum
 
     def reset(self) -> None:
         """Forget everything accumulated so far."""
-        self.confusion = None
+        self.confusion = self._local = None
 
     @torch.no_grad()
     def update(self, preds_or_logits: Output, target: Union[Tensor, Sequence[Tensor]]) -> None:
@@ -335,6 +336,8 @@ class SegmentationMetric:
             self._accumulate(confusion_matrix(preds, tgt, self.nclass, self.ignore_index, self.threshold))
 
     def _accumulate(self, batch_confusion: Tensor) -> None:
+        if self._local is not None:  # counting on after a reduction: back to this process's own counts
+            self.confusion, self._local = self._local, None
         if self.confusion is None:
             device = self.device if self.device is not None else batch_confusion.device
             self.confusion = torch.zeros(self.nclass, self.nclass, dtype=torch.int64, device=device)
@@ -344,12 +347,14 @@ class SegmentationMetric:
         """Sum the confusion matrices of all processes (no-op unless ``torch.distributed`` is initialized).
 
         Every rank must call it (it is a collective); afterwards each rank holds the global matrix, so the scores
-        equal those of a single-process evaluation over the union of the ranks' data.
+        equal those of a single-process evaluation over the union of the ranks' data. Calling it again reduces the
+        same local counts again (the global matrix is not summed twice); batches added after it are added to this
+        process's own counts, and the next call reduces those.
         """
-        if self.confusion is None:
-            self.confusion = torch.zeros(self.nclass, self.nclass, dtype=torch.int64,
-                                         device=self.device if self.device is not None else "cpu")
-        self.confusion = reduce_across_processes(self.confusion)
+        if self._local is None:
+            self._local = self.confusion if self.confusion is not None else torch.zeros(
+                self.nclass, self.nclass, dtype=torch.int64, device=self.device if self.device is not None else "cpu")
+        self.confusion = reduce_across_processes(self._local)
 
     def compute(self) -> Dict[str, Any]:
         """All scores; see :func:`scores_from_confusion` for the keys (and :func:`binary_scores` when binary)."""
