@@ -210,6 +210,15 @@ def test_replica_list_with_full_and_per_replica_targets():
         split_full.update([], target)
 
 
+def test_out_aux_tuple_is_named_in_the_error():
+    """PE reads a tuple as one output per replica; a network's (out, aux) tuple gets an error that says so."""
+    out = torch.randn(2, 3, 4, 4)
+    metric = SegmentationMetric(3)
+    with pytest.raises(ValueError, match=r"one output per replica.*\[2, 2\].*2 samples.*\(out, aux\)"):
+        metric.update((out, out), torch.zeros(2, 4, 4, dtype=torch.long))
+    assert metric.confusion is None
+
+
 @pytest.mark.gpu
 def test_replicas_on_different_devices_stay_there():
     logits, target = random_batch(b=5, seed=3)

@@ -267,6 +267,10 @@ def _per_replica(outputs: List[Tensor], target: Union[Tensor, Sequence[Tensor]])
     if not isinstance(target, Tensor):
         raise TypeError(f"target must be a tensor or a list of tensors, got {type(target).__name__}")
     sizes = [out.shape[0] for out in outputs]
+    if sum(sizes) != target.shape[0]:
+        raise ValueError(f"a list or tuple of outputs is read as one output per replica, but their batch sizes "
+                         f"{sizes} sum to {sum(sizes)} while the target holds {target.shape[0]} samples; for a "
+                         f"network's (out, aux) tuple pass its first element (or a dict with 'out')")
     return scatter(target, [out.device for out in outputs], split_sizes=sizes)
 
 
