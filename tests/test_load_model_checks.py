@@ -71,3 +71,22 @@ def test_load_model_refuses_a_backbone_for_a_spec_network_and_a_dataset_of_other
     with pytest.raises(UsageError, match=r"backbone='resnet50'\): the model spec "
                                          r"torchvision:lraspp_mobilenet_v3_large has no backbone"):
         load_model(path, backbone="resnet50")
+
+
+@pytest.mark.parametrize("field,value", [("threshold", "0.3"), ("threshold", 0), ("ignore_index", "x"),
+                                         ("classes", 5), ("classes", [1, 2]), ("palette", [[1, 2]] * 7),
+                                         ("palette", [[0, 0, 0]] * 3), ("palette", [[2.7, 0, 0]] * 7)])
+def test_load_model_refuses_a_recorded_label_field_of_the_wrong_value_naming_the_file(field, value, tmp_path):
+    """Before: a threshold of "0.3" was read as 0.3, one of 0 as 0.5, a palette's 2.7 as 2 and a palette of 3 colours
+    for 7 classes loaded; the other edits failed with a message (or a TypeError) that named no file."""
+    from encoding import load_model
+    from encoding.errors import UsageError
+
+    path = network_checkpoint(tmp_path / "model_best.pth", "fcn")
+    data = torch.load(path, weights_only=True)
+    data["args"].update(binary=field == "threshold", **{field: value})
+    torch.save(data, path)
+    with pytest.raises(UsageError) as err:
+        load_model(path)
+    message = str(err.value)
+    assert "\n" not in message and "model_best.pth" in message and field in message

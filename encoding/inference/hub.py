@@ -194,10 +194,7 @@ def _read_info(folder: str, data: Dict[str, Any]) -> ModelInfo:
         raise _bad(folder, f"{MODEL_CONFIG_NAME} has no 'info' object")
     try:
         classes, palette = fields["classes"], fields["palette"]
-        ok = (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)
-              and isinstance(palette, list) and len(palette) == len(classes)
-              and all(isinstance(c, list) and len(c) == 3 and all(type(v) is int and 0 <= v < 256 for v in c)
-                      for c in palette)
+        ok = (isinstance(classes, list) and isinstance(palette, list) and all(isinstance(c, list) for c in palette)
               and all(isinstance(fields.get(k), list) and len(fields[k]) == 3
                       and all(isinstance(v, (int, float)) for v in fields[k]) for k in ("mean", "std"))
               and isinstance(fields.get("options", {}), dict) and isinstance(fields.get("dataset"), str))

@@ -9,6 +9,7 @@ normalisation and the sizes it was trained at, which :func:`encoding.segment` an
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
@@ -121,16 +122,16 @@ class ModelInfo:
         data = None
         if not options.get("classes"):
             data = resolve_dataset(dataset, options.get("dataset_class"))
-        classes = tuple(options.get("classes") or data.CLASSES)
+        classes = _tuple(options.get("classes") or data.CLASSES, "classes")
         palette = options.get("palette") or (palette_of(data) if data is not None else generated_palette(len(classes)))
         binary = bool(options.get("binary") or options.get("binary_class"))
-        return cls(dataset, classes, tuple(tuple(int(v) for v in c) for c in palette),
+        return cls(dataset, classes, _colours(palette),
                    base_size=options.get("base_size") or getattr(data, "BASE_SIZE", None),
                    crop_size=options.get("crop_size") or getattr(data, "CROP_SIZE", None),
                    options={k: v for k, v in options.items() if k in NETWORK_OPTIONS + DATA_OPTIONS and k not in (
                        "dataset", "classes", "palette")},
                    ignore_index=options.get("ignore_index"), binary=binary,
-                   threshold=float(options.get("threshold") or 0.5))
+                   threshold=0.5 if options.get("threshold") is None else options["threshold"])
 
     @property
     def out_channels(self) -> int:
@@ -155,8 +156,29 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _tuple(value: Any, name: str) -> Tuple[Any, ...]:
+    """``value`` (a list or tuple) as a tuple; anything else refused naming ``name``."""
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name} {str(repr(value))[:60]} must be a list")
+    return tuple(value)
+
+
+def _colours(palette: Any) -> Tuple[Tuple[Any, ...], ...]:
+    """``palette`` as a tuple of colour tuples, whole numbers (numpy's too) as Python ints; other values are kept for
+    :func:`_check_label_fields` to refuse (``int(2.7)`` would have made a colour of a wrong value)."""
+    return tuple(tuple(int(v) if isinstance(v, numbers.Integral) else v for v in _tuple(c, "palette"))
+                 for c in _tuple(palette, "palette"))
+
+
+def _is_colour(colour: Any) -> bool:
+    """An ``(r, g, b)`` of ints in ``[0, 255]``."""
+    return (isinstance(colour, tuple) and len(colour) == 3
+            and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and 0 <= v <= 255 for v in colour))
+
+
 def _check_label_fields(info: ModelInfo) -> None:
-    """Refuse the fields that make labels and normalise inputs when they are of the wrong type or out of range: a
+    """Refuse the fields that make labels and normalise inputs when they are of the wrong type or out of range:
+    ``classes`` that are not names, a ``palette`` that is not one ``(r, g, b)`` in ``[0, 255]`` per class, a
     ``binary`` that is not a bool (``"false"`` is true), a ``threshold`` that is no probability in (0, 1), an
     ``ignore_index`` that is not an int, a non-finite mean / std or a std that is not positive (a division by 0).
 
@@ -164,7 +186,10 @@ def _check_label_fields(info: ModelInfo) -> None:
         ValueError: one line naming the field and its value.
     """
     index = info.ignore_index
-    checks = (("binary", isinstance(info.binary, bool), "true or false"),
+    checks = (("classes", isinstance(info.classes, tuple) and len(info.classes) > 0
+               and all(isinstance(c, str) for c in info.classes), "a list of class names"),
+              ("palette", isinstance(info.palette, tuple) and len(info.palette) == len(info.classes)
+               and all(_is_colour(c) for c in info.palette), "one [r, g, b] of ints in [0, 255] per class"),("binary", isinstance(info.binary, bool), "true or false"),
               ("threshold", _is_real(info.threshold) and 0 < info.threshold < 1,
                "a number in (0, 1) (the foreground is sigmoid > threshold)"),
               ("ignore_index", index is None or (isinstance(index, int) and not isinstance(index, bool)),
@@ -267,7 +292,12 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
     check_network_options(network, repr(path))
     check_trusted(to_import(network), path, trust_code)
     with reading(path, trust_code):
-        info = ModelInfo.of_dataset(**network)
+        try:
+            info = ModelInfo.of_dataset(**network)
+        except UntrustedCode:
+            raise
+        except (ValueError, TypeError) as err:  # a recorded field of the wrong type: named with the file
+            raise UsageError(f"{path!r}: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
         model = _fitting_network(network, info.out_channels, checkpoint.data["model"], path)
     checkpoint.restore_weights(model)
     return _with_info(model, info, device)
