@@ -99,6 +99,45 @@ def test_a_shared_folder_with_good_label_fields_loads(tmp_path):
     assert (info.threshold, info.ignore_index, info.std, info.binary) == (0.25, 255, (0.2, 0.3, 0.4), True)
 
 
+def _without_digest(folder):
+    """The folder as one saved before config.json recorded its weights' SHA-256 (or a hand-made one)."""
+    path = os.path.join(folder, "config.json")
+    data = json.load(open(path))
+    del data["weights_sha256"]
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def test_a_folder_whose_weights_are_not_the_ones_its_config_was_saved_with_is_refused(tmp_path, monkeypatch):
+    """save_pretrained writes its files one by one: interrupted between the weights and config.json, the folder
+    held the new weights under the old config (the old classes and options). config.json records the weights'
+    SHA-256 now, and a folder whose weights differ is refused, naming it."""
+    import encoding.inference.hub as hub
+
+    folder = str(save_pretrained(_model(), tmp_path / "shared"))
+    before = encoding.load_model(folder).state_dict()
+    real = hub.atomic_write
+
+    def dies_before_the_config(path, data):
+        if path.endswith("config.json"):
+            raise KeyboardInterrupt
+        real(path, data)
+
+    monkeypatch.setattr(hub, "atomic_write", dies_before_the_config)
+    other = _model()
+    with torch.no_grad():
+        next(other.parameters()).add_(1.0)
+    with pytest.raises(KeyboardInterrupt):
+        save_pretrained(other, folder)
+    monkeypatch.undo()
+    with pytest.raises(UsageError, match="weights_sha256") as err:
+        encoding.load_model(folder)
+    assert folder in _one_line(err)
+    _without_digest(folder)  # a folder saved before the digest was recorded is read as it is
+    loaded = encoding.load_model(folder).state_dict()
+    assert not all(torch.equal(loaded[k], before[k]) for k in before)
+
+
 # 2. save_pretrained's target ---------------------------------------------------------------------------------------
 
 def test_save_pretrained_refuses_the_folder_a_transformers_network_is_built_from(tmp_path):
@@ -137,6 +176,7 @@ def test_a_shared_folder_of_module_prefixed_weights_loads_them(tmp_path):
 
     model = _model()
     folder = save_pretrained(model, tmp_path / "shared")
+    _without_digest(folder)  # a hand-made folder: its weights are edited below
     weights = os.path.join(folder, "model.safetensors")
     save_file({"module." + k: v for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
     loaded = encoding.load_model(str(folder))

@@ -10,6 +10,7 @@ config too), ``model.safetensors`` and a ``README.md`` model card; :func:`load_p
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -72,7 +73,9 @@ def save_pretrained(model: nn.Module, directory: Union[str, os.PathLike], *,
     if isinstance(network, ExternalModel) and hasattr(getattr(net, "config", None), "to_dict"):
         data["transformers_config"] = net.config.to_dict()
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items()}
-    atomic_write(os.path.join(directory, WEIGHTS_NAME), _safetensors().save(tensors, metadata={"format": "pt"}))
+    weights = _safetensors().save(tensors, metadata={"format": "pt"})
+    data["weights_sha256"] = hashlib.sha256(weights).hexdigest()  # a config.json read with other weights is refused
+    atomic_write(os.path.join(directory, WEIGHTS_NAME), weights)
     atomic_write(os.path.join(directory, MODEL_CONFIG_NAME), json.dumps(data, indent=2, default=str) + "\n")
     atomic_write(os.path.join(directory, CARD_NAME), model_card(info, metrics, config))
     return directory
@@ -290,13 +293,29 @@ def load_pretrained(source: Union[str, os.PathLike], *, device: Optional[Union[s
         model = _fitting_model(info, data, stored, folder)
     reader = _safetensors()
     from safetensors import SafetensorError
+    weights = _weights_bytes(folder, data.get("weights_sha256"))
     try:
-        state = reader.load_file(os.path.join(folder, WEIGHTS_NAME))
+        state = reader.load(weights)
         model.load_state_dict(_keyed_as(state, model.state_dict()), strict=True)
     except (OSError, RuntimeError, ValueError, SafetensorError) as err:
         raise _bad(folder, f"{WEIGHTS_NAME}: {str(err).splitlines()[0]}") from None
     model.info = info
     return (model if device is None else model.to(device)).eval()
+
+
+def _weights_bytes(folder: str, digest: Any) -> bytes:
+    """The bytes of the folder's weights, refused when ``config.json`` records another SHA-256 than theirs (weights
+    of another save: one interrupted between its files, or files copied from two folders). A folder recording no
+    digest (saved before it was recorded) is read as it is."""
+    try:
+        with open(os.path.join(folder, WEIGHTS_NAME), "rb") as f:
+            weights = f.read()
+    except OSError as err:
+        raise _bad(folder, f"{WEIGHTS_NAME}: {err.strerror or err}") from None
+    if digest is not None and digest != hashlib.sha256(weights).hexdigest():
+        raise _bad(folder, f"{WEIGHTS_NAME} is not the file {MODEL_CONFIG_NAME} was saved with (its weights_sha256 "
+                   "differs: another save's weights, or an interrupted one); save the model again")
+    return weights
 
 
 def push_to_hub(model: nn.Module, repo_id: str, *, private: bool = False, token: Optional[str] = None,
