@@ -21,6 +21,8 @@ Declaring modules (each on the core it is built on), imported with this package:
   ``patch_sync_batchnorm``, ``revert_sync_batchnorm``, ``set_sbn_eps_mode``, on ``nn.SyncBatchNorm``.
 * :mod:`.layers`: ``GlobalAvgPool2d``, ``View``, ``Sum``, ``Mean``, ``Normalize``, ``ConcurrentModule``,
   ``GramMatrix``, ``DropBlock2D``, ``LabelSmoothing``, ``EncodingDrop``, ... (torch, ``nn.Encoding``).
+* :mod:`.basenet`: PE's ``BaseNet`` (``encoding.models``, ``encoding.models.base``), the base class of PE users' own
+  networks, on ``models.backbone.get_backbone``.
 * :mod:`.wrappers`: mmcv's ``is_module_wrapper`` and ``MODULE_WRAPPERS``, on ``parallel``.
 * :mod:`.aliases`: core objects under old names (``get_dataset``, ``DistSyncBatchNorm``, ``download``, the heads PE
   exported from ``encoding.nn``, the preparation names the dataset modules had).
@@ -42,7 +44,8 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from ..nn.loss import OhemCrossEntropy, SegmentationLosses, loss_inputs
-from . import aliases, batchnorm, helpers, layers, metrics, scheduler, training, wrappers
+from . import aliases, basenet, batchnorm, helpers, layers, metrics, scheduler, training, wrappers
+from .basenet import BaseNet
 from .batchnorm import (BatchNorm1d, BatchNorm2d, BatchNorm3d, SynchronizedBatchNorm1d, SynchronizedBatchNorm2d,
                         SynchronizedBatchNorm3d, convert_model, patch_sync_batchnorm, revert_sync_batchnorm,
                         set_sbn_eps_mode)
@@ -67,8 +70,8 @@ __all__ = [
     "SynchronizedBatchNorm3d", "convert_model", "patch_sync_batchnorm", "revert_sync_batchnorm", "set_sbn_eps_mode",
     "GlobalAvgPool2d", "View", "Sum", "Mean", "Normalize", "ConcurrentModule", "GramMatrix", "DropBlock2D",
     "LabelSmoothing", "EncodingDrop", "UpsampleConv2d", "Inspiration", "EncodingCosine", "ConvBnAct",
-    "NLLMultiLabelSmooth", "MODULE_WRAPPERS", "is_module_wrapper",
-    "aliases", "batchnorm", "helpers", "layers", "metrics", "scheduler", "training", "wrappers",
+    "NLLMultiLabelSmooth", "MODULE_WRAPPERS", "is_module_wrapper", "BaseNet",
+    "aliases", "basenet", "batchnorm", "helpers", "layers", "metrics", "scheduler", "training", "wrappers",
 ]
 
 #: Module -> {old name: the object it names there}: every old name, once per module users import it from (what the
