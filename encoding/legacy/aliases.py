@@ -8,14 +8,29 @@ new module's names declared the same way.
 """
 from __future__ import annotations
 
+from typing import Any, Optional
+
 from .. import config, datasets, engine, inference, memory, models, nn, utils
 from ..datasets import get_segmentation_dataset, prepare
 from ..datasets.prepare.download import download
-from .declare import OWN, alias, old_module
+from .declare import OWN, alias, old_module, old_name
 
 __all__ = ["HEADS", "MOVED_MODULES", "ENGINE_EXPORTS"]
 
-alias(nn.SyncBatchNorm, "DistSyncBatchNorm", "encoding.nn", new="encoding.nn.SyncBatchNorm")
+
+# a subclass, not a bare alias: PE's 4th positional parameter is process_group (the core's keyword-only one)
+class DistSyncBatchNorm(nn.SyncBatchNorm):
+    """PyTorch-Encoding's ``DistSyncBatchNorm(num_features, eps, momentum, process_group)``: the core
+    :class:`~encoding.nn.SyncBatchNorm` with PE's positional order (its 4th parameter is ``process_group``; the core's
+    other parameters are keyword-only here)."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1,
+                 process_group: Optional[object] = None, **kwargs: Any) -> None:
+        super().__init__(num_features, eps=eps, momentum=momentum, process_group=process_group, **kwargs)
+
+
+old_name("encoding.nn", new="encoding.nn.SyncBatchNorm")(DistSyncBatchNorm)
+
 alias(get_segmentation_dataset, "get_dataset", "encoding.datasets", new="encoding.datasets.get_segmentation_dataset")
 alias(download, "download", "encoding.utils", "encoding.utils.files", new="encoding.datasets.prepare.download.download")
 # not a PE name: kept where scripts imported it (the dataset registry's palette names)

@@ -16,7 +16,7 @@ from typing import Iterator, Optional, Tuple
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..nn.syncbn import SyncBatchNorm, rebuild_batchnorm, swap_modules
+from ..nn.syncbn import _ACTIVATIONS, SyncBatchNorm, rebuild_batchnorm, swap_modules
 from ..parallel import DataParallelWithCallback
 from .declare import alias, old_name
 
@@ -77,6 +77,37 @@ class _BatchNormXd(_BatchNorm):
             raise ValueError(f"expected an input of shape (N, C, *), got {input.dim()}D")
 
 
+class _BatchNormXdAct(_BatchNormXd):
+    """Plain BatchNorm, then the activation of the synchronized layer it reverts: ``activation`` / ``slope`` /
+    ``inplace`` (PyTorch-Encoding's activated BatchNorm), then the ``drop`` and ``act`` modules of a
+    :class:`~encoding.nn.SyncBatchNormAct` (same children, so the same state-dict keys)."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, *, activation: str = "none", slope: float = 0.01,
+                 inplace: bool = False, dims: Tuple[int, ...] = (), drop: Optional[nn.Module] = None,
+                 act: Optional[nn.Module] = None) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        self.activation, self.slope, self.inplace, self._dims = activation, slope, inplace, tuple(dims)
+        for name, module in (("drop", drop), ("act", act)):
+            if module is not None:
+                self.add_module(name, module)
+
+    def _check_input_dim(self, input: Tensor) -> None:
+        if self._dims and input.dim() not in self._dims:
+            raise ValueError(f"expected {' or '.join(f'{d}D' for d in self._dims)} input, got {input.dim()}D")
+        super()._check_input_dim(input)
+
+    def forward(self, input: Tensor) -> Tensor:
+        output = _ACTIVATIONS[self.activation](super().forward(input), self.slope, self.inplace)
+        for name in ("drop", "act"):
+            if name in self._modules:
+                output = self._modules[name](output)
+        return output
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", activation={self.activation}, slope={self.slope}"
+
+
 @old_name("encoding.nn", new="encoding.nn.convert_sync_batchnorm (and encoding.parallel.DataParallelModel)")
 def convert_model(module: nn.Module) -> nn.Module:
     """vacancy's ``convert_model``: ``nn.BatchNorm1d/2d/3d`` -> ``SynchronizedBatchNorm1d/2d/3d`` (same tensors and
@@ -120,12 +151,20 @@ def patch_sync_batchnorm() -> Iterator[None]:
 def revert_sync_batchnorm(module: nn.Module) -> nn.Module:
     """mmcv's ``revert_sync_batchnorm``: every synchronized BatchNorm (ours, ``torch.nn.SyncBatchNorm``) becomes a
     plain one taking over its tensors and flags — ``nn.BatchNorm1d/2d/3d`` for the fixed-dimension names, otherwise
-    a BatchNorm that accepts any ``(N, C, *)`` input. Useful to run a model on one CPU or export it.
+    a BatchNorm that accepts any ``(N, C, *)`` input. Useful to run a model on one CPU or export it. A layer that
+    applies an activation (``SyncBatchNorm(activation=...)``, :class:`~encoding.nn.SyncBatchNormAct`'s ``drop`` /
+    ``act``) becomes a plain BatchNorm that keeps applying it (same outputs and state-dict keys).
     """
     def to_plain(layer: nn.Module) -> Optional[nn.Module]:
         if not isinstance(layer, (SyncBatchNorm, nn.SyncBatchNorm)):
             return None
-        return rebuild_batchnorm(layer, getattr(layer, "_torch_class", _BatchNormXd))
+        carried = {k: getattr(layer, k) for k in ("drop", "act") if isinstance(getattr(layer, k, None), nn.Module)}
+        activation = layer.activation if isinstance(layer, SyncBatchNorm) else "none"
+        if activation == "none" and not carried:
+            return rebuild_batchnorm(layer, getattr(layer, "_torch_class", _BatchNormXd))
+        return rebuild_batchnorm(layer, _BatchNormXdAct, activation=activation, slope=getattr(layer, "slope", 0.01),
+                                 inplace=getattr(layer, "inplace", False), dims=getattr(layer, "_dims", ()),
+                                 **carried)
 
     return swap_modules(module, to_plain)
 

@@ -6,12 +6,12 @@ architecture only live in its file (``encoding/models/<arch>.py``).
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from ..nn.blocks import NormLayer, conv_norm_act, resize
+from ..nn.blocks import NormLayer, conv_norm_act, resize, up_kwargs_of
 
 __all__ = ["FCNHead", "PyramidPooling"]
 
@@ -49,6 +49,9 @@ class PyramidPooling(nn.Module):
         bins: output grid sizes of the pooling branches.
         branch_channels: channels of each branch's 1x1 conv (default ``C // len(bins)``, PSPNet's and
             PyTorch-Encoding's; segmentation_models_pytorch's ``UPerNet`` uses 256).
+        up_kwargs: PyTorch-Encoding's upsampling options ``{"mode": ..., "align_corners": ...}`` (PE passed
+            ``align_corners=True``); default bilinear, ``align_corners=False``. A dict given in ``bins``' place
+            (PE's positional ``PyramidPooling(in_channels, norm_layer, up_kwargs)``) is taken as ``up_kwargs``.
 
     Shape:
         - Input: ``B x C x H x W``.
@@ -57,8 +60,15 @@ class PyramidPooling(nn.Module):
     """
 
     def __init__(self, in_channels: int, norm_layer: NormLayer = nn.BatchNorm2d,
-                 bins: Sequence[int] = (1, 2, 3, 6), branch_channels: Optional[int] = None) -> None:
+                 bins: Sequence[int] = (1, 2, 3, 6), branch_channels: Optional[int] = None,
+                 up_kwargs: Optional[Mapping[str, Any]] = None) -> None:
         super().__init__()
+        if isinstance(bins, Mapping):  # PE's third positional parameter
+            if up_kwargs is not None:
+                raise TypeError(f"PyramidPooling: bins is a dict ({bins!r}), PyTorch-Encoding's up_kwargs, and "
+                                f"up_kwargs is given too")
+            bins, up_kwargs = (1, 2, 3, 6), bins
+        self.up_kwargs = up_kwargs_of(up_kwargs, "PyramidPooling")
         if branch_channels is None:
             branch_channels = in_channels // len(bins)
         self.branches = nn.ModuleList(
@@ -68,4 +78,4 @@ class PyramidPooling(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         size = x.shape[-2:]
-        return torch.cat([x] + [resize(branch(x), size) for branch in self.branches], dim=1)
+        return torch.cat([x] + [resize(branch(x), size, **self.up_kwargs) for branch in self.branches], dim=1)

@@ -4,12 +4,12 @@
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from ..nn.blocks import NormLayer, SeparableConv2d, conv_norm_act, resize
+from ..nn.blocks import NormLayer, SeparableConv2d, conv_norm_act, resize, up_kwargs_of
 
 __all__ = ["JPU"]
 
@@ -26,6 +26,9 @@ class JPU(nn.Module):
         width: channels of each projection and dilation branch.
         norm_layer: normalization layer class.
         dilations: dilations of the parallel branches.
+        up_kwargs: PyTorch-Encoding's upsampling options ``{"mode": ..., "align_corners": ...}`` (PE passed
+            ``align_corners=True``); default bilinear, ``align_corners=False``. A dict given in ``dilations``' place
+            (PE's positional ``JPU(in_channels, width, norm_layer, up_kwargs)``) is taken as ``up_kwargs``.
 
     Shape:
         - Input: ``*features`` (e.g. c1, c2, c3, c4), the last three with ``in_channels`` channels.
@@ -34,8 +37,15 @@ class JPU(nn.Module):
     """
 
     def __init__(self, in_channels: Sequence[int] = (512, 1024, 2048), width: int = 512,
-                 norm_layer: NormLayer = nn.BatchNorm2d, dilations: Sequence[int] = (1, 2, 4, 8)) -> None:
+                 norm_layer: NormLayer = nn.BatchNorm2d, dilations: Sequence[int] = (1, 2, 4, 8),
+                 up_kwargs: Optional[Mapping[str, Any]] = None) -> None:
         super().__init__()
+        if isinstance(dilations, Mapping):  # PE's fourth positional parameter
+            if up_kwargs is not None:
+                raise TypeError(f"JPU: dilations is a dict ({dilations!r}), PyTorch-Encoding's up_kwargs, and "
+                                f"up_kwargs is given too")
+            dilations, up_kwargs = (1, 2, 4, 8), dilations
+        self.up_kwargs = up_kwargs_of(up_kwargs, "JPU")
         self.projections = nn.ModuleList(conv_norm_act(c, width, 3, norm_layer) for c in in_channels)
         self.dilations = nn.ModuleList(
             nn.Sequential(SeparableConv2d(len(in_channels) * width, width, 3, dilation=d, norm_layer=norm_layer),
@@ -49,6 +59,7 @@ class JPU(nn.Module):
             raise ValueError(f"JPU needs at least {n} feature maps, got {len(features)}")
         inputs = features[-n:]
         size = inputs[0].shape[-2:]
-        feat = torch.cat([resize(proj(f), size) for proj, f in zip(self.projections, inputs)], dim=1)
+        feat = torch.cat([resize(proj(f), size, **self.up_kwargs) for proj, f in zip(self.projections, inputs)],
+                         dim=1)
         feat = torch.cat([branch(feat) for branch in self.dilations], dim=1)
         return (*features[:-1], feat)

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..parallel.reduction import LossTerm, StatisticsTerm
 from .loss import SegmentationLosses
+from .loss.focal import focal_factor
 
 __all__ = ["BinaryBCELoss", "BinaryDiceLoss", "BinaryFocalLoss", "BINARY_LOSSES"]
 
@@ -133,7 +134,7 @@ class BinaryFocalLoss(_BinaryLoss):
         x = _wide(logits)
         t = torch.where(valid, target, 0).to(x.dtype)
         bce = F.binary_cross_entropy_with_logits(x, t, reduction="none")
-        focal = (1.0 - torch.exp(-bce)).pow(self.gamma) * bce
+        focal = focal_factor(-bce, self.gamma) * bce
         if self.alpha is not None:
             focal = focal * (self.alpha * t + (1.0 - self.alpha) * (1.0 - t))
         return LossTerm((focal * valid).sum(), valid.sum(), coeff)

@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -18,12 +18,34 @@ __all__ = ["NormLayer", "resize", "conv_norm_act", "SeparableConv2d"]
 NormLayer = Callable[[int], nn.Module]
 
 
-def resize(x: Tensor, size: Sequence[int]) -> Tensor:
-    """Bilinear resize of ``B x C x H x W`` to ``size`` (``align_corners=False``); a no-op at the same size (not
-    skipped while ``torch.export`` traces: the test would fix a dynamic export to the traced sizes)."""
+def resize(x: Tensor, size: Sequence[int], mode: str = "bilinear", align_corners: Optional[bool] = False) -> Tensor:
+    """Resize of ``B x C x H x W`` to ``size`` (default bilinear, ``align_corners=False``); a no-op at the same size
+    (not skipped while ``torch.export`` traces: the test would fix a dynamic export to the traced sizes)."""
     if not torch.compiler.is_exporting() and tuple(x.shape[-2:]) == tuple(size):
         return x
-    return F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False)
+    return F.interpolate(x, size=tuple(size), mode=mode, align_corners=align_corners)
+
+
+_UP_MODES = ("nearest", "nearest-exact", "bilinear", "bicubic", "area")
+
+
+def up_kwargs_of(up_kwargs: Optional[Mapping[str, Any]], owner: str) -> Dict[str, Any]:
+    """PyTorch-Encoding's ``up_kwargs`` (e.g. ``{"mode": "bilinear", "align_corners": True}``) as :func:`resize`'s
+    keywords; ``None``: bilinear with ``align_corners=False``.
+
+    Raises:
+        ValueError: not such a dict (the message names ``up_kwargs`` and ``owner``).
+    """
+    if up_kwargs is None:
+        return {"mode": "bilinear", "align_corners": False}
+    mode = up_kwargs.get("mode", "bilinear") if isinstance(up_kwargs, Mapping) else None
+    align = up_kwargs.get("align_corners") if isinstance(up_kwargs, Mapping) else None
+    interpolating = mode in ("bilinear", "bicubic")
+    if (mode not in _UP_MODES or set(up_kwargs) - {"mode", "align_corners"}
+            or not (interpolating or align is None or align is False)):
+        raise ValueError(f"{owner}: up_kwargs must be a dict of 'mode' (one of {', '.join(_UP_MODES)}) and "
+                         f"'align_corners' (bilinear / bicubic only), PyTorch-Encoding's; got {up_kwargs!r}")
+    return {"mode": mode, "align_corners": bool(align) if interpolating else None}
 
 
 def conv_norm_act(in_channels: int, out_channels: int, kernel_size: int = 3, norm_layer: NormLayer = nn.BatchNorm2d,

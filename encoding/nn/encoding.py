@@ -59,6 +59,10 @@ class Encoding(nn.Module):
             self.codewords.uniform_(-bound, bound)
             self.scale.uniform_(-1.0, 0.0)
 
+    def reset_params(self) -> None:
+        """PyTorch-Encoding's name of :meth:`reset_parameters`."""
+        self.reset_parameters()
+
     def assignment(self, x: Tensor) -> Tensor:
         """Soft-assignment weights ``A`` (softmax over codewords of the scaled squared distances).
 

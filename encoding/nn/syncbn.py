@@ -56,10 +56,14 @@ class SyncBatchNorm(_BatchNorm):
     up after :attr:`sync_timeout` seconds with a ``TimeoutError`` naming the replicas that never arrived (e.g. one
     that skipped the layer).
 
+    Only ``num_features``, ``eps`` and ``momentum`` may be positional: the next parameter is ``affine`` in torch's
+    ``nn.SyncBatchNorm`` but ``sync`` in PyTorch-Encoding's, so a 4th positional argument raises ``TypeError``.
+
     Args:
         num_features: number of channels ``C``.
         eps: added to the variance for numerical stability.
         momentum: factor of the running-statistics update; ``None`` for the cumulative moving average.
+        *args: refused (see above).
         affine: learnable per-channel scale and shift.
         track_running_stats: keep running mean / variance (used in eval mode).
         process_group: the ``torch.distributed`` group to synchronise within (default: the whole world).
@@ -88,10 +92,14 @@ class SyncBatchNorm(_BatchNorm):
     #: Seconds a copy waits for the others at one synchronisation before raising ``TimeoutError``.
     sync_timeout: float = 300.0
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, process_group: Optional[object] = None,
-                 device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None, *, sync: bool = True,
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, *args: object,
+                 affine: bool = True, track_running_stats: bool = True, process_group: Optional[object] = None,
+                 device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None, sync: bool = True,
                  activation: str = "none", slope: float = 0.01, inplace: bool = False) -> None:
+        if args:  # torch's 4th parameter is affine, PyTorch-Encoding's sync: a positional one would be misread
+            raise TypeError(f"{type(self).__name__}: pass the arguments after momentum by keyword (got {args[0]!r} "
+                            f"as the 4th positional argument: `affine` in torch's and vacancy's signature, `sync` in "
+                            f"PyTorch-Encoding's)")
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         if activation not in _ACTIVATIONS:
             raise ValueError(f"SyncBatchNorm activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
@@ -223,8 +231,8 @@ def convert_sync_batchnorm(module: nn.Module, process_group: Optional[object] = 
 
     Args:
         module: the network (or a single BatchNorm layer).
-        process_group: ``torch.distributed`` group for the converted layers (default: the whole world); also set on
-            layers that already are :class:`SyncBatchNorm`.
+        process_group: ``torch.distributed`` group for the converted layers (default: a ``torch.nn.SyncBatchNorm``'s
+            own group, else the whole world); also set on layers that already are :class:`SyncBatchNorm`.
 
     Returns:
         ``module`` with its BatchNorm layers replaced, or the new layer if ``module`` itself was one.
@@ -248,8 +256,8 @@ def _convert(module: nn.Module, process_group: Optional[object], cls: type) -> n
             if carried and not issubclass(SyncBatchNormAct, cls):
                 raise ValueError(f"{type(layer).__name__} carries {', '.join(carried)}: it converts to "
                                  f"SyncBatchNormAct, not {cls.__name__}")
-            return rebuild_batchnorm(layer, SyncBatchNormAct if carried else cls, process_group=process_group,
-                                     **carried)
+            group = process_group if process_group is not None else getattr(layer, "process_group", None)
+            return rebuild_batchnorm(layer, SyncBatchNormAct if carried else cls, process_group=group, **carried)
         return None
 
     return swap_modules(module, to_sync)
@@ -277,7 +285,7 @@ def rebuild_batchnorm(layer: _BatchNorm, cls: type, **kwargs: object) -> nn.Modu
     Args:
         layer: an initialised BatchNorm-like layer (``num_features``, ``eps``, ``momentum``, ``affine``,
             ``track_running_stats``).
-        cls: the class to build, called as ``cls(num_features, eps, momentum, affine, track_running_stats,
+        cls: the class to build, called as ``cls(num_features, eps=, momentum=, affine=, track_running_stats=,
             **kwargs)``.
 
     Raises:
@@ -285,7 +293,8 @@ def rebuild_batchnorm(layer: _BatchNorm, cls: type, **kwargs: object) -> nn.Modu
     """
     if isinstance(layer, nn.modules.lazy.LazyModuleMixin) and layer.has_uninitialized_params():
         raise ValueError(f"cannot convert an uninitialised {type(layer).__name__}; run a forward first")
-    result = cls(layer.num_features, layer.eps, layer.momentum, layer.affine, layer.track_running_stats, **kwargs)
+    result = cls(layer.num_features, eps=layer.eps, momentum=layer.momentum, affine=layer.affine,
+                 track_running_stats=layer.track_running_stats, **kwargs)
     for name, param in layer.named_parameters(recurse=False):
         setattr(result, name, param)
     for name, buf in layer.named_buffers(recurse=False):

@@ -14,6 +14,27 @@ from .pixel import _one_hot, _PixelLoss
 __all__ = ["FocalLoss"]
 
 
+def focal_factor(log_p: Tensor, gamma: float) -> Tensor:
+    """The focal modulation ``(1 - p)^gamma`` from ``log p`` (``<= 0``), finite in value and gradient.
+
+    ``1 - p`` is computed as ``-expm1(log p)`` and the power's gradient is 0 where ``1 - p == 0`` (a confidently
+    right pixel): ``pow``'s own backward there is ``gamma * 0^(gamma - 1) = inf`` for ``0 < gamma < 1``, which turns
+    into NaN downstream; the true derivative of the focal term at that point is 0.
+
+    Args:
+        log_p: log-probabilities.
+        gamma: focusing exponent (>= 0).
+
+    Returns:
+        ``(1 - p)^gamma``, same shape as ``log_p`` (ones for ``gamma == 0``).
+    """
+    q = -torch.expm1(log_p)
+    if gamma == 0:
+        return torch.ones_like(q)
+    positive = q > 0
+    return torch.where(positive, torch.where(positive, q, 1.0).pow(gamma), 0.0)
+
+
 class FocalLoss(_PixelLoss):
     """Focal loss (Lin et al.), a mean over the valid pixels.
 
@@ -54,7 +75,7 @@ class FocalLoss(_PixelLoss):
             return self._sigmoid_term(logits, target, valid, coeff)
         logp = logits.log_softmax(1, dtype=torch.promote_types(logits.dtype, torch.float32))
         logp_y = logp.gather(1, torch.where(valid, target, 0).unsqueeze(1)).squeeze(1)
-        focal = -(1.0 - logp_y.exp()).pow(self.gamma) * logp_y
+        focal = -focal_factor(logp_y, self.gamma) * logp_y
         weight = self._class_weight(logp)
         pixel_weight = valid.to(logp.dtype) if weight is None else weight[torch.where(valid, target, 0)] * valid
         return LossTerm((focal * pixel_weight).sum(), pixel_weight.sum(), coeff)
@@ -63,7 +84,7 @@ class FocalLoss(_PixelLoss):
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         hot = _one_hot(target, valid, logits.shape[1], logits.dtype)
         bce = F.binary_cross_entropy_with_logits(logits, hot, reduction="none")
-        focal = (1.0 - (-bce).exp()).pow(self.gamma) * bce
+        focal = focal_factor(-bce, self.gamma) * bce
         if self.alpha is not None:
             focal = focal * (self.alpha * hot + (1.0 - self.alpha) * (1.0 - hot))
         weight = self._class_weights_of(focal.movedim(1, -1))
