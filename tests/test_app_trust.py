@@ -316,7 +316,7 @@ def test_icons_and_other_formats_that_decode_when_opened_are_refused_unopened(tm
     assert [os.path.basename(p) for p in expand_images([str(tmp_path)])] == ["b.png"]
 
 
-def test_an_inline_image_is_written_as_it_is_and_checked_like_an_upload(tmp_path):
+def test_an_inline_image_is_written_as_it_is_and_checked_like_an_upload(tmp_path, monkeypatch):
     import base64
 
     import gradio as gr
@@ -325,6 +325,7 @@ def test_an_inline_image_is_written_as_it_is_and_checked_like_an_upload(tmp_path
     from encoding.app.segment_tab import image_input
     from encoding.app.segmentation import check_image_size
 
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))  # Gradio's upload folder: the upload below is in it
     raw = open(_huge_png(tmp_path / "huge.png"), "rb").read()
     with gr.Blocks():
         image = image_input(str(tmp_path / "work"), label="image")
@@ -335,6 +336,35 @@ def test_an_inline_image_is_written_as_it_is_and_checked_like_an_upload(tmp_path
         check_image_size(path)
     uploaded = image.preprocess(ImageData(path=str(tmp_path / "huge.png"), orig_name="huge.png"))
     assert uploaded == str(tmp_path / "huge.png") and image.preprocess(None) is None
+
+
+def test_an_image_path_outside_the_upload_folder_is_refused_not_read(tmp_path, monkeypatch):
+    """A request names the image by path; without Gradio's ``meta`` marker Gradio does not check it, and the page read
+    any server file named there and served its overlay back (and told whether the path existed)."""
+    import gradio as gr
+    from gradio.data_classes import ImageData
+    from PIL import Image
+
+    from encoding.app.segment_tab import image_input
+
+    uploads, elsewhere = tmp_path / "uploads", tmp_path / "server"
+    uploads.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(uploads))
+    for folder in (uploads, elsewhere):
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(folder / "photo.png")
+    example = elsewhere / "example.png"
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(example)
+    (uploads / "link.png").symlink_to(elsewhere / "photo.png")
+    with gr.Blocks():
+        image = image_input(str(tmp_path / "work"), [str(example)], label="image")
+    assert image.preprocess(ImageData(path=str(uploads / "photo.png"))) == str(uploads / "photo.png")
+    assert image.preprocess(ImageData(path=str(example))) == str(example)  # one of the page's examples
+    for path in (elsewhere / "photo.png", "/etc/passwd", tmp_path / "no_such_file", uploads / "link.png",
+                 uploads / ".." / "server" / "photo.png"):
+        with pytest.raises(gr.Error, match="not a file uploaded to this page") as err:
+            image.preprocess(ImageData(path=str(path)))
+        assert str(tmp_path) not in str(err.value) and "passwd" not in str(err.value)
 
 
 @pytest.mark.parametrize("encode", ["base64", "percent"])

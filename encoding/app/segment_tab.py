@@ -60,12 +60,32 @@ def _data_url_file(url: str, folder: str) -> str:
     return path
 
 
-def image_input(workdir: str, **options: Any) -> Any:
+def _uploaded_file(path: str, examples: Sequence[str]) -> str:
+    """``path`` once it is a file Gradio received from a visitor (inside its upload folder) or one of the page's
+    ``examples``. A request can name any server path in the image's ``path`` (without Gradio's ``meta`` marker
+    Gradio does not check it): that file would have been read and its overlay served back.
+
+    Raises:
+        gradio.Error: any other path (the message does not repeat it).
+    """
+    import gradio as gr
+    from gradio.utils import get_upload_folder
+
+    real = os.path.realpath(path)
+    upload = os.path.realpath(get_upload_folder())
+    if real.startswith(upload + os.sep) or real in {os.path.realpath(example) for example in examples}:
+        return path
+    raise gr.Error("the image is not a file uploaded to this page: send the image itself (an upload, or a data: URL "
+                   "in the request)")
+
+
+def image_input(workdir: str, examples: Sequence[str] = (), **options: Any) -> Any:
     """A ``gradio.Image`` upload that hands the handler the uploaded file as it is (its path), never decoded by
     Gradio: the handler checks its size from its header (:func:`~.segmentation.check_image_size`) before the
     datasets' reader reads it (EXIF orientation, 16-bit grey), and a file that is no image gets this page's message
     (Gradio's own preprocessing would decode it first, whatever its size, and answer with its internals). An image
-    sent inline (a ``data:`` URL) is written to a file of ``workdir`` as it is. The one method is replaced on the
+    sent inline (a ``data:`` URL) is written to a file of ``workdir`` as it is; a path is taken only inside Gradio's
+    upload folder or among the page's ``examples`` (:func:`_uploaded_file`). The one method is replaced on the
     instance: a subclass of a Gradio component makes Gradio write a ``.pyi`` file beside this module."""
     import gradio as gr
 
@@ -76,7 +96,7 @@ def image_input(workdir: str, **options: Any) -> Any:
             return None
         if str(payload.url or "").startswith("data:"):
             return _data_url_file(str(payload.url), workdir)
-        return str(payload.path) if getattr(payload, "path", None) else None
+        return _uploaded_file(str(payload.path), examples) if getattr(payload, "path", None) else None
 
     image.preprocess = uploaded_file
     return image
@@ -122,7 +142,8 @@ def segment_tab(model: Optional[nn.Module], workdir: str, examples: Sequence[str
     gr.HTML(legend_html(info), elem_id="encoding-legend")
     with gr.Row():
         with gr.Column():
-            image = image_input(workdir, label="image", sources=["upload", "clipboard"], elem_id="encoding-image")
+            image = image_input(workdir, examples, label="image", sources=["upload", "clipboard"],
+                                elem_id="encoding-image")
             mode = gr.Radio(list(MODES), value="whole", label="mode",
                             info="whole image at once, overlapping windows, or several scales")
             flip = gr.Checkbox(False, label="flip", info="average with the mirrored image")
