@@ -353,8 +353,8 @@ def _fully_shard(model: nn.Module, device: torch.device) -> nn.Module:
 
 
 def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
-               balance: Optional[str] = None, strategy: str = "ddp",
-               compile: str = "none") -> Tuple[nn.Module, nn.Module]:
+               balance: Optional[str] = None, strategy: str = "ddp", compile: str = "none",
+               optimizer: Optional[Dict[str, Any]] = None) -> Tuple[nn.Module, nn.Module]:
     """Wrap for the placement: ``DataParallelModel`` + ``DataParallelCriterion`` (exact loss reduction), or under
     ``torchrun`` the ``strategy``.
 
@@ -362,9 +362,10 @@ def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
         model: the model, already on ``placement.model_device``.
         criterion: its loss.
         placement: from :func:`select_devices`.
-        balance: ``None`` (even split) or ``"memory"``: per-device split sizes chosen by the memory simulator
-            (:class:`~encoding.memory.MemoryBalancer` with this criterion) to unload device 0;
-            ``DataParallelModel`` only.
+        balance: ``None`` (even split) or ``"memory"`` (``DataParallelModel`` only): per-device split sizes chosen
+            by the memory simulator (:class:`~encoding.memory.MemoryBalancer`) for this criterion and ``optimizer``.
+        optimizer: the run's :func:`build_optimizer` options (``kind``, ``momentum``, ``weight_decay``: what device 0
+            holds; default: its defaults), read by ``balance``.
         strategy: under ``torchrun``: ``"ddp"`` and ``"zero1"`` (``DistributedDataParallel``; ZeRO-1 is the
             optimizer's, :func:`build_optimizer`), or ``"fsdp"``: FSDP2 ``fully_shard`` on each module of
             :func:`~encoding.utils.dist.fsdp_units` in order (the backbone's stages, the heads, then the root).
@@ -392,8 +393,8 @@ def wrap_model(model: nn.Module, criterion: nn.Module, placement: Placement, *,
             return _fully_shard(model, device), criterion
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
         return ddp, criterion
-    if balance == "memory":  # simulate this run's own loss on each device
-        from ..memory import MemoryBalancer
-        balance = MemoryBalancer(criterion)
+    if balance == "memory":  # simulate this run's own loss and optimizer on each device
+        from ..memory import MemoryBalancer, optimizers as memory
+        balance = MemoryBalancer(criterion, optimizer=memory.training_optimizer(model, param_groups(model), optimizer))
     return (DataParallelModel(model, placement.device_ids, balance=balance),
             DataParallelCriterion(criterion, placement.device_ids))

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..nn.recompute import RECOMPUTE_POLICIES
-from .program import MEMORY_STRATEGIES, DeviceProgram, StepSpec
+from .balance import _even_split, strategy_peaks
+from .program import MEMORY_STRATEGIES, DeviceProgram, StepSpec, device_programs
 from .replay import Replay, compose, fit, head, refit, rest_is_constant, size_table
 from .search import confirm_boundary, largest_fitting
-from .simulate import Simulator
+from .simulate import Simulator, heaviest_program
+from .tracker import Workspaces
 
 __all__ = ["CROP_STEP", "ADVISED_STRATEGIES", "Advice", "advise", "recommend", "heaviest_program",
            "largest_fitting", "confirm_boundary", "planned_traces", "advice_peaks"]
@@ -69,39 +71,16 @@ class Advice:
                 "per_device": self.per_device, "max_crop": self.max_crop, "recommended": self.recommended}
 
 
-def heaviest_program(simulator: Simulator, strategy: str, share: int, num_devices: int) -> DeviceProgram:
-    """The device program with the largest peak of ``strategy`` when every device holds ``share`` samples: device 0
-    of ``gather`` / ``balanced`` (it holds what the others hold and the module's state), any ``ddp`` rank, ``fsdp``'s
-    rank 0 (``torch.chunk``'s first chunk is the longest: its shards, gradients and state are each at least any other
-    rank's, allocated in the same order), the ``zero1`` rank whose partition's state takes the most allocated bytes
-    (:func:`_held`)."""
-    total = share * num_devices
-    if strategy in ("gather", "balanced"):
-        return DeviceProgram(strategy, share, total, True, num_devices)
-    rank = 0
-    if strategy == "zero1":
-        held = [_held(simulator, sizes) for sizes in simulator.zero_partitions(num_devices)]
-        rank = held.index(max(held))
-    return DeviceProgram(strategy, share, total, False, num_devices, rank)
-
-
-def _held(simulator: Simulator, sizes: Sequence[int]) -> Tuple[int, int]:
-    """What a ``zero1`` partition of parameters of ``sizes`` elements makes its rank hold per tensor of its state:
-    the bytes as allocated (each tensor rounded up to the simulator's granularity: many small tensors can hold more
-    than fewer elements in larger ones), then the elements."""
-    itemsize = next(simulator.model.parameters()).element_size()
-    step = simulator.round_to
-    return sum(-(-n * itemsize // step) * step for n in sizes), sum(sizes)
-
-
 class _Peaks:
     """Heaviest-device peaks per (policy, crop, strategy, share), each simulator built once and sharing its
     policy's fake model and sharded model; ``balanced`` and ``zero1`` composed from ``ddp`` where exact."""
 
     def __init__(self, spec_for: Callable[[int, str], StepSpec], num_devices: int, round_to: int,
                  backend: str = "nccl", origin: Optional[Tuple[int, int]] = None,
-                 reuse: Optional[Tuple[str, int, Simulator]] = None, ahead: Any = None) -> None:
+                 reuse: Optional[Tuple[str, int, Simulator]] = None, ahead: Any = None,
+                 workspaces: Optional[Workspaces] = None) -> None:
         self.spec_for, self.num_devices, self.round_to, self.backend = spec_for, num_devices, round_to, backend
+        self.workspaces = workspaces  # the kernels' buffers every simulator adds (no replay sees them)
         self.ahead = ahead  # traces simulated ahead in another process (encoding.memory.ahead.TracesAhead), or None
         self.origin = origin  # (share, crop) the replays are fitted at; None: every point simulated
         self._replays: Dict[Tuple[str, str], Optional[Replay]] = {}
@@ -115,7 +94,7 @@ class _Peaks:
         self._frames: Dict[Tuple[str, str], Optional[Tuple[int, int, int]]] = {}
         if reuse is not None:  # (policy, crop, simulator): its model, fake mode and programs simulated before
             policy, crop, sim = reuse
-            if sim.round_to == round_to and sim.backend == backend and sim.workspaces is None:
+            if sim.round_to == round_to and sim.backend == backend and sim.workspaces is workspaces:
                 self._simulators[policy, crop] = self._models[policy] = sim
 
     def simulator(self, policy: str, crop: int) -> Simulator:
@@ -125,7 +104,7 @@ class _Peaks:
             base = next(iter(self._models.values()), None)  # the first policy's
             # a further policy shards no model of its own: the first policy's, with its own recomputation switched on
             sim = Simulator(self.spec_for(crop, policy), self.round_to, base and base.fake_mode,
-                            model=first and first.model, backend=self.backend, sharded=first and first.sharded,
+                            self.workspaces, first and first.model, self.backend, first and first.sharded,
                             optimizers=first and first.optimizers, sharded_from=None if base is first else base)
             self._models.setdefault(policy, sim)
             self._simulators[key] = sim
@@ -266,7 +245,8 @@ class _Peaks:
 def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], num_devices: int, batch: int,
            crop: int, limit_bytes: int, round_to: int = 1, policies: Sequence[str] = RECOMPUTE_POLICIES,
            stats: Optional[Dict[str, int]] = None, backend: str = "nccl", replay: bool = True,
-           simulator: Optional[Tuple[str, Simulator]] = None, ahead: Any = None) -> List[Advice]:
+           simulator: Optional[Tuple[str, Simulator]] = None, ahead: Any = None,
+           workspaces: Optional[Workspaces] = None) -> List[Advice]:
     """Per strategy x policy, the largest batch that fits ``limit_bytes`` per device at ``crop`` and the largest
     crop that fits at ``batch``; the recommended row marked (:func:`recommend`).
 
@@ -275,7 +255,8 @@ def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], 
             per policy: steps of one policy must build the same model).
         strategies: from :data:`ADVISED_STRATEGIES` (others are skipped).
         num_devices: devices (ranks).
-        batch: the total batch of the crop search (split evenly: at least one sample per device).
+        batch: the total batch of the crop search, split as the strategies split it (evenly: the heaviest device
+            holds ``ceil(batch / num_devices)`` samples; at least one per device).
         crop: the crop of the batch search.
         limit_bytes: memory per device.
         round_to: allocation granularity (512 for CUDA).
@@ -286,16 +267,19 @@ def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], 
         replay: answer from replays of each step's allocation events (:mod:`~encoding.memory.replay`, the same
             peaks as simulating, checked on the simulated points); ``False``: simulate every point the searches ask.
         simulator: ``(policy, simulator)``: a simulator of ``spec_for(crop, policy)`` (with ``round_to`` and
-            ``backend``, without workspaces; e.g. the one the tool's report used) whose model and programs the
+            ``backend`` and ``workspaces``; e.g. the one the tool's report used) whose model and programs the
             advice uses instead of simulating them again (recorded programs are replayed; see
             :class:`~encoding.memory.simulate.Simulator`'s ``record``). Programs count in ``stats`` where they ran.
         ahead: the forward-and-backward traces of :func:`planned_traces` simulated in a second process while the
             caller simulated something else (:class:`~encoding.memory.ahead.TracesAhead`: ``take(key)`` returns a
             trace or ``None``); the traces it does not have are simulated here. ``stats["ahead"]``: those taken.
+        workspaces: the kernels' buffers the peaks add (:class:`~encoding.memory.tracker.Workspaces`, e.g. the
+            :class:`~encoding.memory.kernels.CpuKernels` of ``plan(backend="gloo")``): every point is then simulated
+            with them (a replay holds the step's tensors only), ``replay`` and ``ahead`` unused.
     """
-    share = max(1, batch // num_devices)
+    share, replay = max(1, batch // num_devices), replay and workspaces is None
     peaks = _Peaks(spec_for, num_devices, round_to, backend, (share, crop) if replay else None,
-                   None if simulator is None else (simulator[0], crop, simulator[1]), ahead)
+                   None if simulator is None else (simulator[0], crop, simulator[1]), ahead, workspaces)
     before = peaks.programs_run
     if replay and policies:
         families = _families(strategies)
@@ -305,7 +289,7 @@ def advise(spec_for: Callable[[int, str], StepSpec], strategies: Sequence[str], 
     for policy in policies:
         for strategy in (s for s in strategies if s in ADVISED_STRATEGIES):
             per_device = _max_share(peaks, policy, crop, strategy, share, limit_bytes)
-            best_crop = _max_crop(peaks, policy, crop, strategy, share, limit_bytes)
+            best_crop = _max_crop(peaks, policy, crop, strategy, max(1, batch), limit_bytes)
             rows.append(Advice(strategy, policy, per_device * num_devices, per_device, best_crop))
     rows = _confirmed(peaks, recommend(rows), crop, limit_bytes) if replay else recommend(rows)
     if stats is not None:
@@ -379,13 +363,26 @@ def _max_share(peaks: _Peaks, policy: str, crop: int, strategy: str, share: int,
     return confirm_boundary(peak, found, limit)
 
 
-def _max_crop(peaks: _Peaks, policy: str, crop: int, strategy: str, share: int, limit: int) -> int:
+def _max_crop(peaks: _Peaks, policy: str, crop: int, strategy: str, batch: int, limit: int) -> int:
+    """The largest crop at which ``batch``, split as ``strategy`` splits it, fits: searched on the heaviest program
+    at the split's largest share (device or rank 0 holds it), and confirmed at the boundary on it where it is its
+    device's own program in the split, else on the split's simulated peaks (``gather``'s device 0 gathers
+    ``batch`` outputs, the heaviest ``zero1`` partition may sit on a rank of fewer samples)."""
+    share, n = -(-batch // peaks.num_devices), peaks.num_devices
+
     def peak(c: int) -> int:
         return peaks(policy, c, strategy, share)
+
+    def split_peak(c: int) -> int:
+        return max(strategy_peaks(peaks.simulator(policy, c), strategy, batch, n)[1])
     start = max(CROP_STEP, crop // CROP_STEP * CROP_STEP)
     found = largest_fitting(peak, start, limit, CROP_STEP, lambda c: float(c * c),
                             lambda c: peaks(policy, c, _line_of(strategy), share))
-    return confirm_boundary(peak, found, limit, CROP_STEP)
+    if batch % n == 0:
+        return confirm_boundary(peak, found, limit, CROP_STEP)
+    heaviest = heaviest_program(peaks.simulator(policy, crop), strategy, share, n)  # its device's own (ddp, fsdp)?
+    own = device_programs(strategy, _even_split(batch, n))[heaviest.rank].canonical() == heaviest.canonical()
+    return confirm_boundary(peak if own else split_peak, found, limit, CROP_STEP)
 
 
 def recommend(rows: List[Advice]) -> List[Advice]:

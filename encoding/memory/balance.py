@@ -23,6 +23,7 @@ from ..parallel.sample_lists import resolve_sample_lists
 from ..parallel.structures import PerSample, iter_leaves, transpose_map
 from .fakes import new_fake_mode
 from .program import DeviceProgram, StepSpec, default_optimizer, tensor_leaves
+from .search import confirm_boundary, largest_fitting
 from .simulate import Simulator
 
 __all__ = ["plan_split", "strategy_peaks", "max_batch", "MemoryBalancer"]
@@ -117,8 +118,6 @@ def max_batch(simulator: Simulator, strategy: str, num_devices: int, limit_bytes
     Raises:
         ValueError: ``limit_bytes`` holds more than ``SEARCH_LIMIT`` (2**32) samples.
     """
-    from .advice import confirm_boundary, largest_fitting
-
     cap = SEARCH_LIMIT if upper is None else upper
 
     def heaviest(batch: int) -> int:
@@ -153,8 +152,6 @@ def _auto_max_batch(simulator: Simulator, num_devices: int, limit_bytes: int) ->
     exists for ``b0 + (num_devices - 1) * b`` samples exactly when device 0 fits ``b0`` and any other device ``b``:
     the largest of each (confirmed: one more does not fit), not a search over batches (each of which would plan a
     split)."""
-    from .advice import confirm_boundary, largest_fitting
-
     def cost(source: bool, share: int) -> int:  # as plan_split sees a device of a batch of num_devices or more
         return simulator.peak(DeviceProgram("balanced", share, share, source, num_devices if source else 1))
 

@@ -19,6 +19,7 @@ import torch
 
 from ..config.parser import build_parser as config_parser, warn_old_spellings
 from ..config.tools import DEFAULT_MEMORY_LIMIT, DEFAULT_RESERVE
+from ..datasets.folder_meta import CLASS_FILES
 from ..errors import UsageError
 from ..names import is_model_spec
 from ..utils.cli import run_cli
@@ -150,19 +151,46 @@ def _check_budget(args: argparse.Namespace, parameter_bytes: int) -> None:
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """At the start of the work (parsing looks at no file): the report's files can be written, and they are two.
+    """At the start of the work (parsing looks at no file): the report's files (and ``--timeline``'s) can be
+    written, are distinct, and none is a file the run reads (a ``--dataset folder``'s class file, an image, mask or
+    split list under its ``--data-root``).
 
     Raises:
-        UsageError: a folder, an unwritable place or one file for both (naming the option).
+        UsageError: a folder, an unwritable place, one file for two outputs or an input (naming the option).
     """
+    outputs = [("--json" if args.json else "--out-dir", args.json_path),
+               ("--chart" if args.chart else "--out-dir", args.chart_path)]
+    if getattr(args, "timeline", None):  # its folder's files (encoding.memory.timeline.write_timeline)
+        outputs += [("--timeline", os.path.join(args.timeline, name)) for name in TIMELINE_FILES]
+    root = args.data_root if args.dataset == "folder" and args.data_root else None
     try:
-        _check_writable("--json" if args.json else "--out-dir", args.json_path)
-        _check_writable("--chart" if args.chart else "--out-dir", args.chart_path)
-        if getattr(args, "timeline", None):  # its folder's files (encoding.memory.timeline)
-            _check_writable("--timeline", os.path.join(args.timeline, "timeline.json"))
-        refuse_own_input([args.json_path, args.chart_path], [], "--json / --chart")  # one file for both: one would go
+        written: Dict[str, str] = {}
+        for option, path in outputs:
+            _check_writable(option, path)
+            refuse_own_input(path, _inputs(root, path), option)
+            real = os.path.realpath(path)
+            if real in written:  # one would go
+                raise ValueError(f"{option} {path}: the same file as {written[real]}; give another path")
+            written[real] = f"{option} {path}"
     except ValueError as err:
         raise UsageError(str(err)) from None
+
+
+#: The files ``--timeline DIR`` writes in ``DIR``.
+TIMELINE_FILES = ("timeline.json", "timeline.png", "timeline.html")
+
+
+def _inputs(root: Optional[str], output: str) -> List[str]:
+    """The files of a ``--data-root root`` that ``output`` could destroy: its class files, and ``output`` itself
+    where it is a file under ``root`` that the folder dataset reads (an image, a mask, a split list)."""
+    if root is None:
+        return []
+    from ..utils.images import image_extensions
+
+    real = os.path.realpath(root)
+    read = os.path.splitext(output)[1].lower() in image_extensions() | {".txt"}
+    inside = read and os.path.isfile(output) and os.path.commonpath([real, os.path.realpath(output)]) == real
+    return [os.path.join(root, name) for name in CLASS_FILES] + ([output] if inside else [])
 
 
 def _class_count(args: argparse.Namespace) -> int:

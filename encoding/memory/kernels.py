@@ -27,6 +27,9 @@ __all__ = ["PROBED_OPERATORS", "CpuKernels"]
 #: The operators whose CPU kernels are probed (the convolutions: oneDNN's im2col columns, weight reorders and
 #: per-thread weight-gradient accumulators).
 PROBED_OPERATORS = ("aten::convolution", "aten::convolution_backward")
+#: How many leading arguments of each probed operator carry the batch (the input, and backward's output gradient):
+#: the others (the weight, whose first dimension may equal the share) keep their shapes in a probe.
+_BATCH_ARGUMENTS = {"aten::convolution": 1, "aten::convolution_backward": 2}
 
 
 class CpuKernels(Workspaces):
@@ -79,7 +82,8 @@ def _nbytes(out: Any) -> int:
 
 
 def _real(value: Any, share: int, samples: int) -> Any:
-    """A real tensor of zeros like the fake ``value`` with its leading ``share`` (the batch) made ``samples``."""
+    """A real tensor of zeros like the fake ``value`` with its leading ``share`` (the batch) made ``samples`` (a
+    tensor that carries no batch: ``samples == share``)."""
     if not isinstance(value, Tensor):
         return value
     shape = list(value.shape)
@@ -95,8 +99,10 @@ def _beyond_outputs(func: Any, args: tuple, kwargs: dict, share: int, samples: i
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():
-        real_args = tree_map(lambda v: _real(v, share, samples), args)
-        real_kwargs = tree_map(lambda v: _real(v, share, samples), kwargs)
+        batched = _BATCH_ARGUMENTS[func.name()]
+        real_args = tuple(tree_map(lambda v: _real(v, share, samples if i < batched else share), value)
+                          for i, value in enumerate(args))
+        real_kwargs = tree_map(lambda v: _real(v, share, share), kwargs)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
             outputs = _nbytes(func(*real_args, **real_kwargs))
         events = trace_events(prof)

@@ -4,14 +4,14 @@ may step one warmed optimizer instead of warming up their own (:func:`optimizer_
 the simulator counts as held)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .sharded import LocalShardOptimizer, PartitionOptimizer, zero_optimizer
 
-__all__ = ["build_optimizer", "optimizer_warmup", "optimizer_key", "optimizer_state"]
+__all__ = ["build_optimizer", "optimizer_warmup", "optimizer_key", "optimizer_state", "training_optimizer"]
 
 
 def build_optimizer(spec: Any, program: Any, params: List[Tensor], real_ddp: bool = False) -> Optional[Any]:
@@ -56,3 +56,38 @@ def optimizer_state(optimizer: Any) -> List[Dict[str, Any]]:
     """The per-parameter state of a shared ``optimizer`` (a torch optimizer or a
     :class:`~encoding.memory.sharded.LocalShardOptimizer`)."""
     return list(optimizer.state.values())
+
+
+def training_optimizer(model: nn.Module, groups: Sequence[Dict[str, Any]],
+                       options: Optional[Dict[str, Any]] = None) -> Callable[[List[Tensor]], Any]:
+    """``params -> optimizer`` for a simulated copy of ``model``: the training optimizer of
+    :func:`encoding.engine.builders.build_optimizer`'s ``options`` that change what it holds (``kind``: ``"sgd"``
+    or ``"adamw"``, ``momentum``, ``weight_decay``; default its defaults; torch's own ``foreach`` default for the
+    parameters' device) over the parameter groups ``groups`` of ``model`` (``param_groups(model)``), matched by
+    position among its trainable parameters.
+
+    Raises:
+        ValueError: an unknown option or ``kind``, or a group parameter that is not one of ``model``'s trainable ones.
+    """
+    from ..config import OPTIMIZERS
+
+    known = {"kind": "sgd", "momentum": 0.9, "weight_decay": 1e-4}
+    unknown = sorted(set(options or {}) - set(known))
+    if unknown:
+        raise ValueError(f"optimizer: unknown option(s) {', '.join(unknown)}; valid: {', '.join(known)}")
+    kind, momentum, weight_decay = (dict(known, **(options or {}))[name] for name in known)
+    if kind not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {kind!r}; valid: {', '.join(OPTIMIZERS)}")
+    position = {id(p): i for i, p in enumerate(p for p in model.parameters() if p.requires_grad)}
+    if any(id(p) not in position for group in groups for p in group["params"]):
+        raise ValueError("training_optimizer: a parameter group holds a tensor that is no trainable parameter of "
+                         "the model")
+    indices = [[position[id(p)] for p in group["params"]] for group in groups if group["params"]]
+    cls = torch.optim.SGD if kind == "sgd" else torch.optim.AdamW
+    hyper = dict(lr=0.01, weight_decay=weight_decay, **({"momentum": momentum} if kind == "sgd" else {}))
+
+    def build(params: List[Tensor]) -> Any:
+        if len(params) != len(position):  # the copy is the model's: the same trainable parameters in order
+            raise ValueError(f"training_optimizer: {len(params)} parameters, the model has {len(position)}")
+        return cls([{"params": [params[i] for i in group]} for group in indices], **hyper)
+    return build

@@ -226,7 +226,8 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
         recompute: activation recomputation of the peaks: ``"none"``, ``"backbone"`` or ``"all"`` (``checkpoint=``,
             its old name, warns).
         memory_limit: bytes per device (``int``) or a size such as ``"24GiB"``; with it, :attr:`MemoryPlan.advice`
-            (every checkpointing policy for a :class:`~encoding.models.SegmentationModel`, else ``"none"`` only).
+            (every checkpointing policy for a :class:`~encoding.models.SegmentationModel`, else ``"none"`` only),
+            simulated with the peaks' kernel buffers (``workspaces``, ``backend="gloo"``'s) where there are any.
         in_channels: input channels.
         optimizer: ``params -> optimizer`` (default: SGD with momentum and weight decay).
         round_to: allocation granularity (512: CUDA's blocks; 1: the CPU's).
@@ -286,5 +287,6 @@ def plan(model: nn.Module, criterion: Callable[..., Any], *, batch: int, num_dev
     if limit is not None and sample is None:
         segmentation = hasattr(getattr(model, "backbone", None), "stages")  # the policies need its blocks
         result.advice = advise(spec_for, strategies, num_devices, batch, crop, limit, round_to,
-                               RECOMPUTE_POLICIES if segmentation else ("none",), backend=backend)
+                               RECOMPUTE_POLICIES if segmentation else ("none",), backend=backend,
+                               workspaces=workspaces)  # the peaks' kernel buffers: the advice's too
     return result

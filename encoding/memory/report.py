@@ -146,7 +146,7 @@ def _advice(args: argparse.Namespace, spec_for: Callable[[int, str], Any], simul
     report["advice"] = [row.as_dict() for row in advise(
         spec_for, args.strategies, args.num_devices, args.batch_size, args.crop_size,
         advice_budget(args), CUDA_BLOCK, policies=policies, stats=stats, backend=args.backend,
-        simulator=(args.recompute, simulator), ahead=ahead)]
+        simulator=(args.recompute, simulator), ahead=ahead, workspaces=simulator.workspaces)]  # --calibrate's
     report["advise_s"] = round(time.perf_counter() - start, 2)
     report["advise_cpu_s"] = round(time.process_time() - cpu + (ahead.cpu_s if ahead else 0.0), 2)
     also = f" ({stats['ahead']} of them ahead, in a second process)" if stats["ahead"] else ""

@@ -19,7 +19,8 @@ from .program import DeviceProgram, ProgramResult, StepSpec, device_programs, ru
 from .sharded import chunks_on_demand, rank_view, rank_world, shard_model, zero_partitions
 from .tracker import AllocationTracker, Workspaces
 
-__all__ = ["new_fake_mode", "build_fake_model", "simulate_program", "Simulator", "recompute_view"]
+__all__ = ["new_fake_mode", "build_fake_model", "simulate_program", "Simulator", "recompute_view",
+           "heaviest_program"]
 
 #: The strategies whose ranks are composed from one rank's forward and backward (:meth:`Simulator._rank_result`).
 _COMPOSED_RANKS = ("zero1", "fsdp")
@@ -350,3 +351,28 @@ class Simulator:
     def peaks(self, strategy: str, split: Sequence[int]) -> List[int]:
         """Peak bytes per device for ``strategy`` with samples per device ``split``."""
         return [self.peak(p) for p in device_programs(strategy, split)]
+
+
+def heaviest_program(simulator: Simulator, strategy: str, share: int, num_devices: int) -> DeviceProgram:
+    """The device program with the largest peak of ``strategy`` when every device holds ``share`` samples: device 0
+    of ``gather`` / ``balanced`` (it holds what the others hold and the module's state), any ``ddp`` rank, ``fsdp``'s
+    rank 0 (``torch.chunk``'s first chunk is the longest: its shards, gradients and state are each at least any other
+    rank's, allocated in the same order), the ``zero1`` rank whose partition's state takes the most allocated bytes
+    (:func:`_held`)."""
+    total = share * num_devices
+    if strategy in ("gather", "balanced"):
+        return DeviceProgram(strategy, share, total, True, num_devices)
+    rank = 0
+    if strategy == "zero1":
+        held = [_held(simulator, sizes) for sizes in simulator.zero_partitions(num_devices)]
+        rank = held.index(max(held))
+    return DeviceProgram(strategy, share, total, False, num_devices, rank)
+
+
+def _held(simulator: Simulator, sizes: Sequence[int]) -> Tuple[int, int]:
+    """What a ``zero1`` partition of parameters of ``sizes`` elements makes its rank hold per tensor of its state:
+    the bytes as allocated (each tensor rounded up to the simulator's granularity: many small tensors can hold more
+    than fewer elements in larger ones), then the elements."""
+    itemsize = next(simulator.model.parameters()).element_size()
+    step = simulator.round_to
+    return sum(-(-n * itemsize // step) * step for n in sizes), sum(sizes)

@@ -37,9 +37,10 @@ class AllocationTracker(TorchDispatchMode):
     512 like the CUDA caching allocator's blocks); a weak reference subtracts it when the storage is freed. Views and
     in-place results share a seen storage and add nothing. A storage resized in place by ``UntypedStorage.resize_``
     (no operator sees it: FSDP2 frees and re-allocates its unsharded parameters so) counts at its new size while the
-    tracker is active. On fake tensors a host read (``.item()``, ``.tolist()``)
-    has no value: it returns ``0`` (``1`` for an integer tensor, e.g. BatchNorm's ``num_batches_tracked``, by which a
-``momentum=None`` BatchNorm divides), so code that checks values (e.g. a target range check) passes.
+    tracker is active. On fake tensors a host read (``.item()``, ``.tolist()``) has no value: it returns ``False``
+    for a boolean tensor, ``1`` for an integer one (BatchNorm's ``num_batches_tracked``, by which a ``momentum=None``
+    BatchNorm divides) and ``1.0`` for a floating one (Adam's ``step``: its bias correction ``1 - beta1 ** step``
+    divides), so code that checks values (e.g. a target range check) passes and none divides by zero.
 
     Args:
         round_to: allocation granularity in bytes.
@@ -162,8 +163,9 @@ class AllocationTracker(TorchDispatchMode):
             device = _fake_device(args[0])
             if device is not None:
                 return device
-        if func is torch.ops.aten._local_scalar_dense.default:  # no value: 0 (False), or 1 for an integer
-            return 1 if not args[0].dtype.is_floating_point and args[0].dtype != torch.bool else 0
+        if func is torch.ops.aten._local_scalar_dense.default:  # no value: False, 1 or 1.0 (see the docstring)
+            dtype = args[0].dtype
+            return False if dtype == torch.bool else 1.0 if dtype.is_floating_point or dtype.is_complex else 1
         if self.workspaces is not None:
             shapes = _shapes(args, kwargs)
             self.workspaces.see(func, args, kwargs, shapes, self.shares[0])
