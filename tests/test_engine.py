@@ -167,6 +167,10 @@ def test_training_with_balance_memory_plans_from_the_runs_own_loss(shapes_root, 
     run = build_training(TrainingConfig(**vars(args)), datasets=tiny_shapes_pair(shapes_root, 6, 3))
     assert isinstance(run.model.balance, MemoryBalancer)
     assert run.model.balance.criterion is run.criterion.criterion
+    twin = [p.detach().clone() for p in run.model.module.parameters() if p.requires_grad]
+    planned = run.model.balance.optimizer(twin)  # the run's own optimizer (train.py's adamw), not SGD momentum
+    assert type(planned) is type(run.optimizer) is torch.optim.AdamW
+    assert [len(g["params"]) for g in planned.param_groups] == [len(g["params"]) for g in run.optimizer.param_groups]
     stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, scheduler=run.scheduler)
     assert math.isfinite(stats["loss"])
     plans = run.model.balance._plans

@@ -13,12 +13,11 @@ Device policy:
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import sys
 from dataclasses import asdict, replace
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -43,10 +42,10 @@ from ..utils.monitor import MonitorUnavailable, require
 from ..utils.rundir import run_lock
 from ..utils.table import format_table
 from . import state
-from .directory import RUN_CONFIG_NAME, check_run_dir, clear_earlier_run
-from .data import (ConfigError, check_data_options, check_split, data_metadata, dataset_name, dataset_options, image_sizes,
-                   run_criterion)
-from .run import Hook, RunInterrupted, TrainingRun, base_dataset, resume, train
+from .directory import RUN_CONFIG_NAME, check_run_dir, clear_earlier_run, made_dirs, replaces_earlier_run
+from .data import (ConfigError, check_data_options, check_split, data_metadata, dataset_name, dataset_options,
+                   draws_holdout, image_sizes, run_criterion, write_holdout)
+from .run import Hook, TrainingRun, base_dataset, resume, train
 
 __all__ = ["AMP_DTYPES", "RUN_CONFIG_NAME", "parse_device_ids", "ConfigError", "check_network", "check_devices",
            "check_split", "check_training", "check_run_dir", "check_resume", "check_settings", "TrainingConfig",
@@ -176,9 +175,14 @@ def _check_head_lr(c: "TrainingConfig", model: nn.Module) -> None:
                           "(one learning rate for every parameter)")
 
 
-def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint) -> None:
+#: The options that make an epoch's samples and their order: a mid-epoch checkpoint continues only with its own.
+MID_EPOCH_OPTIONS = ("batch_size", "train_limit", "seed", "dataset", "data_root", "train_split")
+
+
+def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint, *, given_datasets: bool = False) -> None:
     """Refuse the options a resume of ``checkpoint`` cannot honour (see ``docs/training.md``, "What a resume
-    honours"): another optimizer, or another batch size in the middle of an epoch.
+    honours"): another optimizer; in the middle of an epoch another :data:`MID_EPOCH_OPTIONS` value, or ``epochs``
+    that end before that epoch; a ``folder`` dataset's hold-out drawn with other ``val_fraction`` / ``seed``.
 
     Raises:
         ConfigError: naming the option, the checkpoint's value and what to do.
@@ -189,13 +193,28 @@ def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint) -> None
                           f"{saved['optimizer']} and a resume continues its optimizer state; pass --optimizer "
                           f"{saved['optimizer']}, or --ft to start a new optimizer from its weights")
     checkpoint.check_world_size(state.launched_world_size())
-    iteration = int(checkpoint.data.get("iteration", 0))
-    for name in ("batch_size", "train_limit"):
-        if iteration and name in saved and saved[name] != getattr(config, name):
+    iteration, epoch = int(checkpoint.data.get("iteration", 0)), checkpoint.done
+    if iteration and config.epochs <= epoch:
+        raise ConfigError(f"--epochs {config.epochs}: {path} stopped after iteration {iteration} of epoch {epoch} "
+                          f"(counted from 0), which --epochs {config.epochs} does not reach; resume it with --epochs "
+                          f"{epoch + 1} or more, or --ft to start a new run from its weights")
+    for name in MID_EPOCH_OPTIONS if iteration else ():
+        if name in saved and saved[name] != getattr(config, name):
+            given, theirs = (_option(name, value) for value in (getattr(config, name), saved[name]))
+            raise ConfigError(f"{given}: {path} stopped after iteration {iteration} of epoch {epoch} with {theirs}; "
+                              f"resume it with {theirs} (the epoch's remaining samples depend on it)")
+    for name in ("val_fraction", "seed") if not given_datasets and draws_holdout(config) else ():
+        if saved.get(name) is not None and saved[name] != getattr(config, name):
             option = "--" + name.replace("_", "-")
-            raise ConfigError(f"{option} {getattr(config, name)}: {path} stopped after iteration {iteration} of "
-                              f"epoch {checkpoint.done} with {option} {saved[name]}; resume it with {option} "
-                              f"{saved[name]} (the epoch's remaining samples depend on it)")
+            raise ConfigError(f"{option} {getattr(config, name)}: {path} drew its hold-out of {config.data_root} "
+                              f"with {option} {saved[name]}, and a resume validates on that hold-out; resume it with "
+                              f"{option} {saved[name]}, or --ft to start a new run from its weights")
+
+
+def _option(name: str, value: Any) -> str:
+    """``--data-root /x``, or ``no --data-root`` for an option left unset."""
+    option = "--" + name.replace("_", "-")
+    return f"no {option}" if value is None else f"{option} {value}"
 
 
 def check_settings(settings: Settings) -> None:
@@ -266,7 +285,7 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
         ValueError: unknown dataset/model/backbone (listing the valid names) or bad device ids.
         CheckpointError: the checkpoint does not match the model.
     """
-    c = config
+    c, replacing = config, replaces_earlier_run(config)  # the directory's hold-out list is the earlier run's
     distributed = init_distributed_mode(timeout_s=c.dist_timeout)
     torch.manual_seed(c.seed + get_rank())
     placement = builders.select_devices(parse_device_ids(c.device_ids), use_cuda=not c.no_cuda,
@@ -276,16 +295,19 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
         c.dataset, batch_size=c.batch_size, test_batch_size=c.test_batch_size, root=c.data_root,
         train_split=c.train_split, val_split=c.val_split, workers=c.workers, train_limit=c.train_limit,
         val_limit=c.val_limit, distributed=distributed, seed=c.seed, pin_memory=device.type == "cuda",
-        skip_bad=c.skip_bad, datasets=datasets, dataset_options=dataset_options(c), validated=not c.no_val,
+        skip_bad=c.skip_bad, datasets=datasets, dataset_options=dataset_options(c, fresh=replacing),
+        validated=not c.no_val,
         **image_sizes(c))
     train_data, binary = base_dataset(loaders.train), c.binary or c.binary_class is not None
-    meta = data_metadata(c, train_data, base_dataset(loaders.val), binary)
+    meta = data_metadata(c, train_data, base_dataset(loaders.val), binary, holdout=not replacing)
     class_names = meta["classes"]
     model = NetworkSpec.from_options(c, 1 if binary else len(class_names), sync_bn=placement.synced,
                                      pretrained_backbone=c.pretrained).build(device)
     criterion = run_criterion(c, len(class_names), binary, device, loaders.train.dataset)
     model, criterion = builders.wrap_model(model, criterion, placement, strategy=c.strategy,
-                                           balance=None if c.balance == "none" else c.balance, compile=c.compile)
+                                           balance=None if c.balance == "none" else c.balance, compile=c.compile,
+                                           optimizer=dict(kind=c.optimizer, momentum=c.momentum,
+                                                          weight_decay=c.weight_decay))
     optimizer = builders.build_optimizer(model, c.lr, kind=c.optimizer, momentum=c.momentum,
                                          weight_decay=c.weight_decay, zero_redundancy=c.strategy == "zero1")
     _check_head_lr(c, model)
@@ -307,23 +329,6 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
                        validate=not c.no_val, count_skipped=c.skip_bad, start=start, samplers=loaders.samplers,
                        log_options=dict(tensorboard=c.tensorboard, wandb=c.wandb, config=saved_config(c)),
                        log_images=c.log_images)
-
-
-@contextlib.contextmanager
-def _made_dirs(directory: str) -> Iterator[None]:
-    """Remove the folders up to ``directory`` that this run creates, if it fails before writing anything there."""
-    missing, path = [], os.path.abspath(directory)
-    while not os.path.exists(path):
-        missing.append(path)
-        path = os.path.dirname(path)
-    try:
-        yield
-    except BaseException as err:
-        if not isinstance(err, RunInterrupted):  # an interrupt that saved: kept
-            for folder in missing:  # deepest first; a folder with anything in it stays
-                with contextlib.suppress(OSError):
-                    os.rmdir(folder)
-        raise
 
 
 def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Dataset]] = None, *,
@@ -363,11 +368,12 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
               "raise --epochs to train further")
         return {}
     if resumed:
-        check_resume(config, checkpoint)
-    with _made_dirs(config.run_dir), run_lock(config.run_dir, enabled=not config.eval):  # before any work
-        if config.overwrite and not resumed and not config.eval and main:
+        check_resume(config, checkpoint, given_datasets=datasets is not None)
+    with made_dirs(config.run_dir), run_lock(config.run_dir, enabled=not config.eval):  # before any work
+        run = build_training(config, datasets=datasets, checkpoint=checkpoint)  # the checkpoint's weights fit
+        if replaces_earlier_run(config) and main:  # --overwrite: only now that the run can start
             clear_earlier_run(config.run_dir)
-        run = build_training(config, datasets=datasets, checkpoint=checkpoint)
+            write_holdout(config, base_dataset(run.train_loader))
         if is_main_process():
             print(run.describe())
         if config.eval:

@@ -15,7 +15,7 @@ from torch.utils.data import Subset
 from . import builders, state
 from ..config import BUILTIN_SIZES, ConfigError  # noqa: F401 (their home: encoding.config)
 from ..datasets import DatasetError, datasets as DATASETS
-from ..datasets.folder import HOLDOUT_NAME, holdout_path
+from ..datasets.folder import HOLDOUT_NAME, find_splits, holdout_path
 from ..datasets.metadata import BinaryTarget, binary_class_id, binary_setup, dataset_metadata
 from ..datasets.scan import UNKNOWN_LABELS
 from ..nn.binary import BINARY_LOSSES
@@ -23,7 +23,8 @@ from ..utils.determinism import SeededSamples
 from ..utils.dist import is_main_process
 
 __all__ = ["BUILTIN_SIZES", "ConfigError", "eval_dataset_options", "binary_targets", "check_classes", "check_split",
-           "check_data_options", "dataset_options", "image_sizes", "data_metadata", "dataset_name", "run_criterion"]
+           "check_data_options", "dataset_options", "draws_holdout", "write_holdout", "image_sizes", "data_metadata",
+           "dataset_name", "run_criterion"]
 
 
 def check_split(dataset: str, split: str, option: str, *, masks: bool = True) -> None:
@@ -55,13 +56,33 @@ def check_data_options(c: Any) -> None:
         raise ConfigError("--binary: one output channel, no --se-loss or --class-weights")
 
 
-def dataset_options(config: Any) -> Dict[str, Any]:
+def dataset_options(config: Any, fresh: bool = False) -> Dict[str, Any]:
     """The keywords of ``config``'s dataset class beyond the common ones: the ``folder`` dataset's hold-out
-    (``val_fraction``, seeded, listed in the run directory) and ``unknown_labels``."""
+    (``val_fraction``, seeded, listed in the run directory; ``fresh``: drawn anew, the list there is an earlier
+    run's that ``--overwrite`` replaces) and ``unknown_labels``."""
     if config.dataset != "folder":
         return {}
     return {"val_fraction": config.val_fraction, "unknown_labels": config.unknown_labels, "binary": config.binary,
-            "holdout_file": holdout_path(config.run_dir), "holdout_seed": config.seed}
+            "holdout_file": None if fresh else holdout_path(config.run_dir), "holdout_seed": config.seed}
+
+
+def draws_holdout(config: Any) -> bool:
+    """Whether the run's ``folder`` dataset holds its validation images out of its training images (the folder has
+    no ``val`` split): ``--val-fraction`` and ``--seed`` drew that hold-out. ``False`` for a folder that cannot be
+    read (the run reports it when it builds the dataset)."""
+    if config.dataset != "folder" or not config.data_root:
+        return False
+    try:
+        return "val" not in find_splits(os.path.abspath(os.path.expanduser(config.data_root)))[1]
+    except (DatasetError, OSError):
+        return False
+
+
+def write_holdout(config: Any, train_data: Any) -> None:
+    """Write a folder dataset's hold-out list to the run directory (main process; none for ``--eval``, none when the
+    folder has its own ``val`` split, and an existing list is kept)."""
+    if hasattr(train_data, "save_holdout") and not config.eval and is_main_process():
+        train_data.save_holdout(holdout_path(config.run_dir))
 
 
 def image_sizes(config: Any) -> Dict[str, Any]:
@@ -81,9 +102,10 @@ def run_criterion(c: Any, nclass: int, binary: bool, device: Any, train_dataset:
                                     class_weights=c.class_weights, train_dataset=train_dataset)
 
 
-def data_metadata(c: Any, train_data: Any, val_data: Any, binary: bool) -> Dict[str, Any]:
+def data_metadata(c: Any, train_data: Any, val_data: Any, binary: bool, holdout: bool = True) -> Dict[str, Any]:
     """The dataset's classes and colours for the checkpoint (binary: two classes, the targets mapped); a folder
-    dataset's scan summary is printed and its hold-out list written to the run directory."""
+    dataset's scan summary is printed and (``holdout``) its hold-out list written to the run directory
+    (:func:`write_holdout`)."""
     if binary:
         try:
             transform, _ = binary_setup(train_data, c.binary_class)
@@ -99,8 +121,8 @@ def data_metadata(c: Any, train_data: Any, val_data: Any, binary: bool) -> Dict[
     scan = getattr(train_data, "scan", None)
     if scan is not None and is_main_process():
         print(scan.summary())
-        if hasattr(train_data, "save_holdout") and not c.eval:
-            train_data.save_holdout(holdout_path(c.run_dir))
+        if holdout:
+            write_holdout(c, train_data)
     return meta
 
 

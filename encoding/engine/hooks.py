@@ -9,14 +9,15 @@ stops with an error (``state.error`` then holds it). Each call gets the :class:`
 * :class:`DivergenceCheck`: a NaN/inf loss stops the run before its step (:class:`RunFailed`; nothing of the epoch
   is saved);
 * :class:`VerifyData`: read every sample once before training (``--verify-data``);
-* :class:`Evaluation`: score the model after every epoch (an evaluation that fails saves the trained epoch first;
-  an :class:`~encoding.errors.EncodingError` or ``OSError`` becomes a one-line :class:`RunFailed`, any other
-  exception, a bug, keeps its traceback);
+* :class:`Evaluation`: score the model after every epoch (an evaluation that fails or is interrupted saves the
+  trained epoch first, marked unevaluated: the resume evaluates it; an :class:`~encoding.errors.EncodingError` or
+  ``OSError`` becomes a one-line :class:`RunFailed`, any other exception, a bug, keeps its traceback);
 * :class:`SkippedSamples`: log how many bad samples the datasets skipped (``--skip-bad``);
 * the user's hooks (``train(run, hooks=[...])``, ``run_training(config, hooks=[...])``): they see the evaluation,
   and the numbers they add to ``state.stats`` are saved and logged with the epoch;
 * :class:`Checkpointer`: write the checkpoint atomically after every epoch, and ``model_best.pth`` when the epoch
-  has the best ``(pixAcc + mIoU) / 2`` so far (before the log row); a state holding NaN/inf is never saved;
+  has the best ``(pixAcc + mIoU) / 2`` so far (before the log row); a state holding NaN/inf is never saved; the
+  user's hooks' ``state_dict()`` is saved with it and given back to their ``load_state_dict()`` on resume;
 * :class:`EpochLog`: the epoch's row in ``log.csv`` / ``log.jsonl`` (and TensorBoard / W&B);
 * :class:`Previews`: preview images of validation predictions for TensorBoard / W&B;
 * :class:`ConsoleLine`: one line per epoch on stdout;
@@ -41,10 +42,11 @@ from ..utils.dist import is_main_process
 from ..utils.logger import EpochLogger
 from ..utils.plot import write_curves
 from ..utils.rundir import remove_stale_temp_files
+from .directory import kept
 from .loop import GracefulInterrupt, Interrupted, check_finite_loss, evaluate
 from .previews import validation_previews
 from .sharding import full_state
-from .state import Checkpoint, restore_best, training_state
+from .state import Checkpoint, gathered_rng_states, hook_states, load_hook_states, restore_best, training_state
 
 __all__ = ["RunFailed", "RunState", "Hook", "DivergenceCheck", "VerifyData", "Evaluation", "SkippedSamples",
            "Checkpointer", "EpochLog", "Previews", "ConsoleLine", "RunEstimate", "CurvePlot", "StopOnSignal",
@@ -94,8 +96,10 @@ class Hook:
     """A rule of a run: override any of the six events (each gets the :class:`RunState`; the defaults do nothing).
 
     ``before_step`` runs after every forward, before the backward (``state.step["loss"]``; raising refuses the
-    step: nothing of it is applied); ``after_step`` runs on every process after every optimizer step (the scheduler has stepped); ``after_train``
-    runs also when the run stops with an error (``state.error``), like a ``finally``."""
+    step: nothing of it is applied); ``after_step`` runs on every process after every optimizer step (the scheduler
+    has stepped); ``after_train`` runs also when the run stops with an error (``state.error``), like a ``finally``.
+    A user's hook may add ``state_dict()`` / ``load_state_dict(state)``: its state is saved with every checkpoint and
+    given back on resume (after ``before_train``; :func:`~.state.hook_states`)."""
 
     def before_train(self, state: RunState) -> None:
         """Before the first epoch (after a resume restored the run)."""
@@ -140,9 +144,15 @@ class VerifyData(Hook):
 
 class Checkpointer(Hook):
     """The checkpoint after every epoch, and ``model_best.pth`` when the epoch has the best ``(pixAcc + mIoU) / 2``
-    so far; the other rules save through :meth:`save` (an interrupt, a failed evaluation)."""
+    so far; the other rules save through :meth:`write_checkpoint` (an interrupt, a failed evaluation). The states of
+    the user's ``hooks`` go with every checkpoint, and back to them on resume (:func:`~.state.hook_states`)."""
+
+    def __init__(self, hooks: Sequence[Hook] = ()) -> None:
+        self.hooks = list(hooks)
 
     def before_train(self, state: RunState) -> None:
+        if state.checkpoint is not None:  # after the user's hooks' before_train (they come first)
+            load_hook_states(self.hooks, state.checkpoint.data.get("hooks"))
         if is_main_process():
             remove_stale_temp_files(state.run.output_dir)
             if state.checkpoint is not None:
@@ -157,9 +167,12 @@ class Checkpointer(Hook):
 
     def write_checkpoint(self, state: RunState, epoch: int, *, iteration: int = 0,
                          metrics: Optional[Mapping[str, Any]] = None, is_best: bool = False,
-                         log_row: Optional[Mapping[str, Any]] = None) -> str:
-        """Write the checkpoint of ``epoch`` (``iteration`` steps into the next one; every rank calls it, the main
-        process writes); a diverged state is refused, keeping the last good file.
+                         log_row: Optional[Mapping[str, Any]] = None, unevaluated: Optional[Mapping[str, Any]] = None,
+                         rng_ranks: Any = ...) -> str:
+        """Write the checkpoint of ``epoch`` (``iteration`` steps into the next one; ``unevaluated``: the epoch's
+        training numbers, its evaluation not done; every rank calls it, the main process writes; ``rng_ranks``:
+        every rank's RNG states, gathered earlier, ``...``: gathered here, a collective); a diverged state is refused,
+        keeping the last good file.
 
         Raises:
             RunFailed: the state holds NaN/inf (names the tensor and what was kept).
@@ -167,11 +180,13 @@ class Checkpointer(Hook):
         run = state.run
         path = os.path.join(run.output_dir, CHECKPOINT_NAME)
         model, optimizer = full_state(run.model, run.optimizer)  # every rank: fsdp / zero1 gather onto rank 0
+        rng_ranks = gathered_rng_states() if rng_ranks is ... else rng_ranks  # each rank resumes its own
         if not is_main_process():
             return path
         saved = training_state(model, optimizer, run.scheduler, run.scaler, epoch=epoch, iteration=iteration,
                                best_pred=state.best[0], best_epoch=state.best[1], args=run.options,
-                               metrics=metrics or {}, log_row=log_row)
+                               metrics=metrics or {}, log_row=log_row, unevaluated=unevaluated,
+                               rng_ranks=rng_ranks, hooks=hook_states(self.hooks))
         try:
             return save_checkpoint(saved, run.output_dir, is_best)
         except NonFiniteError as err:
@@ -179,12 +194,6 @@ class Checkpointer(Hook):
                      else f"epoch {epoch} by iteration {len(run.train_loader)}, its last")
             raise RunFailed(f"training diverged in {where} (iterations counted from 1): {err.tensor} (try a lower "
                             f"--lr or --clip-grad); {kept(run.output_dir)}") from None
-
-
-def kept(output_dir: str) -> str:
-    """What a diverged run leaves behind."""
-    path = os.path.join(output_dir, CHECKPOINT_NAME)
-    return f"the last good checkpoint {path} is kept" if os.path.isfile(path) else "no checkpoint was written"
 
 
 class StopOnSignal(Hook):
@@ -223,7 +232,8 @@ class StopOnSignal(Hook):
 class Evaluation(Hook):
     """Score the model on the validation loader after every epoch (``state.result``; ``pixAcc``, ``mIoU`` (and a
     binary run's ``fgIoU``) join ``state.stats``). An interrupt or a failure during the evaluation saves the trained
-    epoch first; a failure the package explains (:class:`~encoding.errors.EncodingError`, ``OSError``) is then a
+    epoch first, marked unevaluated with its training numbers (the resume evaluates, ranks and logs it before the
+    next epoch); a failure the package explains (:class:`~encoding.errors.EncodingError`, ``OSError``) is then a
     one-line :class:`RunFailed`, while any other exception is a bug and propagates with its traceback."""
 
     def __init__(self, checkpointer: Checkpointer, stop: StopOnSignal) -> None:
@@ -233,15 +243,16 @@ class Evaluation(Hook):
         run, epoch = state.run, state.epoch
         if not run.validate:
             return
+        ranks = gathered_rng_states()  # every rank, now (evaluating draws none): a failure saves without a collective
         try:
             state.result = evaluate(run.model, run.val_loader, run.metric, run.input_device, run.amp_dtype,
                                     stop=None if run.distributed else self.stop.signals.requested, epoch=epoch)
         except Interrupted:
-            path = self.checkpointer.write_checkpoint(state, epoch)
+            path = self.checkpointer.write_checkpoint(state, epoch, unevaluated=state.stats, rng_ranks=ranks)
             raise self.stop.stopped(f"while evaluating epoch {epoch}; its training is saved in {path} (continue "
                                     f"with --resume {path})") from None
         except Exception as err:  # the trained epoch is saved before the failure is reported
-            path = self.checkpointer.write_checkpoint(state, epoch)
+            path = self.checkpointer.write_checkpoint(state, epoch, unevaluated=state.stats, rng_ranks=ranks)
             if isinstance(err, (EncodingError, OSError)):  # explained in one line
                 raise RunFailed(f"evaluation after epoch {epoch} failed ({err}); the trained epoch is saved in "
                                 f"{path}") from err
@@ -312,15 +323,16 @@ def _duration(seconds: float) -> str:
 class RunEstimate(Hook):
     """The whole run's time on stdout (main process), once its first iterations are timed: ``estimated whole run:
     ~40 min (50 epochs x 48 s)``, the epochs left times an epoch's time: its training iterations at the pace of
-    the steps after the first (which warms up) over a tenth of the epoch (:meth:`measured_steps`), plus its validation at a third of a training step per
-    batch of samples (a forward without its backward). After the first epoch, validation measured, the line comes
-    again when the measured epoch differs by more than a quarter (or first, when the epoch was too short to time)."""
+    the steps after the first (which warms up) over a tenth of the epoch (:meth:`measured_steps`), plus its
+    validation at a third of a training step per batch of samples (a forward without its backward). After the first
+    epoch, validation measured, the line comes again when the measured epoch differs by more than a quarter (or
+    first, when the epoch was too short to time)."""
 
     MEASURED = 3
 
-    def before_train(self, state: RunState) -> None:
-        self.first, self.steps, self.epoch_time = state.epoch, 0, None
-        self.epochs = state.run.epochs - state.epoch
+    def before_train(self, state: RunState) -> None:  # an epoch resumed mid-way is not timed: the next one is
+        self.first, self.steps, self.epoch_time = state.epoch + bool(state.run.start.iteration), 0, None
+        self.epochs = state.run.epochs - self.first
 
     def before_epoch(self, state: RunState) -> None:
         self.started = time.perf_counter()
@@ -379,7 +391,7 @@ class CurvePlot(Hook):
 def default_hooks(run: Any, *, verify_data: bool = False, user: Sequence[Hook] = ()) -> List[Hook]:
     """The rules of ``run`` as hooks, in their order, with the ``user`` hooks after the evaluation and before the
     checkpoint: what they add to ``state.stats`` is saved and logged with the epoch."""
-    checkpointer, log = Checkpointer(), EpochLog()
+    checkpointer, log = Checkpointer(user), EpochLog()
     stop = StopOnSignal(checkpointer)
     hooks: List[Hook] = [DivergenceCheck()] + ([VerifyData()] if verify_data else [])
     hooks += [Evaluation(checkpointer, stop)] + ([SkippedSamples()] if run.count_skipped else []) + list(user)

@@ -11,7 +11,8 @@ and calls the hooks (:mod:`.hooks`): the rules of a run are built-in hooks, and 
 * Ctrl-C, SIGTERM or SIGHUP saves a resumable mid-epoch checkpoint (:class:`~.hooks.StopOnSignal`,
   :class:`RunInterrupted`, exit status 128 + signal; under ``torchrun`` every rank stops at the same iteration and
   the main process saves);
-* an evaluation that fails saves the trained epoch before the failure is reported (:class:`~.hooks.Evaluation`).
+* an evaluation that fails (or is interrupted) saves the trained epoch before the failure is reported
+  (:class:`~.hooks.Evaluation`), marked unevaluated: the resumed run evaluates, ranks and logs it first.
 
 :func:`train` itself only orders the events: it keeps no rule of its own.
 
@@ -105,8 +106,8 @@ class TrainingRun:
                  else f"DataParallelModel on {[str(d) for d in self.device_ids] or ['cpu (direct)']}")
         o = self.options
         return (f"{network_name(o.get('model'), o.get('backbone'))} on {o.get('dataset')}: "
-                f"{len(self.train_loader.dataset)} train / {len(self.val_loader.dataset)} val samples, batch {o.get('batch_size')}, {self.epochs} epochs, "
-                f"lr {o.get('lr')}, {where}; writing to {self.output_dir}")
+                f"{len(self.train_loader.dataset)} train / {len(self.val_loader.dataset)} val samples, batch "
+                f"{o.get('batch_size')}, {self.epochs} epochs, lr {o.get('lr')}, {where}; writing to {self.output_dir}")
 
     def evaluate(self) -> Dict[str, Any]:
         """Score the model on the validation loader (``--eval``)."""
@@ -123,8 +124,9 @@ def resume(checkpoint: Optional[Checkpoint], model: nn.Module, optimizer: torch.
         weights_only: restore the weights only and start afresh (fine-tuning, evaluating).
         start_epoch: where a run without a training state starts.
 
-    The model's RNG states continue where they stopped, and the learning-rate schedule is set to the resume point
-    (iteration ``epoch * iters_per_epoch + iteration``): the rates are those an uninterrupted run would set.
+    The model's RNG states continue where they stopped (each rank's its own, when the checkpoint holds them), and
+    the learning-rate schedule is set to the resume point (iteration ``epoch * iters_per_epoch + iteration``): the
+    rates are those an uninterrupted run would set.
     """
     point = ResumePoint(epoch=start_epoch)
     if checkpoint is not None and weights_only:
@@ -173,8 +175,12 @@ def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_d
     The rules of the run are hooks (:func:`.hooks.default_hooks`: evaluation, checkpoint and best model, logs,
     previews, curves, the stop on a signal); ``hooks`` adds the caller's own, called after the evaluation and before
     the checkpoint (what they add to ``state.stats`` is saved and logged). Each hook gets ``before_train``, then per
-    epoch ``before_epoch``, ``before_step`` after every forward, ``after_step`` after every step and ``after_epoch``, and ``after_train`` (also when the
-    run stops with an error).
+    epoch ``before_epoch``, ``before_step`` after every forward, ``after_step`` after every step and
+    ``after_epoch``, and ``after_train`` (also when the run stops with an error).
+
+    An epoch the checkpoint trained but did not evaluate (``run.start.unevaluated``: stopped during its evaluation)
+    gets its ``after_epoch`` first, with its saved training numbers: it is evaluated, ranked, saved and logged as the
+    uninterrupted run would have.
 
     Args:
         run: the run (its ``start`` set by :func:`resume`).
@@ -188,9 +194,14 @@ def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_d
         RunInterrupted: Ctrl-C, SIGTERM or SIGHUP; a resumable checkpoint was written.
     """
     hooks = default_hooks(run, verify_data=verify_data, user=hooks)
-    state = RunState(run=run, checkpoint=checkpoint, best=(run.start.best_pred, run.start.best_epoch))
+    state = RunState(run=run, checkpoint=checkpoint, epoch=run.start.epoch,
+                     best=(run.start.best_pred, run.start.best_epoch))
     try:
         _call(hooks, "before_train", state)
+        if run.start.unevaluated is not None:  # trained, stopped while evaluating: evaluated (and logged) first
+            state.epoch, state.stats = run.start.epoch - 1, dict(run.start.unevaluated)
+            state.iteration = len(run.train_loader)
+            _call(hooks, "after_epoch", state)
         for epoch in range(run.start.epoch, run.epochs):
             state.epoch, state.stats, state.is_best = epoch, {}, False
             _call(hooks, "before_epoch", state)

@@ -9,8 +9,13 @@ A run's checkpoint (written atomically by :func:`encoding.utils.save_checkpoint`
   only with as many: :meth:`Checkpoint.world_size_problem`);
 * ``best_pred`` / ``best_epoch``: the best score so far, ``(pixAcc + mIoU) / 2``, and the epoch that scored it;
 * ``args``: the run's options (a plain dict: ``test.py`` / ``demo.py`` rebuild the network from it);
-* ``rng``: the global RNG states (dropout continues where it stopped); ``log_row``: the epoch's log row (the log
-  is completed from it when the run stopped between the checkpoint and the log); ``metrics``: pixAcc and mIoU.
+* ``rng``: the global RNG states (dropout continues where it stopped); under ``torchrun`` also ``rng_ranks``,
+  every rank's (:func:`gathered_rng_states`: each rank continues its own);
+* ``log_row``: the epoch's log row (the log is completed from it when the run stopped between the checkpoint and
+  the log); ``metrics``: pixAcc and mIoU;
+* ``unevaluated``: present when ``epoch`` trained but its evaluation did not end (a signal or a failure during it):
+  the epoch's training numbers (``loss``, ``lr``...); the resume evaluates, ranks and logs that epoch first;
+* ``hooks``: the states of the user's hooks that have ``state_dict()`` (:func:`hook_states`).
 
 Resuming reads the file once (:func:`read`); everything a resumed run needs comes from that one
 :class:`Checkpoint`: whether it is finished (:meth:`Checkpoint.finished`), the training state
@@ -21,14 +26,14 @@ Resuming reads the file once (:func:`read`); everything a resumed run needs come
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
-from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, load_model_state
+from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, _plain, load_checkpoint, load_model_state
 from ..utils.determinism import rng_state
-from ..utils.dist import get_world_size
+from ..utils.dist import get_rank, get_world_size, is_dist_avail_and_initialized
 from ..utils.files import atomic_write
 from ..utils.logger import EpochLogger
 from ..utils.plot import CURVES_NAME, write_curves
@@ -36,7 +41,8 @@ from ..utils.rundir import RunDirLock, RunDirLocked, remove_stale_temp_files
 from .sharding import load_optimizer_state
 
 __all__ = ["Checkpoint", "ResumePoint", "ResumeRefused", "read", "training_state", "restore_best", "resumable",
-           "complete_finished", "saved_options", "launched_world_size"]
+           "complete_finished", "saved_options", "launched_world_size", "gathered_rng_states", "hook_states",
+           "load_hook_states"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -50,6 +56,8 @@ class ResumePoint(NamedTuple):
         best_pred: the best score so far.
         best_epoch: the epoch that scored it (-1: none yet).
         rng: the global RNG states to restore (:func:`~encoding.utils.determinism.set_rng_state`), or ``None``.
+        unevaluated: the training numbers of epoch ``epoch - 1``, trained but not evaluated (evaluate it first), or
+            ``None``.
     """
 
     epoch: int = 0
@@ -57,6 +65,7 @@ class ResumePoint(NamedTuple):
     best_pred: float = 0.0
     best_epoch: int = -1
     rng: Optional[dict] = None
+    unevaluated: Optional[dict] = None
 
 
 class ResumeRefused(CheckpointError):
@@ -73,12 +82,26 @@ class Checkpoint(NamedTuple):
 
     @property
     def done(self) -> int:
-        """Complete epochs recorded."""
+        """Complete epochs recorded (trained; the last one maybe not evaluated yet: :attr:`unevaluated`)."""
         return int(self.data.get("epoch", -1)) + 1
 
+    @property
+    def unevaluated(self) -> Optional[dict]:
+        """The training numbers of the last epoch when its evaluation did not end (the resume evaluates it), else
+        ``None``."""
+        pending = self.data.get("unevaluated")
+        return None if pending is None else dict(pending)
+
     def finished(self, epochs: int) -> bool:
-        """Whether the checkpoint already completed ``epochs`` epochs (nothing left to train)."""
+        """Whether the checkpoint already completed ``epochs`` epochs (nothing left to train or evaluate)."""
+        if self.unevaluated is not None:
+            return self.done - 1 >= epochs
         return self.done >= epochs and not self.data.get("iteration", 0)
+
+    def rng_of(self, rank: int) -> Optional[dict]:
+        """The RNG states of ``rank``: its own (``rng_ranks``, a ``torchrun`` run's), else the main process's."""
+        ranks = self.data.get("rng_ranks") or []
+        return ranks[rank] if rank < len(ranks) else self.data.get("rng")
 
     def check_world_size(self, world_size: int) -> None:
         """Raise :class:`ResumeRefused` with :meth:`world_size_problem`'s reason, if any."""
@@ -130,10 +153,14 @@ class Checkpoint(NamedTuple):
             scaler.load_state_dict(self.data["scaler"])
         return ResumePoint(epoch=self.done, iteration=int(self.data.get("iteration", 0)),
                            best_pred=float(self.data.get("best_pred", 0.0)),
-                           best_epoch=int(self.data.get("best_epoch", -1)), rng=self.data.get("rng"))
+                           best_epoch=int(self.data.get("best_epoch", -1)), rng=self.rng_of(get_rank()),
+                           unevaluated=self.unevaluated)
 
     def log_resume(self) -> tuple:
-        """``(last epoch, its log row)``: arguments of :meth:`encoding.utils.EpochLogger.resume_after`."""
+        """``(last logged epoch, its log row)``: arguments of :meth:`encoding.utils.EpochLogger.resume_after` (an
+        epoch not evaluated yet has no row: the resume writes it)."""
+        if self.unevaluated is not None:
+            return self.data.get("epoch", -1) - 1, None
         return self.data.get("epoch", -1), self.data.get("log_row")
 
 
@@ -168,22 +195,74 @@ def _check_counts(data: Mapping[str, Any], path: str) -> None:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < smallest):
             raise CheckpointError(f"{path!r}: {key} must be an int >= {smallest}, got {str(repr(value))[:60]} "
                                   "(an edited or foreign file)")
-    if data.get("args") is not None and not isinstance(data["args"], Mapping):
-        raise CheckpointError(f"{path!r}: args must be a mapping of options, got {type(data['args']).__name__}")
+    for key, kind in (("args", Mapping), ("unevaluated", Mapping), ("hooks", Mapping), ("rng_ranks", list)):
+        if data.get(key) is not None and not isinstance(data[key], kind):
+            raise CheckpointError(f"{path!r}: {key} must be a {kind.__name__}, got {type(data[key]).__name__} (an "
+                                  "edited or foreign file)")
 
 
 def training_state(model: Union[nn.Module, Mapping[str, Any]], optimizer: Union[torch.optim.Optimizer, Mapping],
                    scheduler: Any, scaler: Optional[torch.amp.GradScaler], *, epoch: int, iteration: int,
                    best_pred: float, best_epoch: int, args: Mapping[str, Any], metrics: Mapping[str, Any],
-                   log_row: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                   log_row: Optional[Mapping[str, Any]] = None, unevaluated: Optional[Mapping[str, Any]] = None,
+                   rng_ranks: Optional[Sequence[dict]] = None,
+                   hooks: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The checkpoint of a run after ``epoch`` (with ``iteration > 0``: that many iterations of the next epoch are
     done too), RNG states included; written by :func:`encoding.utils.save_checkpoint`. ``model`` and ``optimizer``
-    are the objects or their full state dicts (a sharded run's, :func:`.sharding.full_state`)."""
-    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "epoch": epoch,
-            "iteration": iteration, "world_size": get_world_size(), "best_pred": best_pred,
-            "best_epoch": best_epoch, "args": dict(args),
-            "rng": rng_state(), "log_row": dict(log_row or {}),
-            "metrics": {k: metrics[k] for k in ("pixAcc", "mIoU") if k in metrics}}
+    are the objects or their full state dicts (a sharded run's, :func:`.sharding.full_state`). ``unevaluated``: the
+    epoch's training numbers when its evaluation did not end; ``rng_ranks``: every rank's RNG states
+    (:func:`gathered_rng_states`); ``hooks``: :func:`hook_states`."""
+    saved = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "epoch": epoch,
+             "iteration": iteration, "world_size": get_world_size(), "best_pred": best_pred,
+             "best_epoch": best_epoch, "args": dict(args),
+             "rng": rng_state(), "log_row": dict(log_row or {}),
+             "metrics": {k: metrics[k] for k in ("pixAcc", "mIoU") if k in metrics}}
+    extra = {"unevaluated": None if unevaluated is None else dict(unevaluated), "rng_ranks": rng_ranks,
+             "hooks": hooks or None}
+    return {**saved, **{k: v for k, v in extra.items() if v is not None}}
+
+
+def gathered_rng_states() -> Optional[List[dict]]:
+    """Every rank's RNG states (:func:`~encoding.utils.determinism.rng_state`), by rank, on the main process
+    (``None`` on the others, and when not distributed): a collective under ``torch.distributed``, every rank calls
+    it. Each rank draws its own dropout masks (seeded ``seed + rank``), so each resumes its own state."""
+    if not is_dist_avail_and_initialized():
+        return None
+    import torch.distributed as dist
+
+    states: Optional[List[Any]] = [None] * get_world_size() if get_rank() == 0 else None
+    dist.gather_object(rng_state(), states, dst=0)
+    return states
+
+
+def _hook_key(index: int, hook: Any) -> str:
+    return f"{index}:{type(hook).__qualname__}"
+
+
+def hook_states(hooks: Sequence[Any]) -> Dict[str, Any]:
+    """The states of ``hooks`` (the user's, in order) that have ``state_dict()``, keyed ``"<index>:<class>"``; each
+    must hold only what a ``weights_only`` load reads (tensors, numbers, strings, plain containers).
+
+    Raises:
+        TypeError: naming the hook and the value it cannot store.
+    """
+    states = {}
+    for index, hook in enumerate(hooks):
+        if callable(getattr(hook, "state_dict", None)):
+            try:
+                states[_hook_key(index, hook)] = _plain(hook.state_dict())
+            except TypeError as err:
+                raise TypeError(f"hook {type(hook).__qualname__}: its state_dict() {err}") from None
+    return states
+
+
+def load_hook_states(hooks: Sequence[Any], saved: Optional[Mapping[str, Any]]) -> None:
+    """Give each of ``hooks`` that has ``load_state_dict()`` the state :func:`hook_states` saved for it (same position
+    and class); a hook without a saved state starts afresh."""
+    for index, hook in enumerate(hooks):
+        key = _hook_key(index, hook)
+        if saved and key in saved and callable(getattr(hook, "load_state_dict", None)):
+            hook.load_state_dict(saved[key])
 
 
 def restore_best(directory: PathLike, checkpoint: Optional[Checkpoint] = None) -> Optional[str]:
