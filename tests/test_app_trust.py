@@ -276,15 +276,17 @@ def test_a_model_folder_naming_code_needs_trust_code(tmp_path, monkeypatch, caps
     args = parse_args(["--model", str(folder), "--device", "cpu", "--trust-code"])
     model = load_network(args)
     assert marker.read_text() == "imported\n"  # opted in: the folder's code ran
-    assert plan_limits(args, model) == PlanLimits(trusted=("payload_net:build",), max_devices=256)
+    assert plan_limits(args, model) == PlanLimits(trusted=("payload_net:build",), max_devices=256, max_work=8000)
 
 
 def test_plan_limits_trust_only_what_the_starter_named():
     from encoding.app.cli import parse_args, plan_limits
 
-    assert plan_limits(parse_args([]), None) == PlanLimits(max_devices=256)
-    limits = plan_limits(parse_args(["--plan-model", "my_models.tiny:build", "--max-devices", "8"]), None)
-    assert limits == PlanLimits(trusted=("my_models.tiny:build",), only="my_models.tiny:build", max_devices=8)
+    assert plan_limits(parse_args([]), None) == PlanLimits(max_devices=256, max_work=8000)
+    limits = plan_limits(parse_args(["--plan-model", "my_models.tiny:build", "--max-devices", "8",
+                                     "--max-plan-work", "50"]), None)
+    assert limits == PlanLimits(trusted=("my_models.tiny:build",), only="my_models.tiny:build", max_devices=8,
+                                max_work=50)
 
 
 def test_plan_limits_let_the_page_read_the_folder_it_serves_and_no_other():

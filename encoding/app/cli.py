@@ -7,14 +7,18 @@ shared with ``train.py``). The network is loaded once by :func:`encoding.load_mo
 (a missing or unreadable checkpoint or folder, or one naming code without ``--trust-code``, ends here in one line,
 exit status 2); without one, only the Plan memory tab works. The page computes ``--concurrency-limit`` requests at
 a time and keeps ``--max-queue`` more waiting (Gradio's queue); a request beyond them is refused with a message.
+Ctrl-C or SIGTERM stops the page and removes its working folder (each request's files, :mod:`.workfiles`).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 import tempfile
-from typing import Any, List, Optional, Sequence
+import threading
+from typing import Any, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -26,8 +30,8 @@ from ..utils.cli import run_cli
 from ..utils.images import set_max_pixels
 from .planning import PlanLimits
 
-__all__ = ["build_parser", "parse_args", "load_network", "plan_limits", "require_gradio", "served_paths", "main",
-           "cli"]
+__all__ = ["build_parser", "parse_args", "load_network", "plan_limits", "require_gradio", "Stopped", "stop_on_sigterm",
+           "served_paths", "main", "cli"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,10 +76,11 @@ def load_network(args: argparse.Namespace) -> Optional[torch.nn.Module]:
 
 def plan_limits(args: argparse.Namespace, model: Optional[torch.nn.Module]) -> PlanLimits:
     """What the Plan memory tab plans: ``--plan-model`` (alone), the served network's model when it names code and
-    ``--trust-code`` loaded it, at most ``--max-devices`` devices."""
+    ``--trust-code`` loaded it, at most ``--max-devices`` devices and ``--max-plan-work`` work."""
     served = model_info(model).options.get("model") if model is not None else None
     trusted = tuple(name for name in (args.plan_model, served) if name and (names_code(name) or names_path(name)))
-    return PlanLimits(trusted=trusted, only=args.plan_model or None, max_devices=args.max_devices)
+    return PlanLimits(trusted=trusted, only=args.plan_model or None, max_devices=args.max_devices,
+                      max_work=args.max_plan_work)
 
 
 def require_gradio() -> Any:
@@ -103,14 +108,41 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from .segmentation import upload_limit, validation_images
 
     examples = validation_images(model.info.dataset) if model is not None else []
-    with tempfile.TemporaryDirectory(prefix="encoding-app-") as workdir:
-        page = build_page(model, workdir, examples, plan_limits(args, model))
-        what = "no network (Plan memory only)" if model is None else f"{args.resume or args.model_source}"
-        print(f"encoding.app: serving {what} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
-        page.queue(default_concurrency_limit=args.concurrency_limit, max_size=args.max_queue).launch(
-            server_name=args.host, server_port=args.port, show_error=True, quiet=True,
-            allowed_paths=served_paths(workdir, examples),
-            max_file_size=upload_limit())
+    try:
+        with stop_on_sigterm(), tempfile.TemporaryDirectory(prefix="encoding-app-") as workdir:
+            page = build_page(model, workdir, examples, plan_limits(args, model))
+            what = "no network (Plan memory only)" if model is None else f"{args.resume or args.model_source}"
+            print(f"encoding.app: serving {what} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+            page.queue(default_concurrency_limit=args.concurrency_limit, max_size=args.max_queue).launch(
+                server_name=args.host, server_port=args.port, show_error=True, quiet=True,
+                allowed_paths=served_paths(workdir, examples),
+                max_file_size=upload_limit())  # until Ctrl-C or SIGTERM: Gradio's loop closes the server
+    except Stopped:  # SIGTERM while the page was starting: stopped all the same, its working folder removed
+        pass
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread by :func:`stop_on_sigterm` (a ``KeyboardInterrupt``, as Gradio expects)."""
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM (``kill``, systemd, ``docker stop``) stops the page as Ctrl-C does: a
+    :class:`Stopped` (a ``KeyboardInterrupt``) in the main thread, on which Gradio closes its server and the working
+    folder is removed (the interpreter's default ends the process at once, leaving the folder behind). Outside the
+    main thread (where no signal handler can be set) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Stopped(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def served_paths(workdir: str, examples: Sequence[str]) -> List[str]:

@@ -2,7 +2,6 @@
 (computed by :mod:`.planning`, which runs the tool's own functions)."""
 from __future__ import annotations
 
-import tempfile
 from typing import Any, List, Tuple
 
 from ..config.groups import AMP_CHOICES, RECOMPUTE_POLICIES
@@ -11,6 +10,7 @@ from ..errors import UsageError
 from .messages import COMPUTE, on_page
 from .planning import (PlanLimits, PlanRequest, advice_rows, device_rows, form_defaults, keep_served,
                        plan_memory)
+from .workfiles import work_folders
 
 __all__ = ["SPEC_EXAMPLES", "model_choices", "dataset_sizes", "preset_network", "plan_handler", "plan_tab"]
 
@@ -84,7 +84,8 @@ def plan_handler(workdir: str, limits: PlanLimits = PlanLimits(), start: PlanReq
             progress((min(done[0], steps), steps), desc=line)
 
         progress((0, steps), desc="simulating ...")
-        result = plan_memory(request, tempfile.mkdtemp(dir=workdir), progress=step, limits=limits)
+        with work_folders(workdir).request() as folder:  # removed if refused (.workfiles)
+            result = plan_memory(request, folder, progress=step, limits=limits)
         header, rows = device_rows(result.report)
         advice_header, advice = advice_rows(result.report)
         return (result.command, {"headers": header, "data": rows}, result.chart_path,

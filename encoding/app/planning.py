@@ -6,11 +6,11 @@ which the tool's own parser checks (:func:`encoding.memory.cli.parse_args`) and 
 :func:`~encoding.memory.report.write_json`, :func:`~encoding.memory.report.write_chart`): the page's numbers are the
 command line's. A preset name of :data:`encoding.models.model_list` stands for its architecture, backbone, dataset and
 heads. A request is checked first (:func:`check_request`): the page imports no code a request names, simulates at most
-``--max-devices`` devices and plans no memory size a real device does not have.
+``--max-devices`` devices and plans no memory size a real device does not have; then, before any simulation, its
+work (:func:`check_work`: the network's modules x strategies x passes, at most :data:`PLAN_WORK`).
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import shlex
@@ -24,9 +24,11 @@ from ..names import is_model_spec, names_code, names_path
 from ..utils.trust import UntrustedCode
 from ..models.registry import PRESETS
 from ..utils.trust import reading
+from .streams import routed
 
-__all__ = ["PlanRequest", "PlanLimits", "MemoryPlanResult", "served_request", "keep_served", "check_request",
-           "plan_argv", "form_defaults", "plan_memory", "device_rows", "advice_rows"]
+__all__ = ["PlanRequest", "PlanLimits", "MemoryPlanResult", "served_request", "keep_served", "PLAN_WORK",
+           "plan_passes", "plan_work", "check_work", "check_request", "plan_argv", "form_defaults", "plan_memory",
+           "device_rows", "advice_rows"]
 
 @dataclass(frozen=True)
 class PlanRequest:
@@ -150,16 +152,64 @@ class PlanLimits:
             the ``--plan-model``. Any other such model is refused before anything is imported or read.
         only: ``--plan-model``: the one model the tab plans (any other is refused).
         max_devices: the most simulated devices (``None``: ``--max-devices``' default).
+        max_work: the most work a plan may take (:func:`check_work`; ``None``: :data:`PLAN_WORK`).
     """
 
     trusted: Tuple[str, ...] = ()
     only: Optional[str] = None
     max_devices: Optional[int] = None
+    max_work: Optional[int] = None
 
     @property
     def most_devices(self) -> int:
         """``max_devices``, else the default of ``python -m encoding.app --max-devices``."""
         return defaults(AppOptions)["max_devices"] if self.max_devices is None else self.max_devices
+
+
+#: The most work a plan of the page may take, in :func:`plan_work`'s units (network modules x strategies x passes):
+#: about 3 minutes on 2 busy CPU cores (FCN-ResNet50, 162 modules, the six strategies with ``--recompute all``, the
+#: advice and the timeline: 5,832 units, 102 s over 8 devices, 145 s over 256).
+PLAN_WORK = defaults(AppOptions)["max_plan_work"]  # python -m encoding.app --max-plan-work
+
+
+def plan_passes(args: Any) -> int:
+    """The simulations of each strategy that the tool's options ``args`` ask for, counted as the time they take:
+    1 for the table, 2 more with ``--recompute`` (the step recomputed and, for the saving, the plain one), 1 with
+    ``--advise`` (its replays are cheap) and 2 with ``--timeline`` (each event recorded)."""
+    return (1 + 2 * (getattr(args, "recompute", "none") not in (None, "none")) + bool(getattr(args, "advise", False))
+            + 2 * bool(getattr(args, "timeline", None)))
+
+
+def plan_work(args: Any) -> Tuple[int, int]:
+    """``(modules, work)``: the modules of the network ``args`` plan, built on the ``meta`` device (no memory, no
+    weights, no download: :meth:`~encoding.models.network.NetworkSpec.check`), and the plan's work, ``modules x
+    strategies x`` :func:`plan_passes`. A simulation's time follows the network's operations (ResNeSt-269's 1,841
+    modules take 7-15 times ResNet-50's 162) and the strategies and passes simulated; identical devices are
+    simulated once, so the device count adds little (8 to 256 devices: 1.4 times).
+
+    Raises:
+        UsageError: the network cannot be built (one line naming its options).
+    """
+    from ..memory.report import step_arguments
+
+    modules = sum(1 for _ in step_arguments(args)["network"].check().modules())
+    return modules, modules * len(args.strategies) * plan_passes(args)
+
+
+def check_work(args: Any, limits: PlanLimits = PlanLimits()) -> None:
+    """Refuse, before anything is simulated, a plan (the tool's options ``args``) whose :func:`plan_work` is over
+    ``limits.max_work`` (default :data:`PLAN_WORK`).
+
+    Raises:
+        UsageError: one line with the plan's work and what to leave out.
+    """
+    most = PLAN_WORK if limits.max_work is None else limits.max_work
+    modules, work = plan_work(args)
+    if work > most:
+        raise UsageError(f"this plan's work, {modules} modules x {len(args.strategies)} strategies x "
+                         f"{plan_passes(args)} passes = {work:,}, is over this page's {most:,}: plan fewer "
+                         "strategies, without recompute, advise or timeline, or a smaller network (python -m "
+                         "encoding.memory has no such bound)")
 
 
 def check_request(request: PlanRequest, limits: PlanLimits = PlanLimits()) -> None:
@@ -248,7 +298,7 @@ def _parse(argv: Sequence[str]) -> Any:
 
     err = io.StringIO()
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        with routed(stderr=err, stdout=io.StringIO()):  # this request's lines only (.streams)
             return parse_args(list(argv))
     except SystemExit:
         lines = [line for line in err.getvalue().splitlines() if line.strip()]
@@ -285,7 +335,7 @@ def plan_memory(request: PlanRequest, out_dir: str, progress: Optional[Callable[
     Raises:
         UntrustedCode: a model naming code that ``limits`` does not trust (nothing is imported).
         UsageError: what :func:`check_request` refuses; options the tool refuses (its one-line message: a crop of
-            0, an unknown model...).
+            0, an unknown model...); a plan over the page's work (:func:`check_work`), before any simulation.
     """
     from ..memory.cli import check_outputs
     from ..memory.report import format_report, memory_report, write_chart, write_json
@@ -298,10 +348,11 @@ def plan_memory(request: PlanRequest, out_dir: str, progress: Optional[Callable[
         if args.timeline:  # as the tool's main: the memory of one step, from the same simulation
             from ..memory.timeline import check_options, write_report_timeline
             check_options(args)
-        with contextlib.redirect_stderr(_Lines(progress or (lambda line: None))):
+        check_work(args, limits)  # the page's bound, before any simulation
+        with routed(stderr=_Lines(progress or (lambda line: None))):  # not the process's sys.stderr (.streams)
             report = memory_report(args, progress=True)
         write_json(report, args.json_path)
-        with contextlib.redirect_stderr(io.StringIO()):
+        with routed(stderr=io.StringIO()):
             chart = args.chart_path if write_chart(report, args.chart_path) else None
             drawn = write_report_timeline(args, report) if args.timeline else []
     command = "python -m encoding.memory " + " ".join(shlex.quote(a) for a in plan_argv(request))

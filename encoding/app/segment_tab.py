@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-import tempfile
 from typing import Any, List, Optional, Sequence, Tuple
 from urllib.parse import unquote_to_bytes
 
@@ -18,6 +17,7 @@ from .messages import COMPUTE, on_page
 from .rendering import write_overlay
 from .segmentation import (BYTES_PER_PIXEL, MODES, SegmentRequest, legend_html, parse_scales, segment_image,
                            upload_limit, write_mask)
+from .workfiles import work_folders
 
 __all__ = ["SHARE_HEADERS", "image_input", "segment_handler", "segment_tab"]
 
@@ -55,7 +55,7 @@ def _data_url_file(url: str, folder: str) -> str:
         raw = base64.b64decode(data, validate=True) if coded else unquote_to_bytes(data)
     except binascii.Error:
         raw = b""  # not base64: an empty file, which the handler refuses as no image
-    path = os.path.join(tempfile.mkdtemp(dir=folder), "inline-image")
+    path = work_folders(folder).inline("inline-image")  # removed by the handler once done with it
     atomic_write(path, raw)
     return path
 
@@ -84,9 +84,10 @@ def image_input(workdir: str, examples: Sequence[str] = (), **options: Any) -> A
     Gradio: the handler checks its size from its header (:func:`~.segmentation.check_image_size`) before the
     datasets' reader reads it (EXIF orientation, 16-bit grey), and a file that is no image gets this page's message
     (Gradio's own preprocessing would decode it first, whatever its size, and answer with its internals). An image
-    sent inline (a ``data:`` URL) is written to a file of ``workdir`` as it is; a path is taken only inside Gradio's
-    upload folder or among the page's ``examples`` (:func:`_uploaded_file`). The one method is replaced on the
-    instance: a subclass of a Gradio component makes Gradio write a ``.pyi`` file beside this module."""
+    sent inline (a ``data:`` URL) is written to a file of ``workdir`` as it is (the handler removes it once done
+    with it: :meth:`~.workfiles.WorkFolders.release`); a path is taken only inside Gradio's upload folder or among
+    the page's ``examples`` (:func:`_uploaded_file`). The one method is replaced on the instance: a subclass of a
+    Gradio component makes Gradio write a ``.pyi`` file beside this module."""
     import gradio as gr
 
     image = gr.Image(type="filepath", image_mode=None, **options)
@@ -107,17 +108,22 @@ def segment_handler(model: nn.Module, workdir: str):
     legend HTML, shares, mask PNG)``; its errors are messages on the page. Each picture is encoded once, at the
     image's size (the mask PNG is shown and offered for download as the same file)."""
 
+    folders = work_folders(workdir)
+
     @on_page
     def segment(image: Optional[str], mode: str, flip: bool, window: Any, stride: Any,
                 scales: str) -> Tuple[str, str, str, List[List[Any]], str]:
-        request = SegmentRequest(mode=mode, flip=bool(flip), window=_window(window, "window"),
-                                 stride=_window(stride, "stride"),
-                                 scales=parse_scales(scales) if mode == "multi-scale" else SegmentRequest.scales)
-        result = segment_image(model, image, request)
-        folder = tempfile.mkdtemp(dir=workdir)
+        try:
+            request = SegmentRequest(mode=mode, flip=bool(flip), window=_window(window, "window"),
+                                     stride=_window(stride, "stride"),
+                                     scales=parse_scales(scales) if mode == "multi-scale" else SegmentRequest.scales)
+            result = segment_image(model, image, request)
+        finally:
+            folders.release(image)  # an image sent inline: its file goes, refused or used
         stem = os.path.splitext(os.path.basename(image))[0] if isinstance(image, str) else "image"
-        mask_path = write_mask(result.mask, os.path.join(folder, f"{stem}_mask.png"))
-        overlay_path = write_overlay(result.overlay, os.path.join(folder, f"{stem}_overlay.jpg"))
+        with folders.request() as folder:  # Gradio copies the files returned into its cache (.workfiles)
+            mask_path = write_mask(result.mask, os.path.join(folder, f"{stem}_mask.png"))
+            overlay_path = write_overlay(result.overlay, os.path.join(folder, f"{stem}_overlay.jpg"))
         shares = [[name, "#%02x%02x%02x" % colour, pixels, round(100 * share, 2)]
                   for name, colour, pixels, share in result.shares]
         return overlay_path, mask_path, result.legend, shares, mask_path

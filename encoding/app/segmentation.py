@@ -6,8 +6,9 @@ An image file is checked from its header before a pixel is decoded (:func:`encod
 ``--max-pixels`` pixels).
 
 The labels are ``encoding.segment``'s, so an image of any size keeps its bounded memory (see
-:func:`encoding.inference.predict.segment`); the colours and names are the network's (:class:`~encoding.inference.ModelInfo`,
-from its checkpoint).
+:func:`encoding.inference.predict.segment`); the colours and names are the network's
+(:class:`~encoding.inference.ModelInfo`, from its checkpoint). A visitor's windows, stride and scales are bounded
+before any work (:func:`check_request`, :func:`check_work`).
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ from ..utils.palette import colorize
 from .rendering import blend, present_legend_html
 
 __all__ = ["MODES", "SegmentRequest", "Segmentation", "parse_scales", "BYTES_PER_PIXEL", "upload_limit",
-           "check_image_size", "check_work", "MAX_SCALES", "segment_image", "class_shares", "legend_html",
-           "write_mask", "validation_images"]
+           "check_image_size", "check_request", "check_work", "MAX_SCALES", "MIN_WINDOW", "min_window", "segment_image",
+           "class_shares", "legend_html", "write_mask", "validation_images"]
 
 #: The Segment tab's choices: the whole image at once, overlapping windows, several scales (PyTorch-Encoding's
 #: multi-scale evaluation, :class:`~encoding.models.MultiEvalModule`).
@@ -172,6 +173,7 @@ def segment_image(model: nn.Module, image: object, request: SegmentRequest = Seg
     """
     info = model_info(model)
     keywords = request.keywords()
+    check_request(request, info)  # the windows, before the image is read
     array = _image_array(image)
     check_work(request, array.shape[0], array.shape[1], info)
     labels = segment(model, array, **keywords)
@@ -182,27 +184,55 @@ def segment_image(model: nn.Module, image: object, request: SegmentRequest = Seg
 
 #: The most scales a visitor's multi-scale request may hold.
 MAX_SCALES = 8
+#: The smallest window of a network without a training crop (pixels); with one, half of it (:func:`min_window`).
+MIN_WINDOW = 32
 
 
-def check_work(request: SegmentRequest, height: int, width: int, info: ModelInfo) -> None:
-    """Refuse a visitor's windows and scales that would make the page work past its pixel limit (``--max-pixels``):
-    a window, or the image at a scale (padded to the window), above it; a stride under a quarter of the window
-    (each pixel seen more than 16 times); more than :data:`MAX_SCALES` scales.
+def min_window(info: ModelInfo) -> int:
+    """The smallest window the page runs for the network of ``info``: half its training crop (rounded up; the
+    default window, the crop itself, is always taken), else :data:`MIN_WINDOW`. Each window costs a forward's fixed
+    work besides its pixels: 2 x 2 windows (stride 1) took 49 times a whole-image pass on a 400 x 400 image, and
+    windows of half the crop at a quarter of their size apart 9 times (a quarter of the crop: 18 times)."""
+    return -(-info.crop_size // 2) if info.crop_size else MIN_WINDOW
+
+
+def check_request(request: SegmentRequest, info: ModelInfo) -> None:
+    """Refuse, before the image is read, a visitor's windows that would make the page work past its pixel limit
+    (``--max-pixels``) or far past a whole-image pass: a window above the limit; a window under :func:`min_window`
+    (half the training crop: many small windows cost far more than their pixels); a stride under a quarter of the
+    window (each pixel seen more than 16 times); more than :data:`MAX_SCALES` scales.
 
     Raises:
-        ImageTooLarge: a window or scaled image above the limit. UsageError: the stride or the scales.
+        ImageTooLarge: a window above the limit. UsageError: the window, the stride or the scales.
     """
     if request.mode == "whole":
         return
+    smallest = min_window(info)
+    if request.window is not None and request.window < smallest:
+        raise UsageError(f"window {request.window}: at least {smallest} pixels for this network (half its training "
+                         f"crop {info.crop_size})" if info.crop_size else
+                         f"window {request.window}: at least {smallest} pixels")
     window = request.window or info.crop_size
-    check_pixels(window, window, f"window {window}")
-    if request.stride is not None and request.stride < window / 4:
-        raise UsageError(f"stride {request.stride}: at least a quarter of the window ({-(-window // 4)} for window "
-                         f"{window}); a smaller one evaluates each pixel more than 16 times")
-    if request.mode != "multi-scale":
-        return
-    if len(request.scales) > MAX_SCALES:
+    if window:  # none: encoding.segment says the network has no training crop
+        check_pixels(window, window, f"window {window}")
+        if request.stride is not None and request.stride < window / 4:
+            raise UsageError(f"stride {request.stride}: at least a quarter of the window ({-(-window // 4)} for "
+                             f"window {window}); a smaller one evaluates each pixel more than 16 times")
+    if request.mode == "multi-scale" and len(request.scales) > MAX_SCALES:
         raise UsageError(f"scales: {len(request.scales)} given, at most {MAX_SCALES}")
+
+
+def check_work(request: SegmentRequest, height: int, width: int, info: ModelInfo) -> None:
+    """:func:`check_request`, and for an ``height x width`` image the multi-scale sizes: the image at a scale
+    (padded to the window) above the pixel limit is refused.
+
+    Raises:
+        ImageTooLarge: a window or scaled image above the limit. UsageError: the window, the stride or the scales.
+    """
+    check_request(request, info)
+    if request.mode != "multi-scale" or not info.base_size:
+        return
+    window = request.window or info.crop_size or 0
     for scale in request.scales:  # MultiEvalModule's sizes, padded to the window
         h, w = scaled_size(height, width, info.base_size, scale)
         check_pixels(max(w, window), max(h, window), f"the image at scale {scale:g}")

@@ -121,6 +121,9 @@ class AppOptions:
                                        metavar="MODEL", scripts=APP)
     max_devices: int = option(256, "the most devices the Plan memory tab simulates", parse=positive_int,
                               metavar="N", scripts=APP)
+    max_plan_work: int = option(8000, "the most work one plan of the Plan memory tab may take: the network's "
+                                "modules x strategies x passes (docs/app.md)", parse=positive_int, metavar="N",
+                                scripts=APP)
     concurrency_limit: int = option(1, "requests computed at the same time (Gradio's concurrency_limit)",
                                     parse=positive_int, metavar="N", scripts=APP)
     max_queue: int = option(16, "requests waiting beyond those; more are refused with a message (Gradio's "
