@@ -17,6 +17,8 @@ _FILE_CALLS = {"os.replace", "os.rename", "torch.save", "onnx.save", "torch.expo
 
 
 _METHODS = {"save", "savefig", "write_text", "write_bytes", "to_csv"}
+#: Calls of those names that return bytes and write nothing (safetensors.torch.save: the bytes atomic_write writes).
+_BYTES_CALLS = {"_safetensors().save"}
 
 
 #: (file, function) -> why its raw write is safe. Everything else must go through encoding.utils.files.atomic_write
@@ -53,7 +55,7 @@ def _writes(path):
                 call = ast.unparse(child.func)
                 args = [ast.unparse(a) for a in child.args]
                 inner = encoded or call.endswith("atomic_write")  # bytes made for atomic_write (safetensors.save)
-                if encoded:
+                if encoded or call in _BYTES_CALLS:
                     pass
                 elif call in ("open", "io.open", "os.fdopen"):
                     modes = child.args[1:2] + [k.value for k in child.keywords if k.arg == "mode"]
