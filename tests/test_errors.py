@@ -178,15 +178,16 @@ def _exception_classes(module):
 
 def test_every_exception_class_of_the_package_derives_from_encoding_error():
     """One error root: each exception class defined anywhere in ``encoding`` is an EncodingError, except the
-    documented interrupt (a SystemExit, which ``except Exception`` lets through)."""
+    documented interrupts, which ``except Exception`` must let through: a run's (a SystemExit) and the web page's
+    SIGTERM (a KeyboardInterrupt, on which Gradio closes its server)."""
     modules = _package_modules()
     assert len(modules) > 100  # the walk saw the package
     classes = {f"{cls.__module__}.{cls.__qualname__}": cls for m in modules for cls in _exception_classes(m)}
     assert {"encoding.errors.UsageError", "encoding.inference.predict.InferenceOptionError",
             "encoding.engine.loop.Interrupted", "encoding.parallel.parallel_apply.ReplicaAbortedError"} <= set(classes)
     outside = sorted(name for name, cls in classes.items() if not issubclass(cls, EncodingError))
-    assert outside == ["encoding.errors.RunInterrupted"], outside
-    assert issubclass(RunInterrupted, SystemExit)
+    assert outside == ["encoding.app.cli.Stopped", "encoding.errors.RunInterrupted"], outside
+    assert issubclass(RunInterrupted, SystemExit) and issubclass(classes["encoding.app.cli.Stopped"], KeyboardInterrupt)
 
 
 def test_dataset_errors_are_one_class():

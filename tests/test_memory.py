@@ -62,11 +62,12 @@ def test_tracker_counts_storages_not_views_and_frees_them():
     assert tracker.peak == 8000
 
 
-def test_tracker_rounds_like_a_caching_allocator_and_reads_one_from_fake_tensors():
+def test_tracker_rounds_like_a_caching_allocator_and_reads_a_neutral_value_from_fake_tensors():
     tracker = AllocationTracker(round_to=512)
     with new_fake_mode(), tracker:
         x = torch.ones(3)                     # 12 bytes -> one 512-byte block
-        assert x.sum().item() == 1.0          # no value on a fake tensor: 1 (Adam divides by 1 - beta ** step)
+        assert x.sum().item() == 0.5          # no value on a fake tensor: Adam divides by 1 - beta ** step
+        assert int(torch.empty(1).uniform_(0.0, 1.0).item()) == 0  # an index drawn from one choice is index 0
     assert tracker.peak == 1024               # x and the sum
 
 

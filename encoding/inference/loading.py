@@ -189,7 +189,8 @@ def _check_label_fields(info: ModelInfo) -> None:
     checks = (("classes", isinstance(info.classes, tuple) and len(info.classes) > 0
                and all(isinstance(c, str) for c in info.classes), "a list of class names"),
               ("palette", isinstance(info.palette, tuple) and len(info.palette) == len(info.classes)
-               and all(_is_colour(c) for c in info.palette), "one [r, g, b] of ints in [0, 255] per class"),("binary", isinstance(info.binary, bool), "true or false"),
+               and all(_is_colour(c) for c in info.palette), "one [r, g, b] of ints in [0, 255] per class"),
+              ("binary", isinstance(info.binary, bool), "true or false"),
               ("threshold", _is_real(info.threshold) and 0 < info.threshold < 1,
                "a number in (0, 1) (the foreground is sigmoid > threshold)"),
               ("ignore_index", index is None or (isinstance(index, int) and not isinstance(index, bool)),

@@ -39,8 +39,9 @@ class AllocationTracker(TorchDispatchMode):
     (no operator sees it: FSDP2 frees and re-allocates its unsharded parameters so) counts at its new size while the
     tracker is active. On fake tensors a host read (``.item()``, ``.tolist()``) has no value: it returns ``False``
     for a boolean tensor, ``1`` for an integer one (BatchNorm's ``num_batches_tracked``, by which a ``momentum=None``
-    BatchNorm divides) and ``1.0`` for a floating one (Adam's ``step``: its bias correction ``1 - beta1 ** step``
-    divides), so code that checks values (e.g. a target range check) passes and none divides by zero.
+    BatchNorm divides) and ``0.5`` for a floating one (Adam's ``step``: its bias correction ``1 - beta1 ** step``
+    divides; a random draw in ``[0, n)`` turned into an index, as torchvision's detection transforms pick a size, is
+    index 0), so code that checks values (e.g. a target range check) passes and none divides by zero.
 
     Args:
         round_to: allocation granularity in bytes.
@@ -163,9 +164,9 @@ class AllocationTracker(TorchDispatchMode):
             device = _fake_device(args[0])
             if device is not None:
                 return device
-        if func is torch.ops.aten._local_scalar_dense.default:  # no value: False, 1 or 1.0 (see the docstring)
+        if func is torch.ops.aten._local_scalar_dense.default:  # no value: False, 1 or 0.5 (see the docstring)
             dtype = args[0].dtype
-            return False if dtype == torch.bool else 1.0 if dtype.is_floating_point or dtype.is_complex else 1
+            return False if dtype == torch.bool else 0.5 if dtype.is_floating_point or dtype.is_complex else 1
         if self.workspaces is not None:
             shapes = _shapes(args, kwargs)
             self.workspaces.see(func, args, kwargs, shapes, self.shares[0])
