@@ -37,7 +37,7 @@ setup(
         # and runs every optional integration against the real library (timm backbones, SegFormer against
         # transformers, ONNX export under onnxruntime, YAML configs, TensorBoard / W&B logs, losses against smp,
         # the web page of python -m encoding.app; its browser test also needs Debian's chromium + chromium-driver)
-        "test": ["pytest", "matplotlib", "scipy", "pycocotools", "sphinx", "myst-parser", "furo",
+        "test": ["pytest", "pytest-xdist", "matplotlib", "scipy", "pycocotools", "sphinx", "myst-parser", "furo",
                  "timm", "transformers", "onnx", "onnxruntime", "onnxscript", "pyyaml", "tensorboard", "wandb",
                  "segmentation-models-pytorch", "huggingface_hub", "safetensors",
                  "gradio", "gradio_client", "selenium"],  # the web page, driven by its client and in Chromium
