@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..nn.blocks import NormLayer, conv_norm_act, resize, up_kwargs_of
+from ..nn.blocks import NormLayer, conv_norm_act, positional_up_kwargs, resize
 
 __all__ = ["FCNHead", "PyramidPooling"]
 
@@ -63,12 +63,7 @@ class PyramidPooling(nn.Module):
                  bins: Sequence[int] = (1, 2, 3, 6), branch_channels: Optional[int] = None,
                  up_kwargs: Optional[Mapping[str, Any]] = None) -> None:
         super().__init__()
-        if isinstance(bins, Mapping):  # PE's third positional parameter
-            if up_kwargs is not None:
-                raise TypeError(f"PyramidPooling: bins is a dict ({bins!r}), PyTorch-Encoding's up_kwargs, and "
-                                f"up_kwargs is given too")
-            bins, up_kwargs = (1, 2, 3, 6), bins
-        self.up_kwargs = up_kwargs_of(up_kwargs, "PyramidPooling")
+        bins, self.up_kwargs = positional_up_kwargs(bins, (1, 2, 3, 6), up_kwargs, "PyramidPooling", "bins")
         if branch_channels is None:
             branch_channels = in_channels // len(bins)
         self.branches = nn.ModuleList(

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..nn.blocks import NormLayer, SeparableConv2d, conv_norm_act, resize, up_kwargs_of
+from ..nn.blocks import NormLayer, SeparableConv2d, conv_norm_act, positional_up_kwargs, resize
 
 __all__ = ["JPU"]
 
@@ -40,12 +40,7 @@ class JPU(nn.Module):
                  norm_layer: NormLayer = nn.BatchNorm2d, dilations: Sequence[int] = (1, 2, 4, 8),
                  up_kwargs: Optional[Mapping[str, Any]] = None) -> None:
         super().__init__()
-        if isinstance(dilations, Mapping):  # PE's fourth positional parameter
-            if up_kwargs is not None:
-                raise TypeError(f"JPU: dilations is a dict ({dilations!r}), PyTorch-Encoding's up_kwargs, and "
-                                f"up_kwargs is given too")
-            dilations, up_kwargs = (1, 2, 4, 8), dilations
-        self.up_kwargs = up_kwargs_of(up_kwargs, "JPU")
+        dilations, self.up_kwargs = positional_up_kwargs(dilations, (1, 2, 4, 8), up_kwargs, "JPU", "dilations")
         self.projections = nn.ModuleList(conv_norm_act(c, width, 3, norm_layer) for c in in_channels)
         self.dilations = nn.ModuleList(
             nn.Sequential(SeparableConv2d(len(in_channels) * width, width, 3, dilation=d, norm_layer=norm_layer),

@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +47,22 @@ def up_kwargs_of(up_kwargs: Optional[Mapping[str, Any]], owner: str) -> Dict[str
                          f"'align_corners' (bilinear / bicubic only), PyTorch-Encoding's; got {up_kwargs!r}")
     return {"mode": mode, "align_corners": bool(align) if interpolating else None}
 
+
+
+def positional_up_kwargs(value: Any, default: Any, up_kwargs: Optional[Mapping[str, Any]], owner: str,
+                         name: str) -> Tuple[Any, Dict[str, Any]]:
+    """``(value, resize keywords)`` of a module whose parameter ``name`` sits where PyTorch-Encoding's signature had
+    ``up_kwargs``: a dict given there is PE's ``up_kwargs`` (``value`` is then ``default``), else ``up_kwargs``.
+
+    Raises:
+        TypeError: a dict in ``name``'s place and ``up_kwargs`` too. ValueError: see :func:`up_kwargs_of`.
+    """
+    if isinstance(value, Mapping):
+        if up_kwargs is not None:
+            raise TypeError(f"{owner}: {name} is a dict ({value!r}), PyTorch-Encoding's up_kwargs, and up_kwargs is "
+                            "given too")
+        value, up_kwargs = default, value
+    return value, up_kwargs_of(up_kwargs, owner)
 
 def conv_norm_act(in_channels: int, out_channels: int, kernel_size: int = 3, norm_layer: NormLayer = nn.BatchNorm2d,
                   dilation: int = 1, stride: int = 1) -> nn.Sequential:
