@@ -173,8 +173,10 @@ def test_bad_up_kwargs_are_refused_naming_them():
         PyramidPooling(16, nn.BatchNorm2d, {"mode": "bilinear", "align": True})
     with pytest.raises(ValueError, match="JPU: up_kwargs"):
         JPU([8, 16, 32], 4, nn.BatchNorm2d, up_kwargs={"mode": "nearest", "align_corners": True})
-    with pytest.raises(TypeError, match="up_kwargs"):
+    with pytest.raises(TypeError, match="PyramidPooling: bins is a dict .* and up_kwargs is given too"):
         PyramidPooling(16, nn.BatchNorm2d, UP, up_kwargs=UP)
+    with pytest.raises(TypeError, match="JPU: dilations is a dict .* and up_kwargs is given too"):
+        JPU([8, 16, 32], 4, nn.BatchNorm2d, UP, up_kwargs=UP)
 
 
 # ------------------------------------------------------------------------------- Encoding.reset_params (bug 5)
