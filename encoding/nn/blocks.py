@@ -48,7 +48,6 @@ def up_kwargs_of(up_kwargs: Optional[Mapping[str, Any]], owner: str) -> Dict[str
     return {"mode": mode, "align_corners": bool(align) if interpolating else None}
 
 
-
 def positional_up_kwargs(value: Any, default: Any, up_kwargs: Optional[Mapping[str, Any]], owner: str,
                          name: str) -> Tuple[Any, Dict[str, Any]]:
     """``(value, resize keywords)`` of a module whose parameter ``name`` sits where PyTorch-Encoding's signature had
@@ -63,6 +62,7 @@ def positional_up_kwargs(value: Any, default: Any, up_kwargs: Optional[Mapping[s
                             "given too")
         value, up_kwargs = default, value
     return value, up_kwargs_of(up_kwargs, owner)
+
 
 def conv_norm_act(in_channels: int, out_channels: int, kernel_size: int = 3, norm_layer: NormLayer = nn.BatchNorm2d,
                   dilation: int = 1, stride: int = 1) -> nn.Sequential:
