@@ -55,14 +55,20 @@ def _inputs(kind: str, saturate: bool):
     return x, target
 
 
-@pytest.mark.parametrize("kind", ["softmax", "sigmoid", "binary"])
-@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
-def test_focal_equals_the_plain_formula_on_ordinary_inputs(kind, gamma):
-    x, target = _inputs(kind, saturate=False)
+def _losses_and_inputs(kind, gamma, saturate):
+    """Our focal loss and the plain formula on copies of one input, both backpropagated: (loss, want, ours, ref)."""
+    x, target = _inputs(kind, saturate=saturate)
     ours, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
     loss, want = _ours(kind, gamma)(ours, target), _naive_focal(kind, ref, target, gamma)
     loss.backward()
     want.backward()
+    return loss, want, ours, ref
+
+
+@pytest.mark.parametrize("kind", ["softmax", "sigmoid", "binary"])
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
+def test_focal_equals_the_plain_formula_on_ordinary_inputs(kind, gamma):
+    loss, want, ours, ref = _losses_and_inputs(kind, gamma, saturate=False)
     torch.testing.assert_close(loss, want, rtol=1e-12, atol=0)
     torch.testing.assert_close(ours.grad, ref.grad, rtol=1e-10, atol=1e-15)
 
@@ -71,16 +77,12 @@ def test_focal_equals_the_plain_formula_on_ordinary_inputs(kind, gamma):
 @pytest.mark.parametrize("gamma", [0.25, 0.5])
 def test_focal_gradient_is_finite_and_zero_at_a_saturated_pixel(kind, gamma):
     """0 < gamma < 1: pow's backward at 1 - p == 0 is inf (NaN downstream); the true derivative there is 0."""
-    x, target = _inputs(kind, saturate=True)
-    ours, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
-    loss, want = _ours(kind, gamma)(ours, target), _naive_focal(kind, ref, target, gamma)
-    loss.backward()
-    want.backward()
+    loss, want, ours, ref = _losses_and_inputs(kind, gamma, saturate=True)
     assert not torch.isfinite(ref.grad[0, :, 0, 0]).all()  # the plain formula breaks exactly there
     assert torch.isfinite(ours.grad).all()
     assert (ours.grad[0, :, 0, 0] == 0).all()
     torch.testing.assert_close(loss, want, rtol=1e-12, atol=0)
-    others = torch.ones_like(x, dtype=torch.bool)
+    others = torch.ones_like(ours, dtype=torch.bool)
     others[0, :, 0, 0] = False  # each pixel's logits feed only its own term: the rest must match the plain formula
     torch.testing.assert_close(ours.grad[others], ref.grad[others], rtol=1e-10, atol=1e-15)
 
