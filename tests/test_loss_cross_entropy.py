@@ -211,6 +211,24 @@ def test_ohem_under_data_parallel_is_exact_when_threshold_decides():
                                     grad_rtol=0, grad_atol=1e-10)
 
 
+@pytest.mark.parametrize("weighted,smoothing", [(False, 0.0), (True, 0.1)])
+def test_ohem_under_data_parallel_is_exact_when_min_kept_decides(weighted, smoothing):
+    """Nothing is hard by the threshold, so ``min_kept`` picks the pixels: over the whole batch, not per replica."""
+    torch.manual_seed(0)
+    net = _SegNet().double()
+    x, target = uneven_batch(NCLASS, seed=1)
+    weight = torch.linspace(0.5, 2.0, NCLASS, dtype=torch.float64) if weighted else None
+    criterion = OhemCrossEntropy(thresh=0.0, min_kept=40, aux=True, se_loss=True, weight=weight,
+                                 label_smoothing=smoothing)
+    with torch.no_grad():
+        whole = criterion.hard_pixels(net(x)["out"], target, target >= 0).sum()
+        per_replica = sum(criterion.hard_pixels(net(part)["out"], t, t >= 0).sum()
+                          for part, t in zip(x.split([3, 2, 2]), target.split([3, 2, 2])))
+    assert whole == 40 and per_replica > whole  # the premise: mining per replica would keep other pixels
+    assert_replicated_step_is_exact(net, net, criterion, x, target, DEVICES, [3, 2, 2], atol=1e-10, rtol=0,
+                                    grad_rtol=0, grad_atol=1e-10)
+
+
 def test_constructor_validates():
     with pytest.raises(ValueError, match="weight"):
         SegmentationLosses(nclass=NCLASS, weight=torch.ones(3))
