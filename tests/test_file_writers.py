@@ -109,6 +109,11 @@ def test_atomic_helpers_leave_the_old_file_on_failure_and_refuse_their_input(tmp
                               (str(tmp_path), [], "directory")):
         with pytest.raises(ValueError, match=says):
             refuse_own_input(out, inputs, "--output")
+    pairs = [("--json", str(tmp_path / "r.out")), ("--chart", str(tmp_path / "r.out"))]
+    with pytest.raises(ValueError, match=r"--chart .*r\.out: the same file as --json .*r\.out"):
+        refuse_own_input(pairs, [])
+    with pytest.raises(ValueError, match=r"^--json .*link\.onnx: that is the input file .*model\.onnx"):
+        refuse_own_input([("--json", str(link))], [str(target)])
 
 
 def test_writers_refuse_their_own_input(tmp_path, capsys):

@@ -164,14 +164,9 @@ def check_outputs(args: argparse.Namespace) -> None:
         outputs += [("--timeline", os.path.join(args.timeline, name)) for name in TIMELINE_FILES]
     root = args.data_root if args.dataset == "folder" and args.data_root else None
     try:
-        written: Dict[str, str] = {}
         for option, path in outputs:
             _check_writable(option, path)
-            refuse_own_input(path, _inputs(root, path), option)
-            real = os.path.realpath(path)
-            if real in written:  # one would go
-                raise ValueError(f"{option} {path}: the same file as {written[real]}; give another path")
-            written[real] = f"{option} {path}"
+        refuse_own_input(outputs, [read for _, path in outputs for read in _inputs(root, path)])
     except ValueError as err:
         raise UsageError(str(err)) from None
 

@@ -213,34 +213,37 @@ def _identity(path: str) -> Optional[Tuple[int, int]]:
     return st.st_dev, st.st_ino
 
 
-def refuse_own_input(outputs: Union[str, Sequence[str]], inputs: Union[str, Sequence[Optional[str]]],
-                     option: str = "output") -> None:
+def refuse_own_input(outputs: Union[str, Sequence[Union[str, Tuple[str, str]]]],
+                     inputs: Union[str, Sequence[Optional[str]]], option: str = "output") -> None:
     """Refuse to write over a file the same command reads, or twice to one file.
 
     Args:
-        outputs: the file(s) a command is about to write.
+        outputs: the file(s) a command is about to write, each a path or an ``(option, path)`` pair naming the
+            option that chose it.
         inputs: the file(s) it reads (``None`` entries are ignored).
-        option: how to name the outputs in the message (e.g. ``"--output"``).
+        option: how to name the outputs given as plain paths in the message (e.g. ``"--output"``).
 
     Raises:
-        ValueError: one line naming the path: an output is an input, a directory, or two outputs are one file.
+        ValueError: one line naming the option and path: an output is an input, a directory, or two outputs are
+            one file.
     """
     outputs = [outputs] if isinstance(outputs, (str, os.PathLike)) else list(outputs)
+    named = [out if isinstance(out, tuple) else (option, out) for out in outputs]
     inputs = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     read = {os.path.realpath(os.fspath(p)): os.fspath(p) for p in inputs if p is not None}
     identities = {_identity(p): p for p in read.values() if _identity(p) is not None}
     written: dict = {}
-    for out in map(os.fspath, outputs):
+    for name, out in ((name, os.fspath(out)) for name, out in named):
         if os.path.isdir(out):
-            raise ValueError(f"{option} {out}: is a directory; give a file path")
+            raise ValueError(f"{name} {out}: is a directory; give a file path")
         real, identity = os.path.realpath(out), _identity(out)
         source = read.get(real) or (identities.get(identity) if identity is not None else None)
         if source is not None:
-            raise ValueError(f"{option} {out}: that is the input file {source}; writing it would destroy it "
+            raise ValueError(f"{name} {out}: that is the input file {source}; writing it would destroy it "
                              "(give another path)")
         if real in written:
-            raise ValueError(f"{option} {out}: two of the files written would be the same file {written[real]}")
-        written[real] = out
+            raise ValueError(f"{name} {out}: the same file as {written[real]}, both written; give another path")
+        written[real] = f"{name} {out}"
 
 
 def source_files(source: str) -> List[str]:
