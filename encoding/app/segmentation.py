@@ -223,13 +223,12 @@ def check_request(request: SegmentRequest, info: ModelInfo) -> None:
 
 
 def check_work(request: SegmentRequest, height: int, width: int, info: ModelInfo) -> None:
-    """:func:`check_request`, and for an ``height x width`` image the multi-scale sizes: the image at a scale
-    (padded to the window) above the pixel limit is refused.
+    """Once the image is read (after :func:`check_request`), for its ``height x width`` the multi-scale sizes: the
+    image at a scale (padded to the window) above the pixel limit is refused.
 
     Raises:
-        ImageTooLarge: a window or scaled image above the limit. UsageError: the window, the stride or the scales.
+        ImageTooLarge: a scaled image above the limit.
     """
-    check_request(request, info)
     if request.mode != "multi-scale" or not info.base_size:
         return
     window = request.window or info.crop_size or 0
