@@ -532,3 +532,30 @@ def test_folder_dataset_takes_its_classes_from_data_root(tmp_path):
     (tmp_path / "data" / "classes.txt").write_text("background\ncat\ndog\nbird\n")
     report = cli.main(argv)
     assert report["config"]["nclass"] == 4 and len(report["strategies"]["ddp"]["peak_mib"]) == 2
+
+
+def test_tool_plans_the_optimizer_and_the_loss_it_is_given(tmp_path, capsys):
+    """--optimizer adamw holds two states per parameter where SGD holds one (momentum 0: none): only device 0 of
+    ``balanced``, which steps the optimizer, changes, by at least the parameters' bytes; --loss changes the step's
+    loss (Lovasz-Softmax's sorted errors of 150 classes raise the replica's peak); the report records both."""
+    from encoding.models.network import NetworkSpec
+
+    common = ["--model", "fcn", "--backbone", "resnet18", "--crop-size", "64", "--nclass", "150", "--simulate", "2",
+              "--strategies", "balanced", "--out-dir", str(tmp_path)]
+    params = sum(p.numel() * 4 for p in NetworkSpec("fcn", 150, backbone="resnet18").build().parameters()) / 2 ** 20
+
+    def peaks(*extra):
+        report = cli.main(common + list(extra))
+        return report["strategies"]["balanced"]["peak_mib"], report["config"]
+    sgd, config = peaks()
+    adamw, adamw_config = peaks("--optimizer", "adamw")
+    stateless, _ = peaks("--momentum", "0")
+    lovasz, lovasz_config = peaks("--loss", "lovasz")
+    assert (config["optimizer"], config["momentum"], config["loss"]) == ("sgd", 0.9, "ce")
+    assert adamw_config["optimizer"] == "adamw" and lovasz_config["loss"] == "lovasz"
+    assert adamw[1] == sgd[1] == stateless[1] and adamw[0] - sgd[0] >= 0.99 * params
+    assert sgd[0] - stateless[0] >= 0.99 * params
+    assert lovasz[1] > sgd[1] + 10
+    argv = ["--simulate", "2", "--optimizer", "adamw", "--momentum", "0.5"]
+    capsys.readouterr()
+    assert "--momentum is read only with --optimizer sgd" in _one_line_error(argv, capsys)

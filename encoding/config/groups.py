@@ -25,6 +25,7 @@ from ..names import absolute_spec
 from ..nn.recompute import RECOMPUTE_POLICIES
 from ..registry import Registry
 from ..utils.cli import non_negative_float, non_negative_int, positive_float, positive_int, scales, unit_float
+from ..utils.optim import OPTIMIZERS
 from .fields import ALL, EVAL, option
 
 __all__ = ["BUILTIN_SIZES", "AMP_CHOICES", "AMP_DTYPES", "COMPILE_CHOICES", "OPTIMIZERS", "STRATEGIES", "RECOMPUTE_POLICIES",
@@ -37,9 +38,6 @@ AMP_CHOICES = ("none", "bf16", "fp16")
 #: ``--amp`` -> the autocast dtype (``None``: full precision); the one table of training, evaluation and the memory
 #: tool.
 AMP_DTYPES = dict(zip(AMP_CHOICES, (None, torch.bfloat16, torch.float16)))
-#: ``--optimizer`` (``encoding.engine.builders.build_optimizer(kind=...)``): PyTorch-Encoding's SGD (momentum, weight
-#: decay) or AdamW.
-OPTIMIZERS = ("sgd", "adamw")
 #: ``--strategy`` under torchrun (``encoding.engine.builders.wrap_model(strategy=...)``): name -> what wraps the model.
 STRATEGIES: Registry[str] = Registry("strategy", {"ddp": "DistributedDataParallel",
                                                   "fsdp": "FSDP2 fully_shard",
@@ -164,7 +162,7 @@ class OptimOptions:
     """The loss, the schedule and the optimizer."""
 
     loss: str = option("ce", "the pixel loss (docs/nn.md); aux/SE terms as for ce", choices=tuple(LOSSES),
-                       scripts=TRAIN)
+                       scripts=("train", "memory"))
     aux_weight: float = option(0.2, "weight of the auxiliary loss (PE train.py: 0.2; build_criterion's default, PE's "
                                "library one: 0.4)", parse=non_negative_float, scripts=TRAIN)
     se_weight: float = option(0.2, "weight of the semantic-encoding loss", parse=non_negative_float, scripts=TRAIN)
@@ -190,10 +188,14 @@ class OptimOptions:
     head_lr_mult: float = option(1.0, "learning-rate factor of the heads (default: 10 with --pretrained-backbone, "
                                  "as in PE; else 1)", parse=positive_float, scripts=TRAIN)
     optimizer: str = option("adamw", "sgd (PyTorch-Encoding's, momentum + weight decay) or adamw (default: the "
-                            "recipe's)", choices=OPTIMIZERS, recipe=True, scripts=TRAIN)
-    momentum: float = option(0.9, "SGD momentum", parse=non_negative_float, scripts=TRAIN)
+                            "recipe's)", choices=OPTIMIZERS, recipe=True, scripts=("train", "memory"),
+                            per_script=memory(default="sgd", help="the optimizer whose state the step holds: sgd "
+                                              "(--momentum; default: every recipe's but shapes' and folder's) or "
+                                              "adamw (two states per parameter)"))
+    momentum: float = option(0.9, "SGD momentum (0: SGD holds no state)", parse=non_negative_float,
+                             scripts=("train", "memory"))
     weight_decay: float = option(1e-4, "default: the recipe's (1e-4)", parse=non_negative_float, recipe=True,
-                                 scripts=TRAIN)
+                                 scripts=("train", "memory"), per_script=memory(help="weight decay (default: 1e-4; 0: none)"))
     clip_grad: Optional[float] = option(None, "clip the global gradient norm", parse=positive_float, scripts=TRAIN)
 
 

@@ -48,6 +48,7 @@ from ..utils.determinism import EpochSampler, SeededSamples, seed_worker
 from ..utils.dist import (ShardSampler, fsdp_units, get_local_rank, get_world_size, is_main_process,
                           launched_by_torchrun)
 from ..utils.lr_scheduler import IterationLR
+from ..utils.optim import optimizer_settings
 from .compiled import compile_mode, compile_model
 
 __all__ = ["Placement", "Loaders", "select_devices", "build_model", "build_criterion", "build_loaders",
@@ -275,10 +276,7 @@ def build_optimizer(model: nn.Module, lr: float, *, kind: str = "sgd", momentum:
     Raises:
         ValueError: unknown ``kind``.
     """
-    if kind not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {kind!r}; valid: {', '.join(OPTIMIZERS)}")
-    cls = torch.optim.SGD if kind == "sgd" else torch.optim.AdamW
-    options = dict(lr=lr, weight_decay=weight_decay, **({"momentum": momentum} if kind == "sgd" else {}))
+    cls, options = optimizer_settings(kind, lr=lr, momentum=momentum, weight_decay=weight_decay)
     if zero_redundancy:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         return ZeroRedundancyOptimizer(param_groups(model), optimizer_class=cls, **options)

@@ -66,6 +66,7 @@ _READ_WHEN = {
     "reserve": (lambda a: a.advise, "--advise"),
     "data_root": (lambda a: a.dataset == "folder", "--dataset folder (its class file)"),
     "backbone": (lambda a: not is_model_spec(a.model), "a network of the toolkit's (not a model spec)"),
+    "momentum": (lambda a: a.optimizer == "sgd", "--optimizer sgd"),
 }
 
 

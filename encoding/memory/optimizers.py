@@ -9,9 +9,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from ..utils.optim import optimizer_settings
 from .sharded import LocalShardOptimizer, PartitionOptimizer, zero_optimizer
 
-__all__ = ["build_optimizer", "optimizer_warmup", "optimizer_key", "optimizer_state", "training_optimizer"]
+__all__ = ["build_optimizer", "optimizer_warmup", "optimizer_key", "optimizer_state", "optimizer_factory",
+           "training_optimizer"]
 
 
 def build_optimizer(spec: Any, program: Any, params: List[Tensor], real_ddp: bool = False) -> Optional[Any]:
@@ -58,6 +60,22 @@ def optimizer_state(optimizer: Any) -> List[Dict[str, Any]]:
     return list(optimizer.state.values())
 
 
+def optimizer_factory(kind: str = "sgd", momentum: float = 0.9, weight_decay: float = 1e-4,
+                      foreach: Optional[bool] = True) -> Callable[[Any], torch.optim.Optimizer]:
+    """``params -> optimizer``: training's ``--optimizer kind`` (:func:`~encoding.utils.optim.optimizer_settings`)
+    for a simulated step; ``foreach`` is its multi-tensor form, torch's default on GPUs (``True``: the simulated
+    devices are GPUs; ``None``: torch's default for the parameters' device).
+
+    Raises:
+        ValueError: an unknown ``kind``.
+    """
+    cls, hyper = optimizer_settings(kind, lr=0.01, momentum=momentum, weight_decay=weight_decay)
+
+    def build(params: Any) -> torch.optim.Optimizer:
+        return cls(params, foreach=foreach, **hyper)
+    return build
+
+
 def training_optimizer(model: nn.Module, groups: Sequence[Dict[str, Any]],
                        options: Optional[Dict[str, Any]] = None) -> Callable[[List[Tensor]], Any]:
     """``params -> optimizer`` for a simulated copy of ``model``: the training optimizer of
@@ -69,25 +87,19 @@ def training_optimizer(model: nn.Module, groups: Sequence[Dict[str, Any]],
     Raises:
         ValueError: an unknown option or ``kind``, or a group parameter that is not one of ``model``'s trainable ones.
     """
-    from ..config import OPTIMIZERS
-
     known = {"kind": "sgd", "momentum": 0.9, "weight_decay": 1e-4}
     unknown = sorted(set(options or {}) - set(known))
     if unknown:
         raise ValueError(f"optimizer: unknown option(s) {', '.join(unknown)}; valid: {', '.join(known)}")
-    kind, momentum, weight_decay = (dict(known, **(options or {}))[name] for name in known)
-    if kind not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {kind!r}; valid: {', '.join(OPTIMIZERS)}")
+    make = optimizer_factory(**dict(known, **(options or {})), foreach=None)
     position = {id(p): i for i, p in enumerate(p for p in model.parameters() if p.requires_grad)}
     if any(id(p) not in position for group in groups for p in group["params"]):
         raise ValueError("training_optimizer: a parameter group holds a tensor that is no trainable parameter of "
                          "the model")
     indices = [[position[id(p)] for p in group["params"]] for group in groups if group["params"]]
-    cls = torch.optim.SGD if kind == "sgd" else torch.optim.AdamW
-    hyper = dict(lr=0.01, weight_decay=weight_decay, **({"momentum": momentum} if kind == "sgd" else {}))
 
     def build(params: List[Tensor]) -> Any:
         if len(params) != len(position):  # the copy is the model's: the same trainable parameters in order
             raise ValueError(f"training_optimizer: {len(params)} parameters, the model has {len(position)}")
-        return cls([{"params": [params[i] for i in group]} for group in indices], **hyper)
+        return make([{"params": [params[i] for i in group]} for group in indices])
     return build

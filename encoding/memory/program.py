@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from ..config.tools import BACKENDS as _BACKENDS, DEFAULT_STRATEGIES as _DEFAULT_STRATEGIES, MEMORY_STRATEGIES
 from ..parallel.reduction import criterion_loss_terms, reduce_loss_terms
 from ..parallel.structures import iter_leaves, transpose_map
-from .optimizers import build_optimizer, optimizer_key, optimizer_state, optimizer_warmup
+from .optimizers import build_optimizer, optimizer_factory, optimizer_key, optimizer_state, optimizer_warmup
 from .sharded import is_sharded, rank_world, shard_model, sharded_gradients
 from .tracker import MIB
 
@@ -55,7 +55,7 @@ def default_optimizer(params: List[Tensor]) -> torch.optim.Optimizer:
     """SGD with momentum 0.9 and weight decay, as the segmentation recipes use (device 0 holds its momentum), in
     its multi-tensor (``foreach``) form, torch's default on GPUs: its weight decay makes a transient copy of the
     gradients."""
-    return torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=1e-4, foreach=True)
+    return optimizer_factory()(params)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from .advice import advise
 from .ahead import TracesAhead, traces_ahead
 from .balance import max_batch, strategy_peaks
 from .planner import AMP_DTYPES, loop_name
+from .optimizers import optimizer_factory
 from .profiler import learn_workspaces
 from .simulate import Simulator
 from .spec import buildable_policies, step_spec
@@ -53,7 +54,8 @@ def _summary(peaks: Sequence[int], split: Sequence[int], seconds: Optional[float
 
 def _config(args: argparse.Namespace, mode: str) -> Dict[str, Any]:
     keys = ("model", "backbone", "dataset", "nclass", "batch_size", "crop_size", "aux", "se_loss", "amp",
-            "calibrate", "memory_limit", "keep_outputs", "backend", "reserve")
+            "calibrate", "memory_limit", "keep_outputs", "backend", "reserve", "loss", "optimizer", "momentum",
+            "weight_decay")
     config = {k: getattr(args, k) for k in keys}
     config["recompute"] = args.recompute
     config["loop"] = loop_name(args.keep_outputs)
@@ -69,7 +71,8 @@ def step_arguments(args: argparse.Namespace) -> Dict[str, Any]:
     (:meth:`NetworkSpec.from_options <encoding.models.network.NetworkSpec.from_options>`, every network option of
     training) and the step."""
     return dict(network=NetworkSpec.from_options(args, args.nclass), crop_size=args.crop_size,
-                amp_dtype=AMP_DTYPES.get(args.amp), seed=args.seed, keep_outputs=args.keep_outputs)
+                amp_dtype=AMP_DTYPES.get(args.amp), seed=args.seed, keep_outputs=args.keep_outputs, loss=args.loss,
+                optimizer=optimizer_factory(args.optimizer, args.momentum, args.weight_decay))
 
 
 def _with(spec_args: Dict[str, Any], policy: str, **changes: Any) -> Dict[str, Any]:

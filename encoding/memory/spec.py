@@ -2,25 +2,27 @@
 description training builds from) on square crops."""
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
 from ..utils.renamed import renamed_keyword
 from ..models.network import NetworkSpec
 from ..nn.recompute import RECOMPUTE_POLICIES
-from .program import StepSpec
+from .program import StepSpec, default_optimizer
 
 __all__ = ["step_spec", "segmentation_spec", "buildable_policies"]
 
 
 def step_spec(network: NetworkSpec, crop_size: int, *, amp_dtype: Optional[torch.dtype] = None, seed: int = 0,
-              keep_outputs: bool = False) -> StepSpec:
+              keep_outputs: bool = False, loss: str = "ce",
+              optimizer: Callable[[Any], torch.optim.Optimizer] = default_optimizer) -> StepSpec:
     """A training step of ``network.build()`` (exactly what training builds: head width, output stride,
-    recomputation ...) on ``crop_size`` crops with :class:`~encoding.nn.SegmentationLosses` and SGD (momentum 0.9,
-    weight decay 1e-4); ``keep_outputs`` is the loop that holds the outputs through backward
-    (:class:`~encoding.memory.StepSpec`)."""
-    from ..nn import SegmentationLosses
+    recomputation ...) on ``crop_size`` crops with the pixel loss ``loss`` of :data:`~encoding.nn.LOSSES` (aux and SE
+    terms as the network has them) and ``optimizer`` (default: SGD, momentum 0.9, weight decay 1e-4;
+    :func:`~encoding.memory.optimizers.optimizer_factory` makes training's others); ``keep_outputs`` is the loop that
+    holds the outputs through backward (:class:`~encoding.memory.StepSpec`)."""
+    from ..nn import LOSSES
 
     nclass = network.nclass
 
@@ -34,9 +36,9 @@ def step_spec(network: NetworkSpec, crop_size: int, *, amp_dtype: Optional[torch
     def make_target(share: int) -> torch.Tensor:
         return torch.randint(0, nclass, (share, crop_size, crop_size))
 
-    criterion = SegmentationLosses(se_loss=network.se_loss, aux=network.aux, nclass=nclass)
+    criterion = LOSSES.get(loss)(se_loss=network.se_loss, aux=network.aux, nclass=nclass)
     return StepSpec(build_model=build, make_inputs=make_inputs, make_target=make_target, criterion=criterion,
-                    amp_dtype=amp_dtype, keep_outputs=keep_outputs)
+                    optimizer=optimizer, amp_dtype=amp_dtype, keep_outputs=keep_outputs)
 
 
 def segmentation_spec(model: str, backbone: str, nclass: int, crop_size: int, aux: bool = False,
