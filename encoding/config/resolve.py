@@ -43,7 +43,7 @@ from ..utils.configfile import ConfigFileError, parse_config, read_config
 from ..utils.dist import launched_by_torchrun
 from ..utils.trust import check_trusted
 from .errors import ConfigError
-from .evaluation import MODEL_SPECIFIC, evaluation_rules, weights_layer
+from .evaluation import MODEL_SPECIFIC, NETWORK_OPTIONS, evaluation_rules, weights_layer
 from .fields import cli_name
 from .groups import (DataOptions, DemoOptions, DeviceOptions, EvalOptions, GROUPS, ModelOptions, OptimOptions,
                      RunOptions, WeightOptions)
@@ -160,7 +160,10 @@ def resolve(script: str = "train", argv: Optional[Sequence[str]] = None, *, reci
         raise ConfigError(f"--dataset {dataset}: unknown dataset; valid: {', '.join(sorted(DATASETS))}")
     recipes = recipes or RECIPE_DIR
     recipe = read_recipe(recipes, dataset)
-    layers.append((recipe_source(recipes, dataset), _recipe_values(recipe, given, saved[1])))
+    # a recipe is a configuration file (someone's folder with recipes=): code it names runs only with the opt-in
+    check_trusted({k: v for k, v in recipe.items() if k not in given}, recipe_source(recipes, dataset),
+                  bool(cli.get("trust_code")))
+    layers.append((recipe_source(recipes, dataset), _recipe_values(script, recipe, given, saved[1])))
     layers += [saved, (f"config file {path}", filed), ("command line", cli)]
     values: Dict[str, Any] = {}
     sources: Dict[str, str] = {}
@@ -182,12 +185,21 @@ def _defaults(script: str) -> Dict[str, Any]:
             for f, o in option_specs(script)}
 
 
-def _recipe_values(recipe: Dict[str, Any], given: Dict[str, Any], saved: Dict[str, Any]) -> Dict[str, Any]:
+def _recipe_values(script: str, recipe: Dict[str, Any], given: Dict[str, Any],
+                   saved: Dict[str, Any]) -> Dict[str, Any]:
     """Layer 2: the values the recipe sets (``None``: left to the model or the dataset); the model-specific ones only
-    for the recipe's own model (rule)."""
+    for the recipe's own model (rule). ``test.py`` / ``demo.py`` evaluate the weights' network: its options other
+    than the names (:data:`WEIGHTS_OWN`) are what the weights record, else the network's and the dataset's own, as
+    :func:`~encoding.inference.loading.load_model` builds it, never the recipe's (dilations and sizes change no
+    weight's shape: the recipe's would evaluate another network than the one trained)."""
     model = given.get("model") or saved.get("model") or recipe["model"]
+    own = WEIGHTS_OWN if script != "train" else ()
     return {k: v for k, v in recipe.items()
-            if v is not None and (k not in MODEL_SPECIFIC or model == recipe["model"])}
+            if v is not None and k not in own and (k not in MODEL_SPECIFIC or model == recipe["model"])}
+
+
+#: The network options ``test.py`` / ``demo.py`` never take from a recipe (:func:`_recipe_values`).
+WEIGHTS_OWN = tuple(name for name in NETWORK_OPTIONS if name not in ("dataset", "model", "backbone"))
 
 
 def _rule(values: Dict[str, Any], sources: Dict[str, str], name: str, value: Any, why: str) -> None:

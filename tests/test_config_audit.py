@@ -1,0 +1,46 @@
+"""What the configuration layers may and may not give: a recipe folder names no code without the opt-in, and
+``test.py`` / ``demo.py`` evaluate the network their weights hold (no network option from the recipe)."""
+import os
+import sys
+
+import pytest
+import torch
+
+from encoding.config import resolve
+from encoding.config.recipes import RECIPE_DIR, recipe_path
+from encoding.datasets import datasets
+from encoding.engine.state import saved_options
+from encoding.models import get_segmentation_model
+from encoding.utils import save_checkpoint
+from encoding.utils.trust import UntrustedCode
+
+
+def test_a_recipe_folder_naming_code_is_refused_without_the_opt_in(tmp_path):
+    """``resolve(recipes=DIR)``: someone's recipe is a configuration file like ``--config``'s."""
+    text = open(recipe_path(RECIPE_DIR, "shapes")).read().replace("model: unet", "model: evilmod_recipe:build")
+    assert "evilmod_recipe" in text
+    (tmp_path / "shapes.yaml").write_text(text)
+    with pytest.raises(UntrustedCode, match=r"recipe .*shapes\.yaml names code to run.*--trust-code"):
+        resolve("train", [], recipes=str(tmp_path))
+    assert "evilmod_recipe" not in sys.modules
+    assert resolve("train", ["--trust-code"], recipes=str(tmp_path)).model.model == "evilmod_recipe:build"
+    assert resolve("train", ["--model", "fcn"], recipes=str(tmp_path)).model.model == "fcn"  # overridden: not read
+
+
+def test_evaluation_takes_no_network_option_from_the_recipe(tmp_path):
+    """A checkpoint recording no output stride and no base size (docs/inference.md's hand-made one): test.py builds
+    the network load_model builds (the model's own stride, the dataset's own base size), not the recipe's (stride 8,
+    base 72: another network, with the same weight shapes)."""
+    net = get_segmentation_model("unet", dataset="shapes", backbone="vgg_tiny")
+    path = str(tmp_path / "model_best.pth")
+    save_checkpoint({"model": net, "args": {"dataset": "shapes", "model": "unet", "backbone": "vgg_tiny",
+                                            "crop_size": 64}}, path)
+    for script, argv in (("test", []), ("demo", ["image.jpg"])):
+        settings = resolve(script, ["--resume", path] + argv, read_saved=saved_options)
+        assert settings.model.output_stride is None and settings.source("output_stride") == "default"
+        assert settings.data.crop_size == 64 and settings.source("crop_size") == f"checkpoint {path}"
+        assert settings.data.base_size == datasets["shapes"].BASE_SIZE != 72
+        assert not any(source.startswith("recipe") for source in settings.sources.values()), settings.sources
+    trained = resolve("train", [])
+    assert (trained.model.output_stride, trained.data.base_size) == (8, 72)  # what the recipe would have given
+    assert torch.load(path, weights_only=True)["args"].get("output_stride") is None
