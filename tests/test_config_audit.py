@@ -44,3 +44,15 @@ def test_evaluation_takes_no_network_option_from_the_recipe(tmp_path):
     trained = resolve("train", [])
     assert (trained.model.output_stride, trained.data.base_size) == (8, 72)  # what the recipe would have given
     assert torch.load(path, weights_only=True)["args"].get("output_stride") is None
+
+
+@pytest.mark.parametrize("argv", [["--val-limit", "4"], ["--test-batch-size", "3"], ["--val-split", "nowhere"],
+                                  ["--tensorboard", "--log-images", "2"]])
+def test_validation_options_are_refused_with_no_val(argv):
+    """``--no-val`` turns validation off: its options would change nothing (``--eval`` still reads them)."""
+    from encoding.config import ConfigError
+
+    option = argv[-2]
+    with pytest.raises(ConfigError, match=f"^{option} is an option of validation, which --no-val turns off"):
+        resolve("train", ["--no-val"] + argv)
+    assert resolve("train", argv) is not None

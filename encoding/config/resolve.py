@@ -216,7 +216,9 @@ ONLY_WITH = (("aux_weight", lambda v: v["aux"], "--aux"), ("se_weight", lambda v
              ("val_fraction", lambda v: v["dataset"] == "folder", "--dataset folder"),
              ("unknown_labels", lambda v: v["dataset"] == "folder", "--dataset folder"),
              ("log_images", lambda v: v["tensorboard"] or v["wandb"], "--tensorboard / --wandb"),
-             ("dist_timeout", lambda v: launched_by_torchrun(), "a torchrun launch"))
+             ("dist_timeout", lambda v: launched_by_torchrun(), "a torchrun launch"),
+             *((name, lambda v: not v["no_val"] or v["eval"], "validation, which --no-val turns off")
+               for name in ("val_split", "val_limit", "test_batch_size", "log_images")))
 
 
 def _rules(script: str, values: Dict[str, Any], sources: Dict[str, str], recipe: Dict[str, Any],

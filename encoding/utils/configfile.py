@@ -156,14 +156,19 @@ def _tokens(action: argparse.Action, value: Any, where: str) -> List[str]:
     return [option, str(value)]
 
 
+#: Options a file may not set, and why: they are about the command, not the run.
+NOT_IN_FILES = {"config": "a file does not name another file",
+                "traceback": "it is how errors are shown: --traceback on the command line, or ENCODING_TRACEBACK=1"}
+
+
 def config_argv(parser: argparse.ArgumentParser, path: str, data: Optional[Mapping[str, Any]] = None,
-                exclude: Sequence[str] = ("config",)) -> List[str]:
+                exclude: Sequence[str] = tuple(NOT_IN_FILES)) -> List[str]:
     """The command-line tokens that the file ``path`` stands for, in the file's order.
 
     Args:
         parser: the script's parser (its long options are the valid keys).
         data: the file's mapping when already read.
-        exclude: keys a file may not set (``config``: a file does not name another file).
+        exclude: keys a file may not set (:data:`NOT_IN_FILES`).
 
     Raises:
         ConfigFileError: an unknown key (naming the closest option), or a value of the wrong shape.
@@ -173,6 +178,9 @@ def config_argv(parser: argparse.ArgumentParser, path: str, data: Optional[Mappi
     argv: List[str] = []
     for key, value in data.items():
         name = str(key).replace("_", "-")
+        if name in exclude and name in options:
+            why = NOT_IN_FILES.get(name, "the command line's")
+            raise ConfigFileError(f"{path}: key {_brief(key)} cannot be set in a file ({why})")
         if name not in options or name in exclude:
             close = difflib.get_close_matches(name, [o for o in options if o not in exclude], n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
