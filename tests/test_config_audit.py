@@ -56,3 +56,17 @@ def test_validation_options_are_refused_with_no_val(argv):
     with pytest.raises(ConfigError, match=f"^{option} is an option of validation, which --no-val turns off"):
         resolve("train", ["--no-val"] + argv)
     assert resolve("train", argv) is not None
+
+
+def test_a_missing_pretrained_backbone_file_is_refused_before_any_work(tmp_path):
+    """It was found only when the network was built, after the run directory was made and the data loaded, in a
+    message naming no option."""
+    from encoding.config import ConfigError
+    from encoding.engine.assemble import check_settings
+
+    missing = tmp_path / "none.pth"
+    with pytest.raises(ConfigError, match=rf"^--pretrained-backbone {missing}: no such weights file"):
+        check_settings(resolve("train", ["--pretrained-backbone", str(missing)]))
+    assert not os.listdir(tmp_path)
+    missing.write_bytes(b"not read by the check")
+    check_settings(resolve("train", ["--pretrained-backbone", str(missing)]))

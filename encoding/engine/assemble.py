@@ -65,12 +65,13 @@ def parse_device_ids(text: Optional[str]) -> Optional[List[Any]]:
 
 def check_network(dataset: str, model: str, backbone: str, *, aux: bool = False, se_loss: bool = False,
                   output_stride: Optional[int] = None, head_channels: Optional[int] = None,
-                  recompute: Any = False, nclass: Optional[int] = None, **old: Any) -> nn.Module:
+                  recompute: Any = False, nclass: Optional[int] = None, pretrained_backbone: Any = False,
+                  **old: Any) -> nn.Module:
     """Refuse a dataset or network the builders cannot make: the network is built on the ``meta`` device (no
     memory, no weights, no download), so every late error of the model's constructors is found now.
 
     ``recompute``: ``False`` (or ``"none"``), ``"backbone"`` or ``"all"``; ``checkpoint=`` is its old name
-    (``FutureWarning``).
+    (``FutureWarning``). A ``pretrained_backbone`` file must be there (nothing is read or downloaded).
 
     Returns:
         The network on the ``meta`` device.
@@ -83,7 +84,7 @@ def check_network(dataset: str, model: str, backbone: str, *, aux: bool = False,
         raise ConfigError(f"--dataset {dataset}: unknown dataset; valid: {', '.join(sorted(DATASETS))}")
     network = NetworkSpec(model, nclass or DATASETS[dataset].NUM_CLASS or 2, backbone=backbone, aux=aux,
                           se_loss=se_loss, output_stride=output_stride, head_channels=head_channels,
-                          recompute=recompute)
+                          recompute=recompute, pretrained_backbone=pretrained_backbone)
     return network.check(ConfigError)
 
 
@@ -143,7 +144,7 @@ def check_training(config: "TrainingConfig", given_datasets: bool = False) -> No
     if not given_datasets or c.dataset in DATASETS:
         network = check_network(c.dataset, c.model, c.backbone, aux=c.aux, se_loss=c.se_loss,
                                 output_stride=c.output_stride, head_channels=c.head_channels, recompute=c.recompute,
-                                nclass=1 if c.binary or c.binary_class else None)
+                                nclass=1 if c.binary or c.binary_class else None, pretrained_backbone=c.pretrained)
         _check_head_lr(c, network)
     for split, option in [] if given_datasets else [(c.train_split, "--train-split")] + (
             [] if c.no_val else [(c.val_split, "--val-split")]):

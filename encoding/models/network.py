@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Type, Union
 
@@ -133,8 +134,12 @@ class NetworkSpec:
         every late error of the constructors is found before any work.
 
         Raises:
-            error: one line quoting :attr:`flags` and the builder's reason.
+            error: one line quoting :attr:`flags` and the builder's reason; a ``pretrained_backbone`` file that is
+                not there.
         """
+        weights = self.pretrained_backbone
+        if isinstance(weights, (str, os.PathLike)) and not os.path.isfile(weights):
+            raise error(f"--pretrained-backbone {os.fspath(weights)}: no such weights file")
         try:
             with torch.device("meta"):
                 return self.replace(pretrained=False, pretrained_backbone=False).build()
