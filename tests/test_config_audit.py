@@ -70,3 +70,17 @@ def test_a_missing_pretrained_backbone_file_is_refused_before_any_work(tmp_path)
     assert not os.listdir(tmp_path)
     missing.write_bytes(b"not read by the check")
     check_settings(resolve("train", ["--pretrained-backbone", str(missing)]))
+
+
+@pytest.mark.parametrize("argv", [["--model", "unet", "--backbone", "vgg_tiny_s2"], ["--model", "fcn"],
+                                  ["--model", "unet", "--output-stride", "16", "--crop-size", "96"]])
+def test_the_memory_tool_plans_the_network_and_crop_train_py_runs(argv):
+    """The same flags, the same network: the recipe's crop, and its output stride for the recipe's own model (the
+    tool planned the dataset's crop 128 and the model's own stride 16 where training runs crop 64 at stride 8)."""
+    from encoding.memory.cli import parse_args
+
+    planned = parse_args(["--dataset", "shapes", "--simulate", "2"] + argv)
+    trained = resolve("train", ["--dataset", "shapes"] + argv)
+    assert (planned.output_stride, planned.head_channels, planned.crop_size) == (
+        trained.model.output_stride, trained.model.head_channels, trained.data.crop_size)
+    assert planned.crop_size != datasets["shapes"].CROP_SIZE

@@ -51,7 +51,7 @@ from .parser import build_parser, option_specs, warn_old_spellings
 from .recipes import RECIPE_DIR, SIZE_KEYS, read_recipe, recipe_source
 from .training import TrainingConfig
 
-__all__ = ["ORDER", "RULES", "Settings", "resolve", "parse_layers"]
+__all__ = ["ORDER", "RULES", "Settings", "resolve", "parse_layers", "recipe_defaults"]
 
 #: The sources of a setting, lowest first (the names :attr:`Settings.sources` uses, besides ``rule: ...``).
 ORDER = ("default", "recipe", "checkpoint", "config file", "command line")
@@ -196,6 +196,16 @@ def _recipe_values(script: str, recipe: Dict[str, Any], given: Dict[str, Any],
     own = WEIGHTS_OWN if script != "train" else ()
     return {k: v for k, v in recipe.items()
             if v is not None and k not in own and (k not in MODEL_SPECIFIC or model == recipe["model"])}
+
+
+def recipe_defaults(dataset: str, model: str, recipes: Optional[str] = None) -> Dict[str, Any]:
+    """What ``train.py --dataset DATASET --model MODEL`` takes from the dataset's recipe (the model-specific options
+    only for the recipe's own model; ``None`` values left out): what the other tools (the memory tool) plan with.
+
+    Raises:
+        ConfigError: an unreadable recipe (naming the file).
+    """
+    return _recipe_values("train", read_recipe(recipes or RECIPE_DIR, dataset), {"model": model}, {})
 
 
 #: The network options ``test.py`` / ``demo.py`` never take from a recipe (:func:`_recipe_values`).

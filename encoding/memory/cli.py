@@ -111,8 +111,8 @@ def _complete(args: argparse.Namespace) -> None:
     if args.dataset not in datasets:
         raise ValueError(f"--dataset: unknown {args.dataset!r}; valid: {', '.join(datasets)}")
     args.nclass = _class_count(args) if args.nclass is None else args.nclass
+    _recipe_network(args)
     parameter_bytes = _check_network(args)
-    args.crop_size = datasets[args.dataset].CROP_SIZE if args.crop_size is None else args.crop_size
     if args.batch_size is None:
         args.batch_size = 2 * count
     if args.batch_size < count:
@@ -200,6 +200,21 @@ def _class_count(args: argparse.Namespace) -> int:
     if not args.data_root:
         raise ValueError("--dataset folder: give --data-root DIR (its classes give the class count) or --nclass N")
     return len(dataset_metadata(datasets["folder"](root=args.data_root, split="train"))["classes"])
+
+
+def _recipe_network(args: argparse.Namespace) -> None:
+    """What ``train.py`` takes from the dataset's recipe, for what the command line leaves unset: the crop (else the
+    dataset's own), and for the recipe's own model its output stride and head width
+    (:func:`~encoding.config.resolve.recipe_defaults`): the tool plans the network and crop training runs."""
+    from ..config.resolve import recipe_defaults
+    from ..datasets import datasets
+
+    recipe = recipe_defaults(args.dataset, args.model)
+    for name in ("output_stride", "head_channels", "crop_size"):
+        if getattr(args, name) is None:
+            setattr(args, name, recipe.get(name))
+    if args.crop_size is None:
+        args.crop_size = datasets[args.dataset].CROP_SIZE
 
 
 def _check_network(args: argparse.Namespace) -> int:
