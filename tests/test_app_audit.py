@@ -266,6 +266,14 @@ def test_gradio_copies_the_files_a_handler_returns_into_its_cache(tmp_path, monk
     assert Image.open(copy).size == (4, 4)
 
 
+def test_the_page_asks_gradio_to_empty_its_cache(tmp_path):
+    """Gradio's copies (visitors' uploads, the files it served) only grew: the page's Blocks delete them hourly
+    once an hour old, and all at shutdown (Gradio's ``delete_cache``)."""
+    from encoding.app.page import CACHE_LIFETIME, build_page
+
+    assert build_page(None, str(tmp_path)).delete_cache == CACHE_LIFETIME == (3600, 3600)
+
+
 @pytest.mark.parametrize("when", ["serving", "starting"])
 def test_sigterm_stops_the_page_and_removes_its_working_folder(monkeypatch, when):
     """``python -m encoding.app`` ended on SIGTERM (kill, systemd, docker stop) without removing its working folder:

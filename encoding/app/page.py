@@ -11,9 +11,12 @@ from .plan_tab import plan_tab
 from .planning import PlanLimits, PlanRequest, served_request
 from .segment_tab import segment_tab
 
-__all__ = ["TITLE", "build_page"]
+__all__ = ["TITLE", "CACHE_LIFETIME", "build_page"]
 
 TITLE = "encoding: segment an image, plan the memory of training"
+#: Gradio's ``delete_cache``: every hour, the files it copied into its cache (uploads, the masks and reports it
+#: served) that are more than an hour old are deleted, and all of them when the page stops.
+CACHE_LIFETIME = (3600, 3600)
 
 
 def _plan_start(model: Optional[nn.Module], limits: PlanLimits) -> PlanRequest:
@@ -36,7 +39,7 @@ def build_page(model: Optional[nn.Module], workdir: str, examples: Sequence[str]
     """
     import gradio as gr
 
-    with gr.Blocks(title=TITLE, analytics_enabled=False) as page:
+    with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=CACHE_LIFETIME) as page:
         gr.Markdown(f"## {TITLE}")
         with gr.Tabs():
             with gr.Tab("Segment", id="segment"):
