@@ -26,7 +26,8 @@ from torch import Tensor
 from ..utils.dist import is_dist_avail_and_initialized
 from ..utils.metrics import confusion_matrix, scores_from_confusion
 from ..utils.palette import overlay
-from .evaluation import EvaluationJob, background_ids, prediction_filename, save_png
+from .evaluation import EvaluationJob, background_ids, save_png
+from .outputs import OutputClaims
 from ..engine.loop import predicted_labels
 from ..engine.previews import _displayable
 
@@ -111,6 +112,9 @@ class ErrorMaps:
         worst: how many of the lowest-scoring images the gallery shows.
         unblended: class ids the gallery's overlays leave unblended (the ``background`` class: black in the VOC
             colours).
+        claims: the files of the run, shared with its predictions' writer (default: this hook's own): a panel for
+            a path claimed already is refused (:class:`~encoding.inference.evaluation.OutputClaims`), never
+            written over another output.
 
     Attributes:
         scores: ``[(input name, its mIoU), ...]`` of every image this process scored, in order.
@@ -118,9 +122,11 @@ class ErrorMaps:
     """
 
     def __init__(self, out_dir: str, nclass: int, palette: Any, ignore_index: int = -1, threshold: float = 0.5,
-                 worst: int = WORST_COUNT, unblended: Sequence[int] = ()) -> None:
+                 worst: int = WORST_COUNT, unblended: Sequence[int] = (),
+                 claims: Optional[OutputClaims] = None) -> None:
         self.out_dir, self.nclass, self.palette, self.ignore_index = out_dir, nclass, palette, ignore_index
         self.threshold, self.worst, self.unblended = threshold, worst, tuple(unblended)
+        self.claims = OutputClaims() if claims is None else claims
         self.scores: List[Tuple[str, float]] = []
         self.written: List[str] = []
         self._heap: List[Tuple[float, int, str, np.ndarray]] = []  # (-mIoU, order, name, row): the worst kept
@@ -134,11 +140,15 @@ class ErrorMaps:
             self.add(name, _displayable(image), labels, target.cpu())
 
     def add(self, name: str, image: np.ndarray, labels: Tensor, target: Tensor) -> float:
-        """Score one image, write its panel, keep it if among the worst; returns its mIoU."""
+        """Score one image, write its panel, keep it if among the worst; returns its mIoU.
+
+        Raises:
+            UsageError: the panel's file is claimed already (another output of the run: see ``claims``).
+        """
+        path = self.claims.claim(self.out_dir, name, "error map")
         miou = image_miou(labels, target, self.nclass, self.ignore_index)
         labels_np, target_np = labels.numpy(), target.numpy()
         panel = error_panel(image, labels_np, target_np, self.ignore_index, f"mIoU {miou:.4f}")
-        path = os.path.join(self.out_dir, prediction_filename(name))
         save_png(panel, path)
         self.written.append(path)
         self.scores.append((name, miou))
@@ -186,9 +196,10 @@ class ErrorMaps:
 
 
 def error_maps_of(job: EvaluationJob) -> Optional[ErrorMaps]:
-    """The :class:`ErrorMaps` of ``test.py``'s scored ``--save-pred`` run (into ``<DIR>/errors/``), else ``None``."""
-    if job.writer is None or job.config.mode == "test":
+    """The :class:`ErrorMaps` of ``test.py``'s scored ``--save-pred`` run (into the writer's ``errors_dir``,
+    ``<DIR>/errors/``; its files claimed with the predictions'), else ``None``."""
+    if job.writer is None or job.writer.errors_dir is None:
         return None
-    return ErrorMaps(os.path.join(job.writer.out_dir, "errors"), len(job.class_names), job.writer.dataset,
+    return ErrorMaps(job.writer.errors_dir, len(job.class_names), job.writer.dataset,
                      ignore_index=job.metric.ignore_index, threshold=job.metric.threshold,
-                     unblended=background_ids(job.class_names))
+                     unblended=background_ids(job.class_names), claims=job.writer.claims)

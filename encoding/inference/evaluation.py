@@ -43,7 +43,8 @@ from ..engine.assemble import AMP_DTYPES, parse_device_ids
 from ..engine.data import binary_targets, check_classes, eval_dataset_options
 from .loading import NETWORK_OPTIONS, ModelInfo, load_model
 from ..engine.loop import predicted_labels
-from .predict import check_windows, inference_module
+from .outputs import ERRORS_DIR, OutputClaims, prediction_filename, sample_names
+from .predict import InferenceOptionError, check_windows, inference_module, windows_unused
 
 __all__ = ["read_image", "PredictionWriter", "prediction_filename", "save_png", "overlay_with_legend",
            "background_ids", "EvaluationConfig", "EvaluationJob", "evaluation_module", "build_evaluation"]
@@ -61,34 +62,37 @@ def read_image(path: str) -> Tensor:
     return image_transform()(BaseDataset._read_image(path)).as_subclass(Tensor)
 
 
-def prediction_filename(name: str) -> str:
-    """The file, relative to the output folder, a prediction of the sample ``name`` is written to:
-    ``"2008_000123.jpg"`` -> ``"2008_000123.png"``; a relative name keeps its folders (``"cam_a/0001.jpg"`` ->
-    ``"cam_a/0001.png"``, a folder dataset's :meth:`~encoding.datasets.base.BaseDataset.sample_name`); an absolute
-    path or one going up keeps its file name only (``"/data/x/0001.jpg"`` -> ``"0001.png"``)."""
-    parts = name.replace(os.sep, "/").split("/")
-    if os.path.isabs(name) or ".." in parts:
-        parts = parts[-1:]
-    return os.path.join(*[p for p in parts[:-1] if p not in ("", ".")], os.path.splitext(parts[-1])[0] + ".png")
-
-
 class PredictionWriter:
     """Write predicted class maps as coloured PNGs named after their input files.
 
     The PNGs are palettised (:func:`~encoding.utils.colorize`): their pixel values are the class ids and their
-    palette the dataset's colours, so ``np.array(Image.open(path))`` gives the prediction back.
+    palette the dataset's colours, so ``np.array(Image.open(path))`` gives the prediction back. No file is written
+    twice in one run (:class:`OutputClaims`): a second prediction, or an error map, for a path is refused.
 
     Args:
         out_dir: where the PNGs go (created).
         dataset: a dataset name (its palette) or an explicit list of RGB triples.
+        error_maps: the run writes error maps, into ``errors_dir``: ``out_dir/errors`` (else ``None``).
+        names: every sample's name, when known: two of them whose files would be one are refused before anything
+            is written.
+
+    Raises:
+        UsageError: two ``names`` whose prediction or error map files would be one (the message names both).
 
     Example:
         >>> writer = PredictionWriter("preds", "shapes")          # doctest: +SKIP
         >>> writer([labels], ["000001.jpg"])                       # doctest: +SKIP -> preds/000001.png
     """
 
-    def __init__(self, out_dir: str, dataset: Any) -> None:
+    def __init__(self, out_dir: str, dataset: Any, error_maps: bool = False,
+                 names: Optional[Sequence[str]] = None) -> None:
         self.out_dir, self.dataset = out_dir, dataset
+        self.errors_dir = os.path.join(out_dir, ERRORS_DIR) if error_maps else None
+        self.claims, planned = OutputClaims(), OutputClaims()
+        for name in names or ():
+            for folder, kind in ((out_dir, "prediction"), (self.errors_dir, "error map")):
+                if folder is not None:
+                    planned.claim(folder, name, kind)
         os.makedirs(out_dir, exist_ok=True)
         self.written: List[str] = []
 
@@ -96,7 +100,7 @@ class PredictionWriter:
         if len(labels) != len(names):
             raise ValueError(f"{len(labels)} predictions for {len(names)} file names")
         for label, name in zip(labels, names):
-            path = os.path.join(self.out_dir, prediction_filename(name))
+            path = self.claims.claim(self.out_dir, name, "prediction")
             save_png(colorize(label, self.dataset), path)
             self.written.append(path)
 
@@ -216,11 +220,23 @@ def evaluation_module(model: nn.Module, config: EvaluationConfig) -> nn.Module:
     ``--mode slide`` windows, or ``--multi-scale`` scales + flip, ``--window-batch`` windows per forward (default:
     from the memory they may take, :class:`~encoding.inference.predict.WindowBudget`); whole images single-scale at
     the training scale (:data:`TRAINING_SCALE`, no flip); ``model`` itself for ``val``'s crops. The module carries
-    ``model``'s :class:`~encoding.inference.loading.ModelInfo` (``info``)."""
+    ``model``'s :class:`~encoding.inference.loading.ModelInfo` (``info``).
+
+    Raises:
+        InferenceOptionError: ``window_batch`` where no windows run (``val``'s crops, or whole images whose long side
+            at every scale fits in the crop: :func:`~encoding.inference.predict.windows_unused`), or a size the
+            windows / scales need that ``model.info`` does not record (``test.py`` / ``demo.py`` exit with status 2).
+    """
     whole = config.inference != "slide" and config.mode != "val"
     scales = config.scales if config.multi_scale else TRAINING_SCALE if whole else None
+    windowed = config.inference == "slide" or bool(scales)  # the modules that may run windows
     module = inference_module(model, mode=config.inference, window=config.window, stride=config.stride,
-                              scales=scales, flip=config.multi_scale, window_batch=config.window_batch)
+                              scales=scales, flip=config.multi_scale,
+                              window_batch=config.window_batch if windowed else None)
+    unused = windows_unused(module) if config.window_batch is not None else None
+    if unused:
+        raise InferenceOptionError(f"--window-batch {config.window_batch}: no windows run: {unused}; drop "
+                                   "--window-batch")
     info = getattr(model, "info", None)
     if module is not model and info is not None:
         module.info = info  # the wrapper segments as the network does: its classes, colours and sizes
@@ -286,9 +302,6 @@ def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -
     """
     c = config
     check_windows(c.window, c.stride)  # before any work: a stride past the window leaves pixels no window covers
-    if c.window_batch is not None and c.inference != "slide" and not c.multi_scale:
-        raise UsageError(f"--window-batch {c.window_batch}: an option of --mode slide / --multi-scale (whole images "
-                         "run in one pass)")
     if c.save_pred and c.mode == "val":  # a mask saved under an image's name has that image's size
         raise UsageError("save_pred writes whole-image predictions: use mode 'testval' or 'test', not 'val' "
                          "(resized centre crops)")
@@ -317,12 +330,15 @@ def build_evaluation(config: EvaluationConfig, data: Optional[Dataset] = None) -
                                         dataset_options=eval_dataset_options(c.dataset, c.resume, info))
     binary_targets(loader.dataset, info)
     check_classes(loader.dataset, info)
-    if c.save_pred:
+    writer = None
+    if c.save_pred:  # each rank writes its shard; every sample's files are checked on each
         _check_prediction_dir(c.save_pred, loader.dataset)
+        writer = PredictionWriter(c.save_pred, info.palette, error_maps=c.mode != "test",
+                                  names=sample_names(loader.dataset))
     return EvaluationJob(
         config=c, model=model, loader=loader,
         metric=SegmentationMetric(len(info.classes), ignore_index=-1, device=device, binary=info.binary,
                                   threshold=info.threshold),
         class_names=list(info.classes), devices=devices, input_device=placement.input_device,
         out_dir=out_dir, amp_dtype=AMP_DTYPES[c.amp],
-        writer=PredictionWriter(c.save_pred, info.palette) if c.save_pred else None)  # each rank: its shard
+        writer=writer)

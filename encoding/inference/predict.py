@@ -18,6 +18,7 @@ window at a time.
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 import weakref
@@ -54,7 +55,8 @@ DEFAULT_WINDOW_MEMORY = 64 * 2 ** 20
 
 
 class InferenceOptionError(UsageError):
-    """A window / stride that inference cannot use (one line naming the value; scripts exit with status 2)."""
+    """A window / stride / window batch that inference cannot use, or a size it needs that ``model.info`` lacks (one
+    line naming the value or the size and the argument to pass; scripts exit with status 2)."""
 
     exit_status = 2
 
@@ -146,7 +148,8 @@ def to_batch(image: ImageLike, mean: Sequence[float] = IMAGENET_MEAN,
             as its file would be), an
             ``H x W x 3`` ``uint8`` array (``H x W`` or ``H x W x 1``: grey, its value in each channel, as a grey
             file is read), a ``uint8`` tensor ``3 x H x W`` / ``B x 3 x H x W`` (normalised here), or a
-            float tensor ``3 x H x W`` / ``B x 3 x H x W`` taken as already normalised (as the datasets give them).
+            float tensor ``3 x H x W`` / ``B x 3 x H x W`` taken as already normalised (as the datasets give them),
+            returned in its own dtype (:func:`segment` converts it to the model's: :func:`model_dtype`).
         mean, std: the normalisation of ``uint8`` inputs.
 
     Raises:
@@ -178,6 +181,12 @@ def to_batch(image: ImageLike, mean: Sequence[float] = IMAGENET_MEAN,
     return image if image.dim() == 4 else image.unsqueeze(0)
 
 
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of ``model``'s floating-point parameters, which :func:`segment` gives its inputs (``float32`` for a
+    model without any): a ``float16`` / ``float64`` image meets a ``float32`` network as its ``float32`` copy."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
 def inference_module(model: nn.Module, *, mode: str = "whole", window: Optional[int] = None,
                      stride: Optional[int] = None, scales: Optional[Sequence[float]] = None, flip: bool = False,
                      info: Optional[ModelInfo] = None, window_batch: Optional[int] = None,
@@ -199,10 +208,11 @@ def inference_module(model: nn.Module, *, mode: str = "whole", window: Optional[
             :func:`default_window_memory`: 64 MiB on a CPU, half the free memory of a GPU).
 
     Raises:
-        ValueError: an unknown mode, or a window / scales without the sizes to use. InferenceOptionError: a window,
-            stride or window batch that is not positive, ``scales`` with ``mode="slide"``, a stride larger than the
-            window (see :func:`check_windows`), both ``window_batch`` and ``window_memory``, or an unreadable memory
-            size.
+        ValueError: an unknown mode. InferenceOptionError: a window, stride or window batch that is not positive,
+            ``scales`` with ``mode="slide"``, a stride larger than the window (see :func:`check_windows`), both
+            ``window_batch`` and ``window_memory``, an unreadable memory size, or a size ``info`` does not record:
+            ``mode="slide"`` without ``window`` and no ``crop_size``; ``scales`` without ``base_size``, or without
+            ``window`` and no ``crop_size`` (the message names the size and the argument to pass).
     """
     check_windows(window, stride)
     batch = _window_batch(model, window_batch, window_memory, flip)
@@ -218,17 +228,49 @@ def inference_module(model: nn.Module, *, mode: str = "whole", window: Optional[
                                    "PyTorch-Encoding's padded windows over each scale: drop mode='slide' or scales")
     if scales:
         info = info or model_info(model)
-        window = window or info.crop_size
+        use = f"scales={tuple(scales)!r}"
+        window = window or _recorded(info.crop_size, use, "crop_size (the default window)",
+                                     "pass window=N (test.py / demo.py: --crop-size N)")
+        base_size = _recorded(info.base_size, use, "base_size (the long side at scale 1)", "set it: model.info = "
+                              "dataclasses.replace(model.info, base_size=N) (test.py / demo.py: --base-size N)")
         check_windows(window, stride)
-        return MultiEvalModule(model, info.out_channels, base_size=info.base_size, crop_size=window, scales=scales,
+        return MultiEvalModule(model, info.out_channels, base_size=base_size, crop_size=window, scales=scales,
                                flip=flip, stride=min(stride, window) if stride else None, mean=info.mean,
                                std=info.std, window_batch=batch)
     if mode == "slide":
-        window = window or (info or model_info(model)).crop_size
+        window = window or _recorded((info or model_info(model)).crop_size, "mode='slide' without a window",
+                                     "crop_size (the default window)", "pass window=N (test.py: --window N)")
         check_windows(window, stride)
     elif not flip:
         return model
     return SlidingWindow(model, window, stride, flip, window_batch=batch)
+
+
+def _recorded(size: Optional[int], use: str, name: str, remedy: str) -> int:
+    """``size`` (one of ``model.info``'s training sizes) that ``use`` needs.
+
+    Raises:
+        InferenceOptionError: ``size`` is ``None`` (not recorded): one line naming ``use``, the size and ``remedy``.
+    """
+    if size is None:
+        raise InferenceOptionError(f"{use}: model.info records no {name}; {remedy}")
+    return size
+
+
+def windows_unused(module: nn.Module) -> Optional[str]:
+    """Why ``module`` (an :func:`inference_module`) runs no windows, so that a window batch would change nothing:
+    ``None`` where it may run several (a :class:`~encoding.models.SlidingWindow` with a window: an image larger than
+    it; a :class:`~encoding.models.MultiEvalModule` with a scale whose long side ``ceil(base_size * scale)``
+    exceeds its crop)."""
+    if isinstance(module, SlidingWindow) and module.window is not None:
+        return None
+    if isinstance(module, MultiEvalModule):
+        longest = max(math.ceil(module.base_size * scale) for scale in module.scales)
+        if longest > module.crop_size:
+            return None
+        return (f"each image is resized to a long side of at most {longest} px (base_size {module.base_size} x "
+                f"scales {', '.join(f'{s:g}' for s in module.scales)}), within one {module.crop_size} px window")
+    return "every image runs in one pass"
 
 
 def _window_batch(model: nn.Module, window_batch: Optional[int], window_memory: Union[None, int, str],
@@ -255,7 +297,8 @@ def segment(model: nn.Module, image: ImageLike, *, mode: str = "whole", window: 
         model: a segmentation model in eval mode (from :func:`~encoding.inference.loading.load_model`, or any model
             whose output is ``{"out": logits}`` or logits at its input's size).
         image: a path, PIL image, ``H x W x 3`` (or grey ``H x W``) ``uint8`` array or tensor (see
-            :func:`to_batch`); any size.
+            :func:`to_batch`); any size. A floating-point tensor is converted to the model's parameters' dtype
+            (:func:`model_dtype`): a ``float64`` or ``float16`` image gives the labels of its ``float32`` copy.
         mode, window, stride, scales, flip: how (see :func:`inference_module`).
         window_batch, window_memory: how many windows one forward runs, or the memory they may take (see
             :func:`inference_module`).
@@ -271,7 +314,8 @@ def segment(model: nn.Module, image: ImageLike, *, mode: str = "whole", window: 
     ``int64`` ``B x H x W``. A 2000 x 2000 image with 150 classes: 2.4 GB of logits, held once.
 
     Raises:
-        ValueError: an image of the wrong type or shape, or empty (``0 x 0``); a bad mode, window or stride.
+        ValueError: an image of the wrong type or shape, or empty (``0 x 0``); a bad mode, window or stride; a
+            size the window or scales need that ``model.info`` does not record (:class:`InferenceOptionError`).
 
     Example:
         >>> model = encoding.load_model("runs/shapes/unet/default/model_best.pth")   # doctest: +SKIP
@@ -286,5 +330,5 @@ def segment(model: nn.Module, image: ImageLike, *, mode: str = "whole", window: 
                               info=info if isinstance(info, ModelInfo) else None, window_batch=window_batch,
                               window_memory=window_memory)
     threshold = info.threshold if isinstance(info, ModelInfo) else ModelInfo.threshold  # what the exports say too
-    labels = labels_of(main_output(module(batch.to(device))), threshold).cpu()
+    labels = labels_of(main_output(module(batch.to(device, model_dtype(model)))), threshold).cpu()
     return labels if isinstance(image, Tensor) and image.dim() == 4 else labels[0]

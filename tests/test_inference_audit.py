@@ -1,0 +1,131 @@
+"""The inference audit's fixes: the sizes mode='slide' / scales need refused in one line where model.info records
+none, float16 / float64 tensors segmented as their float32 copies, --save-pred never writing two outputs to one file,
+and --window-batch taken by test.py and demo.py exactly where windows run."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import encoding
+from conftest import load_script, tiny_eval_set
+from encoding.datasets.shapes import SHAPES_PALETTE
+from encoding.errors import UsageError
+from encoding.inference import ModelInfo
+from encoding.inference.error_maps import ErrorMaps
+from encoding.inference.evaluation import EvaluationConfig, PredictionWriter, evaluation_module
+from encoding.inference.predict import InferenceOptionError, inference_module
+from encoding.models import get_segmentation_model
+from encoding.utils import save_checkpoint
+
+
+@pytest.fixture(scope="module")
+def fcn():
+    """An untrained tiny FCN whose info records the shapes classes and no training sizes."""
+    torch.manual_seed(0)
+    model = get_segmentation_model("fcn", dataset="shapes", backbone="vgg_tiny").eval()
+    model.info = dataclasses.replace(ModelInfo.of_dataset("shapes"), crop_size=None, base_size=None)
+    return model
+
+
+@pytest.fixture(scope="module")
+def run(shapes_root, tmp_path_factory):
+    """(data root, an untrained checkpoint of the tiny recipe: crop 32, base 40)."""
+    torch.manual_seed(0)
+    net = get_segmentation_model("unet", dataset="shapes", backbone="vgg_tiny_s2")
+    path = str(tmp_path_factory.mktemp("audit_run") / "model_best.pth")
+    save_checkpoint({"model": net, "args": {"dataset": "shapes", "model": "unet", "backbone": "vgg_tiny_s2",
+                                            "crop_size": 32, "base_size": 40}}, path)
+    return shapes_root, path
+
+
+@pytest.mark.parametrize("keywords, size, argument", [
+    ({"mode": "slide"}, "crop_size", "window=N"),
+    ({"scales": (1.0,)}, "crop_size", "window=N"),
+    ({"scales": (1.0,), "window": 32}, "base_size", "base_size=N"),
+])
+def test_sizes_the_windows_need_are_refused_in_one_line_where_info_records_none(fcn, keywords, size, argument):
+    image = np.zeros((30, 40, 3), np.uint8)
+    message = f"model.info records no {size} .*{argument}"
+    with pytest.raises(InferenceOptionError, match=message):
+        encoding.segment(fcn, image, **keywords)
+    with pytest.raises(InferenceOptionError, match=message):
+        inference_module(fcn, **keywords)
+    assert encoding.segment(fcn, image, mode="slide", window=16).shape == (30, 40)
+
+
+def test_test_py_and_demo_py_refuse_the_missing_size_as_segment_does(fcn):
+    config = EvaluationConfig(resume="model_best.pth", model="fcn", backbone="vgg_tiny")  # testval: scale 1.0
+    with pytest.raises(InferenceOptionError, match=r"scales=\(1.0,\): model.info records no crop_size"):
+        evaluation_module(fcn, config)
+    config = EvaluationConfig(resume="model_best.pth", model="fcn", backbone="vgg_tiny", inference="slide", stride=8)
+    with pytest.raises(InferenceOptionError, match="mode='slide' without a window: model.info records no crop_size"):
+        evaluation_module(fcn, config)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_a_float64_or_float16_tensor_gives_the_labels_of_its_float32_copy(fcn, dtype):
+    image = torch.from_numpy(np.random.default_rng(0).random((3, 40, 50))).to(dtype)
+    for keywords in ({}, {"mode": "slide", "window": 32, "stride": 20}):
+        assert torch.equal(encoding.segment(fcn, image, **keywords), encoding.segment(fcn, image.float(), **keywords))
+    twin = get_segmentation_model("fcn", dataset="shapes", backbone="vgg_tiny").double().eval()
+    assert encoding.segment(twin, image.float()).shape == (40, 50)  # a float64 network gets float64 inputs
+
+
+def _named(root, names):
+    """The tiny validation split (testval), its samples named ``names``."""
+    data = tiny_eval_set(root, "testval")
+    data.sample_name = names.__getitem__
+    return data
+
+
+def test_save_pred_refuses_a_prediction_that_would_replace_an_error_map_before_writing(run, tmp_path):
+    base, checkpoint = run
+    preds, names = tmp_path / "preds", ["0001.jpg", "errors/0001.jpg"]
+    argv = ["--resume", checkpoint, "--workers", "0", "--limit", "2", "--save-pred", str(preds)]
+    with pytest.raises(UsageError, match=r"the error map of '0001.jpg' and the prediction of 'errors/0001.jpg' "
+                                         r"would both be written to .*errors.0001.png"):
+        load_script("test").main(argv + ["--out-dir", str(tmp_path / "eval")], data=_named(base, names))
+    assert not preds.exists() and not (tmp_path / "eval").exists()
+    load_script("test").main(argv + ["--mode", "test"], data=_named(base, names))  # no error maps: no collision
+    assert sorted(p.relative_to(preds).as_posix() for p in preds.rglob("*.png")) == ["0001.png", "errors/0001.png"]
+
+
+def test_outputs_of_unnamed_samples_are_refused_at_the_first_collision_never_overwritten(tmp_path):
+    writer = PredictionWriter(str(tmp_path), SHAPES_PALETTE, error_maps=True)
+    maps = ErrorMaps(writer.errors_dir, len(SHAPES_PALETTE), SHAPES_PALETTE, claims=writer.claims)
+    labels = torch.zeros(6, 8, dtype=torch.long)
+    maps.add("0001.jpg", np.zeros((6, 8, 3), np.uint8), labels, labels)
+    panel = (tmp_path / "errors" / "0001.png").read_bytes()
+    with pytest.raises(UsageError, match="the error map of '0001.jpg' and the prediction of 'errors/0001.jpg'"):
+        writer([labels], ["errors/0001.jpg"])
+    assert (tmp_path / "errors" / "0001.png").read_bytes() == panel
+    writer([labels], ["a.jpg"])
+    with pytest.raises(UsageError, match="the prediction of 'a.jpg' and the prediction of 'a.png'"):
+        writer([labels + 1], ["a.png"])
+    assert np.array(Image.open(tmp_path / "a.png")).max() == 0
+    with pytest.raises(UsageError, match="the prediction of 'x.jpg' and the prediction of 'x.jpg'"):
+        PredictionWriter(str(tmp_path / "twice"), SHAPES_PALETTE, names=["x.jpg", "x.jpg"])
+    assert not (tmp_path / "twice").exists()
+
+
+def test_window_batch_is_taken_where_windows_run_and_refused_where_none_do(run, tmp_path):
+    """The tiny recipe's base 40 > crop 32: testval's scale 1.0 runs windows; with --crop-size 48 it runs none."""
+    base, checkpoint = run
+    argv = ["--resume", checkpoint, "--workers", "0", "--limit", "2"]
+    scores = [load_script("test").main(argv + ["--out-dir", str(tmp_path / str(n))] + more, data=tiny_eval_set(
+        base, "testval"))["mIoU"] for n, more in ((0, []), (1, ["--window-batch", "1"]))]
+    assert scores[0] == scores[1]
+    image = str(tmp_path / "photo.png")
+    Image.fromarray(np.full((50, 70, 3), 90, np.uint8)).save(image)
+    demo = ["--resume", checkpoint, "--out-dir", str(tmp_path / "demo"), "--window-batch", "1"]
+    assert load_script("demo").main([image] + demo)
+    refused = "--window-batch 1: no windows run: each image is resized to a long side of at most 40 px"
+    with pytest.raises(InferenceOptionError, match=refused):
+        load_script("test").main(argv + ["--window-batch", "1", "--crop-size", "48"],
+                                 data=tiny_eval_set(base, "testval"))
+    with pytest.raises(InferenceOptionError, match=refused):
+        load_script("demo").main([image] + demo + ["--crop-size", "48", "--overwrite"])
+    with pytest.raises(InferenceOptionError, match="--window-batch 1: no windows run: every image runs in one pass"):
+        load_script("test").main(argv + ["--window-batch", "1", "--mode", "val"], data=tiny_eval_set(base, "val"))
