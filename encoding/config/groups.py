@@ -287,9 +287,10 @@ class EvalOptions:
                                    scripts=("test",))
     stride: Optional[int] = option(None, "--mode slide stride (default: 2/3 of --window)", parse=positive_int,
                                    scripts=("test",))
-    window_batch: Optional[int] = option(None, "windows per forward of --mode slide / --multi-scale (default: as "
-                                         "many as 64 MiB holds on a CPU, half the free memory of a GPU; the labels "
-                                         "do not depend on it)", parse=positive_int, metavar="N", scripts=EVAL)
+    window_batch: Optional[int] = option(None, "windows per forward, wherever windows run: --mode slide, and whole "
+                                         "images larger than the crop at a scale (default: as many as 64 MiB holds "
+                                         "on a CPU, half the free memory of a GPU; the labels do not depend on it)",
+                                         parse=positive_int, metavar="N", scripts=EVAL)
     multi_scale: bool = option(False, "average over scales and flips with sliding windows (MultiEvalModule)",
                                scripts=EVAL)
     scales: Optional[Tuple[float, ...]] = option(None, "comma-separated scales for --multi-scale (default: "
