@@ -129,3 +129,28 @@ def test_window_batch_is_taken_where_windows_run_and_refused_where_none_do(run, 
         load_script("demo").main([image] + demo + ["--crop-size", "48", "--overwrite"])
     with pytest.raises(InferenceOptionError, match="--window-batch 1: no windows run: every image runs in one pass"):
         load_script("test").main(argv + ["--window-batch", "1", "--mode", "val"], data=tiny_eval_set(base, "val"))
+
+
+def test_a_hand_built_config_evaluates_the_network_its_weights_record(tmp_path):
+    """``EvaluationConfig(resume=...)`` kept the fields' defaults (the built-in run's unet) for the network options
+    and refused an fcn checkpoint that test.py evaluates: it takes what the weights record, as test.py does, and a
+    value given still wins (and counts as given)."""
+    from encoding.config import resolve
+    from encoding.config.evaluation import NETWORK_OPTIONS
+    from encoding.engine.state import saved_options
+
+    net = get_segmentation_model("fcn", dataset="shapes", backbone="vgg_tiny", output_stride=16)
+    path = str(tmp_path / "model_best.pth")
+    save_checkpoint({"model": net, "args": {"dataset": "shapes", "model": "fcn", "backbone": "vgg_tiny",
+                                            "output_stride": 16, "crop_size": 32, "base_size": 40}}, path)
+    hand = EvaluationConfig(resume=path, no_cuda=True)
+    script = EvaluationConfig.from_options(resolve("test", ["--resume", path], read_saved=saved_options).namespace())
+    assert {n: getattr(hand, n) for n in NETWORK_OPTIONS} == {n: getattr(script, n) for n in NETWORK_OPTIONS}
+    assert (hand.model, hand.backbone, hand.output_stride, hand.crop_size) == ("fcn", "vgg_tiny", 16, 32)
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(hand.network(torch.device("cpu"))(x)["out"], net.eval()(x)["out"])
+    assert EvaluationConfig(resume=path, crop_size=48).crop_size == 48
+    with pytest.raises(Exception, match="--base-size"):  # a given size the mode never reads is still refused
+        EvaluationConfig(resume=path, mode="val", base_size=100)
+    assert EvaluationConfig(resume=path, mode="val").base_size == 40  # the weights' own: not a given option

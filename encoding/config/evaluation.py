@@ -95,7 +95,7 @@ def evaluation_rules(script: str, values: Dict[str, Any], sources: Dict[str, str
     values["inference"] = "slide" if slide else "whole"
     if slide and not values["window"]:
         rule(values, sources, "window", values["crop_size"], "--crop-size")
-    if slide and not values["stride"]:
+    if slide and not values["stride"] and values["window"]:  # no window: inference says what to give
         rule(values, sources, "stride", max(values["window"] * 2 // 3, 1), "2/3 of --window")
     if values["mode"] == "val" and (values["multi_scale"] or values["save_pred"]):
         raise ConfigError(f"{'--multi-scale' if values['multi_scale'] else '--save-pred'} works on whole images: use "
@@ -135,7 +135,7 @@ def evaluation_fields() -> List[Tuple[str, Any, dataclasses.Field]]:
     return made + [(inference.name, inference.type, dataclasses.field(default=inference.default))]
 
 
-def fill_evaluation(values: Dict[str, Any], resolved: bool = False) -> None:
+def fill_evaluation(values: Dict[str, Any], resolved: bool = False, inherited: Sequence[str] = ()) -> None:
     """Complete the values of a hand-built evaluation config with ``test.py``'s rules (:func:`evaluation_rules`:
     the mode from the split and the other options, the window and stride of ``mode="slide"``, the batch, the
     scales), as the command line would.
@@ -144,6 +144,7 @@ def fill_evaluation(values: Dict[str, Any], resolved: bool = False) -> None:
         values: the config's fields, completed in place.
         resolved: the values come from resolved options (``test.py``'s: their rules applied and their command line
             checked); else every value other than a default is taken as given, as on a command line.
+        inherited: the names whose values came from the weights (not given: as ``test.py``'s checkpoint source).
 
     Raises:
         ConfigError: options of different modes together, or an option the mode does not read.
@@ -156,7 +157,8 @@ def fill_evaluation(values: Dict[str, Any], resolved: bool = False) -> None:
         values["mode"] = "slide"
     defaults = {name: field.default for name, _, field in evaluation_fields()}
     given = {} if resolved else {name: "command line" for name, value in values.items()
-                                 if name in defaults and value is not None and value != defaults[name]}
+                                 if name in defaults and value is not None and value != defaults[name]
+                                 and name not in inherited}
     evaluation_rules("test", values, given, rule)
     if values["inference"] == "slide" and explicit not in (None, "slide"):  # an explicit testval / test is kept
         values["mode"] = explicit

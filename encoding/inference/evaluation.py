@@ -28,7 +28,7 @@ from ..engine import builders
 from ..datasets.metadata import resolve_dataset
 from ..datasets.base import BaseDataset
 from ..datasets.transforms import image_transform
-from ..config.evaluation import evaluation_fields, fill_evaluation
+from ..config.evaluation import evaluation_fields, fill_evaluation, weights_layer
 from ..errors import UsageError
 from ..models.factory import nclass_of
 from ..models.network import NetworkSpec
@@ -165,7 +165,25 @@ class _Evaluation:
     """The methods of :class:`EvaluationConfig` (its fields are made from the option fields)."""
 
     def __post_init__(self) -> None:
-        fill_evaluation(vars(self), resolved=_FROM_OPTIONS.get())
+        resolved = _FROM_OPTIONS.get()
+        fill_evaluation(vars(self), resolved=resolved, inherited=() if resolved else self._weights_network())
+
+    def _weights_network(self) -> List[str]:
+        """A hand-built config's network options (and a folder run's ``data_root``) left at their defaults: what
+        the weights record, as ``test.py`` takes them (:func:`~encoding.config.evaluation.weights_layer`); returns
+        the names set. Nothing where the weights are not one readable source (:meth:`network` says what is wrong)."""
+        from ..engine.state import saved_options
+
+        if bool(self.resume) + bool(self.model_zoo) + bool(self.torchvision_weights) != 1 or \
+                (self.resume and not os.path.isfile(self.resume)):
+            return []
+        defaults = {name: field.default for name, _, field in evaluation_fields()}
+        given = {k: v for k, v in vars(self).items() if k in defaults and v is not None and v != defaults[k]}
+        _, recorded = weights_layer("test", given, lambda path, names: saved_options(path, (*names, "data_root")))
+        taken = [k for k, v in recorded.items() if k in defaults and v is not None and getattr(self, k) == defaults[k]]
+        for name in taken:
+            setattr(self, name, recorded[name])
+        return taken
 
     @classmethod
     def from_options(cls, options: Any) -> "EvaluationConfig":
@@ -206,7 +224,8 @@ EvaluationConfig = make_dataclass("EvaluationConfig", evaluation_fields(), bases
         "``test`` predict only; ``inference``: ``whole`` or ``slide`` with ``window`` / ``stride``, see "
         ":func:`~encoding.inference.predict.inference_module`).\n\n"
         "Unset values follow ``test.py``'s rules (:func:`encoding.config.evaluation.fill_evaluation`), as on the "
-        "command line; the network options left ``None`` come from the weights.")})
+        "command line; the network options left at their defaults come from the weights, as ``test.py`` takes them "
+        "(a value given wins).")})
 
 
 #: The scales of single-scale whole-image evaluation: the image resized so that its long side is the training
