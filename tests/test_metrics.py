@@ -167,8 +167,8 @@ def test_invalid_predictions_and_shapes():
         metric.update(torch.randn(2, 3, 4, 4), torch.zeros(2, 4, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="do not match"):
         metric.update(torch.randn(2, 4, 5, 4), torch.zeros(2, 4, 4, dtype=torch.long))
-    with pytest.raises(TypeError, match="argument order"):
-        metric.update(torch.zeros(2, 4, 4, dtype=torch.long), torch.randn(2, 4, 4, 4))
+    with pytest.raises(TypeError, match="argument order"):  # not PE's order beyond doubt (that one is swapped)
+        metric.update(torch.zeros(2, 4, 4, dtype=torch.long), torch.randn(2, 4, 4, 5))
     with pytest.raises(TypeError, match="integer labels"):
         metric.update(torch.zeros(2, 4, 4), torch.zeros(2, 4, 4, dtype=torch.long))
     with pytest.raises(KeyError, match="'out'"):

@@ -18,7 +18,7 @@ from ..datasets.base import ShiftedLabels, read_rgb
 from ..datasets.transforms import image_transform
 
 from ..utils.files import check_checksum, makedirs
-from ..utils.palette import PaletteLike, colorize
+from ..utils.palette import PaletteLike, colorize, voc_palette
 from .declare import old_name
 
 __all__ = ["get_mask_pallete", "mkdir", "check_sha1", "test_batchify_fn", "load_image"]
@@ -29,8 +29,11 @@ def get_mask_pallete(npimg: Any, dataset: PaletteLike = "detail") -> Image.Image
     """PyTorch-Encoding's name (and spelling) for :func:`encoding.utils.colorize`, on what its ``test.py`` hands it:
     ``make_pred``'s raw values. For ADE20K and PASCAL-Context (class ``k`` stored as ``k + 1``) the pixel values stay
     the raw ones a submission holds and the palette is indexed by them (0, "other", and 255: the ignore colour); Pascal
-    VOC's 21 is its boundary (ignored). The input is never modified."""
+    VOC's 21 is its boundary (ignored). PE's default ``"detail"`` is PE's rendering: the values (as ``uint8``) with
+    the 256-colour VOC map, whatever they are. The input is never modified."""
     values = np.array(npimg)
+    if isinstance(dataset, str) and dataset == "detail":
+        return _raw_image(values, np.array(voc_palette(256), dtype=np.uint8))
     if isinstance(dataset, str) and dataset == "pascal_voc":
         values[values == 21] = 255
     cls = datasets.datasets.get(dataset) if isinstance(dataset, str) else None
@@ -40,8 +43,23 @@ def get_mask_pallete(npimg: Any, dataset: PaletteLike = "detail") -> Image.Image
     table = np.array(shown.getpalette()[:768], dtype=np.uint8).reshape(256, 3)
     raw = np.concatenate([table[255:], table[:255]])  # raw value v -> class v - 1; 0 (and 255) -> the ignore colour
     raw[255] = table[255]
-    image = Image.frombytes("P", shown.size, np.ascontiguousarray(values.squeeze().astype(np.uint8)).tobytes())
-    image.putpalette(raw.ravel().tolist())
+    return _raw_image(values, raw)
+
+
+def _raw_image(values: np.ndarray, table: np.ndarray) -> Image.Image:
+    """A ``"P"`` image of ``HxW`` (or ``1xHxW``) ``values`` as ``uint8`` (PE's ``Image.fromarray(npimg.squeeze()
+    .astype('uint8'))``) with the ``256 x 3`` colour ``table``.
+
+    Raises:
+        ValueError: ``values`` is not ``HxW`` once leading 1-dimensions are dropped.
+    """
+    while values.ndim > 2 and values.shape[0] == 1:
+        values = values[0]
+    if values.ndim != 2:
+        raise ValueError(f"a mask must be HxW (or 1xHxW), got shape {values.shape}")
+    pixels = np.ascontiguousarray(values.astype(np.uint8))
+    image = Image.frombytes("P", (pixels.shape[1], pixels.shape[0]), pixels.tobytes())
+    image.putpalette(table.ravel().tolist())
     return image
 
 

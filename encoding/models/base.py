@@ -30,7 +30,8 @@ class SegmentationModel(nn.Module):
     Subclasses only say which backbone stages the head consumes (``head_inputs``, indices into ``[c1, c2, c3, c4]``).
     The attribute names ``backbone`` / ``classifier`` / ``aux_classifier`` are torchvision's, so torchvision's
     segmentation state dicts load without renaming; PyTorch-Encoding's names ``pretrained`` / ``head`` /
-    ``auxlayer`` are read-only properties returning the same modules.
+    ``auxlayer`` are read-only properties returning the same modules. As in PE, a model without auxiliary head has
+    no ``auxlayer`` (``hasattr(model, "auxlayer")`` is false, reading it raises ``AttributeError``).
 
     Args:
         backbone: module mapping ``B x 3 x H x W`` to the list of stage features ``[c1, c2, c3, c4]``
@@ -85,8 +86,15 @@ class SegmentationModel(nn.Module):
         return self.classifier
 
     @property
-    def auxlayer(self) -> Optional[nn.Module]:
-        """The auxiliary head, under PyTorch-Encoding's name (``BaseNet.auxlayer``); ``aux_classifier``."""
+    def auxlayer(self) -> nn.Module:
+        """The auxiliary head, under PyTorch-Encoding's name (``BaseNet.auxlayer``); ``aux_classifier``.
+
+        Raises:
+            AttributeError: the model has no auxiliary head (built with ``aux=False``): as PE's ``BaseNet``, which set
+                ``auxlayer`` only with ``aux=True``, so PE's ``if hasattr(model, 'auxlayer')`` keeps working.
+        """
+        if self.aux_classifier is None:
+            raise AttributeError("auxlayer: built without an auxiliary head (aux=False)")
         return self.aux_classifier
 
     def head_parameters(self) -> Iterator[nn.Parameter]:

@@ -37,18 +37,27 @@ __all__ = ["get_segmentation_model", "get_model", "builder", "pretrained_model_l
 PE_UNUSED_OPTIONS = ("base_size", "crop_size", "mean", "std", "root", "multi_grid", "multi_dilation")
 
 
+#: The dataset whose classes a model gets when neither ``dataset`` nor ``nclass`` is given (PyTorch-Encoding's).
+DEFAULT_DATASET = "pascal_voc"
+#: The datasets on which PyTorch-Encoding's ``get_encnet`` built EncNet's lateral variant (its rule: a name starting
+#: with ``p``); here EncNet is lateral only when asked, on every path (:func:`_warn_pe_lateral`).
+PE_LATERAL_DATASETS = ("pcontext", "pascal_voc", "pascal_aug")
+
+
 def nclass_of(dataset: str) -> int:
-    """The class count of the registered dataset ``dataset``.
+    """The class count of the registered dataset ``dataset`` (any case, as PyTorch-Encoding's builders and
+    :func:`~encoding.datasets.get_segmentation_dataset`: ``"PContext"`` is ``pcontext``).
 
     Raises:
         ValueError: an unknown dataset (the message lists the valid ones).
     """
     from ..datasets import datasets  # lazy: the dataset modules are not needed to build a model
 
-    if dataset not in datasets:
+    key = dataset if dataset in datasets or not isinstance(dataset, str) else dataset.lower()
+    if key not in datasets:
         raise ValueError(f"unknown dataset {dataset!r}; valid datasets: {', '.join(datasets)} "
                          "(or pass nclass=... for a custom dataset)")
-    return datasets[dataset].NUM_CLASS
+    return datasets[key].NUM_CLASS
 
 
 def _assemble(arch: Architecture, nclass: int, backbone: str, aux: bool, norm_layer: NormLayer,
@@ -70,7 +79,7 @@ def _assemble(arch: Architecture, nclass: int, backbone: str, aux: bool, norm_la
     return arch.model(body, head, aux_head, neck)
 
 
-def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str = "resnet50", aux: bool = False,
+def get_segmentation_model(name: str, dataset: Optional[str] = None, backbone: str = "resnet50", aux: bool = False,
                            se_loss: bool = False, pretrained: Union[bool, str, os.PathLike] = False, *,
                            nclass: Optional[int] = None, norm_layer: NormLayer = nn.BatchNorm2d,
                            output_stride: Optional[int] = None, jpu: bool = False,
@@ -81,7 +90,10 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
     Args:
         name: one of :data:`ARCHITECTURES`: ``fcn``, ``psp``, ``deeplab``, ``encnet``, ``danet``, ``upernet``,
             ``fcfpn``, ``deeplabv3plus``, ``unet``, ``segformer``.
-        dataset: name in :data:`encoding.datasets.datasets`; gives the number of classes.
+        dataset: name in :data:`encoding.datasets.datasets` (any case); gives the number of classes (``None``, the
+            default: ``pascal_voc``'s). EncNet named with one of PyTorch-Encoding's PASCAL datasets
+            (:data:`PE_LATERAL_DATASETS`) without ``lateral`` warns: PyTorch-Encoding built the lateral variant
+            there, this builds it only with ``lateral=True`` (the network train.py and ``load_model`` build).
         backbone: see :func:`~encoding.models.backbone.backbone_list` (torchvision's, ``vgg_tiny``, PE's ResNeSt
             ``resnest50`` ... ``resnest269``), ``timm:<name>`` for any timm model
             (:mod:`~encoding.models.timm_backbones`), or SegFormer's Mix Transformers ``mit_b0`` ... ``mit_b5``
@@ -104,7 +116,7 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
             ``False`` / ``"none"`` (default), ``"backbone"`` (every residual block) or ``"all"`` (blocks, neck and
             heads); exact (BatchNorm statistics, SyncBatchNorm synchronisation and dropout masks are those of the
             forward). ``checkpoint=``, its old name, still works with a ``FutureWarning``.
-        **head_options: options of the head factory (e.g. ``lateral=True`` / ``ncodes`` for ``encnet``,
+        **head_options: options of the head factory (e.g. ``lateral=True`` / ``False`` / ``ncodes`` for ``encnet``,
             ``atrous_rates`` for ``deeplab``/``deeplabv3plus``, ``fpn_dim`` for ``upernet``/``fcfpn``).
             PyTorch-Encoding's keywords are accepted too: ``dilated=False`` (= ``output_stride=32``),
             ``jpu="JPU"`` (= ``jpu=True``), and :data:`PE_UNUSED_OPTIONS` (``base_size``, ``crop_size``, ...),
@@ -124,20 +136,23 @@ def get_segmentation_model(name: str, dataset: str = "pascal_voc", backbone: str
     old = {key: head_options.pop(key) for key in ("checkpoint",) if key in head_options}
     recompute = renamed_keyword(old, "checkpoint", "recompute", recompute, "get_segmentation_model")
     recompute = False if recompute == "none" else recompute
+    classes_of = DEFAULT_DATASET if dataset is None else dataset
     if is_model_spec(name):  # torchvision:NAME, transformers:PATH, module:factory: every option applied or refused
-        return build_external_model(name, nclass if nclass is not None else nclass_of(dataset), aux=aux,
+        return build_external_model(name, nclass if nclass is not None else nclass_of(classes_of), aux=aux,
                                     pretrained_backbone=pretrained_backbone, norm_layer=norm_layer,
                                     recompute=recompute, se_loss=se_loss, output_stride=output_stride, jpu=jpu,
                                     pretrained=pretrained, **head_options)
     arch = get_architecture(name)
     output_stride, jpu = _pe_options(name, head_options, output_stride, jpu)
     if nclass is None:
-        nclass = nclass_of(dataset)
+        nclass = nclass_of(classes_of)
     if se_loss and not arch.se_loss:
         models = [n for n, a in ARCHITECTURES.items() if a.se_loss]
         raise ValueError(f"se_loss=True is not supported by {name!r}; models with an SE-loss branch: "
                          f"{', '.join(models)}")
     _check_head_options(name, arch, head_options)
+    if name == "encnet" and "lateral" not in head_options:
+        _warn_pe_lateral(dataset)
     if arch.se_loss:
         head_options["se_loss"] = se_loss
     model = _assemble(arch, nclass, backbone, aux, norm_layer, output_stride, jpu, pretrained_backbone,
@@ -174,6 +189,15 @@ def _check_head_options(name: str, arch: Architecture, head_options: dict) -> No
     if unknown:
         raise ValueError(f"model {name!r} has no head option {', '.join(unknown)}; its head options: "
                          f"{', '.join(valid) or 'none'}")
+
+
+def _warn_pe_lateral(dataset: Optional[str]) -> None:
+    """Say, where PyTorch-Encoding built another EncNet, which one this is (one network per description)."""
+    if isinstance(dataset, str) and dataset.lower() in PE_LATERAL_DATASETS:
+        warnings.warn(f"EncNet on {dataset}: PyTorch-Encoding's get_encnet built the lateral variant here; this "
+                      "builds lateral=False, as train.py and encoding.load_model do. Pass lateral=True for "
+                      "PyTorch-Encoding's network (and its published weights), lateral=False to silence this",
+                      UserWarning, stacklevel=3)
 
 
 def builder(name: str) -> Callable[..., SegmentationModel]:

@@ -22,7 +22,7 @@ image, no padding, logits averaged by coverage count), or the whole image at onc
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -92,6 +92,24 @@ def scaled_size(h: int, w: int, base_size: int, scale: float) -> Tuple[int, int]
     return max(int(1.0 * h * long_size / w + 0.5), 1), long_size
 
 
+def _recorded(module: nn.Module, name: str, given: Any, default: Any) -> Any:
+    """``given``, else the evaluation setting ``name`` the module records (its attribute, then its ``info``'s; a
+    size must be an int, ``mean`` / ``std`` a list or tuple of numbers: anything else of that name is not one),
+    else ``default``."""
+    if given is not None:
+        return given
+    for source in (module, getattr(module, "info", None)):
+        value = getattr(source, name, None)
+        if name.endswith("_size"):
+            usable = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            usable = isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, (int, float))
+                                                                              for v in value)
+        if usable:
+            return value
+    return default
+
+
 class MultiEvalModule(nn.Module):
     """Evaluate a segmentation model over several scales and flips with sliding-window inference.
 
@@ -99,15 +117,21 @@ class MultiEvalModule(nn.Module):
         module: the model; ``module(x)`` returns logits ``B x nclass x h x w`` at its input's size (or a dict with
             ``"out"``). Put it in eval mode.
         nclass: number of classes.
-        base_size: long side of the image at scale 1.
+        base_size: long side of the image at scale 1. ``None`` (the default, as ``crop_size``, ``mean`` and ``std``):
+            what the module records, as PyTorch-Encoding read it: its attribute of that name (PE's ``BaseNet``
+            stores ``base_size`` / ``crop_size`` / ``mean`` / ``std``; PE's ``test.py --model-zoo`` assigns
+            ``model.base_size = ...``), else its ``info`` (:class:`~encoding.inference.ModelInfo`, given by
+            :func:`encoding.load_model`), else 520 (``crop_size`` 480, ``mean`` / ``std`` ImageNet's). A value
+            given here always wins.
         crop_size: window size (and the size small images are padded to).
         scales: resize factors relative to ``base_size``.
         flip: also evaluate the horizontally flipped image.
         stride_rate: window stride as a fraction of ``crop_size`` (PyTorch-Encoding's ``int(crop_size * rate)``).
         stride: the window stride in pixels, instead of ``stride_rate`` (a rate would round ``S / crop_size`` back to
             ``S - 1`` for many ``S``).
-        mean: per-channel normalization mean of the input (for the padding value ``-mean/std``).
-        std: per-channel normalization std of the input.
+        mean: per-channel normalization mean of the input (for the padding value ``-mean/std``); ``None``: see
+            ``base_size``.
+        std: per-channel normalization std of the input; ``None``: see ``base_size``.
         window_batch: windows per forward (an int, or a function of one window: :data:`WindowBatch`).
 
     Shape:
@@ -122,12 +146,16 @@ class MultiEvalModule(nn.Module):
         >>> prediction = evaluator(image).argmax(1)
     """
 
-    def __init__(self, module: nn.Module, nclass: int, base_size: int = 520, crop_size: int = 480,
-                 scales: Sequence[float] = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75), flip: bool = True,
-                 stride_rate: float = 2.0 / 3.0, mean: Sequence[float] = IMAGENET_MEAN,
-                 std: Sequence[float] = IMAGENET_STD, window_batch: WindowBatch = 1,
+    def __init__(self, module: nn.Module, nclass: int, base_size: Optional[int] = None,
+                 crop_size: Optional[int] = None, scales: Sequence[float] = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75),
+                 flip: bool = True, stride_rate: float = 2.0 / 3.0, mean: Optional[Sequence[float]] = None,
+                 std: Optional[Sequence[float]] = None, window_batch: WindowBatch = 1,
                  stride: Optional[int] = None) -> None:
         super().__init__()
+        base_size = _recorded(module, "base_size", base_size, 520)
+        crop_size = _recorded(module, "crop_size", crop_size, 480)
+        mean = _recorded(module, "mean", mean, IMAGENET_MEAN)
+        std = _recorded(module, "std", std, IMAGENET_STD)
         if not scales:
             raise ValueError("MultiEvalModule needs at least one scale")
         if not 0 < stride_rate <= 1:

@@ -17,6 +17,7 @@ declared for this module beside their definitions in ``encoding/legacy/metrics.p
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -26,18 +27,8 @@ from ..parallel.scatter_gather import scatter
 from .dist import reduce_across_processes
 from .table import format_table
 
-__all__ = [
-    "SegmentationMetric",
-    "main_output",
-    "to_labels",
-    "confusion_matrix",
-    "scores_from_confusion",
-    "binary_scores",
-    "binary_labels",
-    "labels_of",
-    "class_argmax",
-    "format_table",
-]
+__all__ = ["SegmentationMetric", "main_output", "to_labels", "confusion_matrix", "scores_from_confusion",
+           "binary_scores", "binary_labels", "labels_of", "class_argmax", "format_table"]
 
 Output = Union[Tensor, Mapping[str, Any], Sequence[Any]]
 
@@ -274,6 +265,23 @@ def _per_replica(outputs: List[Tensor], target: Union[Tensor, Sequence[Tensor]])
     return scatter(target, [out.device for out in outputs], split_sizes=sizes)
 
 
+def _pe_order(first: Any, second: Any) -> Optional[Tuple[Any, Any]]:
+    """``(preds, target)`` if ``update(first, second)`` can only be PyTorch-Encoding's ``update(labels, preds)``
+    (:meth:`SegmentationMetric.update`; the labels of ``1xCxHxW`` logits become ``1xHxW``), else ``None``."""
+    if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)):
+        pairs = [_pe_order(a, b) if isinstance(a, Tensor) else None for a, b in zip(first, second)]
+        return tuple(zip(*pairs)) if first and len(first) == len(second) and None not in pairs else None
+    if not (isinstance(first, Tensor) and isinstance(second, Tensor) and second.is_floating_point()) or (
+            first.is_floating_point() or first.is_complex() or first.dtype == torch.bool):
+        return None
+    if second.dim() == first.dim() + 1:
+        class_dim = 0 if first.dim() <= 2 else 1
+        return (second, first) if second.shape[:class_dim] + second.shape[class_dim + 1:] == first.shape else None
+    if first.dim() == 2 and second.dim() == 4 and second.shape[0] == 1 and second.shape[2:] == first.shape:
+        return second, first.unsqueeze(0)
+    return None
+
+
 class SegmentationMetric:
     """Accumulates a confusion matrix over batches and reports pixAcc / mIoU (PyTorch-Encoding contract) and more.
 
@@ -322,10 +330,18 @@ class SegmentationMetric:
                 which is then scattered like the replicas' outputs (``encoding.parallel.scatter``), so the logits
                 are never gathered onto one device.
 
+        PE's ``update(labels, preds)`` is swapped (``FutureWarning``) if unambiguous: integer labels, then float logits
+        with one class dim more (dim 1, or 0 against ``HxW``; or ``1xCxHxW`` against ``HxW``), or lists of such pairs.
+
         Raises:
             ValueError: shapes that do not match, or target values outside ``[0, nclass)`` other than
                 ``ignore_index`` (the message names them).
         """
+        pe_order = _pe_order(preds_or_logits, target)
+        if pe_order is not None:
+            warnings.warn("SegmentationMetric.update(labels, preds) is now SegmentationMetric.update(preds, labels)",
+                          FutureWarning, stacklevel=3)
+            preds_or_logits, target = pe_order
         if isinstance(preds_or_logits, (Tensor, Mapping)):
             pairs = [(main_output(preds_or_logits), target)]
         elif isinstance(preds_or_logits, (list, tuple)):
