@@ -256,9 +256,13 @@ def test_a_recipe_learning_rate_scales_with_the_batch_size_when_lr_is_not_given(
 
 @pytest.mark.parametrize("value, expected", [(True, True), (False, False), ("weights/mit_b0.safetensors",
                                                                             "weights/mit_b0.safetensors")])
-def test_an_option_with_an_optional_value_reads_back_from_a_config_file(tmp_path, value, expected):
-    """--pretrained-backbone [FILE]: true in a file is the bare option, false leaves it off, a string is the FILE."""
+def test_an_option_with_an_optional_value_reads_back_from_a_config_file(tmp_path, monkeypatch, value, expected):
+    """--pretrained-backbone [FILE]: true in a file is the bare option, false leaves it off, a string is the FILE
+    (which must be there: checked before any work, not read)."""
     options = load_script("options")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "weights" / "mit_b0.safetensors").write_bytes(b"")
     path = tmp_path / "run.yaml"
     write_config(str(path), {"pretrained-backbone": value})
     args = options.parse_args(["--config", str(path), "--no-val"], script="train")

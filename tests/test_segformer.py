@@ -180,6 +180,7 @@ def test_train_options_take_an_encoder_file_and_keep_segformers_output_stride(tm
     belongs to its U-Net, so SegFormer keeps its own (32)."""
     options = load_script("options")
     path = str(tmp_path / "model.safetensors")
+    open(path, "wb").close()  # there (checked before any work), not read by parsing
     args = options.parse_args(["--model", "segformer", "--backbone", "mit_b0", "--pretrained-backbone", path,
                                "--output-dir", str(tmp_path)])
     assert args.pretrained == path and args.head_lr_mult == 10.0 and args.output_stride is None
