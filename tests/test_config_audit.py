@@ -84,3 +84,23 @@ def test_the_memory_tool_plans_the_network_and_crop_train_py_runs(argv):
     assert (planned.output_stride, planned.head_channels, planned.crop_size) == (
         trained.model.output_stride, trained.model.head_channels, trained.data.crop_size)
     assert planned.crop_size != datasets["shapes"].CROP_SIZE
+
+
+def test_a_spec_network_that_cannot_take_pretrained_backbone_is_refused_before_any_work(tmp_path, monkeypatch):
+    """The refusals of the build (a factory without the keyword, a torchvision builder given a file) are found by
+    the check, nothing built, loaded or downloaded; one the build takes passes."""
+    from encoding.config import ConfigError
+    from encoding.engine.assemble import check_settings
+
+    (tmp_path / "nokw_factory.py").write_text("from torch import nn\n\ndef build(num_classes, width=8):\n"
+                                              "    return nn.Conv2d(3, num_classes, 1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    weights = tmp_path / "backbone.pth"
+    weights.write_bytes(b"")
+    for argv, says in ((["--model", "nokw_factory:build", "--pretrained-backbone", "--trust-code"],
+                        "takes no option pretrained_backbone; the factory takes width"),
+                       (["--model", "torchvision:fcn_resnet50", "--pretrained-backbone", str(weights)],
+                        "only torchvision's own backbone weights")):
+        with pytest.raises(ConfigError, match=says):
+            check_settings(resolve("train", argv))
+    check_settings(resolve("train", ["--model", "torchvision:lraspp_mobilenet_v3_large", "--pretrained-backbone"]))

@@ -159,22 +159,22 @@ def _refuse_unknown(spec: str, unknown: Any, takes: str) -> None:
         raise UsageError(f"model spec {spec}: takes no option {names}; {takes}")
 
 
-def _torchvision(name: str, num_classes: int, aux: bool, pretrained_backbone: Any, **kwargs: Any) -> nn.Module:
+def _torchvision_builder(name: str) -> Any:
     from torchvision import models
     try:
-        builder = models.get_model_builder(name)
+        return models.get_model_builder(name)
     except ValueError:
         raise UsageError(f"model spec torchvision:{name}: torchvision has no model {name!r}") from None
+
+
+def _torchvision(name: str, num_classes: int, aux: bool, pretrained_backbone: Any, **kwargs: Any) -> nn.Module:
+    builder = _torchvision_builder(name)
     params = inspect.signature(builder).parameters
     own = [p for p, v in params.items() if v.kind == v.KEYWORD_ONLY and p not in (
         "weights", "progress", "num_classes", "aux_loss", "weights_backbone")]
     _refuse_unknown(f"torchvision:{name}", set(kwargs) - set(own),
                     f"its builder's options: {', '.join(own) or 'none'}")
     options: Dict[str, Any] = {"weights": None, "num_classes": num_classes}
-    if pretrained_backbone not in (False, None, True) or (pretrained_backbone and "weights_backbone" not in params):
-        raise UsageError(f"model spec torchvision:{name}: --pretrained-backbone {pretrained_backbone}: only "
-                         "torchvision's own backbone weights (--pretrained-backbone alone) apply, where the builder "
-                         "has a backbone")
     if "weights_backbone" in params:
         options["weights_backbone"] = "DEFAULT" if pretrained_backbone is True else None
     if "aux_loss" in params:
@@ -243,22 +243,28 @@ def _working_directory_importable() -> Iterator[str]:
             sys.path.remove(cwd)
 
 
-def _factory(spec: str, num_classes: int, pretrained_backbone: Any, **kwargs: Any) -> nn.Module:
+def _import_factory(spec: str) -> Any:
+    """The factory of ``package.module:factory`` (imported from the working directory too; the import allowed)."""
     module_name, _, attr = spec.partition(":")
     allow_import(module_name, f"the model spec {spec!r}")
     with _working_directory_importable() as cwd:
         try:
-            factory = getattr(importlib.import_module(module_name), attr)
+            return getattr(importlib.import_module(module_name), attr)
         except ImportError as err:
             raise UsageError(f"model spec {spec}: cannot import {module_name!r} ({err}); looked in the working "
                              f"directory {cwd} and on sys.path (PYTHONPATH)") from None
         except AttributeError:
             raise UsageError(f"model spec {spec}: cannot import {attr!r}: module {module_name!r} has none") from None
-        params = _parameters(factory)
-        if pretrained_backbone:
-            kwargs["pretrained_backbone"] = pretrained_backbone
-        if params is not None:
-            _refuse_unknown(spec, set(kwargs) - params, f"the factory takes {', '.join(sorted(params)) or 'none'}")
+
+
+def _factory(spec: str, num_classes: int, pretrained_backbone: Any, **kwargs: Any) -> nn.Module:
+    factory = _import_factory(spec)
+    params = _parameters(factory)
+    if pretrained_backbone:
+        kwargs["pretrained_backbone"] = pretrained_backbone
+    if params is not None:
+        _refuse_unknown(spec, set(kwargs) - params, f"the factory takes {', '.join(sorted(params)) or 'none'}")
+    with _working_directory_importable():
         net = factory(num_classes=num_classes, **kwargs)
     if not isinstance(net, nn.Module):
         raise UsageError(f"model spec {spec}: the factory returned a {type(net).__name__}, not an nn.Module")
@@ -284,6 +290,31 @@ NOT_FOR_SPECS = {
     "pretrained": "pretrained= loads published weights of the toolkit's architectures, not of a spec network (load "
                   "a spec network's weights with encoding.load_model, or through its own builder)",
 }
+
+
+def check_pretrained_backbone(spec: str, value: Any) -> None:
+    """Refuse ``--pretrained-backbone value`` where the network ``spec`` names cannot take it, without building it
+    (nothing downloaded or loaded): a ``transformers:`` folder (its weights are its own), a ``torchvision:`` builder
+    without a backbone or given a file (only torchvision's own backbone weights apply), a factory without a
+    ``pretrained_backbone`` keyword.
+
+    Raises:
+        ValueError: one line naming the spec and the option.
+    """
+    if value in (None, False):
+        return
+    parsed = parse_model_spec(spec)
+    if parsed.kind == "transformers":
+        raise UsageError(f"model spec {spec}: --pretrained-backbone: its weights are the folder's own")
+    if parsed.kind == "torchvision":
+        builder = _torchvision_builder(parsed.target)
+        if value is not True or "weights_backbone" not in inspect.signature(builder).parameters:
+            raise UsageError(f"model spec {spec}: --pretrained-backbone {value}: only torchvision's own backbone "
+                             "weights (--pretrained-backbone alone) apply, where the builder has a backbone")
+        return
+    params = _parameters(_import_factory(parsed.target))
+    if params is not None and "pretrained_backbone" not in params:
+        _refuse_unknown(spec, {"pretrained_backbone"}, f"the factory takes {', '.join(sorted(params)) or 'none'}")
 
 
 def build_external_model(spec: str, num_classes: int, *, aux: bool = False, pretrained_backbone: Any = False,
@@ -323,6 +354,7 @@ def build_external_model(spec: str, num_classes: int, *, aux: bool = False, pret
     for key, why in NOT_FOR_SPECS.items():
         if kwargs.pop(key, None) not in (None, False):
             raise UsageError(f"model spec {spec}: {why}")
+    check_pretrained_backbone(spec, pretrained_backbone)
     synced = isinstance(norm_layer, type) and issubclass(norm_layer, SyncBatchNorm)
     if norm_layer not in (None, nn.BatchNorm2d) and not synced:
         raise UsageError(f"model spec {spec}: norm_layer={getattr(norm_layer, '__name__', norm_layer)} cannot be "
@@ -332,8 +364,6 @@ def build_external_model(spec: str, num_classes: int, *, aux: bool = False, pret
     elif aux:
         raise UsageError(f"model spec {spec}: --aux is for torchvision's segmentation builders")
     elif parsed.kind == "transformers":
-        if pretrained_backbone:
-            raise UsageError(f"model spec {spec}: --pretrained-backbone: its weights are the folder's own")
         net = _transformers(parsed.target, num_classes, **kwargs)
     else:
         net = _factory(parsed.target, num_classes, pretrained_backbone, **kwargs)

@@ -142,7 +142,11 @@ class NetworkSpec:
             raise error(f"--pretrained-backbone {os.fspath(weights)}: no such weights file")
         try:
             with torch.device("meta"):
-                return self.replace(pretrained=False, pretrained_backbone=False).build()
+                network = self.replace(pretrained=False, pretrained_backbone=False).build()
+            if is_model_spec(self.model):  # where the build would refuse the backbone's weights (nothing loaded)
+                from .external import check_pretrained_backbone
+                check_pretrained_backbone(self.model, weights)
+            return network
         except BUILD_ERRORS as err:
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise error(f"{self.flags}: {reason}") from None
