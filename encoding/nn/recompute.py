@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _NormBase
 
 from ..parallel import get_replica_context
-from ..parallel.rng import ReplicaRandom
+from ..parallel.rng import ReplicaRandom, stream_restoring_checkpoint
 from .class_swap import ClassSwap
 
 __all__ = ["checkpoint_module", "replay_in_recomputation", "is_recomputing", "enable_checkpointing",
@@ -84,11 +84,14 @@ class _Forward:
 
     def __init__(self, frame: _Frame) -> None:
         self.cursor = _Cursor(frame, replaying=False)
+        self.restoring = stream_restoring_checkpoint()
 
     def __enter__(self) -> None:
         _stack().append(self.cursor)
+        self.restoring.__enter__()  # its random operators may draw from the replica's stream: it is restored
 
     def __exit__(self, *exc: Any) -> bool:
+        self.restoring.__exit__(*exc)
         _stack().remove(self.cursor)
         return False
 

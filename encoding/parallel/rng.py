@@ -10,13 +10,16 @@ replica's random operators to it with :class:`ReplicaRandom`.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Dict, Optional, Tuple
+import threading
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["ReplicaRandom", "draw_base_seed", "replica_seed", "replica_generator"]
+__all__ = ["ReplicaRandom", "draw_base_seed", "replica_seed", "replica_generator", "stream_restoring_checkpoint",
+           "ForeignCheckpointRandomness"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -64,6 +67,43 @@ def _op_device(args: tuple, kwargs: Dict[str, Any]) -> torch.device:
     return torch.device(device) if device is not None else torch.device("cpu")
 
 
+class ForeignCheckpointRandomness(RuntimeError):
+    """A random operator of a replica on a repeated device inside a ``torch.utils.checkpoint`` region that does not
+    restore the replica's stream: its recomputation would draw other values than the forward (wrong gradients)."""
+
+
+_aware = threading.local()
+
+
+def _top_pack_hook() -> Any:
+    """The innermost saved-tensors pack hook of this thread (``None``: none, or a torch without the query)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    hooks = top(False) if top is not None else None
+    return hooks[0] if hooks else None
+
+
+@contextlib.contextmanager
+def stream_restoring_checkpoint() -> Iterator[None]:
+    """Inside (entered in the forward of a ``torch.utils.checkpoint`` region, by its ``context_fn``): the innermost
+    checkpoint restores the replica's random stream when it recomputes (:func:`encoding.nn.checkpoint_module`)."""
+    hooks = _aware.__dict__.setdefault("hooks", [])
+    hooks.append(_top_pack_hook())
+    try:
+        yield
+    finally:
+        hooks.pop()
+
+
+def _in_foreign_checkpoint() -> bool:
+    """Whether this thread runs the forward of a ``torch.utils.checkpoint`` region (non-reentrant) that does not
+    restore the replica's stream (one not entered through :func:`stream_restoring_checkpoint`)."""
+    hook = _top_pack_hook()
+    if hook is None or getattr(hook, "__module__", None) != "torch.utils.checkpoint" or \
+            not getattr(hook, "__qualname__", "").startswith("_checkpoint_hook."):
+        return False
+    return not any(hook is ours for ours in getattr(_aware, "hooks", ()))
+
+
 class ReplicaRandom(TorchDispatchMode):
     """Dispatch mode giving every random operator without an explicit generator ``generator`` instead.
 
@@ -83,12 +123,23 @@ class ReplicaRandom(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.aten.native_dropout.default and _same_device(args[0].device, self.generator.device):
+            _refuse_foreign_checkpoint(func)
             return _native_dropout(self.generator, *args, **kwargs)
         overload = _generator_overload(func)
         if (overload is not None and kwargs.get("generator") is None
                 and _same_device(_op_device(args, kwargs), self.generator.device)):
+            _refuse_foreign_checkpoint(func)
             func, kwargs = overload, dict(kwargs, generator=self.generator)
         return func(*args, **kwargs)
+
+
+def _refuse_foreign_checkpoint(func: Any) -> None:
+    if _in_foreign_checkpoint():
+        raise ForeignCheckpointRandomness(
+            f"{func} inside torch.utils.checkpoint, in a replica on a repeated device: the recomputation would draw "
+            "other random values than the forward, so the gradients would be wrong. Checkpoint with "
+            "encoding.nn.checkpoint_module (or recompute= / --recompute), which restores the replica's stream; or "
+            "run the replicas on distinct devices")
 
 
 def _native_dropout(generator: torch.Generator, input: torch.Tensor, p: float,
