@@ -21,6 +21,7 @@ import argparse
 import io
 import os
 import pickle
+import struct
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
@@ -39,8 +40,7 @@ __all__ = ["CheckpointError", "NonFiniteError", "first_nonfinite", "CHECKPOINT_F
 
 CHECKPOINT_FORMAT = "encoding.checkpoint"
 CHECKPOINT_VERSION = 1
-CHECKPOINT_NAME = "checkpoint.pth"
-BEST_NAME = "model_best.pth"
+CHECKPOINT_NAME, BEST_NAME = "checkpoint.pth", "model_best.pth"
 _STATEFUL_KEYS, PathLike = ("optimizer", "scheduler", "scaler"), Union[str, os.PathLike]
 
 
@@ -304,7 +304,7 @@ def _read(path: str, map_location: Any) -> Any:
         raise CheckpointError(f"refused to load {path!r}: it holds Python objects other than tensors, numbers, "
                               "strings and plain containers, and unpickling those could run arbitrary code. Use "
                               "weights saved as a plain state dict.") from None
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as err:
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError, struct.error) as err:
         raise CheckpointError(f"cannot read checkpoint {path!r}: the file is truncated or corrupt "
                               f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
 

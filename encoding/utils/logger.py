@@ -74,7 +74,7 @@ class SmoothedValue:
 
     @property
     def median(self) -> float:
-        if not self.deque:
+        if not self.deque or any(math.isnan(v) for v in self.deque):  # NaN does not order: sorted() would lie
             return math.nan
         ordered = sorted(self.deque)
         mid = len(ordered) // 2
@@ -90,7 +90,9 @@ class SmoothedValue:
 
     @property
     def max(self) -> float:
-        return max(self.deque) if self.deque else math.nan
+        if not self.deque or any(math.isnan(v) for v in self.deque):  # max() skips or keeps NaN by its position
+            return math.nan
+        return max(self.deque)
 
     def __str__(self) -> str:
         return self.fmt.format(value=self.value, median=self.median, avg=self.avg, global_avg=self.global_avg,

@@ -39,6 +39,16 @@ _BLACK: RGB = (0, 0, 0)
 _WHITE: RGB = (255, 255, 255)
 
 
+def _interleaved(index: int) -> RGB:
+    """The VOC bit interleave of any id below ``2 ** 24``: bit ``3k + c`` of ``index`` becomes bit ``7 - k`` of
+    channel ``c`` (a one-to-one map of the 24-bit ids onto the 24-bit colours)."""
+    rgb = [0, 0, 0]
+    for k in range(8):
+        for c in range(3):
+            rgb[c] |= ((index >> (3 * k + c)) & 1) << (7 - k)
+    return rgb[0], rgb[1], rgb[2]
+
+
 @lru_cache(maxsize=None)
 def voc_palette(num: int = 256) -> Palette:
     """The PASCAL VOC colour map: bit ``3k + c`` of the class id becomes bit ``7 - k`` of channel ``c``.
@@ -51,25 +61,22 @@ def voc_palette(num: int = 256) -> Palette:
     """
     if not 0 < num <= 256:
         raise ValueError(f"num must be in [1, 256], got {num}")
-    colors = []
-    for index in range(num):
-        rgb = [0, 0, 0]
-        for k in range(8):
-            for c in range(3):
-                rgb[c] |= ((index >> (3 * k + c)) & 1) << (7 - k)
-        colors.append(tuple(rgb))
-    return tuple(colors)
+    return tuple(_interleaved(index) for index in range(num))
 
 
+@lru_cache(maxsize=None)
 def generated_palette(num: int) -> Palette:
     """Distinct colours for ``num`` classes of a dataset that declares none (``PALETTE = None``, a folder dataset
-    without class colours): the first ``num`` colours of :func:`voc_palette`.
+    without class colours): the first ``num`` colours of :func:`voc_palette`, and past 256 classes the same bit
+    interleave continued over more bits of the class id (every colour distinct, up to ``2 ** 24`` classes).
 
     Example:
         >>> generated_palette(3)
         ((0, 0, 0), (128, 0, 0), (0, 128, 0))
     """
-    return voc_palette(num)
+    if not 0 < num <= 1 << 24:
+        raise ValueError(f"a generated palette needs 1 to {1 << 24} classes, got {num}")
+    return voc_palette(num) if num <= 256 else voc_palette(256) + tuple(_interleaved(i) for i in range(256, num))
 
 
 def palette_of(source: Any) -> Palette:
@@ -139,8 +146,9 @@ def _resolve(palette: PaletteLike) -> Tuple[Palette, RGB]:
     colors = tuple(tuple(int(v) for v in color) for color in palette)
     if not colors or any(len(color) != 3 or not all(0 <= v <= 255 for v in color) for color in colors):
         raise ValueError("a palette must be a non-empty sequence of (r, g, b) triples with values in [0, 255]")
-    if len(colors) >= _IGNORE_SLOT:
-        raise ValueError(f"a palette holds at most {_IGNORE_SLOT} classes, got {len(colors)}")
+    if len(colors) >= _IGNORE_SLOT:  # one "P" image index per class, index 255 is the ignore colour
+        raise ValueError(f"cannot colourise {len(colors)} classes: a palettised PNG holds at most {_IGNORE_SLOT - 1} "
+                         f"class colours (index {_IGNORE_SLOT} is the ignore colour)")
     ignore = next(c for c in [_BLACK, _WHITE] + list(voc_palette()) if c not in colors)
     return colors, ignore
 

@@ -28,15 +28,21 @@ def read_log(path: str) -> Dict[str, List[Optional[float]]]:
     """The columns of a ``log.csv`` as numbers (``None`` for an empty cell), ``epoch`` included.
 
     Raises:
-        ValueError: the file is missing, empty, has no ``epoch`` column, or holds a cell that is not a number in a
-            column that is drawn (the message names the file).
+        ValueError: the file is missing, empty, not UTF-8, not readable as CSV (e.g. a cell over the ``csv``
+            field size limit), has no ``epoch`` column, or holds a cell that is not a number in a column that is
+            drawn (the message names the file).
     """
     if not os.path.isfile(path):
         raise ValueError(f"{path}: no such log file")
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
-        header = reader.fieldnames or []
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            header = reader.fieldnames or []
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not a training log: not UTF-8 text (byte {err.start})") from None
+    except csv.Error as err:  # e.g. a cell over the csv module's field size limit
+        raise ValueError(f"{path}: not a training log: {str(err).splitlines()[0] if str(err) else 'bad CSV'}") from None
     if "epoch" not in header or not rows:
         raise ValueError(f"{path}: not a training log (expected a CSV with an 'epoch' column and one row per epoch)")
     wanted = ["epoch"] + [name for _, names in PANELS for name in names if name in header]

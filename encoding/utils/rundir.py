@@ -16,7 +16,8 @@ file system the lock is as good as the client's ``flock`` (docs/training.md, "Re
 the lock a run takes there: on the main process only (rank 0 under ``torchrun``).
 
 While the lock is held, :func:`remove_stale_temp_files` deletes the temporary files of interrupted atomic writes
-(``.<name>.<hex>.tmp``, see :func:`encoding.utils.files.atomic_write`): nobody else can be writing them.
+(``.<name>.<hex>.tmp``, see :func:`encoding.utils.files.atomic_write`, and ``.<stem>.<hex>.tmp<suffix>`` of
+:func:`encoding.utils.files.atomic_path`): nobody else can be writing them.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ __all__ = ["FileLock", "RunDirLocked", "RunDirLock", "pid_alive", "remove_stale_
            "run_lock", "die_with_parent", "LOCK_NAME"]
 
 LOCK_NAME = ".lock"
-_TEMP_FILE = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
+_TEMP_FILE = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp(\.[^.]*)?$")  # atomic_write; atomic_path keeps the suffix
 
 
 class RunDirLocked(RuntimeError, EncodingError):
