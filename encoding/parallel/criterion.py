@@ -22,10 +22,10 @@ from torch.nn.modules.loss import _Loss
 from .data_parallel import _DataParallelBase
 from .devices import DeviceLike
 from .parallel_apply import parallel_apply
-from .reduction import exact_loss_terms, reduce_loss_terms
+from .reduction import LossTree, exact_loss_terms, reduce_loss_terms, reduce_loss_trees
 from .replicate import replicate
 from .scatter_gather import batch_size_of, gather, scatter_kwargs, to_device
-from .structures import device_of
+from .structures import device_of, iter_leaves
 
 __all__ = ["DataParallelCriterion", "InexactReductionWarning"]
 
@@ -52,7 +52,8 @@ class DataParallelCriterion(_DataParallelBase):
     lambda, an unknown module) is weighted by each replica's share of the batch, which is exact only for a mean over
     samples: the wrapper says so once (:class:`InexactReductionWarning`), and where a replica's loss is not finite
     (e.g. all its targets ignored) the loss is computed on the whole batch instead (gathered onto
-    ``output_device``), so a defined whole-batch loss is never NaN.
+    ``output_device``), so a defined whole-batch loss is never NaN. A criterion returning a dict or tuple of scalar
+    losses gets the same, loss by loss, and the result has the criterion's container shape.
 
     Models returning a dict or tuple (torchvision's ``{"out", "aux"}``): ``output_key`` picks the output the
     criterion receives, and ``aux_weight`` adds ``aux_weight * criterion(output[aux_key], target)``, as
@@ -67,7 +68,9 @@ class DataParallelCriterion(_DataParallelBase):
         device_ids: as for :class:`~encoding.parallel.DataParallelModel` (only consulted when an output holds no
             tensor).
         output_device: where the reduced loss lives (default: ``device_ids[0]``, else the first output's device).
-        dim: the batch dimension.
+        dim: the batch dimension of the targets (and of outputs to gather); ``None`` (default): the model's
+            (the ``dim`` a :class:`~encoding.parallel.ReplicaOutputs` carries), else 0. Give it where the targets'
+            batch dimension is not the outputs' (CTC: outputs ``T x N x C`` split along 1, targets ``N x S``: 0).
         output_key: the key (or index) of the model output the criterion receives, e.g. ``"out"``; ``None``: the
             whole output.
         aux_weight: with ``output_key``, the weight of the auxiliary loss on ``output[aux_key]`` (``None`` or ``0``:
@@ -89,7 +92,8 @@ class DataParallelCriterion(_DataParallelBase):
     """
 
     def __init__(self, criterion: Callable[..., Any], device_ids: Optional[Sequence[DeviceLike]] = None,
-                 output_device: Optional[DeviceLike] = None, dim: int = 0, *, output_key: Optional[Hashable] = None,
+                 output_device: Optional[DeviceLike] = None, dim: Optional[int] = None, *,
+                 output_key: Optional[Hashable] = None,
                  aux_weight: Optional[float] = None, aux_key: Hashable = "aux"):
         if not callable(criterion):
             raise TypeError(f"DataParallelCriterion: criterion must be a module or a callable, got "
@@ -104,7 +108,8 @@ class DataParallelCriterion(_DataParallelBase):
             if getattr(criterion, "reduction", None) == "none":
                 raise ValueError("DataParallelCriterion: aux_weight needs a scalar loss, the criterion has "
                                  "reduction='none'")
-        super().__init__(device_ids, output_device, dim)
+        super().__init__(device_ids, output_device, 0 if dim is None else dim)
+        self.dim: Optional[int] = dim  # None: the model's
         self.criterion = criterion
         self.output_key, self.aux_weight, self.aux_key = output_key, aux_weight or None, aux_key
         self._warned = False
@@ -128,16 +133,20 @@ class DataParallelCriterion(_DataParallelBase):
         if len(outputs) == 1:
             targets, kwargs = to_device((targets, kwargs), self._replica_device(outputs[0], 0))
             return self._whole_batch(outputs[0], targets, kwargs)
-        sizes = self._split_sizes(outputs)
+        dim = self.dim if self.dim is not None else getattr(outputs, "dim", 0)  # unset: split like the model
+        sizes = self._split_sizes(outputs, dim)
         devices = [self._replica_device(o, i) for i, o in enumerate(outputs)]
-        target_parts, kw_parts, _ = scatter_kwargs(targets, kwargs, devices, self.dim, split_sizes=sizes)
+        target_parts, kw_parts, _ = scatter_kwargs(targets, kwargs, devices, dim, split_sizes=sizes)
         criteria = self._replicate_criterion(devices)
         calls = [_TermsCall(c, s, self.output_key, self.aux_key, self.aux_weight) for c, s in zip(criteria, sizes)]
         results = parallel_apply(calls, [(o,) + tuple(t) for o, t in zip(outputs, target_parts)], kw_parts, devices)
         output_device = self.output_device if self.output_device is not None else devices[0]
-        if not all(isinstance(r, list) for r in results):
-            return gather(results, output_device, self.dim)
-        loss = reduce_loss_terms(results, output_device)
+        if all(isinstance(r, LossTree) for r in results):  # a dict or tuple of scalar losses, each reduced as one
+            loss = reduce_loss_trees(results, output_device)
+        elif not all(isinstance(r, list) for r in results):
+            return gather(results, output_device, dim)
+        else:
+            loss = reduce_loss_terms(results, output_device)
         if all(call.exact for call in calls):
             return loss
         self._warn_inexact(outputs[0])
@@ -145,7 +154,7 @@ class DataParallelCriterion(_DataParallelBase):
             return loss
         # a replica without a defined loss (e.g. all its targets ignored): the whole batch defines it
         targets, kwargs = to_device((targets, kwargs), output_device)
-        return self._whole_batch(gather(outputs, output_device, self.dim), targets, kwargs)
+        return self._whole_batch(gather(outputs, output_device, dim), targets, kwargs)
 
     def _whole_batch(self, output: Any, targets: tuple, kwargs: dict) -> Any:
         """The criterion on one output (the whole batch, or a single replica's), ``output_key`` / ``aux_weight``
@@ -199,11 +208,11 @@ class DataParallelCriterion(_DataParallelBase):
             return self.device_ids[index]
         raise ValueError(f"output {index} holds no tensor and device_ids has no entry {index}")
 
-    def _split_sizes(self, outputs: Sequence[Any]) -> List[int]:
+    def _split_sizes(self, outputs: Sequence[Any], dim: int) -> List[int]:
         sizes = getattr(outputs, "split_sizes", None)
         if sizes is not None and None not in sizes:
             return list(sizes)
-        inferred = [batch_size_of(o, self.dim, name=f"outputs[{i}]") for i, o in enumerate(outputs)]
+        inferred = [batch_size_of(o, dim, name=f"outputs[{i}]") for i, o in enumerate(outputs)]
         if None in inferred:
             raise ValueError("DataParallelCriterion cannot tell how many samples each output holds: pass the "
                              "ReplicaOutputs that DataParallelModel returned, or outputs with a batch dimension")
@@ -241,12 +250,12 @@ def _torch_forward(criterion: Any) -> bool:
         and not hasattr(criterion, "loss_terms")
 
 
-def _finite(loss: Tensor) -> bool:
-    """Whether ``loss`` is finite; fake and meta tensors (the memory simulator) count as finite."""
+def _finite(loss: Any) -> bool:
+    """Whether every tensor of ``loss`` (a tensor or a container of them) is finite; fake and meta tensors (the
+    memory simulator) count as finite."""
     from torch._subclasses.fake_tensor import is_fake
-    if loss.is_meta or is_fake(loss):
-        return True
-    return bool(torch.isfinite(loss).all())
+    tensors = (leaf for _, leaf in iter_leaves(loss) if isinstance(leaf, Tensor))
+    return all(t.is_meta or is_fake(t) or bool(torch.isfinite(t).all()) for t in tensors)
 
 
 class _TermsCall:

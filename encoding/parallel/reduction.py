@@ -27,14 +27,16 @@ each replica's scalar loss by its share of the batch: exact for torch's per-samp
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["LossTerm", "StatisticsTerm", "reduce_loss_terms", "criterion_loss_terms", "exact_loss_terms",
-           "cross_entropy_terms", "valid_count", "PER_SAMPLE_MEAN_LOSSES"]
+from .structures import iter_leaves, transpose_map, zip_map
+
+__all__ = ["LossTerm", "StatisticsTerm", "LossTree", "reduce_loss_terms", "reduce_loss_trees", "criterion_loss_terms",
+           "exact_loss_terms", "cross_entropy_terms", "valid_count", "PER_SAMPLE_MEAN_LOSSES"]
 
 Number = Union[int, float]
 
@@ -165,6 +167,56 @@ def reduce_loss_terms(per_replica_terms: Sequence[Sequence[LossTerm]],
     return loss
 
 
+class LossTree:
+    """One replica's container (dict, tuple, namedtuple, ...) of scalar losses, as returned by a criterion without
+    ``loss_terms``: ``tree`` is that container with every 0-dim tensor replaced by its loss terms (non-tensor values
+    are kept). :func:`reduce_loss_trees` reduces the replicas' containers leaf by leaf.
+
+    Attributes:
+        tree: the container, its losses described as loss terms.
+    """
+
+    __slots__ = ("tree",)
+
+    def __init__(self, tree: Any):
+        self.tree = tree
+
+
+class _LeafTerms:
+    """The loss terms of one scalar loss of a :class:`LossTree` (a leaf for :func:`~.structures.zip_map`)."""
+
+    __slots__ = ("terms",)
+
+    def __init__(self, terms: list):
+        self.terms = terms
+
+
+def reduce_loss_trees(per_replica: Sequence[LossTree], device: Optional[Union[torch.device, str]] = None) -> Any:
+    """Reduce every replica's :class:`LossTree` into one container shaped like the criterion's result.
+
+    Args:
+        per_replica: one :class:`LossTree` per replica, all with the same structure.
+        device: where the losses live (default: the device of each loss's first replica).
+
+    Returns:
+        The container, each loss reduced by :func:`reduce_loss_terms` over the replicas; a non-tensor value is kept
+        when every replica returned the same one, otherwise it becomes the list of the replicas' values.
+
+    Raises:
+        ValueError: a place holds a loss on some replicas and a plain value on others.
+    """
+    def combine(values: List[Any]) -> Any:
+        losses = [isinstance(v, _LeafTerms) for v in values]
+        if all(losses):
+            return reduce_loss_terms([v.terms for v in values], device)
+        if any(losses):
+            raise ValueError("a criterion returned a scalar loss on some replicas and a plain value on others at "
+                             "the same place")
+        return values[0] if all(v == values[0] for v in values[1:]) else list(values)
+
+    return zip_map(combine, [replica.tree for replica in per_replica])
+
+
 def valid_count(target: Tensor, valid: Tensor, weight: Optional[Tensor] = None) -> Tensor:
     """The normaliser of a mean (weighted) cross-entropy: torch divides by it with ``reduction='mean'``.
 
@@ -227,8 +279,9 @@ def criterion_loss_terms(criterion: Callable[..., Any], args: Sequence[Any], kwa
         batch_size: the number of samples this replica holds (used for batch-share weighting).
 
     Returns:
-        A list of :class:`LossTerm`, or — when the criterion returns a non-scalar (``reduction='none'``) — that
-        tensor unchanged, to be gathered by the caller.
+        A list of :class:`LossTerm`; a :class:`LossTree` when the criterion returns a container (dict, tuple, ...)
+        of scalar losses; or — when the criterion returns a non-scalar (``reduction='none'``) — that tensor
+        unchanged, to be gathered by the caller.
     """
     return exact_loss_terms(criterion, args, kwargs, batch_size)[0]
 
@@ -240,7 +293,9 @@ def exact_loss_terms(criterion: Callable[..., Any], args: Sequence[Any], kwargs:
     Exact: the protocol (``loss_terms``), ``nn.CrossEntropyLoss`` / ``nn.NLLLoss`` (sums over the weighted number of
     non-ignored targets), ``reduction='sum'``, a non-scalar result (gathered), and the batch-share weighting of
     :data:`PER_SAMPLE_MEAN_LOSSES`. Not exact: the batch-share weighting of any other scalar loss (a plain function,
-    an unknown module), which equals the whole-batch loss only when that loss is a mean over samples.
+    an unknown module), which equals the whole-batch loss only when that loss is a mean over samples. A container
+    (dict, tuple, ...) of scalar losses becomes a :class:`LossTree`, each loss described as a scalar result is, exact
+    when every one of them is.
 
     Returns:
         ``(terms_or_tensor, exact)``.
@@ -252,11 +307,36 @@ def exact_loss_terms(criterion: Callable[..., Any], args: Sequence[Any], kwargs:
             and pair is not None and isinstance(pair[0], Tensor):
         return cross_entropy_terms(criterion, *pair), True
     loss = criterion(*args, **kwargs)
+    if _is_scalar_container(loss):  # every scalar loss is described as one alone would be
+        exact: List[bool] = []
+
+        def describe(leaf: Any) -> List[Any]:
+            if not isinstance(leaf, Tensor):
+                return [leaf]
+            terms, leaf_exact = _scalar_terms(criterion, leaf, batch_size)
+            exact.append(leaf_exact)
+            return [_LeafTerms(terms)]
+
+        return LossTree(transpose_map(describe, loss, 1)[0]), all(exact)
     if not isinstance(loss, Tensor) or loss.dim() != 0:
         return loss, True
+    return _scalar_terms(criterion, loss, batch_size)
+
+
+def _scalar_terms(criterion: Any, loss: Tensor, batch_size: int) -> Tuple[list, bool]:
+    """The terms of one replica's scalar ``loss`` that is not cross-entropy: summed with ``reduction='sum'``, else
+    weighted by the replica's share of the batch (exact for :data:`PER_SAMPLE_MEAN_LOSSES` only)."""
     if getattr(criterion, "reduction", None) == "sum":
         return [LossTerm(loss, None)], True
     return [LossTerm(loss * batch_size, batch_size)], _is_torch_loss(criterion, PER_SAMPLE_MEAN_LOSSES)
+
+
+def _is_scalar_container(loss: Any) -> bool:
+    """``loss`` is a container (dict, tuple, ...) holding tensors, every one of them 0-dim."""
+    if isinstance(loss, Tensor):
+        return False
+    tensors = [leaf for _, leaf in iter_leaves(loss) if isinstance(leaf, Tensor)]
+    return bool(tensors) and all(t.dim() == 0 for t in tensors)
 
 
 def _input_target(args: Sequence[Any], kwargs: dict) -> Optional[Tuple[Any, Any]]:

@@ -65,8 +65,9 @@ def _batch_size(obj: Any, dim: int, name: str) -> Optional[int]:
     if len(set(sizes.values())) > 1:
         listing = ", ".join(f"{p} has {s}" for p, s in sizes.items())
         raise ValueError(f"cannot scatter: tensors in one call would split differently along dim {dim} ({listing}); "
-                         "every batched tensor (and PerSample list) must have the same size there; a list with one entry "
-                         "per sample (images of different sizes, target dicts) goes in encoding.parallel.PerSample")
+                         "every batched tensor (and PerSample list) must have the same size there; a list with one "
+                         "entry per sample (images of different sizes, target dicts) goes in "
+                         "encoding.parallel.PerSample")
     return next(iter(sizes.values()), None)
 
 
@@ -83,7 +84,15 @@ def _split_leaf(leaf: Any, devices: Sequence[torch.device], sizes: Sequence[int]
         return [leaf.to(devices[0])]
     if all_distinct_cuda(devices):
         return list(_CudaScatter.apply([d.index for d in devices], list(sizes), dim, leaf))
-    return [chunk.to(d) for chunk, d in zip(torch.split(leaf, list(sizes), dim), devices)]
+    parts: List[Tensor] = []
+    aliased = False
+    for chunk, d in zip(torch.split(leaf, list(sizes), dim), devices):
+        part = chunk.to(d)
+        if part is chunk:  # a view of ``leaf``; views share one autograd version counter, so (as torch's scatter)
+            # at most one replica keeps a view: an in-place edit in one replica must not invalidate another's backward
+            part, aliased = (chunk.clone() if aliased else chunk), True
+        parts.append(part)
+    return parts
 
 
 def scatter(inputs: Any, devices: Sequence[DeviceLike], dim: int = 0,
@@ -92,11 +101,12 @@ def scatter(inputs: Any, devices: Sequence[DeviceLike], dim: int = 0,
 
     Tensors are split along ``dim`` (differentiably) and moved to the replica's device; :class:`PerSample` lists are
     sliced alike; 0-dim tensors are copied to every device; other values (``None``, numbers, strings, plain lists)
-    are passed to every replica unchanged. A plain list of tensors or dicts with one entry per sample (a detector's
-    images and targets) is scattered per sample, never cut along each image's first dimension, and a list that
-    reads either way is refused (:mod:`encoding.parallel.sample_lists`) where the reading changes the split: with
-    one target device nothing is split, and the inputs come back as they are, on that device (mmcv's
-    ``scatter([a, b], [-1])``).
+    are passed to every replica unchanged. At most one replica's slice is a view of the input tensor (the others on
+    its device are copies), so a module that edits its input in place works on repeated devices. A plain list of
+    tensors or dicts with one entry per sample (a detector's images and targets) is scattered per sample, never cut
+    along each image's first dimension, and a list that reads either way is refused
+    (:mod:`encoding.parallel.sample_lists`) where the reading changes the split: with one target device nothing is
+    split, and the inputs come back as they are, on that device (mmcv's ``scatter([a, b], [-1])``).
 
     Args:
         inputs: any nesting of tuples, lists, dicts, namedtuples and dataclasses.
@@ -187,19 +197,20 @@ def _gather_leaf(values: List[Any], target: torch.device, dim: int) -> Any:
     return list(values)
 
 
-def gather(outputs: Sequence[Any], target_device: Optional[DeviceLike] = None, dim: int = 0) -> Any:
+def gather(outputs: Sequence[Any], target_device: Optional[DeviceLike] = None, dim: Optional[int] = None) -> Any:
     """Concatenate per-replica outputs into the whole-batch output on one device.
 
     Tensors are concatenated along ``dim`` (0-dim tensors are stacked into a vector, as torch does),
-    :class:`PerSample` lists are concatenated, and so are per-sample plain lists of a :class:`~encoding.parallel.ReplicaOutputs` (each
-    replica's list as long as its share: a detector's result dicts, see
+    :class:`PerSample` lists are concatenated, and so are per-sample plain lists of a
+    :class:`~encoding.parallel.ReplicaOutputs` (each replica's list as long as its share: a detector's result dicts, see
     :func:`~encoding.parallel.sample_lists.is_sample_list_output`), in input order; equal plain values are returned
     once and differing ones as a list.
 
     Args:
         outputs: one (nested) output per replica, e.g. what :class:`DataParallelModel` returned.
         target_device: where the result lives (default: the device of the first replica's first tensor).
-        dim: the batch dimension.
+        dim: the batch dimension (default: the ``dim`` of a :class:`~encoding.parallel.ReplicaOutputs`, the one
+            the model split along; 0 for a plain list).
 
     Returns:
         One structure shaped like each replica's output.
@@ -214,6 +225,8 @@ def gather(outputs: Sequence[Any], target_device: Optional[DeviceLike] = None, d
         target = device_of(outputs[0], torch.device("cpu"))
     else:
         target = resolve_device(target_device)
+    if dim is None:
+        dim = getattr(outputs, "dim", 0)
     sizes = getattr(outputs, "split_sizes", None)
 
     def sample_lists(values: List[Any]) -> Any:
