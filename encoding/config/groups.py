@@ -195,7 +195,8 @@ class OptimOptions:
     momentum: float = option(0.9, "SGD momentum (0: SGD holds no state)", parse=non_negative_float,
                              scripts=("train", "memory"))
     weight_decay: float = option(1e-4, "default: the recipe's (1e-4)", parse=non_negative_float, recipe=True,
-                                 scripts=("train", "memory"), per_script=memory(help="weight decay (default: 1e-4; 0: none)"))
+                                 scripts=("train", "memory"),
+                                 per_script=memory(help="weight decay (default: 1e-4; 0: none)"))
     clip_grad: Optional[float] = option(None, "clip the global gradient norm", parse=positive_float, scripts=TRAIN)
 
 
