@@ -18,6 +18,8 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..errors import EncodingError
+
 __all__ = ["ReplicaRandom", "draw_base_seed", "replica_seed", "replica_generator", "stream_restoring_checkpoint",
            "ForeignCheckpointRandomness"]
 
@@ -67,7 +69,7 @@ def _op_device(args: tuple, kwargs: Dict[str, Any]) -> torch.device:
     return torch.device(device) if device is not None else torch.device("cpu")
 
 
-class ForeignCheckpointRandomness(RuntimeError):
+class ForeignCheckpointRandomness(RuntimeError, EncodingError):
     """A random operator of a replica on a repeated device inside a ``torch.utils.checkpoint`` region that does not
     restore the replica's stream: its recomputation would draw other values than the forward (wrong gradients)."""
 
