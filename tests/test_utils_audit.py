@@ -103,3 +103,15 @@ def test_generated_palette_beyond_256_classes():
         colorize(np.zeros((2, 2), dtype=np.int64), palette)
     message = str(info.value)
     assert "\n" not in message and "300" in message and "254" in message
+
+
+def test_the_curves_command_prints_no_runpy_warning():
+    """``python -m encoding.utils.plot`` printed runpy's "found in sys.modules" warning on every run: the package
+    imported the command's module (the curves are drawn by ``encoding.utils.curves``, which the package imports)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-W", "default", "-m", "encoding.utils.plot", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "LOG_CSV" in done.stdout
+    assert "found in sys.modules" not in done.stderr, done.stderr

@@ -13,7 +13,7 @@ from ..datasets.folder import HOLDOUT_NAME, LEGACY_HOLDOUT_NAME
 from ..errors import RunInterrupted
 from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME
 from ..utils.monitor import SINK_FILES
-from ..utils.plot import CURVES_NAME
+from ..utils.curves import CURVES_NAME
 from . import state
 from .data import ConfigError
 

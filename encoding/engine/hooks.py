@@ -40,7 +40,7 @@ from ..errors import EncodingError, RunInterrupted
 from ..utils.checkpoint import CHECKPOINT_NAME, NonFiniteError, save_checkpoint
 from ..utils.dist import is_main_process
 from ..utils.logger import EpochLogger
-from ..utils.plot import write_curves
+from ..utils.curves import write_curves
 from ..utils.rundir import remove_stale_temp_files
 from .directory import kept
 from .loop import GracefulInterrupt, Interrupted, check_finite_loss, evaluate
@@ -377,7 +377,7 @@ class RunEstimate(Hook):
 
 class CurvePlot(Hook):
     """``curves.png`` beside ``log.csv`` when the run ends without an error
-    (:func:`~encoding.utils.plot.write_curves`)."""
+    (:func:`~encoding.utils.curves.write_curves`)."""
 
     def __init__(self, log: EpochLog) -> None:
         self.log = log

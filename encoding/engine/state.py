@@ -36,7 +36,7 @@ from ..utils.determinism import rng_state
 from ..utils.dist import get_rank, get_world_size, is_dist_avail_and_initialized
 from ..utils.files import atomic_write
 from ..utils.logger import EpochLogger
-from ..utils.plot import CURVES_NAME, write_curves
+from ..utils.curves import CURVES_NAME, write_curves
 from ..utils.rundir import RunDirLock, RunDirLocked, remove_stale_temp_files
 from .sharding import load_optimizer_state
 

@@ -22,7 +22,7 @@ from typing import Any, List, Mapping, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..utils.plot import save_figure
+from ..utils.curves import save_figure
 
 __all__ = ["CONFUSION_NAME", "IOU_NAME", "MAX_CLASSES", "confusion_view", "iou_order", "plot_confusion", "plot_iou",
            "write_charts"]

@@ -19,7 +19,7 @@ import torch
 from ..names import network_name
 from ..models.network import NetworkSpec
 from ..utils.files import atomic_write
-from ..utils.plot import save_figure
+from ..utils.curves import save_figure
 from .advice import advise
 from .ahead import TracesAhead, traces_ahead
 from .balance import max_batch, strategy_peaks

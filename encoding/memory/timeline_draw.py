@@ -111,7 +111,7 @@ def write_png(data: Dict[str, Any], path: str) -> str:
     """:func:`timeline_figure` as a PNG at ``path`` (atomically); ``""`` (and a hint) without matplotlib."""
     import sys
 
-    from ..utils.plot import save_figure
+    from ..utils.curves import save_figure
 
     try:
         import matplotlib
