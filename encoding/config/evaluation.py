@@ -13,7 +13,7 @@ from .groups import GROUPS, EvalOptions
 from .parser import option_specs
 
 __all__ = ["NETWORK_OPTIONS", "MODEL_SPECIFIC", "MULTI_SCALES", "DEFAULT_SCALES", "weights_layer", "evaluation_rules",
-           "evaluation_fields", "fill_evaluation", "protocol"]
+           "evaluation_fields", "given_options", "fill_evaluation", "protocol"]
 
 #: The options that define a trained network (and the sizes its inputs were trained at): the fields marked
 #: ``network``. ``test.py`` / ``demo.py`` take them from the weights when not given; a checkpoint records them.
@@ -135,6 +135,14 @@ def evaluation_fields() -> List[Tuple[str, Any, dataclasses.Field]]:
     return made + [(inference.name, inference.type, dataclasses.field(default=inference.default))]
 
 
+def given_options(values: Mapping[str, Any], inherited: Sequence[str] = ()) -> Dict[str, Any]:
+    """The values of a hand-built evaluation config that count as given, as on a command line: set and other than
+    their field's default, and not ``inherited`` from the weights."""
+    defaults = {name: field.default for name, _, field in evaluation_fields()}
+    return {name: value for name, value in values.items()
+            if name in defaults and value is not None and value != defaults[name] and name not in inherited}
+
+
 def fill_evaluation(values: Dict[str, Any], resolved: bool = False, inherited: Sequence[str] = ()) -> None:
     """Complete the values of a hand-built evaluation config with ``test.py``'s rules (:func:`evaluation_rules`:
     the mode from the split and the other options, the window and stride of ``mode="slide"``, the batch, the
@@ -155,10 +163,7 @@ def fill_evaluation(values: Dict[str, Any], resolved: bool = False, inherited: S
     explicit = values["mode"]
     if values["inference"] == "slide":  # the mode the command line's --mode slide stands for
         values["mode"] = "slide"
-    defaults = {name: field.default for name, _, field in evaluation_fields()}
-    given = {} if resolved else {name: "command line" for name, value in values.items()
-                                 if name in defaults and value is not None and value != defaults[name]
-                                 and name not in inherited}
+    given = {} if resolved else {name: "command line" for name in given_options(values, inherited)}
     evaluation_rules("test", values, given, rule)
     if values["inference"] == "slide" and explicit not in (None, "slide"):  # an explicit testval / test is kept
         values["mode"] = explicit

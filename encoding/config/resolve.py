@@ -140,8 +140,9 @@ def resolve(script: str = "train", argv: Optional[Sequence[str]] = None, *, reci
         recipes: the folder of the dataset recipes (``None``: :data:`~.recipes.RECIPE_DIR`, the recipes shipped
             with the package, which ``train.py`` reads too); a dataset without a file there starts from its
             built-in recipe (:func:`~.recipes.builtin_recipe`).
-        read_saved: ``(checkpoint path, names) -> recorded values`` (:func:`encoding.engine.state.saved_options`):
-            how ``test.py`` / ``demo.py`` read the network options of ``--resume``.
+        read_saved: ``(checkpoint path, names) -> recorded values``
+            (:func:`encoding.inference.evaluation.weights_options`): how ``test.py`` / ``demo.py`` read the network
+            options of ``--resume``.
 
     Raises:
         SystemExit: a bad option on the command line (status 2).

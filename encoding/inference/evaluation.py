@@ -15,7 +15,7 @@ import io
 import os
 from contextvars import ContextVar
 from dataclasses import dataclass, fields, make_dataclass
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ from ..engine import builders
 from ..datasets.metadata import resolve_dataset
 from ..datasets.base import BaseDataset
 from ..datasets.transforms import image_transform
-from ..config.evaluation import evaluation_fields, fill_evaluation, weights_layer
+from ..config.evaluation import evaluation_fields, fill_evaluation, given_options, weights_layer
 from ..errors import UsageError
 from ..models.factory import nclass_of
 from ..models.network import NetworkSpec
@@ -157,6 +157,19 @@ def overlay_with_legend(image: Any, labels: Any, dataset: str, class_names: Sequ
     return out
 
 
+def weights_options(path: str, names: Sequence[str]) -> Dict[str, Any]:
+    """What ``--resume``'s checkpoint recorded for ``test.py`` / ``demo.py`` (``read_saved`` of
+    :func:`~encoding.config.resolve`): the options ``names`` and a folder dataset's root; a user's dataset class is
+    imported from the path the checkpoint recorded (registered under its own dataset name; inside
+    :func:`~encoding.config.evaluation.weights_layer`'s trust check)."""
+    from ..engine.state import saved_options
+
+    saved = saved_options(path, (*names, "data_root", "dataset_class"))
+    if saved.get("dataset"):
+        resolve_dataset(saved["dataset"], saved.get("dataset_class"))
+    return {k: v for k, v in saved.items() if k != "dataset_class"}
+
+
 #: Set while :meth:`EvaluationConfig.from_options` builds a config from resolved options.
 _FROM_OPTIONS: ContextVar[bool] = ContextVar("evaluation_from_options", default=False)
 
@@ -172,14 +185,11 @@ class _Evaluation:
         """A hand-built config's network options (and a folder run's ``data_root``) left at their defaults: what
         the weights record, as ``test.py`` takes them (:func:`~encoding.config.evaluation.weights_layer`); returns
         the names set. Nothing where the weights are not one readable source (:meth:`network` says what is wrong)."""
-        from ..engine.state import saved_options
-
         if bool(self.resume) + bool(self.model_zoo) + bool(self.torchvision_weights) != 1 or \
                 (self.resume and not os.path.isfile(self.resume)):
             return []
         defaults = {name: field.default for name, _, field in evaluation_fields()}
-        given = {k: v for k, v in vars(self).items() if k in defaults and v is not None and v != defaults[k]}
-        _, recorded = weights_layer("test", given, lambda path, names: saved_options(path, (*names, "data_root")))
+        _, recorded = weights_layer("test", given_options(vars(self)), weights_options)
         taken = [k for k, v in recorded.items() if k in defaults and v is not None and getattr(self, k) == defaults[k]]
         for name in taken:
             setattr(self, name, recorded[name])

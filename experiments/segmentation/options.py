@@ -14,6 +14,7 @@ from encoding.config import ConfigError, Settings, build_parser, resolve
 from encoding.config.training import TrainingConfig
 from encoding.config.evaluation import NETWORK_OPTIONS
 from encoding.engine.assemble import check_settings
+from encoding.inference.evaluation import weights_options
 
 __all__ = ["CONFIGS", "MODEL_OPTIONS", "build_parser", "settings", "parse_args", "training_config"]
 
@@ -24,21 +25,10 @@ CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 MODEL_OPTIONS = NETWORK_OPTIONS
 
 
-def _saved_options(path: str, names: tuple) -> dict:
-    """What ``--resume``'s checkpoint recorded: the network, and a folder dataset's root; a user's dataset class is
-    imported from the path the checkpoint recorded (registered under its own dataset name)."""
-    from encoding.datasets.metadata import resolve_dataset
-    from encoding.engine.state import saved_options  # read only by test.py / demo.py, with --resume
-    saved = saved_options(path, tuple(names) + ("data_root", "dataset_class"))
-    if saved.get("dataset"):
-        resolve_dataset(saved["dataset"], saved.get("dataset_class"))
-    return {k: v for k, v in saved.items() if k != "dataset_class"}
-
-
 def settings(argv: Optional[List[str]] = None, script: str = "train") -> Settings:
     """The resolved and checked settings of ``script`` run with ``argv`` (exit status 2 with one line if bad)."""
     try:
-        resolved = resolve(script, argv, read_saved=None if script == "train" else _saved_options)
+        resolved = resolve(script, argv, read_saved=None if script == "train" else weights_options)
         check_settings(resolved)
     except (ConfigError, ValueError, OSError) as err:  # ValueError/OSError: an unreadable --resume (test/demo)
         build_parser(script).error(str(err).splitlines()[0])
