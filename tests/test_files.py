@@ -221,3 +221,21 @@ def test_staged_dir_is_all_or_nothing(tmp_path):
     with staged_dir(str(final), replace=True) as staging:
         open(os.path.join(staging, "new.txt"), "w").close()
     assert sorted(os.listdir(final)) == ["new.txt"] and sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_staged_dir_replace_puts_the_old_folder_back_when_the_new_one_cannot_move_in(tmp_path, monkeypatch):
+    final = tmp_path / "out"
+    final.mkdir()
+    (final / "old.txt").write_text("kept")
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if ".tmp-" in os.path.basename(src):  # the finished staging folder's move: a full disk, a quota
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError, match="No space"):
+        with staged_dir(str(final), replace=True) as staging:
+            open(os.path.join(staging, "new.txt"), "w").close()
+    assert (final / "old.txt").read_text() == "kept" and sorted(os.listdir(tmp_path)) == ["out"]

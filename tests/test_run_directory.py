@@ -169,13 +169,50 @@ def test_stale_temp_files_and_staging_folders_are_cleaned(tmp_path):
         assert remove_stale_temp_files(str(tmp_path)) == [str(stale)]
     assert keep.exists()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    leftover = tmp_path / f".shapes.tmp-{int(dead.stdout)}-x1"
+    leftover = tmp_path / f".shapes.tmp-{int(dead.stdout)}-x1"  # an earlier release's name: judged by its pid
     leftover.mkdir()
     alive = tmp_path / f".shapes.tmp-{os.getpid()}-x2"
     alive.mkdir()
     with staged_dir(str(tmp_path / "shapes")) as staging:
-        assert os.path.basename(staging).startswith(f".shapes.tmp-{os.getpid()}-")
+        assert os.path.basename(staging).startswith(".shapes.tmp-") and os.path.exists(staging + ".lock")
     assert not leftover.exists() and alive.exists()
+    assert sorted(os.listdir(tmp_path)) == sorted([".shapes.tmp-%d-x2" % os.getpid(), "notes.tmp", "shapes"])
+
+
+_BUILD = """
+import os, sys
+from encoding.utils.files import staged_dir
+with staged_dir(sys.argv[1]) as staging:
+    open(os.path.join(staging, "half"), "w").close()
+    print(staging, flush=True)
+    if sys.argv[2] == "kill":
+        os._exit(9)  # killed mid-build: no cleanup runs
+    sys.stdin.readline()
+"""
+
+
+def test_a_live_build_keeps_its_staging_folder_and_a_killed_one_loses_it(tmp_path, monkeypatch):
+    """Staleness is the staging folder's flock, not a pid (pids mean nothing across PID namespaces): the folder of
+    a build that is still running elsewhere is kept, the folder of a killed one is deleted by the next build."""
+    import encoding.utils.files as files
+
+    monkeypatch.setattr(files, "pid_alive", lambda pid: False)  # the builders run in another PID namespace
+    final = str(tmp_path / "shapes")
+    killed = subprocess.run([sys.executable, "-c", _BUILD, final, "kill"], capture_output=True, text=True, cwd=ROOT)
+    killed_staging = killed.stdout.strip()
+    assert killed.returncode == 9 and os.path.isdir(killed_staging), killed.stderr
+    live = subprocess.Popen([sys.executable, "-c", _BUILD, final, "wait"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        live_staging = live.stdout.readline().strip()
+        with staged_dir(final) as staging:
+            open(os.path.join(staging, "mine"), "w").close()
+        assert not os.path.exists(killed_staging) and not os.path.exists(killed_staging + ".lock")
+        assert os.path.isfile(os.path.join(live_staging, "half"))  # the live build's work is untouched
+    finally:
+        live.communicate("go\n", timeout=60)
+    assert live.returncode == 0 and os.listdir(final) == ["mine"]  # the first to finish is kept
+    assert sorted(os.listdir(tmp_path)) == ["shapes"]
 
 
 def test_resumed_log_has_one_row_per_epoch(tmp_path):

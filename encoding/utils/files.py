@@ -27,14 +27,13 @@ import hashlib
 import os
 import shutil
 import stat
-import tempfile
 import uuid
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 from ..errors import EncodingError
 from .progress import progress_bar as tqdm
 
-from .rundir import pid_alive
+from .rundir import KERNEL_LOCKS, FileLock, pid_alive
 
 __all__ = [
     "ChecksumError",
@@ -266,12 +265,54 @@ def _remove_tree(path: str) -> None:
         os.remove(path)
 
 
+def _staging_lock(staging: str) -> str:
+    return staging + ".lock"
+
+
 def _remove_stale_staging(parent: str, prefix: str) -> None:
-    """Delete staging folders ``<prefix><pid>-*`` whose process no longer exists (killed mid-build)."""
-    for name in os.listdir(parent):
-        pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
-        if pid.isdigit() and not pid_alive(int(pid)):
-            _remove_tree(os.path.join(parent, name))
+    """Delete the staging folders ``<prefix>*`` of builds that ended without finishing (killed mid-build).
+
+    A build holds an exclusive ``flock`` on ``<staging>.lock`` from before its folder exists until after it is gone,
+    so a folder whose lock can be taken has no live builder: the kernel released it when that process died, in any
+    way and in any PID namespace (no pid is judged). A folder without a lock file is an earlier release's
+    ``<prefix><pid>-*``, judged by its pid as that release did.
+    """
+    for name in sorted(os.listdir(parent)):
+        path = os.path.join(parent, name)
+        if not name.startswith(prefix) or not os.path.lexists(path):  # not ours, or removed with its pair
+            continue
+        folder = path[:-len(".lock")] if name.endswith(".lock") else path
+        if name.endswith(".lock") or os.path.exists(_staging_lock(folder)):
+            if not KERNEL_LOCKS:  # no flock (Windows): whether its builder lives cannot be told; left in place
+                continue
+            lock = FileLock(_staging_lock(folder), blocking=False, remove=True)
+            if os.path.exists(lock.path) and lock.acquire():
+                try:
+                    _remove_tree(folder)
+                finally:
+                    lock.release()
+            continue
+        pid, dash, _ = name[len(prefix):].partition("-")
+        if dash and pid.isdigit() and not pid_alive(int(pid)):
+            _remove_tree(path)
+
+
+def _swap_in(staging: str, final: str, replace: bool) -> None:
+    """Move the finished ``staging`` folder to ``final``, under a lock so that concurrent builds do not interleave:
+    an existing ``final`` is kept (``replace=False``: another build finished first) or swapped out and deleted, and
+    put back when the new folder cannot be moved in."""
+    with FileLock(os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.swap.lock"), remove=True):
+        if not os.path.exists(final):
+            os.replace(staging, final)
+        elif replace:
+            trash = f"{final}.old-{uuid.uuid4().hex}"
+            os.replace(final, trash)
+            try:
+                os.replace(staging, final)
+            except BaseException:
+                os.replace(trash, final)  # the old folder back where it was: nothing lost
+                raise
+            _remove_tree(trash)
 
 
 @contextlib.contextmanager
@@ -282,35 +323,33 @@ def staged_dir(final: str, *, keep: bool = True, replace: bool = False) -> Itera
         final: where the finished folder should end up (its parent is created).
         keep: ``True`` renames the staging folder to ``final`` on success. ``False`` only guarantees cleanup (the
             caller moves the contents itself, as :func:`~encoding.datasets.prepare.download.extract` does).
-        replace: when ``final`` already exists, swap it out for the new folder (the old one is deleted). Without it,
-            an existing ``final`` is kept and the new folder discarded (another process finished first).
+        replace: when ``final`` already exists, swap it out for the new folder (the old one is deleted once the new
+            one is in place, and put back if it cannot be). Without it, an existing ``final`` is kept and the new
+            folder discarded (another process finished first).
 
     Yields:
-        The path of the empty staging folder (on the same file system as ``final``, so the rename is atomic). Its
-        name carries this process's pid; staging folders of processes that no longer exist (killed mid-build) are
-        deleted when the next one starts.
+        The path of the empty staging folder (on the same file system as ``final``, so the rename is atomic). This
+        process holds a ``flock`` on ``<staging>.lock`` while it builds; the staging folders of builds that no longer
+        hold theirs (killed mid-build, in any PID namespace) are deleted when the next one starts.
     """
     final = os.path.abspath(os.path.expanduser(final))
     parent = makedirs(os.path.dirname(final))
     prefix = f".{os.path.basename(final)}.tmp-"
     _remove_stale_staging(parent, prefix)
-    staging = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent)
+    staging = os.path.join(parent, f"{prefix}{uuid.uuid4().hex}")
+    lock = FileLock(_staging_lock(staging), blocking=False, remove=True)
+    if not lock.acquire():  # a fresh random name: nobody else can hold it
+        raise RuntimeError(f"staging lock {lock.path} is held by another process")
     try:
-        yield staging
-        if keep:
-            if os.path.exists(final) and replace:
-                trash = f"{final}.old-{uuid.uuid4().hex}"
-                os.replace(final, trash)
-                os.replace(staging, final)
-                _remove_tree(trash)
-            elif not os.path.exists(final):
-                try:
-                    os.replace(staging, final)
-                except OSError:
-                    if not os.path.exists(final):  # not a lost race: a real failure
-                        raise
+        os.mkdir(staging)
+        try:
+            yield staging
+            if keep:
+                _swap_in(staging, final, replace)
+        finally:
+            _remove_tree(staging)
     finally:
-        _remove_tree(staging)
+        lock.release()
 
 
 def user_cache_file(kind: str, folder: str) -> str:

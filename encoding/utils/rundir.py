@@ -40,6 +40,9 @@ try:
 except ImportError:  # Windows: no flock; the lock file is then advisory only
     fcntl = None
 
+#: Whether :class:`FileLock` is a lock the kernel holds (``flock``); without it (Windows) it is advisory only.
+KERNEL_LOCKS = fcntl is not None
+
 __all__ = ["FileLock", "RunDirLocked", "RunDirLock", "pid_alive", "remove_stale_temp_files", "run_directory",
            "run_lock", "die_with_parent", "LOCK_NAME"]
 
