@@ -49,6 +49,29 @@ def test_input_edited_in_place_on_repeated_devices(devices, split):
         torch.testing.assert_close(p.grad, g, **TOL)
 
 
+class ScaledInPlace(nn.Module):
+    """Takes a 0-dim scale and edits it in place (a temperature clamped by the model, a counter advanced)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2).double()
+
+    def forward(self, x, scale):
+        scale.mul_(2)
+        return self.lin(x) * scale
+
+
+@pytest.mark.parametrize("devices", [["cpu"] * 2, ["cpu"] * 3])
+def test_a_0_dim_input_edited_in_place_is_each_replicas_own(devices):
+    """Before: every replica on a repeated device got the same 0-dim tensor object, so the model's ``mul_`` ran once
+    per replica on it (the last replica saw 2**N, not 2) and the outputs differed from the plain module's."""
+    torch.manual_seed(0)
+    net, x = ScaledInPlace(), torch.randn(5, 3, dtype=torch.float64)
+    plain = net(x, torch.tensor(1.5, dtype=torch.float64))
+    outputs = DataParallelModel(net, devices)(x, torch.tensor(1.5, dtype=torch.float64))
+    torch.testing.assert_close(gather(outputs), plain, **TOL)
+
+
 class SequenceFirst(nn.Module):
     """``(T, N, F) -> (T, N, 2)``: the batch is dimension 1, as for ``nn.LSTM`` without ``batch_first``."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 from typing import Any, Dict, Iterator, Optional, Tuple
 
@@ -96,9 +97,33 @@ def stream_restoring_checkpoint() -> Iterator[None]:
         hooks.pop()
 
 
+@functools.lru_cache(maxsize=None)
+def _reentrant_forward_code() -> Any:
+    """The code of ``torch.utils.checkpoint``'s reentrant forward (``CheckpointFunction.forward``), if this torch has
+    it."""
+    from torch.utils import checkpoint
+
+    forward = getattr(getattr(checkpoint, "CheckpointFunction", None), "forward", None)
+    return getattr(forward, "__code__", None)
+
+
+def _in_reentrant_checkpoint() -> bool:
+    """Whether this thread runs inside a reentrant ``torch.utils.checkpoint`` forward (its recomputation runs in
+    backward, in the thread calling it, where no replica's stream is routed: nothing of ours can restore it)."""
+    code, frame = _reentrant_forward_code(), sys._getframe(1)
+    while code is not None and frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _in_foreign_checkpoint() -> bool:
-    """Whether this thread runs the forward of a ``torch.utils.checkpoint`` region (non-reentrant) that does not
-    restore the replica's stream (one not entered through :func:`stream_restoring_checkpoint`)."""
+    """Whether this thread runs the forward of a ``torch.utils.checkpoint`` region that does not restore the
+    replica's stream: a reentrant one, or a non-reentrant one not entered through
+    :func:`stream_restoring_checkpoint`."""
+    if _in_reentrant_checkpoint():
+        return True
     hook = _top_pack_hook()
     if hook is None or getattr(hook, "__module__", None) != "torch.utils.checkpoint" or \
             not getattr(hook, "__qualname__", "").startswith("_checkpoint_hook."):

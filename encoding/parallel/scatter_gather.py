@@ -79,18 +79,24 @@ def _split_leaf(leaf: Any, devices: Sequence[torch.device], sizes: Sequence[int]
     if not isinstance(leaf, Tensor):
         return [leaf] * len(devices)
     if leaf.dim() == 0:
-        return [leaf.to(d) for d in devices]
+        return _moved([leaf] * len(devices), devices)
     if len(devices) == 1:
         return [leaf.to(devices[0])]
     if all_distinct_cuda(devices):
         return list(_CudaScatter.apply([d.index for d in devices], list(sizes), dim, leaf))
+    return _moved(torch.split(leaf, list(sizes), dim), devices)
+
+
+def _moved(tensors: Sequence[Tensor], devices: Sequence[torch.device]) -> List[Tensor]:
+    """Each tensor on its device, at most one of them the input itself or a view of it: views share one autograd
+    version counter, so (as torch's scatter) an in-place edit in one replica must not invalidate another's backward,
+    nor be applied once per replica to one shared tensor."""
     parts: List[Tensor] = []
     aliased = False
-    for chunk, d in zip(torch.split(leaf, list(sizes), dim), devices):
-        part = chunk.to(d)
-        if part is chunk:  # a view of ``leaf``; views share one autograd version counter, so (as torch's scatter)
-            # at most one replica keeps a view: an in-place edit in one replica must not invalidate another's backward
-            part, aliased = (chunk.clone() if aliased else chunk), True
+    for tensor, d in zip(tensors, devices):
+        part = tensor.to(d)
+        if part is tensor:  # still the input (or a view of it): the first replica keeps it, the others a copy
+            part, aliased = (tensor.clone() if aliased else tensor), True
         parts.append(part)
     return parts
 
