@@ -376,3 +376,22 @@ def test_fsdp_wraps_each_stage_of_a_module_list_backbone():
     assert all(any(u is stage for u in units) for stage in model.backbone.layers) and units[-1] is model
     simulator = Simulator(segmentation_spec("segformer", "mit_b0", NCLASS, 64))
     assert 0 < simulator.peaks("fsdp", [1, 1])[0] < simulator.peaks("ddp", [1, 1])[0]
+
+
+def test_a_criterion_returning_a_dict_of_losses_is_planned_as_their_sum():
+    """Before: the planner's step summed ``criterion(...)`` as a tensor and a dict of losses (the criterion
+    ``DataParallelCriterion`` reduces loss by loss) ended the plan in an ``AttributeError``."""
+    from encoding.memory import plan
+
+    def losses(out, y):
+        return {"ce": F.cross_entropy(out, y), "reg": out.pow(2).mean()}
+
+    def total(out, y):
+        return sum(losses(out, y).values())
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1))
+    as_dict, as_sum = (plan(model, c, batch=5, num_devices=2, crop=16, strategies=("balanced", "gather"))
+                       for c in (losses, total))
+    assert as_dict.peaks == as_sum.peaks and as_dict.splits == as_sum.splits
+    assert min(as_dict.peaks["gather"]) > 0

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config.tools import BACKENDS as _BACKENDS, DEFAULT_STRATEGIES as _DEFAULT_STRATEGIES, MEMORY_STRATEGIES
-from ..parallel.reduction import criterion_loss_terms, reduce_loss_terms
+from ..parallel.reduction import LossTree, criterion_loss_terms, reduce_loss_terms, reduce_loss_trees
 from ..parallel.structures import iter_leaves, transpose_map
 from .optimizers import build_optimizer, optimizer_factory, optimizer_key, optimizer_state, optimizer_warmup
 from .sharded import is_sharded, rank_world, shard_model, sharded_gradients
@@ -209,7 +209,13 @@ def step_autocast(spec: StepSpec, device_type: str):
 
 
 def _loss(spec: StepSpec, output: Any, target: Any, share: int) -> Tensor:
+    """The loss backpropagated: the criterion's, or the sum of the scalar losses of a container it returns."""
     terms = criterion_loss_terms(spec.criterion, (output, target), {}, share)
+    if isinstance(terms, LossTree):
+        losses = [v for _, v in iter_leaves(reduce_loss_trees([terms])) if isinstance(v, Tensor)]
+        if not losses:
+            raise ValueError(f"criterion {spec.criterion!r} returned a container without a loss: nothing to plan")
+        return torch.stack(losses).sum()
     return reduce_loss_terms([terms]) if isinstance(terms, list) else terms.sum()
 
 
