@@ -105,6 +105,9 @@ def test_outputs_of_unnamed_samples_are_refused_at_the_first_collision_never_ove
     with pytest.raises(UsageError, match="the prediction of 'a.jpg' and the prediction of 'a.png'"):
         writer([labels + 1], ["a.png"])
     assert np.array(Image.open(tmp_path / "a.png")).max() == 0
+    with pytest.raises(UsageError, match="the prediction of 'a.jpg' and the prediction of 'A.jpg'.*ignoring case"):
+        writer([labels + 1], ["A.jpg"])  # one file on macOS and Windows
+    assert np.array(Image.open(tmp_path / "a.png")).max() == 0
     with pytest.raises(UsageError, match="the prediction of 'x.jpg' and the prediction of 'x.jpg'"):
         PredictionWriter(str(tmp_path / "twice"), SHAPES_PALETTE, names=["x.jpg", "x.jpg"])
     assert not (tmp_path / "twice").exists()

@@ -43,15 +43,17 @@ class OutputClaims:
         (:func:`prediction_filename`), claimed.
 
         Raises:
-            UsageError: the file is claimed already (by another sample, or another sample of the same name): one
-                line naming both samples.
+            UsageError: the file is claimed already (by another sample, or another sample of the same name, case
+                ignored): one line naming both samples.
         """
         path = os.path.join(folder, prediction_filename(name))
-        owner, key = f"the {kind} of {name!r}", os.path.abspath(path)
+        # compared ignoring case: ``A.png`` and ``a.png`` are one file on macOS and Windows (and wherever the folder
+        # is copied to one of them)
+        owner, key = f"the {kind} of {name!r}", os.path.abspath(path).casefold()
         if key in self.owners:
-            raise UsageError(f"{self.owners[key]} and {owner} would both be written to {path}: rename one of "
-                             f"them (--save-pred DIR writes DIR/<name>.png, and DIR/{ERRORS_DIR}/<name>.png when "
-                             "scoring; --mode test writes no error maps)")
+            raise UsageError(f"{self.owners[key]} and {owner} would both be written to {path} (names are compared "
+                             "ignoring case): rename one of them (--save-pred DIR writes DIR/<name>.png, and "
+                             f"DIR/{ERRORS_DIR}/<name>.png when scoring; --mode test writes no error maps)")
         self.owners[key] = owner
         return path
 
