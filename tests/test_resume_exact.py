@@ -18,10 +18,10 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, TINY, load_script
 from training_runs import run_dir_of, run_script
 
-from encoding.engine import GracefulInterrupt, state
+from encoding.engine import GracefulInterrupt, Hook, state
 from encoding.utils import load_checkpoint, save_checkpoint
 from encoding.utils.checkpoint import CHECKPOINT_NAME
 from encoding.utils.determinism import EpochSampler, SeededSamples, rng_state, set_rng_state
@@ -281,3 +281,41 @@ def test_sigterm_to_torchrun_saves_on_the_main_process_and_no_rank_hangs(referen
     saved = load_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME))
     assert saved["epoch"] >= 0 and "epoch 19:" not in stdout
     assert not os.path.exists(os.path.join(run_dir, ".lock"))
+
+
+class _InterruptAt(Hook):
+    """A hook sending this process a SIGINT after ``iteration`` of ``epoch`` (the run saves and stops there)."""
+
+    def __init__(self, epoch, iteration):
+        self.epoch, self.iteration = epoch, iteration
+
+    def after_step(self, state):
+        if (state.epoch, state.iteration) == (self.epoch, self.iteration):
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.parametrize("iteration", [1, 2])  # in the middle of epoch 0, and after its last iteration
+def test_an_epoch_resumed_mid_way_logs_the_loss_and_rate_of_the_whole_epoch(tiny_shapes, tmp_path, iteration):
+    """Before: the loss and lr logged for the resumed epoch were the means of the iterations after the resume only
+    (and after a stop at the epoch's last iteration, no loss and ``lr: null``, the CSV columns reordered). The
+    mid-epoch checkpoint holds the running totals: the resumed run's logs equal the uninterrupted run's, byte for
+    byte."""
+    from encoding.engine import RunInterrupted, run_training
+
+    options = load_script("options")
+    argv = TINY[:-2] + ["--epochs", "2", "--deterministic"]
+
+    def train(out, *extra, hooks=()):
+        return run_training(options.training_config(argv + ["--output-dir", str(out), *extra]), tiny_shapes,
+                            hooks=hooks)
+
+    train(tmp_path / "whole")
+    with pytest.raises(RunInterrupted):
+        train(tmp_path / "cut", hooks=[_InterruptAt(0, iteration)])
+    checkpoint = os.path.join(run_dir_of(tmp_path / "cut"), CHECKPOINT_NAME)
+    assert load_checkpoint(checkpoint)["iteration"] == iteration
+    train(tmp_path / "cut", "--resume", checkpoint)
+    for name in ("log.csv", "log.jsonl"):
+        whole = open(os.path.join(run_dir_of(tmp_path / "whole"), name)).read()
+        assert open(os.path.join(run_dir_of(tmp_path / "cut"), name)).read() == whole, name
+    assert '"loss"' in whole and '"lr": null' not in whole

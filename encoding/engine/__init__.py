@@ -8,8 +8,9 @@ the demo, model folders and the Hub) is :mod:`encoding.inference`'s, above this 
 The loops are device-agnostic: ``model`` may be a plain module, a :class:`~encoding.parallel.DataParallelModel` or a
 DDP module. See ``docs/training.md``.
 """
-from .loop import (GracefulInterrupt, Interrupted, autocast_context, backward_step, evaluate, evaluate_images,
-                   param_groups, predicted_labels, train_one_epoch)
+from .loop import (autocast_context, backward_step, evaluate, evaluate_images, param_groups, predicted_labels,
+                   train_one_epoch)
+from .signals import GracefulInterrupt, Interrupted
 from .hooks import Hook, RunState
 from .run import RunFailed, RunInterrupted, TrainingRun, train
 from .assemble import TrainingConfig, build_training, run_training

@@ -43,7 +43,8 @@ from ..utils.logger import EpochLogger
 from ..utils.curves import write_curves
 from ..utils.rundir import remove_stale_temp_files
 from .directory import kept
-from .loop import GracefulInterrupt, Interrupted, check_finite_loss, evaluate
+from .loop import check_finite_loss, evaluate
+from .signals import GracefulInterrupt, Interrupted
 from .previews import validation_previews
 from .sharding import full_state
 from .state import Checkpoint, gathered_rng_states, hook_states, load_hook_states, restore_best, training_state
@@ -73,6 +74,7 @@ class RunState:
         result: the last evaluation (``pixAcc``, ``mIoU``, ``IoU``...); ``{}`` before one.
         best: ``(best score, its epoch)`` so far; ``is_best``: the epoch just finished has it.
         error: the exception that is stopping the run, in ``after_train``; ``None`` otherwise.
+        meters: the running epoch's ``loss`` / ``lr`` meters (saved with a mid-epoch checkpoint).
     """
 
     run: Any  # the TrainingRun (.run imports this module)
@@ -85,6 +87,7 @@ class RunState:
     best: Tuple[float, int] = (0.0, -1)
     is_best: bool = False
     error: Optional[BaseException] = None
+    meters: Any = None  # a MetricLogger
 
     def row(self) -> Dict[str, Any]:
         """The epoch's log row: ``stats`` and the per-class IoU of ``result`` (``IoU/<class>``)."""
@@ -169,24 +172,22 @@ class Checkpointer(Hook):
                          metrics: Optional[Mapping[str, Any]] = None, is_best: bool = False,
                          log_row: Optional[Mapping[str, Any]] = None, unevaluated: Optional[Mapping[str, Any]] = None,
                          rng_ranks: Any = ...) -> str:
-        """Write the checkpoint of ``epoch`` (``iteration`` steps into the next one; ``unevaluated``: the epoch's
-        training numbers, its evaluation not done; every rank calls it, the main process writes; ``rng_ranks``:
-        every rank's RNG states, gathered earlier, ``...``: gathered here, a collective); a diverged state is refused,
-        keeping the last good file.
-
-        Raises:
-            RunFailed: the state holds NaN/inf (names the tensor and what was kept).
+        """Write the checkpoint of ``epoch`` (``iteration`` steps into the next one, with their loss / lr totals;
+        ``unevaluated``: the epoch's training numbers, its evaluation not done; ``rng_ranks``: every rank's RNG states
+        gathered earlier, ``...``: gathered here). Every rank calls it (collectives), the main process writes; a
+        diverged state is refused, keeping the last good file (:class:`RunFailed` names the tensor and what was kept).
         """
         run = state.run
         path = os.path.join(run.output_dir, CHECKPOINT_NAME)
         model, optimizer = full_state(run.model, run.optimizer)  # every rank: fsdp / zero1 gather onto rank 0
         rng_ranks = gathered_rng_states() if rng_ranks is ... else rng_ranks  # each rank resumes its own
+        totals = state.meters.totals(across_processes=True) if iteration and state.meters is not None else None
         if not is_main_process():
             return path
         saved = training_state(model, optimizer, run.scheduler, run.scaler, epoch=epoch, iteration=iteration,
                                best_pred=state.best[0], best_epoch=state.best[1], args=run.options,
                                metrics=metrics or {}, log_row=log_row, unevaluated=unevaluated,
-                               rng_ranks=rng_ranks, hooks=hook_states(self.hooks))
+                               rng_ranks=rng_ranks, hooks=hook_states(self.hooks), totals=totals)
         try:
             return save_checkpoint(saved, run.output_dir, is_best)
         except NonFiniteError as err:
@@ -199,7 +200,7 @@ class Checkpointer(Hook):
 class StopOnSignal(Hook):
     """Ctrl-C, SIGTERM or SIGHUP: finish the current iteration, save a resumable checkpoint and stop
     (:class:`~encoding.errors.RunInterrupted`, exit status 128 + signal). Under ``torchrun`` every rank stops at the
-    same iteration (:meth:`~.loop.GracefulInterrupt.poll` agrees across processes) and the main process saves."""
+    same iteration (:meth:`~.signals.GracefulInterrupt.poll` agrees across processes) and the main process saves."""
 
     def __init__(self, checkpointer: Checkpointer) -> None:
         self.checkpointer = checkpointer

@@ -10,24 +10,19 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-import os
-import signal
-import sys
-import threading
-import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
-from ..errors import EncodingError
 from ..utils.progress import progress_bar as tqdm
 
 from .builders import param_groups  # the optimizer's groups are built there; the engine exports them too
 from ..parallel import DataParallelModel
-from ..utils.dist import is_dist_avail_and_initialized, is_fully_sharded, is_main_process, reduce_across_processes
+from ..utils.dist import is_fully_sharded, is_main_process, reduce_across_processes
 from ..utils.logger import MetricLogger, SmoothedValue
+from .signals import GracefulInterrupt, Interrupted  # defined there; importable from here as before
 
-__all__ = ["param_groups", "autocast_context", "backward_step", "check_finite_loss",
+__all__ = ["param_groups", "autocast_context", "backward_step", "check_finite_loss", "epoch_meters",
            "train_one_epoch", "evaluate", "evaluate_images", "predicted_labels", "Interrupted", "GracefulInterrupt"]
 
 _EVAL_POSTFIX_EVERY = 10
@@ -92,84 +87,20 @@ def check_finite_loss(value: float, epoch: int, iteration: int) -> None:
                                  "rate or check the data")
 
 
-class Interrupted(EncodingError):
-    """A stop was requested (:class:`GracefulInterrupt`); raised after a whole iteration, never in the middle of one.
-
-    Attributes:
-        epoch: the running epoch.
-        iteration: how many training iterations of ``epoch`` are done (resume there); ``None`` when the stop came
-            during evaluation, i.e. after the whole training epoch.
-    """
-
-    def __init__(self, epoch: int, iteration: Optional[int]) -> None:
-        where = f"iteration {iteration}" if iteration is not None else "evaluation"
-        super().__init__(f"interrupted in epoch {epoch} at {where}")
-        self.epoch, self.iteration = epoch, iteration
-
-
-class GracefulInterrupt:
-    """Context manager turning the first SIGINT (Ctrl-C), SIGTERM or SIGHUP into a request polled by the loops; a
-    second one, more than ``DUPLICATE_S`` seconds later, exits the process at once with status 128 + signal.
-
-    Use ``stop=handler.poll`` in :func:`train_one_epoch` (``requested`` in :func:`evaluate`): they raise
-    :class:`Interrupted` after the current iteration, so the caller can save a resumable checkpoint. Under
-    ``torch.distributed``, :meth:`poll` answers what every process reported to one tiny all-reduce, so every rank stops
-    at the same iteration even when only one got the signal (or got it while the reduce ran: the next poll). A repeat
-    within ``DUPLICATE_S`` counts as the same request: a terminal's Ctrl-C reaches each ``torchrun`` worker directly and
-    again through ``torchrun``. Outside the main thread (where signal handlers cannot be installed) it does nothing.
-    """
-
-    SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
-    DUPLICATE_S = 2.0
-
-    def __init__(self) -> None:
-        self.signum: Optional[int] = None
-        self._when = 0.0
-        self._previous: Dict[int, Any] = {}
-
-    def requested(self) -> bool:
-        """Whether a stop signal arrived (in this process)."""
-        return self.signum is not None
-
-    def poll(self) -> bool:
-        """Whether a stop signal arrived in any process (call it at the same points on every rank)."""
-        agreed = int(reduce_across_processes(self.signum or 0, "max")) if is_dist_avail_and_initialized() else None
-        self.signum = agreed or self.signum  # a handler that ran as the reduce returned: counted at the next poll
-        return self.requested() if agreed is None else bool(agreed)
-
-    @property
-    def exit_status(self) -> int:
-        """128 + the signal number, as shells report a process ended by that signal."""
-        return 128 + int(self.signum or signal.SIGINT)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None:
-            if time.monotonic() - self._when < self.DUPLICATE_S:
-                return
-            sys.stderr.write(f"second {signal.Signals(signum).name}: exiting now, without saving\n")
-            sys.stderr.flush()
-            os._exit(128 + signum)
-        self.signum, self._when = signum, time.monotonic()
-        sys.stderr.write(f"\n{signal.Signals(signum).name}: finishing the current iteration and saving a checkpoint "
-                         "(Ctrl-C again to exit now)\n")
-        sys.stderr.flush()
-
-    def __enter__(self) -> "GracefulInterrupt":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
-        self._previous = {}
-
-
 def _inputs_on(batch: Sequence[Any], model: nn.Module, device: Optional[torch.device]) -> List[Any]:
     """Keep inputs on the CPU for a DataParallelModel (it scatters them); otherwise move them to ``device``."""
     if device is None or isinstance(model, DataParallelModel):
         return list(batch)
     return [b.to(device, non_blocking=True) if isinstance(b, Tensor) else b for b in batch]
+
+
+def epoch_meters(totals: Optional[Mapping[str, Sequence[float]]] = None) -> MetricLogger:
+    """The meters of a training epoch (``loss``; ``lr``, shown as its last value), holding ``totals``
+    (:meth:`~encoding.utils.MetricLogger.totals` saved in the middle of the epoch) when given."""
+    meters = MetricLogger()
+    meters.add_meter("lr", SmoothedValue(window_size=1, fmt="{value:.2e}"))
+    meters.add_totals(totals or {})
+    return meters
 
 
 def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.optim.Optimizer, loader: Iterable,
@@ -178,7 +109,8 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
                     clip_grad_norm: Optional[float] = None, start_iteration: int = 0,
                     stop: Optional[Callable[[], bool]] = None,
                     before_step: Optional[Callable[[int, float], None]] = None,
-                    on_step: Optional[Callable[[int, Dict[str, float]], None]] = None) -> Dict[str, float]:
+                    on_step: Optional[Callable[[int, Dict[str, float]], None]] = None,
+                    meters: Optional[MetricLogger] = None) -> Dict[str, float]:
     """Train for one epoch with a tqdm bar showing the smoothed loss and the learning rate.
 
     Args:
@@ -203,6 +135,8 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
             a NaN/inf loss raises ``FloatingPointError``; the run's hooks check there instead).
         on_step: called after every step (the scheduler has stepped) as ``on_step(iterations done, {"loss": ...,
             "lr": ...})``, before ``stop`` is polled (the run calls its hooks' ``after_step`` there).
+        meters: the epoch's running ``loss`` / ``lr`` meters (:func:`epoch_meters`; an epoch resumed mid-way passes
+            them holding the totals of the iterations done before, so its averages cover the whole epoch).
 
     Everything after ``loader`` is a keyword argument.
 
@@ -215,8 +149,7 @@ def train_one_epoch(model: nn.Module, criterion: nn.Module, optimizer: torch.opt
         Interrupted: ``stop()`` returned true.
     """
     model.train()
-    meters = MetricLogger()
-    meters.add_meter("lr", SmoothedValue(window_size=1, fmt="{value:.2e}"))
+    meters = meters if meters is not None else epoch_meters()
     check = before_step if before_step is not None else (lambda i, value: check_finite_loss(value, epoch, i))
     bar = tqdm(loader, desc=f"train {epoch}", disable=not is_main_process(), dynamic_ncols=True, leave=False)
     for i, batch in enumerate(bar, start=start_iteration):

@@ -31,9 +31,9 @@ from torch.utils.data import DataLoader, Subset
 from ..errors import EXIT_INTERRUPTED, RunInterrupted
 from ..names import network_name
 from ..utils.determinism import SeededSamples, set_rng_state
-from ..utils.dist import get_rank, get_world_size
+from ..utils.dist import get_rank, get_world_size, is_main_process
 from .hooks import Hook, RunFailed, RunState, default_hooks
-from .loop import evaluate, train_one_epoch
+from .loop import epoch_meters, evaluate, train_one_epoch
 from .state import Checkpoint, ResumePoint
 
 __all__ = ["EXIT_INTERRUPTED", "Hook", "RunFailed", "RunInterrupted", "RunState", "TrainingRun", "base_dataset",
@@ -147,6 +147,8 @@ def _train_epoch(run: TrainingRun, state: RunState, hooks: Sequence[Hook]) -> No
     start = run.start.iteration if state.epoch == run.start.epoch else 0
     state.iteration = start
     run.set_epoch(state.epoch, start)
+    # the iterations done before a mid-epoch resume count in the epoch's averages (summed over ranks: added once)
+    state.meters = epoch_meters(run.start.totals if start and is_main_process() else None)
 
     def before_step(iteration: int, loss: float) -> None:
         state.iteration, state.step = iteration, {"loss": loss}
@@ -159,7 +161,7 @@ def _train_epoch(run: TrainingRun, state: RunState, hooks: Sequence[Hook]) -> No
     state.stats = train_one_epoch(run.model, run.criterion, run.optimizer, run.train_loader, scheduler=run.scheduler,
                                   epoch=state.epoch, device=run.input_device, scaler=run.scaler,
                                   amp_dtype=run.amp_dtype, clip_grad_norm=run.clip_grad, start_iteration=start,
-                                  before_step=before_step, on_step=after_step)
+                                  before_step=before_step, on_step=after_step, meters=state.meters)
 
 
 def _call(hooks: Sequence[Hook], event: str, state: RunState) -> None:

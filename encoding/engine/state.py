@@ -15,7 +15,9 @@ A run's checkpoint (written atomically by :func:`encoding.utils.save_checkpoint`
   the log); ``metrics``: pixAcc and mIoU;
 * ``unevaluated``: present when ``epoch`` trained but its evaluation did not end (a signal or a failure during it):
   the epoch's training numbers (``loss``, ``lr``...); the resume evaluates, ranks and logs that epoch first;
-* ``hooks``: the states of the user's hooks that have ``state_dict()`` (:func:`hook_states`).
+* ``hooks``: the states of the user's hooks that have ``state_dict()`` (:func:`hook_states`);
+* ``epoch_totals``: with ``iteration``, the ``[total, count]`` of the loss and the rate over the iterations done,
+  summed over ranks (the resumed epoch's averages cover the whole epoch).
 
 Resuming reads the file once (:func:`read`); everything a resumed run needs comes from that one
 :class:`Checkpoint`: whether it is finished (:meth:`Checkpoint.finished`), the training state
@@ -58,6 +60,8 @@ class ResumePoint(NamedTuple):
         rng: the global RNG states to restore (:func:`~encoding.utils.determinism.set_rng_state`), or ``None``.
         unevaluated: the training numbers of epoch ``epoch - 1``, trained but not evaluated (evaluate it first), or
             ``None``.
+        totals: the running ``{name: [total, count]}`` of ``epoch``'s first ``iteration`` iterations (loss, lr),
+            summed over ranks, or ``None``.
     """
 
     epoch: int = 0
@@ -66,6 +70,7 @@ class ResumePoint(NamedTuple):
     best_epoch: int = -1
     rng: Optional[dict] = None
     unevaluated: Optional[dict] = None
+    totals: Optional[dict] = None
 
 
 class ResumeRefused(CheckpointError):
@@ -154,7 +159,7 @@ class Checkpoint(NamedTuple):
         return ResumePoint(epoch=self.done, iteration=int(self.data.get("iteration", 0)),
                            best_pred=float(self.data.get("best_pred", 0.0)),
                            best_epoch=int(self.data.get("best_epoch", -1)), rng=self.rng_of(get_rank()),
-                           unevaluated=self.unevaluated)
+                           unevaluated=self.unevaluated, totals=self.data.get("epoch_totals"))
 
     def log_resume(self) -> tuple:
         """``(last logged epoch, its log row)``: arguments of :meth:`encoding.utils.EpochLogger.resume_after` (an
@@ -195,7 +200,8 @@ def _check_counts(data: Mapping[str, Any], path: str) -> None:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < smallest):
             raise CheckpointError(f"{path!r}: {key} must be an int >= {smallest}, got {str(repr(value))[:60]} "
                                   "(an edited or foreign file)")
-    for key, kind in (("args", Mapping), ("unevaluated", Mapping), ("hooks", Mapping), ("rng_ranks", list)):
+    for key, kind in (("args", Mapping), ("unevaluated", Mapping), ("hooks", Mapping), ("rng_ranks", list),
+                      ("epoch_totals", Mapping)):
         if data.get(key) is not None and not isinstance(data[key], kind):
             raise CheckpointError(f"{path!r}: {key} must be a {kind.__name__}, got {type(data[key]).__name__} (an "
                                   "edited or foreign file)")
@@ -205,20 +211,21 @@ def training_state(model: Union[nn.Module, Mapping[str, Any]], optimizer: Union[
                    scheduler: Any, scaler: Optional[torch.amp.GradScaler], *, epoch: int, iteration: int,
                    best_pred: float, best_epoch: int, args: Mapping[str, Any], metrics: Mapping[str, Any],
                    log_row: Optional[Mapping[str, Any]] = None, unevaluated: Optional[Mapping[str, Any]] = None,
-                   rng_ranks: Optional[Sequence[dict]] = None,
-                   hooks: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                   rng_ranks: Optional[Sequence[dict]] = None, hooks: Optional[Mapping[str, Any]] = None,
+                   totals: Optional[Mapping[str, Sequence[float]]] = None) -> Dict[str, Any]:
     """The checkpoint of a run after ``epoch`` (with ``iteration > 0``: that many iterations of the next epoch are
     done too), RNG states included; written by :func:`encoding.utils.save_checkpoint`. ``model`` and ``optimizer``
     are the objects or their full state dicts (a sharded run's, :func:`.sharding.full_state`). ``unevaluated``: the
     epoch's training numbers when its evaluation did not end; ``rng_ranks``: every rank's RNG states
-    (:func:`gathered_rng_states`); ``hooks``: :func:`hook_states`."""
+    (:func:`gathered_rng_states`); ``hooks``: :func:`hook_states`; ``totals``: the running epoch's loss / lr totals
+    (``iteration > 0``; :meth:`~encoding.utils.MetricLogger.totals`)."""
     saved = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "epoch": epoch,
              "iteration": iteration, "world_size": get_world_size(), "best_pred": best_pred,
              "best_epoch": best_epoch, "args": dict(args),
              "rng": rng_state(), "log_row": dict(log_row or {}),
              "metrics": {k: metrics[k] for k in ("pixAcc", "mIoU") if k in metrics}}
     extra = {"unevaluated": None if unevaluated is None else dict(unevaluated), "rng_ranks": rng_ranks,
-             "hooks": hooks or None}
+             "hooks": hooks or None, "epoch_totals": None if totals is None else dict(totals)}
     return {**saved, **{k: v for k, v in extra.items() if v is not None}}
 
 

@@ -147,6 +147,22 @@ class MetricLogger:
         for name in sorted(self.meters):
             self.meters[name].synchronize_between_processes()
 
+    def totals(self, across_processes: bool = False) -> Dict[str, List[float]]:
+        """``{name: [total, count]}``: what the global averages are made of (e.g. saved in the middle of an epoch);
+        ``across_processes``: summed over the processes (a collective: call on all ranks), this one's unchanged."""
+        names = sorted(self.meters)
+        sums = [[self.meters[n].total, float(self.meters[n].count)] for n in names]
+        if across_processes and sums:
+            sums = reduce_across_processes(torch.tensor(sums, dtype=torch.float64)).tolist()
+        return {name: [total, count] for name, (total, count) in zip(names, sums)}
+
+    def add_totals(self, totals: Mapping[str, Sequence[float]]) -> None:
+        """Add :meth:`totals` saved earlier to the meters (created when missing): their global averages then cover
+        those observations too (the window is not restored)."""
+        for name, (total, count) in totals.items():
+            meter = self.meters.setdefault(name, SmoothedValue(self.window_size, self.fmt))
+            meter.total, meter.count = meter.total + float(total), meter.count + int(count)
+
     def __str__(self) -> str:
         return "  ".join(f"{name}: {meter}" for name, meter in self.meters.items())
 
