@@ -281,6 +281,8 @@ def test_sigterm_to_torchrun_saves_on_the_main_process_and_no_rank_hangs(referen
     saved = load_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME))
     assert saved["epoch"] >= 0 and "epoch 19:" not in stdout
     assert not os.path.exists(os.path.join(run_dir, ".lock"))
+    if saved["iteration"]:  # the running loss / lr totals of the epoch, summed over both ranks
+        assert [saved["epoch_totals"][k][1] for k in ("loss", "lr")] == [2 * saved["iteration"]] * 2
 
 
 class _InterruptAt(Hook):
