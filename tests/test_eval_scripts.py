@@ -259,7 +259,7 @@ def test_demo_keeps_inputs_of_the_same_name_apart_and_refuses_to_replace_outputs
     before = os.path.getmtime(written[0][0])
     argv = [str(tmp_path / "a" / "x.png"), str(tmp_path / "b" / "x.png"), "--resume", checkpoint, "--out-dir", str(out)]
     capsys.readouterr()
-    assert demo.cli(argv) == 1
+    assert demo.cli(argv) == 2  # a refusal before any work (was 1, a failed run's status)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "x_mask.png exists" in err[0] and "--overwrite" in err[0]
     assert os.path.getmtime(written[0][0]) == before

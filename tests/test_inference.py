@@ -171,7 +171,9 @@ def test_test_py_slide_options_are_checked(tiny_run, capsys, monkeypatch):
                           (["--window", "32"], "--window / --stride are options of --mode slide"),
                           (["--scales", "0.5,2.0"], "--scales is an option of --multi-scale"),
                           (["--test-batch-size", "4"], "--test-batch-size is the batch of --mode val; --mode "
-                                                       "testval runs whole images, one per device")):
+                                                       "testval runs whole images, one per device"),
+                          (["--mode", "slide", "--test-batch-size", "4"], "--mode slide runs whole images, one per "
+                                                                          "device (its windows: --window-batch)")):
         with pytest.raises(SystemExit):
             options.parse_args(["--resume", tiny_run[1], *argv], "test")
         assert message in capsys.readouterr().err

@@ -5,6 +5,8 @@ import pytest
 import torch
 from training_runs import network_checkpoint
 
+import encoding
+
 
 def test_load_model_checks_edited_options_against_the_stored_shapes_before_building(tmp_path, monkeypatch):
     from encoding import load_model
@@ -90,3 +92,22 @@ def test_load_model_refuses_a_recorded_label_field_of_the_wrong_value_naming_the
         load_model(path)
     message = str(err.value)
     assert "\n" not in message and "model_best.pth" in message and field in message
+
+
+def test_the_offline_weights_message_names_options_that_exist(monkeypatch):
+    """Before: it said ``pretrained='path/to/weights.pth'``, which ``load_model`` refuses as an unknown option."""
+    import torchvision
+
+    from encoding.models.weights import WeightsUnavailable, fetch_torchvision_weights
+
+    def offline(self, *args, **kwargs):
+        raise OSError("network unreachable")
+
+    monkeypatch.setattr(torchvision.models.WeightsEnum, "get_state_dict", offline)
+    with pytest.raises(WeightsUnavailable) as caught:
+        fetch_torchvision_weights(torchvision.models.ResNet18_Weights.IMAGENET1K_V1)
+    message = str(caught.value)
+    assert "pretrained=" not in message.replace("pretrained_backbone=", "")
+    assert "--pretrained-backbone FILE" in message and "encoding.load_model(name, weights='FILE')" in message
+    with pytest.raises(FileNotFoundError, match="weights file not found"):  # the keyword it names is load_model's
+        encoding.load_model("fcn_resnet50_voc", weights="/nonexistent/weights.pth")

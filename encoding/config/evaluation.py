@@ -102,8 +102,9 @@ def evaluation_rules(script: str, values: Dict[str, Any], sources: Dict[str, str
                           "--mode testval (its default) or --mode test")
     _check_unread(values, sources)
     if _given(sources, "test_batch_size") and values["mode"] != "val":
-        raise ConfigError(f"--test-batch-size is the batch of --mode val; --mode {values['mode']} runs whole images, "
-                          "one per device")
+        given = "slide" if values.get("inference") == "slide" else values["mode"]
+        raise ConfigError(f"--test-batch-size is the batch of --mode val; --mode {given} runs whole images, one per "
+                          "device" + (" (its windows: --window-batch)" if given == "slide" else ""))
     if values["test_batch_size"] is None:
         rule(values, sources, "test_batch_size", 16, "test.py's")
 

@@ -138,7 +138,8 @@ class DataOptions:
                                         scripts=TRAIN)
     val_limit: Optional[int] = option(None, "use only the first N validation samples", parse=positive_int,
                                       scripts=TRAIN)
-    workers: int = option(2, "data loading processes", parse=non_negative_int, scripts=("train", "test"))
+    workers: int = option(2, "data loading processes (default: 2; 0 for a CPU run on at most 2 cores)",
+                          parse=non_negative_int, scripts=("train", "test"))
     verify_data: bool = option(False, "read every sample once before training and stop at the first bad file (with "
                                "--skip-bad: drop the bad ones)", scripts=TRAIN)
     skip_bad: bool = option(False, "skip unreadable or inconsistent samples with a warning instead of stopping",

@@ -70,7 +70,8 @@ def demo_outputs(paths: Sequence[str], out_dir: str, overwrite: bool = False) ->
 
     Raises:
         UsageError: an input given twice (a ``ValueError``).
-        FileExistsError: an output exists (unless ``overwrite``); the message names it.
+        UsageError: an output exists (unless ``overwrite``); the message names it (exit status 2, a refusal before
+            any work, as ``train.py``'s of a run directory that holds a run).
     """
     absolute = [os.path.abspath(p) for p in paths]
     for i, path in enumerate(absolute):
@@ -87,7 +88,7 @@ def demo_outputs(paths: Sequence[str], out_dir: str, overwrite: bool = False) ->
     refuse_own_input([path for pair in outputs for path in pair], list(paths), "--out-dir")  # even with --overwrite
     existing = [path for pair in outputs for path in pair if os.path.exists(path)]
     if existing and not overwrite:
-        raise FileExistsError(f"{existing[0]} exists ({len(existing)} of the outputs do): pass --overwrite to replace "
+        raise UsageError(f"{existing[0]} exists ({len(existing)} of the outputs do): pass --overwrite to replace "
                          "them, or another --out-dir")
     return outputs
 

@@ -48,7 +48,8 @@ def fetch_torchvision_weights(weights: torchvision.models.WeightsEnum) -> Dict[s
     except OSError as err:  # URLError, HTTPError, timeouts, DNS failures
         raise WeightsUnavailable(
             f"could not download torchvision weights {weights} from {weights.url} ({err}). When offline, put the "
-            f"file at {cached} (or set TORCH_HOME), or pass a local file as pretrained='path/to/weights.pth'."
+            f"file at {cached} (or set TORCH_HOME), or give a local file instead (a backbone's: --pretrained-backbone "
+            "FILE / pretrained_backbone='FILE'; a preset's: encoding.load_model(name, weights='FILE'))."
         ) from err
 
 
