@@ -26,7 +26,8 @@ _BYTES_CALLS = {"_safetensors().save"}
 ALLOWED = {
     ("encoding/utils/files.py", "atomic_write"): "the atomic helper itself (temporary file, fsync, rename)",
     ("encoding/utils/files.py", "atomic_path"): "the atomic helper for writers that take a file name",
-    ("encoding/utils/files.py", "staged_dir"): "the atomic helper for folders (rename of a finished folder)",
+    ("encoding/utils/files.py", "_swap_in"): "the atomic helper for folders: staged_dir's rename of a finished "
+                                             "folder (and of the old one back on failure)",
     ("encoding/export/core.py", "_write"): "torch.export.save into atomic_path's temporary file",
     ("encoding/export/core.py", "_save_onnx"): "onnx.save into atomic_path's temporary file",
     ("encoding/datasets/prepare/shapes_render.py", "_generate"): "files of a staged_dir folder (renamed when whole)",

@@ -163,7 +163,10 @@ def _complete_dataset(folder, num_train, num_val):
 
 
 def _staging_files(root):
-    return [f for d in os.listdir(root) if ".tmp-" in d for f in os.listdir(os.path.join(root, d, "JPEGImages"))]
+    """The scenes written so far into the staging folders under ``root`` (their ``.lock`` files are not folders)."""
+    folders = [os.path.join(root, d) for d in os.listdir(root) if ".tmp-" in d and not d.endswith(".lock")]
+    return [f for d in folders if os.path.isdir(os.path.join(d, "JPEGImages"))
+            for f in os.listdir(os.path.join(d, "JPEGImages"))]
 
 
 def test_two_first_generations_into_one_shared_root_make_one_complete_dataset(tmp_path):
