@@ -16,6 +16,8 @@ Modes:
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 import os
 import warnings
 from typing import Any, Callable, ClassVar, Iterator, List, Optional, Sequence, Tuple
@@ -27,8 +29,10 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
+from ..errors import UsageError
 from ..utils.images import ImageTooLarge, open_image, rgb_of, upright_size
-from .labels import INVALID_LABEL, identity_table, mapped_table, shifted_table
+from .folder_meta import read_index_mask
+from .labels import INVALID_LABEL, ShiftedLabels, identity_table, mapped_table, shifted_table, table_classes
 from .layout import DatasetError, default_root, read_split_file
 from .transforms import (IMAGENET_MEAN, IMAGENET_STD, LeanCompose, PadTo, image_transform,
                          to_index_mask, train_joint_transform, transform_pair, user_transform, val_joint_transform)
@@ -37,7 +41,6 @@ __all__ = ["BaseDataset", "DatasetError", "default_root", "read_split_file", "id
            "ShiftedLabels", "mapped_table", "MODES", "read_rgb", "check_image"]
 
 MODES = ("train", "val", "testval", "test")
-_LABEL_MODES = ("L", "P", "I", "I;16", "1")
 
 
 @contextlib.contextmanager
@@ -80,6 +83,42 @@ def read_rgb(path: str) -> np.ndarray:
         return rgb_of(im)
 
 
+def _size(name: str, value: Optional[int], default: int) -> int:
+    """``value`` (``None``: ``default``) as a positive whole number of pixels, else a :class:`UsageError`."""
+    size = default if value is None else value
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size <= 0:
+        raise UsageError(f"{name} must be a positive whole number of pixels, got {value!r}")
+    return int(size)
+
+
+def _real(value: Any) -> bool:
+    """Whether ``value`` is a finite real number (a bool is not one)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _augmentation(scale_range: Any, jitter: Any, base_size: int) -> Tuple[float, float]:
+    """``scale_range`` checked with ``jitter`` (train-mode options, checked in every mode): a :class:`UsageError`
+    unless ``0 < min <= max`` (``min x base_size`` >= 1 pixel) and ``jitter`` is ``None`` or a number ``>= 0``."""
+    low, high = scale_range if isinstance(scale_range, (list, tuple)) and len(scale_range) == 2 else (0, 0)
+    if not (_real(low) and _real(high) and 0 < low <= high and int(low * base_size) >= 1):
+        raise UsageError(f"scale_range must be two numbers 0 < min <= max, min x base_size {base_size} at least 1 "
+                         f"pixel; got {scale_range!r}")
+    if jitter is not None and not (_real(jitter) and jitter >= 0):
+        raise UsageError(f"jitter must be a number >= 0 (None or 0: off), got {jitter!r}")
+    return float(low), float(high)
+
+
+def _image_step(transform: Optional[Callable], mean: Sequence[float], std: Sequence[float]) -> Callable:
+    """The image-only transform: ``transform``, or the default normalising by ``mean`` / ``std``; both at once is a
+    :class:`UsageError` (the pair would be silently ignored)."""
+    if transform is None:
+        return image_transform(mean, std)
+    if tuple(mean) != tuple(IMAGENET_MEAN) or tuple(std) != tuple(IMAGENET_STD):
+        raise UsageError(f"mean={tuple(mean)} / std={tuple(std)} set the default image transform's normalisation, "
+                         "which transform= replaces: normalise inside transform= or drop mean/std")
+    return user_transform(transform)
+
+
 class BaseDataset(Dataset):
     """Base class of every segmentation dataset.
 
@@ -93,16 +132,17 @@ class BaseDataset(Dataset):
             a PIL image). Default: scale to ``[0, 1]`` and normalise with the ImageNet mean/std (``mean``/``std``
             arguments).
         target_transform: applied to the final ``int64`` mask.
-        base_size: reference long side for the training scale jitter (default: the class's ``BASE_SIZE``).
-        crop_size: training / validation crop (default: the class's ``CROP_SIZE``).
+        base_size: reference long side for the training scale jitter (``None``: the class's ``BASE_SIZE``).
+        crop_size: training / validation crop (``None``: the class's ``CROP_SIZE``).
         scale_range: relative range of the training long side (default: the class's ``SCALE_RANGE``,
             PyTorch-Encoding's ``(0.5, 2.0)`` for the real datasets).
-        jitter: photometric jitter strength in training (``None``/0: off).
+        jitter: photometric jitter strength in training (``None``/0: off). ``scale_range`` and ``jitter`` act in
+            ``train`` mode alone; every mode checks them (and the sizes: positive whole numbers, ``0 < min <= max``).
         val_crop: ``val`` mode resizes + centre-crops (``True``) or returns the whole image (``False``).
         return_name: also return the image file name (``(image, mask, name)``); ``test`` mode always does.
         skip_bad: skip unusable samples with a warning (counted in ``num_skipped``) instead of raising: in training
             the next sample stands in; a scoring mode drops them when built (:meth:`verify`): none is scored twice.
-        mean, std: normalisation of the default image transform.
+        mean, std: normalisation of the default image transform (refused with ``transform=``, which replaces it).
 
     Returns from ``__getitem__``:
         ``(image, mask)``: ``float32 3 x H x W`` and ``int64 H x W`` with ``-1`` = ignore; ``(image, name)`` in ``test``
@@ -143,9 +183,10 @@ class BaseDataset(Dataset):
             raise ValueError(f"{type(self).__name__}: unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
         self.root = os.path.abspath(os.path.expanduser(root if root is not None else default_root()))
         self.split, self.mode = split, mode
-        self.base_size = int(base_size or self.BASE_SIZE)
-        self.crop_size = int(crop_size or self.CROP_SIZE)
-        self.transform = user_transform(transform) if transform is not None else image_transform(mean, std)
+        self.base_size = _size("base_size", base_size, self.BASE_SIZE)
+        self.crop_size = _size("crop_size", crop_size, self.CROP_SIZE)
+        scale_range = _augmentation(self.SCALE_RANGE if scale_range is None else scale_range, jitter, self.base_size)
+        self.transform = _image_step(transform, mean, std)
         self.target_transform = target_transform
         self.return_name, self.skip_bad = return_name, skip_bad
         self._dropped, self._found = 0, None  # bad samples dropped; found while loading (shared by the workers)
@@ -153,8 +194,7 @@ class BaseDataset(Dataset):
         self._bad: set = set()
         self._table = self.label_table()
         if mode == "train":
-            self._joint = train_joint_transform(self.base_size, self.crop_size, scale_range or self.SCALE_RANGE,
-                                                jitter=jitter)
+            self._joint = train_joint_transform(self.base_size, self.crop_size, scale_range, jitter=jitter)
             self._pad = LeanCompose([PadTo(self.crop_size)])
         else:
             self._joint = val_joint_transform(self.crop_size) if mode == "val" and val_crop else None
@@ -213,18 +253,9 @@ class BaseDataset(Dataset):
         return os.path.basename(self.images[index])
 
     def _read_label(self, path: str) -> np.ndarray:
-        """Read a raw label file into a 2-D integer array (PNG by default)."""
-        try:
-            with open_image(path) as im:
-                mode = im.mode
-                array = np.array(im) if mode in _LABEL_MODES else None
-        except FileNotFoundError:
-            raise DatasetError(path, "mask file is missing") from None
-        except (OSError, SyntaxError, ValueError) as e:
-            raise DatasetError(path, f"cannot decode mask ({e})") from e
-        if array is None:
-            raise DatasetError(path, f"mask has mode {mode}; expected a single-channel label image (mode L or P)")
-        return array.astype(np.uint8) if array.dtype == bool else array
+        """Read a raw label file into a 2-D integer array: an index image (PNG...) as displayed, by the one mask
+        reader (:func:`~.folder_meta.read_index_mask`: EXIF orientation applied, ``ImageTooLarge`` raised)."""
+        return read_index_mask(path)
 
     @classmethod
     def label_table(cls) -> np.ndarray:
@@ -295,19 +326,12 @@ class BaseDataset(Dataset):
 
     def label_map(self, index: int) -> np.ndarray:
         """Sample ``index``'s mask as checked class indices at full size (``uint8`` ``H x W``, 255 = ignore)."""
-        path = self.masks[index]
-        raw = self._read_label(path)
-        if raw.ndim != 2:
-            raise DatasetError(path, f"mask has shape {raw.shape}; expected a 2-D label image")
-        wide = raw.dtype != np.uint8  # a 16-bit value past 255 maps as the dataset maps values of no class
-        mapped = self._table.take(raw.clip(0, 255).astype(np.uint8) if wide else raw)  # take: faster than [raw]
-        if wide:
-            mapped[(raw < 0) | (raw > 255)] = self.UNKNOWN_LABEL
-        invalid = mapped == INVALID_LABEL
-        if invalid.any():
-            raise DatasetError(path, f"label values {np.unique(raw[invalid])[:10].tolist()} are outside the "
-                                     f"{self.NUM_CLASS} classes (and not ignore)")
-        return mapped
+        return self._classes(self.masks[index])
+
+    def _classes(self, path: str) -> np.ndarray:
+        """The mask ``path`` as checked class indices: :meth:`_read_label`'s values through the label table
+        (:func:`~.labels.table_classes`; override for masks that hold more than index values)."""
+        return table_classes(self._read_label(path), self._table, self.NUM_CLASS, path, self.UNKNOWN_LABEL)
 
     def _load_mask(self, index: int, image_size: Tuple[int, int]) -> tv_tensors.Mask:
         mapped = self.label_map(index)
@@ -373,16 +397,3 @@ class BaseDataset(Dataset):
             self._found = self._found[kept].clone().share_memory_()
         self._bad.clear()
         return len(bad)
-
-
-class ShiftedLabels:
-    """Mixin for datasets whose raw label 0 means "other" (ignored) and class ``k`` is stored as ``k + 1``
-    (ADE20K, PASCAL-Context): the label table shifts by one and predictions are written back with offset 1."""
-
-    @property
-    def pred_offset(self) -> int:
-        return 1
-
-    @classmethod
-    def label_table(cls) -> np.ndarray:
-        return shifted_table(cls.NUM_CLASS)

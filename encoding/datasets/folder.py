@@ -29,8 +29,8 @@ import numpy as np
 from ..utils.files import atomic_write
 from ..utils.palette import generated_palette
 from .base import BaseDataset
-from .labels import INVALID_LABEL
-from .folder_meta import color_lookup, read_class_file, read_mask
+from .labels import INVALID_LABEL, table_classes
+from .folder_meta import color_lookup, format_colors, read_class_file, read_mask
 from .layout import DatasetError, shared_images
 from .pairing import Pair, Problem, pair_folders, read_pair_list
 from .scan import FolderScan, cache_file, check_scan, record_key, scan_pairs
@@ -249,6 +249,8 @@ class FolderSegmentation(BaseDataset):
         #: The raw mask value of ignored pixels (``None`` for 0/255 masks: 255 is their foreground).
         self.ignore_value: Optional[int] = None if self.scan.binary_255 else spec.ignore_index
         self._colors = color_lookup(spec)
+        #: Packed colour -> final class index (the ignore colour: ignore), bypassing the index masks' label table.
+        self._colour_classes = {c: v if v < self.NUM_CLASS else LABEL_IGNORE for c, v in self._colors.items()}
         super().__init__(root, split, mode, *args, **kwargs)
         self._names_below = os.path.commonpath([os.path.dirname(path) for path in self.images])
 
@@ -265,8 +267,10 @@ class FolderSegmentation(BaseDataset):
         return os.path.relpath(self.images[index], self._names_below).replace(os.sep, "/")
 
     def label_encoding(self) -> bytes:
-        """The label table and the class file's colours (colour masks are read through them)."""
-        return super().label_encoding() + json.dumps(sorted(self._colors.items())).encode()
+        """The label table and the class file's colours as classes (colour masks are read through them, not through
+        the table: counts of earlier releases, which sent colours through it, are not this encoding's)."""
+        colours = sorted(self._colour_classes.items())
+        return super().label_encoding() + (json.dumps({"colour classes": colours}).encode() if colours else b"[]")
 
     def label_table(self) -> np.ndarray:  # type: ignore[override]
         """Raw value -> class index: the class ids, the ignore value (255 = foreground for 0/255 masks), and
@@ -279,13 +283,20 @@ class FolderSegmentation(BaseDataset):
             table[self.ignore_value] = LABEL_IGNORE
         return table
 
-    def _read_label(self, path: str) -> np.ndarray:
+    def _classes(self, path: str) -> np.ndarray:
+        """An index mask through the label table; a colour mask straight to class indices by the class file's
+        colours (the ignore colour, and with ``unknown_labels="ignore"`` a colour of no class: ignore), as the scan
+        counts them (never through the table, whose 255 is a 0/255 mask's foreground)."""
         kind, values = read_mask(path, self._colors)
         if kind == "index":
-            return values
+            return table_classes(values, self._table, self.NUM_CLASS, path, self.UNKNOWN_LABEL)
         found, inverse = np.unique(values, return_inverse=True)
-        mapped = np.array([self._colors.get(int(c), self.UNKNOWN_LABEL) for c in found], dtype=np.uint8)
-        return mapped[inverse].reshape(values.shape)
+        classes = np.array([self._colour_classes.get(int(c), self.UNKNOWN_LABEL) for c in found], dtype=np.uint8)
+        unknown = found[classes == INVALID_LABEL]
+        if unknown.size:
+            raise DatasetError(path, f"colours {format_colors(unknown[:10].tolist())} are not class colours (nor the "
+                                     "ignore colour)")
+        return classes[inverse].reshape(values.shape)
 
     def save_holdout(self, path: str) -> Optional[str]:
         """Write the hold-out list to ``path`` as JSON (``{"root": ..., "images": [paths relative to the root]}``);

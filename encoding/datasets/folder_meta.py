@@ -32,8 +32,8 @@ from ..utils.images import ImageTooLarge, open_image, upright
 from .layout import DatasetError
 
 __all__ = ["CLASS_FILES", "MAX_CLASS_FILE", "MAX_CLASSES", "LOSSY_FORMATS", "ClassSpec", "TransparentMask",
-           "read_class_file", "read_mask", "grey_index", "mask_histogram", "pack_colors", "color_lookup",
-           "format_colors"]
+           "read_class_file", "read_mask", "read_index_mask", "grey_index", "mask_histogram", "pack_colors",
+           "color_lookup", "format_colors"]
 
 
 #: The class files looked for in a folder dataset's root, in this order.
@@ -238,14 +238,15 @@ class TransparentMask(DatasetError):
 
 
 @contextlib.contextmanager
-def _opened_mask(path: str) -> Iterator[Tuple[Image.Image, Image.Image]]:
+def _opened_mask(path: str, colour: bool = True) -> Iterator[Tuple[Image.Image, Image.Image]]:
     """``(mask upright, mask as stored)``: the mask ``path`` opened (size checked from the header), mode checked (the
-    stored one keeps the file's format and compression, :func:`_lossy`); errors as one line."""
+    stored one keeps the file's format and compression, :func:`_lossy`); errors as one line. ``colour=False``: an
+    index image alone is a mask."""
     try:
         with open_image(path) as im:
-            if im.mode not in _INDEX_MODES + ("RGB", "RGBA"):
-                raise DatasetError(path, f"mask has mode {im.mode}; expected an index image (mode L or P, or 16-bit) "
-                                         "or RGB")
+            if im.mode not in _INDEX_MODES + (("RGB", "RGBA") if colour else ()):
+                raise DatasetError(path, f"mask has mode {im.mode}; expected an index image (mode L or P, or 16-bit)"
+                                         + (" or RGB" if colour else ""))
             yield upright(im), im
     except FileNotFoundError:
         raise DatasetError(path, "mask file is missing") from None
@@ -306,6 +307,18 @@ def read_mask(path: str, colors: Optional[Mapping[int, int]] = None) -> Tuple[st
     if grey_index(kind, values, colors or {}):
         return "index", (values & 255).astype(np.uint8)  # a grey index mask saved as RGB
     return kind, values
+
+
+def read_index_mask(path: str) -> np.ndarray:
+    """The ``H x W`` values (uint8, or 16/32-bit) of an index mask file (mode ``L`` / ``P`` / 16-bit), as displayed:
+    the registered datasets' reader, by :func:`read_mask`'s rules (:func:`~encoding.utils.images.upright`).
+
+    Raises:
+        DatasetError: the file is missing or unreadable, or not an index image (the message names it).
+        ImageTooLarge: over the pixel limit (checked before decoding).
+    """
+    with _opened_mask(path, colour=False) as (im, _):
+        return _as_labels(im, path)[1]
 
 
 def grey_index(kind: str, values: np.ndarray, colors: Mapping[int, int]) -> bool:

@@ -5,16 +5,21 @@ An annotation file is data: an image's ``file_name`` names the mask written for 
 and width are positive whole numbers within the toolkit's pixel limit
 (:func:`encoding.utils.images.max_pixels`, ``ENCODING_MAX_PIXELS``) before an array is allocated for it. Each refusal
 is one :class:`~encoding.datasets.layout.DatasetError` naming the annotation file and the image.
+
+A conversion's masks and split lists are one unit (:func:`staged_conversion`): a marker written last says the unit is
+complete (:func:`converted`), so a run interrupted anywhere is redone by the next, never half trusted.
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Mapping, Tuple
+from typing import Any, Dict, Iterator, Mapping, Sequence, Tuple
 
+from ...utils.files import atomic_write, staged_dir
 from ...utils.images import ImageTooLarge, check_pixels
 from ..layout import DatasetError
 
-__all__ = ["mask_stem", "image_shape", "check_rle_size"]
+__all__ = ["mask_stem", "image_shape", "check_rle_size", "done_marker", "converted", "staged_conversion"]
 
 _SEPARATORS = tuple({"/", "\\", os.sep, os.altsep} - {None})
 
@@ -69,3 +74,36 @@ def check_rle_size(ann: Mapping[str, Any], shape: Tuple[int, ...]) -> None:
     segmentation = ann.get("segmentation")
     if isinstance(segmentation, dict) and tuple(int(v) for v in segmentation.get("size", ())) != tuple(shape):
         raise ValueError(f"annotation {ann.get('id')} has size {segmentation.get('size')}, image is {tuple(shape)}")
+
+
+def done_marker(mask_dir: str) -> str:
+    """The file a conversion into ``mask_dir`` writes last, beside it (``.<name>.complete``)."""
+    return os.path.join(os.path.dirname(mask_dir), f".{os.path.basename(mask_dir)}.complete")
+
+
+def converted(mask_dir: str, lists: Sequence[str]) -> bool:
+    """Whether a conversion into ``mask_dir`` with the list files ``lists`` finished: its marker, its masks and its
+    lists are all there (one of an earlier release, which wrote no marker, is converted again)."""
+    return os.path.isfile(done_marker(mask_dir)) and os.path.isdir(mask_dir) and all(map(os.path.isfile, lists))
+
+
+@contextlib.contextmanager
+def staged_conversion(mask_dir: str) -> Iterator[Tuple[str, Dict[str, str]]]:
+    """Masks and their split lists written as one unit.
+
+    Yields ``(staging, lists)``: the block saves the masks into the staging folder and sets ``lists[path] = text``
+    for each list file. When it succeeds, the marker and the old list files are removed, the masks are swapped in
+    (:func:`~encoding.utils.files.staged_dir`), the lists written, and the marker (:func:`done_marker`) last; when it
+    fails, the old conversion stays whole. An interruption after the block leaves no marker: the next run converts
+    again, and a dataset never reads new lists over old masks (nor old lists over new ones).
+    """
+    lists: Dict[str, str] = {}
+    with staged_dir(mask_dir, replace=True) as staging:
+        yield staging, lists
+        for path in [done_marker(mask_dir), *lists]:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+    for path, text in lists.items():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic_write(path, text)
+    atomic_write(done_marker(mask_dir), "".join(os.path.basename(path) + "\n" for path in lists))

@@ -17,8 +17,7 @@ from ...errors import MissingDependency
 from ...utils.progress import progress_bar as tqdm
 
 from ..layout import COCO_MASK_DIR, COCO_VOC_CATEGORY_IDS, DatasetError
-from ...utils.files import atomic_write, staged_dir
-from .annotations import check_rle_size, image_shape, mask_stem
+from .annotations import check_rle_size, converted, image_shape, mask_stem, staged_conversion
 
 __all__ = ["build_coco_masks", "MIN_FOREGROUND_PIXELS"]
 
@@ -67,7 +66,8 @@ def build_coco_masks(coco_dir: str, split: str, *, min_pixels: int = MIN_FOREGRO
         coco_dir: the COCO folder (holding ``annotations/instances_<split>2017.json``).
         split: ``train`` or ``val``.
         min_pixels: keep images with more foreground pixels than this.
-        overwrite: rebuild even if the masks exist.
+        overwrite: rebuild even if the masks exist (masks and list are one unit,
+            :func:`~.annotations.staged_conversion`: an interrupted build, which leaves no marker, is redone anyway).
         progress: show a tqdm bar.
 
     Returns:
@@ -80,7 +80,7 @@ def build_coco_masks(coco_dir: str, split: str, *, min_pixels: int = MIN_FOREGRO
     """
     list_file = os.path.join(coco_dir, COCO_MASK_DIR, f"{split}2017.txt")
     mask_dir = os.path.join(coco_dir, COCO_MASK_DIR, f"{split}2017")
-    if not overwrite and os.path.isfile(list_file) and os.path.isdir(mask_dir):
+    if not overwrite and converted(mask_dir, [list_file]):
         return list_file
     ann_file = os.path.join(coco_dir, "annotations", f"instances_{split}2017.json")
     if not os.path.isfile(ann_file):
@@ -89,7 +89,7 @@ def build_coco_masks(coco_dir: str, split: str, *, min_pixels: int = MIN_FOREGRO
     coco = _load_coco(ann_file)
     class_of = {cat: index for index, cat in enumerate(COCO_VOC_CATEGORY_IDS) if cat}
     kept = []
-    with staged_dir(mask_dir, replace=True) as staging:
+    with staged_conversion(mask_dir) as (staging, lists):
         for image_id in tqdm(sorted(coco.getImgIds()), desc=f"COCO {split} masks", disable=not progress):
             info = coco.loadImgs(image_id)[0]
             stem = mask_stem(info.get("file_name"), ann_file)
@@ -99,5 +99,5 @@ def build_coco_masks(coco_dir: str, split: str, *, min_pixels: int = MIN_FOREGRO
                 kept.append(stem)
         if not kept:
             raise DatasetError(ann_file, f"no image has more than {min_pixels} pixels of VOC classes")
-        atomic_write(list_file, "".join(stem + "\n" for stem in kept))
+        lists[list_file] = "".join(stem + "\n" for stem in kept)
     return list_file

@@ -19,8 +19,7 @@ from ...errors import MissingDependency
 from ...utils.progress import progress_bar as tqdm
 
 from ..layout import CONTEXT_CATEGORY_IDS, CONTEXT_LIST_DIR, CONTEXT_MASK_DIR, DatasetError
-from ...utils.files import atomic_write, staged_dir
-from .annotations import check_rle_size, image_shape, mask_stem
+from .annotations import check_rle_size, converted, image_shape, mask_stem, staged_conversion
 
 __all__ = ["decode_rle", "convert_context_annotations"]
 
@@ -109,9 +108,9 @@ def convert_context_annotations(json_path: str, voc_root: str, *, overwrite: boo
                                 progress: bool = True) -> Dict[str, int]:
     """Convert ``trainval_merged.json`` into label PNGs and split lists under ``voc_root`` (``VOCdevkit/VOC2010``).
 
-    Writes ``SegmentationClassContext/<id>.png`` and ``ImageSets/SegmentationContext/{train,val}.txt``, all or
-    nothing (the masks are built in a staging folder and renamed into place). An existing conversion is kept
-    unless ``overwrite``.
+    Writes ``SegmentationClassContext/<id>.png`` and ``ImageSets/SegmentationContext/{train,val}.txt`` as one unit
+    (:func:`~.annotations.staged_conversion`: masks staged and renamed into place, then the lists, then a marker). A
+    complete conversion (its marker there) is kept unless ``overwrite``; an interrupted one is done again.
 
     Returns:
         Number of images per phase, e.g. ``{"train": 4998, "val": 5105}``.
@@ -122,12 +121,13 @@ def convert_context_annotations(json_path: str, voc_root: str, *, overwrite: boo
             of another size than its image.
     """
     mask_dir, list_dir = os.path.join(voc_root, CONTEXT_MASK_DIR), os.path.join(voc_root, CONTEXT_LIST_DIR)
-    if not overwrite and os.path.isdir(mask_dir) and os.path.isfile(os.path.join(list_dir, "val.txt")):
-        return {p: _count_ids(os.path.join(list_dir, p + ".txt")) for p in ("train", "val")}
+    list_files = {p: os.path.join(list_dir, p + ".txt") for p in ("train", "val")}
+    if not overwrite and converted(mask_dir, list(list_files.values())):
+        return {p: _count_ids(path) for p, path in list_files.items()}
     images, by_image = _read_detail(json_path)
     lookup = _category_lookup()
     phases: Dict[str, List[str]] = defaultdict(list)
-    with staged_dir(mask_dir, replace=True) as staging:
+    with staged_conversion(mask_dir) as (staging, lists):
         for image in tqdm(images, desc="PASCAL-Context masks", disable=not progress):
             stem = mask_stem(image.get("file_name"), json_path)
             try:
@@ -138,8 +138,6 @@ def convert_context_annotations(json_path: str, voc_root: str, *, overwrite: boo
                 raise DatasetError(json_path, f"bad annotation for {image.get('file_name')}: {e}") from e
             Image.fromarray(mask).save(os.path.join(staging, stem + ".png"))
             phases[str(image.get("phase", "train"))].append(stem)
-        os.makedirs(list_dir, exist_ok=True)
-        for phase in ("train", "val"):
-            stems = sorted(phases.get(phase, []))
-            atomic_write(os.path.join(list_dir, phase + ".txt"), "".join(stem + "\n" for stem in stems))
+        for phase, path in list_files.items():
+            lists[path] = "".join(stem + "\n" for stem in sorted(phases.get(phase, [])))
     return {p: len(v) for p, v in phases.items()}
