@@ -282,7 +282,7 @@ def test_mobilenet_backbone_is_torchvisions_features(name, tmp_path):
     """Same keys as torchvision's model (without classifier); c4 equals torchvision's ``features`` output at output
     stride 32, and its ``dilated=True`` variant at 16; the stages sit at strides 4, 8, 16, 32."""
     torch.manual_seed(0)
-    reference = getattr(torchvision.models, name)(norm_layer=nn.BatchNorm2d).eval()
+    reference = getattr(torchvision.models, name)().eval()  # torchvision's BatchNorm: eps 0.001
     randomize_running_stats(reference)
     path = tmp_path / f"{name}.pth"
     torch.save(reference.state_dict(), path)
@@ -292,7 +292,7 @@ def test_mobilenet_backbone_is_torchvisions_features(name, tmp_path):
     assert [f.shape[-1] for f in features] == [24, 12, 6, 3]
     assert tuple(f.shape[1] for f in features) == ours.channels
     torch.testing.assert_close(features[-1], reference.features(x), rtol=0, atol=0)
-    dilated = getattr(torchvision.models, name)(norm_layer=nn.BatchNorm2d, dilated=True).eval()
+    dilated = getattr(torchvision.models, name)(dilated=True).eval()
     dilated.load_state_dict(reference.state_dict())
     ours16 = get_backbone(name, output_stride=16, pretrained=str(path)).eval()
     torch.testing.assert_close(ours16(x)[-1], dilated.features(x), rtol=1e-5, atol=1e-5)

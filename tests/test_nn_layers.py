@@ -90,7 +90,8 @@ def test_encmodule_is_channel_attention():
     torch.testing.assert_close(se, module.selayer(encoded))
     assert se.shape == (2, 5)
     plain = EncModule(16, nclass=5, ncodes=4, se_loss=False)
-    assert plain.selayer is None and isinstance(plain(torch.randn(2, 16, 3, 3)), torch.Tensor)
+    out = plain(torch.randn(2, 16, 3, 3))  # always a tuple, as PyTorch-Encoding's: (features,)
+    assert plain.selayer is None and isinstance(out, tuple) and len(out) == 1 and out[0].shape == (2, 16, 3, 3)
 
 
 @pytest.mark.parametrize("lateral", [False, True])

@@ -52,7 +52,8 @@ __all__ = ["ResNetBackbone", "MobileNetV3Backbone", "VGGTinyBackbone", "backbone
            "FCNHead", "PSPHead", "PyramidPooling", "ASPP", "DeepLabV3Head", "DeepLabV3PlusHead", "EncModule",
            "EncHead",
            "PAM", "CAM", "DANetHead", "FPNHead", "UNetHead", "JPU",
-           "Architecture", "ARCHITECTURES", "register_architecture", "get_segmentation_model", "get_model", "NetworkSpec",
+           "Architecture", "ARCHITECTURES", "register_architecture", "get_segmentation_model", "get_model",
+           "NetworkSpec",
            "model_list", "pretrained_model_list",
            "get_fcn", "get_psp", "get_deeplab", "get_encnet", "get_danet", "get_upernet", "get_fcfpn",
            "get_deeplabv3plus", "get_unet", "get_segformer", "MultiEvalModule", "SlidingWindow"]

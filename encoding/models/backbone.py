@@ -17,6 +17,7 @@ touches the network.
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict, List, Tuple
 
 import torch
@@ -36,6 +37,11 @@ __all__ = ["ResNetBackbone", "MobileNetV3Backbone", "VGGTinyBackbone", "VGG_TINY
 #: ``vgg_tiny_s2`` (the built-in ``shapes`` recipe's) starts at stride 2: about 15% less CPU time per training step
 #: than ``vgg_tiny``'s full-resolution stem, with the same parameters and the same feature strides.
 VGG_TINY_STEM_STRIDES: Dict[str, int] = {"vgg_tiny": 1, "vgg_tiny_s2": 2}
+
+#: The BatchNorm setting of torchvision's MobileNetV3 that its ImageNet weights compute with, applied to the BatchNorm
+#: class a MobileNetV3 backbone is built with (:func:`_mobilenet_norm_layer`). Its training momentum (0.01) is not:
+#: trained from scratch it leaves the evaluation statistics unusable in short runs (the norm layer's own is kept).
+MOBILENET_V3_BN = {"eps": 0.001}
 
 #: Backbone names built from torchvision (also the names of its builders and weights).
 _TORCHVISION_BACKBONES: Tuple[str, ...] = (
@@ -99,6 +105,7 @@ class MobileNetV3Backbone(StagedBackbone):
     without ``classifier`` (``features.0.0.weight``...). The stages are cut where the stride doubles: ``c1`` (stride
     4, after the stem) ... ``c4`` (stride 32, ending with the last 1x1 conv: 960 channels for ``large``, 576 for
     ``small``). Stages past ``output_stride`` lose their stride and have every spatial conv dilated (2, then 4).
+    :func:`get_backbone` builds its BatchNorm layers with torchvision's eps (0.001).
 
     Args:
         mobilenet: a torchvision ``MobileNetV3`` (its ``classifier`` is not kept).
@@ -224,11 +231,13 @@ def get_backbone(name: str = "resnet50", output_stride: int = 8, norm_layer: Nor
         name: one of :func:`backbone_list` (``resnet18`` ... ``resnet152``, ``resnext50_32x4d``,
             ``resnext101_32x8d``, ``resnext101_64x4d``, ``wide_resnet50_2``, ``wide_resnet101_2``,
             ``mobilenet_v3_large``, ``mobilenet_v3_small``, ``vgg_tiny``, ``vgg_tiny_s2``; with timm:
-            ``resnest50``, ``resnest101``, ``resnest200``, ``resnest269``; SegFormer's ``mit_b0`` ... ``mit_b5``, output stride 32 and their own
-            layer norms), or ``timm:<name>`` for any timm model (:mod:`~encoding.models.timm_backbones`).
+            ``resnest50``, ``resnest101``, ``resnest200``, ``resnest269``; SegFormer's ``mit_b0`` ... ``mit_b5``,
+            output stride 32 and their own layer norms), or ``timm:<name>`` for any timm model
+            (:mod:`~encoding.models.timm_backbones`).
         output_stride: 8 (default, dilated ``layer3`` and ``layer4``), 16 (dilated ``layer4``) or 32 (plain);
             ``vgg_tiny``: 8 or 16 (see :class:`VGGTinyBackbone`); ``timm:<name>``: where timm supports it.
-        norm_layer: normalization layer class, e.g. ``nn.BatchNorm2d`` or ``encoding.nn.SyncBatchNorm``.
+        norm_layer: normalization layer class, e.g. ``nn.BatchNorm2d`` or ``encoding.nn.SyncBatchNorm``
+            (MobileNetV3 builds a BatchNorm class with torchvision's eps 0.001).
         pretrained: ``False`` (random init, no network access), ``True`` (torchvision's default ImageNet weights;
             timm's for the timm backbones) or the path of a local state-dict file (the torchvision or timm model's
             keys; ``fc.*`` / ``classifier.*`` are ignored).
@@ -268,7 +277,20 @@ def _build_backbone(name: str, output_stride: int, norm_layer: NormLayer) -> Sta
     if name in VGG_TINY_STEM_STRIDES:
         return VGGTinyBackbone(output_stride=output_stride, norm_layer=norm_layer,
                                stem_stride=VGG_TINY_STEM_STRIDES[name])
-    network = getattr(torchvision.models, name)(weights=None, norm_layer=norm_layer)
     if name.startswith("mobilenet"):
+        network = getattr(torchvision.models, name)(weights=None, norm_layer=_mobilenet_norm_layer(norm_layer))
         return MobileNetV3Backbone(network, output_stride)
-    return ResNetBackbone(network, output_stride)
+    return ResNetBackbone(getattr(torchvision.models, name)(weights=None, norm_layer=norm_layer), output_stride)
+
+
+def _mobilenet_norm_layer(norm_layer: NormLayer) -> NormLayer:
+    """``norm_layer`` with torchvision's MobileNetV3 eps (:data:`MOBILENET_V3_BN`: 0.001)
+    when it is a BatchNorm class (``nn.BatchNorm2d``, :class:`~encoding.nn.SyncBatchNorm`, a subclass); any other
+    norm layer (a ``functools.partial``, ``GroupNorm``...) as given.
+
+    Torchvision builds MobileNetV3 with eps 0.001; with BatchNorm's default (1e-5) its ImageNet weights compute
+    something else.
+    """
+    if isinstance(norm_layer, type) and issubclass(norm_layer, nn.modules.batchnorm._BatchNorm):
+        return functools.partial(norm_layer, **MOBILENET_V3_BN)
+    return norm_layer

@@ -36,7 +36,8 @@ class EncModule(nn.Module):
 
     Shape:
         - Input: ``B x C x H x W``.
-        - Output: ``B x C x H x W``, or the tuple ``(B x C x H x W, B x nclass)`` when ``se_loss``.
+        - Output: a tuple, as PyTorch-Encoding's: ``(B x C x H x W,)``, or ``(B x C x H x W, B x nclass)`` when
+          ``se_loss``.
     """
 
     def __init__(self, in_channels: int, nclass: int, ncodes: int = 32, se_loss: bool = True,
@@ -48,18 +49,22 @@ class EncModule(nn.Module):
         self.fc = nn.Sequential(nn.Linear(in_channels, in_channels), nn.Sigmoid())
         self.selayer = nn.Linear(in_channels, nclass) if se_loss else None
 
-    def forward(self, x: Tensor) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    def forward(self, x: Tensor) -> Union[Tuple[Tensor], Tuple[Tensor, Tensor]]:
         encoded = self.codeword_norm(self.encoding(x).unsqueeze(-1)).squeeze(-1)  # B x K x C
         encoded = F.relu(encoded).mean(dim=1)  # B x C
         gamma = self.fc(encoded)[:, :, None, None]
         out = F.relu(x + x * gamma)
         if self.selayer is None:
-            return out
+            return (out,)
         return out, self.selayer(encoded)
 
 
 class EncHead(nn.Module):
-    """EncNet head: 3x3 conv to ``width``, optional lateral fusion of c2/c3, :class:`EncModule`, dropout, classifier.
+    """EncNet head: 3x3 conv to ``width``, optional lateral fusion of c2/c3, :class:`EncModule`, then ``conv6``:
+    channel dropout (``nn.Dropout2d(0.1)``) and the 1x1 classifier, as PyTorch-Encoding's.
+
+    Unlike PyTorch-Encoding's ``EncHead`` (``lateral=True``), ``lateral`` defaults to ``False``: one network per
+    description, the one every builder of this package makes unless asked.
 
     Args:
         in_channels: channels of the last feature map (c4).
@@ -87,7 +92,7 @@ class EncHead(nn.Module):
             self.connect = nn.ModuleList(conv_norm_act(c, width, 1, norm_layer) for c in lateral_channels)
             self.fusion = conv_norm_act((len(lateral_channels) + 1) * width, width, 3, norm_layer)
         self.encmodule = EncModule(width, out_channels, ncodes=ncodes, se_loss=se_loss, norm_layer=norm_layer)
-        self.conv6 = nn.Sequential(nn.Dropout(0.1), nn.Conv2d(width, out_channels, 1))
+        self.conv6 = nn.Sequential(nn.Dropout2d(0.1), nn.Conv2d(width, out_channels, 1))
 
     def forward(self, *features: Tensor) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         x = self.conv5(features[-1])
@@ -98,10 +103,8 @@ class EncHead(nn.Module):
                                  f"got {len(features)}")
             laterals = [resize(conv(f), x.shape[-2:]) for conv, f in zip(self.connect, inputs)]
             x = self.fusion(torch.cat([x] + laterals, dim=1))
-        out = self.encmodule(x)
-        if isinstance(out, tuple):
-            return self.conv6(out[0]), out[1]
-        return self.conv6(out)
+        out, *se = self.encmodule(x)
+        return (self.conv6(out), *se) if se else self.conv6(out)
 
 
 class EncNet(SegmentationModel):

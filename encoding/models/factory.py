@@ -9,13 +9,15 @@ weights come from :mod:`~encoding.models.weights`.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import warnings
-from typing import Any, Callable, List, Optional, Union
+from typing import Any, Callable, Iterator, List, Optional, Union
 
 from torch import nn
 
+from ..errors import UsageError
 from ..nn.blocks import NormLayer
 from ..nn.recompute import checkpoint_segmentation_model
 from ..utils.renamed import renamed_keyword
@@ -29,12 +31,15 @@ from .registry import (ARCHITECTURES, PRESET_BACKBONES, PRESET_DATASETS, PRESETS
                        RESNEST_PRESET_DATASETS, Architecture, get_architecture)
 from .weights import TORCHVISION_WEIGHTS, Pretrained, load_pretrained
 
-__all__ = ["get_segmentation_model", "get_model", "builder", "pretrained_model_list", "nclass_of", "PE_UNUSED_OPTIONS"]
+__all__ = ["get_segmentation_model", "get_model", "builder", "pretrained_model_list", "nclass_of", "check_nclass",
+           "PE_UNUSED_OPTIONS", "PE_DILATED_STRIDES"]
 
 #: PyTorch-Encoding's model keywords that have no effect here (accepted with one ``FutureWarning``): evaluation
 #: sizes and normalisation (pass them to ``MultiEvalModule`` / the dataset), the weights directory, the backbone's
 #: multi-grid options.
 PE_UNUSED_OPTIONS = ("base_size", "crop_size", "mean", "std", "root", "multi_grid", "multi_dilation")
+#: PyTorch-Encoding's ``dilated=`` -> the backbone output stride it means (its dilated ResNet: 8; plain: 32).
+PE_DILATED_STRIDES = {True: 8, False: 32}
 
 
 #: The dataset whose classes a model gets when neither ``dataset`` nor ``nclass`` is given (PyTorch-Encoding's).
@@ -58,6 +63,29 @@ def nclass_of(dataset: str) -> int:
         raise ValueError(f"unknown dataset {dataset!r}; valid datasets: {', '.join(datasets)} "
                          "(or pass nclass=... for a custom dataset)")
     return datasets[key].NUM_CLASS
+
+
+def check_nclass(nclass: Any, subject: str = "nclass") -> int:
+    """``nclass`` if it is a class count: a positive ``int`` (not a ``bool``). The one rule of every builder
+    (:func:`get_segmentation_model`, :class:`~encoding.models.network.NetworkSpec`).
+
+    Args:
+        nclass: the value to check.
+        subject: how the message names what was given (``"nclass"``, or the command-line flags of a network).
+
+    Raises:
+        UsageError: (a ``ValueError``) anything else, naming ``subject`` and the value.
+    """
+    if isinstance(nclass, bool) or not isinstance(nclass, int) or nclass < 1:
+        raise UsageError(f"{subject}: the class count must be a positive int, got {nclass!r}")
+    return nclass
+
+
+def _resolve_nclass(nclass: Any, dataset: Optional[str]) -> int:
+    """``nclass`` checked, or (``None``) the class count of ``dataset`` (``None``: :data:`DEFAULT_DATASET`)."""
+    if nclass is None:
+        return nclass_of(DEFAULT_DATASET if dataset is None else dataset)
+    return check_nclass(nclass)
 
 
 def _assemble(arch: Architecture, nclass: int, backbone: str, aux: bool, norm_layer: NormLayer,
@@ -118,7 +146,8 @@ def get_segmentation_model(name: str, dataset: Optional[str] = None, backbone: s
             forward). ``checkpoint=``, its old name, still works with a ``FutureWarning``.
         **head_options: options of the head factory (e.g. ``lateral=True`` / ``False`` / ``ncodes`` for ``encnet``,
             ``atrous_rates`` for ``deeplab``/``deeplabv3plus``, ``fpn_dim`` for ``upernet``/``fcfpn``).
-            PyTorch-Encoding's keywords are accepted too: ``dilated=False`` (= ``output_stride=32``),
+            PyTorch-Encoding's keywords are accepted too: ``dilated`` (``True`` = ``output_stride=8``, ``False`` =
+            ``output_stride=32``; given with an ``output_stride`` or ``jpu`` it contradicts, it raises),
             ``jpu="JPU"`` (= ``jpu=True``), and :data:`PE_UNUSED_OPTIONS` (``base_size``, ``crop_size``, ...),
             which have no effect and raise one ``FutureWarning``.
 
@@ -126,8 +155,10 @@ def get_segmentation_model(name: str, dataset: Optional[str] = None, backbone: s
         The model; ``model(x)`` returns ``{"out", ["aux"], ["se"]}`` at the input resolution.
 
     Raises:
-        ValueError: unknown model, backbone or dataset (the message lists the valid ones), ``se_loss`` for a model
-            without SE branch, or unavailable/mismatching weights.
+        ValueError: unknown model, backbone or dataset (the message lists the valid ones), an ``nclass`` that is
+            not a positive int, ``se_loss`` for a model without SE branch, an output stride the backbone cannot
+            take (naming ``dilated`` where it chose it), ``dilated`` contradicting ``output_stride`` / ``jpu``, or
+            unavailable/mismatching weights.
 
     Example:
         >>> model = get_segmentation_model("encnet", dataset="pcontext", backbone="resnet50", aux=True,
@@ -136,16 +167,14 @@ def get_segmentation_model(name: str, dataset: Optional[str] = None, backbone: s
     old = {key: head_options.pop(key) for key in ("checkpoint",) if key in head_options}
     recompute = renamed_keyword(old, "checkpoint", "recompute", recompute, "get_segmentation_model")
     recompute = False if recompute == "none" else recompute
-    classes_of = DEFAULT_DATASET if dataset is None else dataset
     if is_model_spec(name):  # torchvision:NAME, transformers:PATH, module:factory: every option applied or refused
-        return build_external_model(name, nclass if nclass is not None else nclass_of(classes_of), aux=aux,
+        return build_external_model(name, _resolve_nclass(nclass, dataset), aux=aux,
                                     pretrained_backbone=pretrained_backbone, norm_layer=norm_layer,
                                     recompute=recompute, se_loss=se_loss, output_stride=output_stride, jpu=jpu,
                                     pretrained=pretrained, **head_options)
     arch = get_architecture(name)
-    output_stride, jpu = _pe_options(name, head_options, output_stride, jpu)
-    if nclass is None:
-        nclass = nclass_of(classes_of)
+    output_stride, jpu, dilated = _pe_options(name, head_options, output_stride, jpu)
+    nclass = _resolve_nclass(nclass, dataset)
     if se_loss and not arch.se_loss:
         models = [n for n, a in ARCHITECTURES.items() if a.se_loss]
         raise ValueError(f"se_loss=True is not supported by {name!r}; models with an SE-loss branch: "
@@ -155,19 +184,23 @@ def get_segmentation_model(name: str, dataset: Optional[str] = None, backbone: s
         _warn_pe_lateral(dataset)
     if arch.se_loss:
         head_options["se_loss"] = se_loss
-    model = _assemble(arch, nclass, backbone, aux, norm_layer, output_stride, jpu, pretrained_backbone,
-                      head_options)
+    with _naming_dilated(dilated):
+        model = _assemble(arch, nclass, backbone, aux, norm_layer, output_stride, jpu, pretrained_backbone,
+                          head_options)
     if pretrained is not False and pretrained is not None:
         load_pretrained(model, name, backbone, nclass, pretrained)
     return checkpoint_segmentation_model(model, recompute)
 
 
 def _pe_options(name: str, options: dict, output_stride: Optional[int], jpu: Any) -> tuple:
-    """Take PyTorch-Encoding's keywords out of ``options``: ``dilated=False`` -> ``output_stride=32``, ``jpu="JPU"``
+    """Take PyTorch-Encoding's keywords out of ``options``: ``dilated`` (:func:`_dilated_stride`), ``jpu="JPU"``
     -> ``jpu=True``; those without effect (:data:`PE_UNUSED_OPTIONS`) are dropped with one ``FutureWarning``.
 
     Returns:
-        ``(output_stride, jpu)``.
+        ``(output_stride, jpu, dilated)``; ``dilated`` is ``None`` when not given, else a ``bool``.
+
+    Raises:
+        UsageError: ``dilated`` contradicting ``output_stride`` or ``jpu``.
     """
     unused = sorted(key for key in PE_UNUSED_OPTIONS if key in options)
     for key in unused:
@@ -176,9 +209,40 @@ def _pe_options(name: str, options: dict, output_stride: Optional[int], jpu: Any
         warnings.warn(f"get_segmentation_model({name!r}): PyTorch-Encoding option(s) {', '.join(unused)} have no "
                       "effect and will be refused in a future version (evaluation sizes go to MultiEvalModule; "
                       "see docs/migration.md)", FutureWarning, stacklevel=3)
-    if "dilated" in options and not options.pop("dilated") and output_stride is None and not jpu:
-        output_stride = 32
-    return output_stride, bool(jpu)
+    jpu = bool(jpu)
+    dilated = bool(options.pop("dilated")) if "dilated" in options else None
+    return _dilated_stride(dilated, output_stride, jpu), jpu, dilated
+
+
+def _dilated_stride(dilated: Optional[bool], output_stride: Optional[int], jpu: bool) -> Optional[int]:
+    """The output stride of PyTorch-Encoding's ``dilated`` (:data:`PE_DILATED_STRIDES`: ``True`` -> 8,
+    ``False`` -> 32) given with ``output_stride`` and ``jpu``; ``output_stride`` itself without ``dilated``.
+
+    Raises:
+        UsageError: ``dilated`` contradicting ``output_stride``, or ``dilated=True`` with ``jpu`` (a plain
+            stride-32 backbone), naming both.
+    """
+    if dilated is None:
+        return output_stride
+    stride = PE_DILATED_STRIDES[dilated]
+    if jpu and dilated:
+        raise UsageError("dilated=True conflicts with jpu=True: JPU replaces dilation on a plain stride-32 backbone "
+                         "(pass one of them, or dilated=False with jpu)")
+    if output_stride is not None and output_stride != stride:
+        raise UsageError(f"dilated={dilated} conflicts with output_stride={output_stride}: dilated={dilated} is "
+                         f"output_stride={stride} (pass one of them)")
+    return stride
+
+
+@contextlib.contextmanager
+def _naming_dilated(dilated: Optional[bool]) -> Iterator[None]:
+    """Let a refusal of the output stride (a ``ValueError`` mentioning it) that ``dilated`` chose name ``dilated``."""
+    try:
+        yield
+    except ValueError as err:
+        if dilated is None or "stride" not in str(err):
+            raise
+        raise UsageError(f"{err} (dilated={dilated} is output_stride={PE_DILATED_STRIDES[dilated]})") from err
 
 
 def _check_head_options(name: str, arch: Architecture, head_options: dict) -> None:

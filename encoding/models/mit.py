@@ -23,12 +23,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.ops import StochasticDepth
 
+from ..errors import UsageError
 from ..utils.checkpoint import load_model_state
 from .hf_segformer import hf_download_hint, read_segformer_weights
 from .weights import Pretrained
 
 __all__ = ["MiTSetting", "MIT_SETTINGS", "OverlapPatchEmbed", "EfficientSelfAttention", "MixFFN", "MiTBlock",
-           "MiTStage", "MixTransformer", "get_mit"]
+           "MiTStage", "MixTransformer", "get_mit", "min_input_size"]
 
 
 class MiTSetting(NamedTuple):
@@ -58,6 +59,17 @@ REDUCTIONS = (8, 4, 2, 1)
 PATCH_SIZES = (7, 3, 3, 3)
 STRIDES = (4, 2, 2, 2)
 MLP_RATIO = 4
+
+
+def min_input_size() -> int:
+    """The smallest input side MiT runs on, from :data:`REDUCTIONS`, :data:`PATCH_SIZES` and :data:`STRIDES`: each
+    stage needs at least as many tokens per side as its spatial-reduction conv's kernel (29 px: stage 1 reduces
+    8 x 8 tokens at stride 4)."""
+    needed = 1  # tokens per side after the last stage
+    for reduction, patch, stride in reversed(list(zip(REDUCTIONS, PATCH_SIZES, STRIDES))):
+        # the fewest pixels (or tokens) an OverlapPatchEmbed (padding patch // 2) turns into max(needed, reduction)
+        needed = max((max(needed, reduction) - 1) * stride + patch - 2 * (patch // 2), 1)
+    return needed
 
 
 def _channels_first(x: Tensor) -> Tensor:
@@ -192,20 +204,27 @@ class MixTransformer(nn.Module):
     Args:
         setting: the variant's widths and depths (:data:`MIT_SETTINGS`).
         drop_path_rate: stochastic depth of the last block (linear from 0 over all blocks; the paper's 0.1).
+        name: how errors name the network (``mit_b0`` ...).
 
     Attributes:
         channels: output channels of ``(c1, c2, c3, c4)``.
         output_stride: 32.
+        min_size: the smallest input side (:func:`min_input_size`).
 
     Shape:
-        - Input: ``B x 3 x H x W``.
+        - Input: ``B x 3 x H x W``, ``H`` and ``W`` at least ``min_size`` (29).
         - Output: list ``[c1, c2, c3, c4]`` at strides 4, 8, 16, 32 (channels-last views).
+
+    Raises:
+        UsageError: (a ``ValueError``, in ``forward``) an input side below ``min_size``, naming the network, the
+            minimum and the size given.
     """
 
     output_stride = 32
 
-    def __init__(self, setting: MiTSetting, drop_path_rate: float = 0.1) -> None:
+    def __init__(self, setting: MiTSetting, drop_path_rate: float = 0.1, name: str = "MiT") -> None:
         super().__init__()
+        self.name, self.min_size = name, min_input_size()
         total = sum(setting.depths)
         rates = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]
         layers, start = [], 0
@@ -221,11 +240,23 @@ class MixTransformer(nn.Module):
         return tuple(layer.blocks for layer in self.layers)
 
     def forward(self, x: Tensor) -> List[Tensor]:
+        self._check_size(x)
         features = []
         for layer in self.layers:
             x = layer(x)
             features.append(x)
         return features
+
+
+    def _check_size(self, x: Tensor) -> None:
+        """Refuse (before any conv) an input with a side below :attr:`min_size`, naming the network."""
+        height, width = x.shape[-2:]
+        if height < self.min_size or width < self.min_size:
+            raise UsageError(
+                f"{self.name} needs inputs of at least {self.min_size} x {self.min_size} pixels, got {height} x "
+                f"{width} (SegFormer's Mix Transformer: stage 1 reduces its keys and values with a conv over "
+                f"{REDUCTIONS[0]} x {REDUCTIONS[0]} tokens, each of stride {STRIDES[0]}); use larger images, crops or "
+                "windows")
 
 
 def get_mit(name: str, output_stride: Optional[int] = None, pretrained: Pretrained = False) -> MixTransformer:
@@ -247,7 +278,7 @@ def get_mit(name: str, output_stride: Optional[int] = None, pretrained: Pretrain
         raise ValueError(f"{name} has output stride 32 only (MiT is not dilated), got output_stride={output_stride}")
     if pretrained is True:
         raise ValueError(hf_download_hint(name))
-    backbone = MixTransformer(MIT_SETTINGS[name])
+    backbone = MixTransformer(MIT_SETTINGS[name], name=name)
     if pretrained:
         state = read_segformer_weights(pretrained)
         if any(k.startswith("backbone.") for k in state):  # a whole model's weights: keep the encoder's

@@ -27,6 +27,7 @@ from torch import nn
 from ..errors import UsageError
 from ..names import is_model_spec, network_flags, network_name
 from ..nn.recompute import RECOMPUTE_POLICIES
+from .factory import check_nclass
 
 __all__ = ["NetworkSpec", "BUILD_ERRORS"]
 
@@ -52,7 +53,8 @@ class NetworkSpec:
         recompute: ``"none"``, ``"backbone"`` or ``"all"`` (activation recomputation; exact).
         sync_bn: :class:`~encoding.nn.SyncBatchNorm` instead of ``nn.BatchNorm2d`` (several replicas or processes).
         pretrained_backbone: ``True`` (published ImageNet weights, a download) or a file for the backbone.
-        pretrained: whole-network weights: ``"torchvision"`` or a file (:func:`~encoding.models.get_segmentation_model`).
+        pretrained: whole-network weights: ``"torchvision"`` or a file
+            (:func:`~encoding.models.get_segmentation_model`).
         transformers_config: a ``transformers:`` network's stored ``config.json`` (a model folder): built from it,
             without the original folder.
     """
@@ -79,8 +81,7 @@ class NetworkSpec:
             object.__setattr__(self, "backbone", "")  # a spec network has no backbone of ours
         elif not self.backbone:
             object.__setattr__(self, "backbone", "resnet50")
-        if isinstance(self.nclass, bool) or not isinstance(self.nclass, int) or self.nclass < 1:
-            raise UsageError(f"{self.flags}: the class count must be a positive int, got {self.nclass!r}")
+        check_nclass(self.nclass, self.flags)
 
     @classmethod
     def from_options(cls, options: Union[Mapping[str, Any], Any], nclass: int, **overrides: Any) -> "NetworkSpec":

@@ -66,7 +66,8 @@ def positional_up_kwargs(value: Any, default: Any, up_kwargs: Optional[Mapping[s
 
 def conv_norm_act(in_channels: int, out_channels: int, kernel_size: int = 3, norm_layer: NormLayer = nn.BatchNorm2d,
                   dilation: int = 1, stride: int = 1) -> nn.Sequential:
-    """``Conv2d`` (no bias, "same" padding) → ``norm_layer`` → ``ReLU``, as ``nn.Sequential`` (keys ``0``, ``1``)."""
+    """``Conv2d`` (no bias, "same" padding) → ``norm_layer`` → ``ReLU``, as ``nn.Sequential`` (keys ``0``,
+    ``1``)."""
     padding = dilation * (kernel_size // 2)
     return nn.Sequential(
         nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding=padding, dilation=dilation, bias=False),
