@@ -238,12 +238,18 @@ def test_an_interrupted_coco_build_is_redone_never_half_trusted(tmp_path, monkey
 
 
 # ------------------------------------------------- 6. binary colour masks: unknown and ignore colours are ignored
-def test_a_binary_colour_mask_ignores_unknown_and_ignore_colours_as_its_scan_says(tmp_path):
+def _crack_folder(tmp_path, extra=""):
+    """An empty folder dataset of classes background (black) and crack (red), ``extra`` added to its class file."""
     root = str(tmp_path / "data")
     os.makedirs(os.path.join(root, "images"))
     os.makedirs(os.path.join(root, "masks"))
     with open(os.path.join(root, "classes.yaml"), "w") as f:
-        f.write("classes: [background, crack]\ncolors: [[0, 0, 0], [255, 0, 0]]\nignore_color: [255, 255, 255]\n")
+        f.write("classes: [background, crack]\ncolors: [[0, 0, 0], [255, 0, 0]]\n" + extra)
+    return root
+
+
+def test_a_binary_colour_mask_ignores_unknown_and_ignore_colours_as_its_scan_says(tmp_path):
+    root = _crack_folder(tmp_path, "ignore_color: [255, 255, 255]\n")
     rng = np.random.default_rng(0)
     for i in range(4):
         Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(f"{root}/images/{i}.png")
@@ -271,11 +277,7 @@ def test_a_binary_colour_mask_ignores_unknown_and_ignore_colours_as_its_scan_say
 
 
 def test_a_colour_mask_of_unknown_colours_names_them_when_they_are_refused(tmp_path):
-    root = str(tmp_path / "data")
-    os.makedirs(os.path.join(root, "images"))
-    os.makedirs(os.path.join(root, "masks"))
-    with open(os.path.join(root, "classes.yaml"), "w") as f:
-        f.write("classes: [background, crack]\ncolors: [[0, 0, 0], [255, 0, 0]]\n")
+    root = _crack_folder(tmp_path)
     for i in range(2):
         Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(f"{root}/images/{i}.png")
         Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(f"{root}/masks/{i}.png")

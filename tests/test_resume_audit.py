@@ -17,7 +17,7 @@ import torch
 import torch.multiprocessing as mp
 from conftest import TINY, tiny_shapes_pair
 from folder_data import make_folder
-from training_runs import run_dir_of, train_tiny
+from training_runs import SigintAt, run_dir_of, train_tiny
 
 from encoding.engine import Hook, run_training
 from encoding.utils import load_checkpoint
@@ -50,17 +50,6 @@ def _train_with_hooks(datasets, out, *extra, hooks=(), epochs=2):
     argv = TINY[:-2] + ["--epochs", str(epochs), "--output-dir", str(out), *extra]
     return run_cli("train.py", lambda a, datasets: run_training(options.training_config(a), datasets, hooks=hooks),
                    argv, datasets=datasets)
-
-
-class _SigintAt(Hook):
-    """Ctrl-C after iteration ``iteration`` of epoch ``epoch`` (the run saves a mid-epoch checkpoint and stops)."""
-
-    def __init__(self, epoch, iteration):
-        self.epoch, self.iteration = epoch, iteration
-
-    def after_step(self, state):
-        if (state.epoch, state.iteration) == (self.epoch, self.iteration):
-            os.kill(os.getpid(), signal.SIGINT)
 
 
 # -- --overwrite (bugs 1 and 2) ----------------------------------------------------------------------------------------
@@ -272,7 +261,7 @@ class _StepCounter(Hook):
 
 def test_a_hooks_state_survives_a_resume(tiny_shapes, tmp_path):
     assert _train_with_hooks(tiny_shapes, tmp_path / "a", hooks=[_StepCounter()]) == 0
-    assert _train_with_hooks(tiny_shapes, tmp_path / "b", hooks=[_StepCounter(), _SigintAt(1, 1)]) == 130
+    assert _train_with_hooks(tiny_shapes, tmp_path / "b", hooks=[_StepCounter(), SigintAt(1, 1)]) == 130
     checkpoint = os.path.join(run_dir_of(tmp_path / "b"), CHECKPOINT_NAME)
     assert load_checkpoint(checkpoint)["iteration"] == 1
     assert _train_with_hooks(tiny_shapes, tmp_path / "b", "--resume", checkpoint, hooks=[_StepCounter()]) == 0

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT, TINY, load_script
-from training_runs import run_dir_of, run_script
+from training_runs import SigintAt, run_dir_of, run_script
 
-from encoding.engine import GracefulInterrupt, Hook, state
+from encoding.engine import GracefulInterrupt, state
 from encoding.utils import load_checkpoint, save_checkpoint
 from encoding.utils.checkpoint import CHECKPOINT_NAME
 from encoding.utils.determinism import EpochSampler, SeededSamples, rng_state, set_rng_state
@@ -240,7 +240,7 @@ def test_a_signal_arriving_during_the_ranks_agreement_is_kept_for_the_next_poll(
     (Python runs handlers between bytecodes, after the blocking call) must not be overwritten by the agreement
     (the other rank saw none): this poll answers what every rank reported (no), the next one stops every rank. It
     was lost: a SIGTERM to torchrun then left both ranks training until torchrun killed them, without a checkpoint."""
-    from encoding.engine import loop
+    from encoding.engine import signals as engine_signals
 
     interrupt = GracefulInterrupt()
     reported = []
@@ -251,8 +251,8 @@ def test_a_signal_arriving_during_the_ranks_agreement_is_kept_for_the_next_poll(
             interrupt._handle(signal.SIGTERM, None)
         return value
 
-    monkeypatch.setattr(loop, "is_dist_avail_and_initialized", lambda: True)
-    monkeypatch.setattr(loop, "reduce_across_processes", reduce)
+    monkeypatch.setattr(engine_signals, "is_dist_avail_and_initialized", lambda: True)
+    monkeypatch.setattr(engine_signals, "reduce_across_processes", reduce)
     assert interrupt.poll() is False  # what every rank reported: no rank stops at this iteration
     assert interrupt.poll() is True and interrupt.exit_status == 128 + signal.SIGTERM
     assert reported == [0, signal.SIGTERM]
@@ -285,17 +285,6 @@ def test_sigterm_to_torchrun_saves_on_the_main_process_and_no_rank_hangs(referen
         assert [saved["epoch_totals"][k][1] for k in ("loss", "lr")] == [2 * saved["iteration"]] * 2
 
 
-class _InterruptAt(Hook):
-    """A hook sending this process a SIGINT after ``iteration`` of ``epoch`` (the run saves and stops there)."""
-
-    def __init__(self, epoch, iteration):
-        self.epoch, self.iteration = epoch, iteration
-
-    def after_step(self, state):
-        if (state.epoch, state.iteration) == (self.epoch, self.iteration):
-            os.kill(os.getpid(), signal.SIGINT)
-
-
 @pytest.mark.parametrize("iteration", [1, 2])  # in the middle of epoch 0, and after its last iteration
 def test_an_epoch_resumed_mid_way_logs_the_loss_and_rate_of_the_whole_epoch(tiny_shapes, tmp_path, iteration):
     """Before: the loss and lr logged for the resumed epoch were the means of the iterations after the resume only
@@ -313,7 +302,7 @@ def test_an_epoch_resumed_mid_way_logs_the_loss_and_rate_of_the_whole_epoch(tiny
 
     train(tmp_path / "whole")
     with pytest.raises(RunInterrupted):
-        train(tmp_path / "cut", hooks=[_InterruptAt(0, iteration)])
+        train(tmp_path / "cut", hooks=[SigintAt(0, iteration)])
     checkpoint = os.path.join(run_dir_of(tmp_path / "cut"), CHECKPOINT_NAME)
     assert load_checkpoint(checkpoint)["iteration"] == iteration
     train(tmp_path / "cut", "--resume", checkpoint)

@@ -1,15 +1,17 @@
 """Helpers shared by the tests of training runs: where a tiny run writes, a script's exit status, a tiny training
 run of ``train.py`` and a small ``train.py``-style checkpoint."""
 import os
+import signal
 from typing import List, Tuple
 
 import torch
 from conftest import TINY, load_script
 
+from encoding.engine import Hook
 from encoding.models import get_segmentation_model
 from encoding.utils.checkpoint import CHECKPOINT_NAME, save_checkpoint
 
-__all__ = ["load_train_script", "network_checkpoint", "run_dir_of", "run_script", "train_tiny"]
+__all__ = ["load_train_script", "network_checkpoint", "run_dir_of", "run_script", "train_tiny", "SigintAt"]
 
 
 def load_train_script():
@@ -50,3 +52,14 @@ def network_checkpoint(path, name: str = "psp", **extra) -> str:
                                    **({"channels": extra["head_channels"]} if extra.get("head_channels") else {}))
     save_checkpoint({"model": model, "epoch": 0, "args": options}, str(path))
     return str(path)
+
+
+class SigintAt(Hook):
+    """Ctrl-C after iteration ``iteration`` of epoch ``epoch`` (the run saves a mid-epoch checkpoint and stops)."""
+
+    def __init__(self, epoch: int, iteration: int) -> None:
+        self.epoch, self.iteration = epoch, iteration
+
+    def after_step(self, state) -> None:
+        if (state.epoch, state.iteration) == (self.epoch, self.iteration):
+            os.kill(os.getpid(), signal.SIGINT)
