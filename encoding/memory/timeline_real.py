@@ -135,22 +135,27 @@ def align(events: List[tuple], real: RealStep, min_bytes: int = MIN_BYTES, round
         elif event[0] == "f" and event[1] in sizes:
             tokens.append(("f", sizes.pop(event[1]), x, event[1]))
     out = Alignment([t[:3] for t in tokens], [], [], [])
+    simulated_span, (real_span, real_free) = _sim_spans(tokens), _real_lives(real.events, min_bytes)
     address: Dict[int, Any] = {}  # simulated allocation -> real address
+    allocated: Dict[int, int] = {}  # simulated allocation -> its real allocation's event
     live: Dict[Any, int] = {}  # real addresses matched and live
     level, j, used = 0, 0, set()
-    for kind, size, _, alloc in tokens:
+    for position, (kind, size, _, alloc) in enumerate(tokens):
         level += size if kind == "a" else -size
         target = address.get(alloc)
         if kind == "a":
-            found = next((k for k in range(j, min(len(real.events), j + LOOKAHEAD))
-                          if real.events[k][1] == size and k not in used), None)
-        else:  # frees may come in another order: Python drops a fake storage when its last reference goes
-            found = next((k for k in range(max(0, j - LOOKAHEAD), min(len(real.events), j + LOOKAHEAD))
-                          if real.events[k] == (target, -size) and k not in used), None)
+            candidates = [k for k in range(j, min(len(real.events), j + LOOKAHEAD))
+                          if real.events[k][1] == size and k not in used]
+            found = _outliving(candidates, simulated_span[position], real_span)
+        else:  # the free of the real allocation (an address is handed out again): frees may come in another
+            # order, Python drops a fake storage when its last reference goes
+            found = real_free.get(allocated.get(alloc, -1))
+            if found is not None and not max(0, j - LOOKAHEAD) <= found < j + LOOKAHEAD:
+                found = None
         if found is not None:
             used.add(found)
             if kind == "a":
-                address[alloc] = real.events[found][0]
+                address[alloc], allocated[alloc] = real.events[found][0], found
                 live[address[alloc]] = size
             else:
                 live.pop(target, None)
@@ -159,6 +164,49 @@ def align(events: List[tuple], real: RealStep, min_bytes: int = MIN_BYTES, round
         out.simulated_level.append(level)
         out.real_level.append(None if found is None else sum(live.values()))
     return out
+
+
+def _sim_spans(tokens: List[tuple]) -> List[int]:
+    """Per token: for an allocation, the allocations made while it lives (to its free, or to the end)."""
+    spans, opened = [0] * len(tokens), {}
+    allocations = 0
+    for position, (kind, _, _, alloc) in enumerate(tokens):
+        if kind == "a":
+            opened[alloc] = (position, allocations)
+            allocations += 1
+        elif alloc in opened:
+            where, before = opened.pop(alloc)
+            spans[where] = allocations - before - 1
+    for where, before in opened.values():
+        spans[where] = allocations - before - 1
+    return spans
+
+
+def _real_lives(events: List[Tuple[Any, int]], min_bytes: int) -> Tuple[List[int], Dict[int, int]]:
+    """Per real allocation of at least ``min_bytes`` (by event): the allocations of such storages made while it
+    lives, and the event that frees it (none if it outlives the step)."""
+    spans, frees, opened = [0] * len(events), {}, {}
+    allocations = 0
+    for index, (addr, nbytes) in enumerate(events):
+        if nbytes >= min_bytes:
+            opened[addr] = (index, allocations)
+            allocations += 1
+        elif nbytes < 0 and addr in opened:
+            where, before = opened.pop(addr)
+            spans[where], frees[where] = allocations - before - 1, index
+    for where, before in opened.values():
+        spans[where] = allocations - before - 1
+    return spans, frees
+
+
+def _outliving(candidates: List[int], needed: int, real_span: List[int]) -> Optional[int]:
+    """The real allocation standing for a simulated one: the first candidate living while as many storages are
+    allocated as the simulated one does. A kernel's buffer of the same size freed inside its operator (oneDNN's
+    blocked copy of a convolution's output on an AVX2 CPU, reordered into the output) lives through fewer; without
+    such a candidate, the one living longest."""
+    if not candidates:
+        return None
+    return next((k for k in candidates if real_span[k] >= needed), max(candidates, key=lambda k: real_span[k]))
 
 
 def compare(start: int, events: List[tuple], real: RealStep, min_bytes: int = MIN_BYTES,
