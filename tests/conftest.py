@@ -15,12 +15,24 @@
 import importlib.util
 import os
 
-import pytest
-import torch
-from runs_guard import RunsGuard
-from torch import nn
 
-from encoding.datasets import get_segmentation_dataset
+def _share_the_cores() -> None:
+    """Each pytest-xdist worker (and every process it starts) runs its share of the CPU cores as intra-op threads.
+    Two workers each running torch's default, every core, oversubscribe the machine: CI's 2 cores ran the suite
+    about a sixth slower. A thread count given in ``OMP_NUM_THREADS`` is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
+_share_the_cores()  # before torch is imported: its thread pool reads OMP_NUM_THREADS
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from runs_guard import RunsGuard  # noqa: E402
+from torch import nn  # noqa: E402
+
+from encoding.datasets import get_segmentation_dataset  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "experiments", "segmentation")

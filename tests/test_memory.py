@@ -94,7 +94,7 @@ def tiny_workspaces():
                          ids=lambda p: f"{p.strategy}-{'dev0' if p.source else 'other'}-share{p.share}")
 def test_simulated_peak_matches_real_cpu_allocations(program, tiny_workspaces):
     """Every device program of every strategy, on fake tensors with the kernels' workspaces learned from real
-    steps of 1-3 samples, within 3% of the profiler's real peak."""
+    steps of 1, S and S+1 samples, within 3% of the profiler's real peak."""
     spec = tiny_spec()
     simulated = simulate_program(spec, program, workspaces=tiny_workspaces).peak
     real = measure_program_cpu(spec, program).peak
@@ -115,18 +115,28 @@ def test_a_measurement_counts_its_own_program_after_another_profiled_session():
     assert measure_program_cpu(spec, program).peak == alone
 
 
-def test_calibrated_simulation_of_a_dilated_resnet_matches_real_allocations():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_calibrated_simulation_of_a_dilated_resnet_matches_real_allocations(threads):
     """FCN-ResNet18 (dilated): its CPU convolution backward holds buffers that are no tensors; learned per
-    operator from real steps of 1-3 samples, the simulation of a 4-sample device lands within 3% of the real peak
-    (uncalibrated it is far lower)."""
-    spec = segmentation_spec("fcn", "resnet18", nclass=NCLASS, crop_size=48, aux=True)
-    workspaces = learn_workspaces(spec)
-    for program in (DeviceProgram("balanced", 4, 12, source=False, replicas=3),):
+    operator from real steps of 1, 2 and 3 samples, the simulation of a 4-sample device lands within 3% of the real
+    peak (uncalibrated it is far lower). On one intra-op thread (torchrun's default) the steps were of 1 and 2
+    samples, and one sample's algorithm, extrapolated, planned 60% too much."""
+    from encoding.memory.profiler import calibration_shares
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert calibration_shares(torch.device("cpu")) == [1, 2, 3]
+        spec = segmentation_spec("fcn", "resnet18", nclass=NCLASS, crop_size=48, aux=True)
+        workspaces = learn_workspaces(spec)
+        program = DeviceProgram("balanced", 4, 12, source=False, replicas=3)
         real = measure_program_cpu(spec, program).peak
         plain = simulate_program(spec, program).peak
         calibrated = simulate_program(spec, program, workspaces=workspaces).peak
-        assert abs(calibrated - real) <= 0.03 * real, (calibrated / MIB, real / MIB)
-        assert plain < calibrated
+    finally:
+        torch.set_num_threads(saved)
+    assert abs(calibrated - real) <= 0.03 * real, (calibrated / MIB, real / MIB)
+    assert plain < calibrated
 
 
 def test_what_each_device_holds():
@@ -264,8 +274,12 @@ def test_tool_calibrate_adds_the_workspaces_fake_tensors_miss(tmp_path, capsys):
     plain = cli.main(common)
     calibrated = cli.main(common + ["--calibrate"])
     assert calibrated["config"]["calibrate"] and "calibrating on cpu" in capsys.readouterr().err
-    assert all(c > p for c, p in zip(calibrated["strategies"]["balanced"]["peak_mib"],
-                                     plain["strategies"]["balanced"]["peak_mib"]))
+    pairs = list(zip(calibrated["strategies"]["balanced"]["peak_mib"], plain["strategies"]["balanced"]["peak_mib"]))
+    # the replica peaks in a convolution's backward; device 0 (the optimizer's state, the reduced gradients) there
+    # only with more than one intra-op thread (a buffer per thread): on one, its real peak is the plain simulation's
+    assert all(c >= p for c, p in pairs) and pairs[1][0] > pairs[1][1]
+    if torch.get_num_threads() > 1:
+        assert pairs[0][0] > pairs[0][1]
 
 
 def test_tool_without_matplotlib_still_writes_json(tmp_path, monkeypatch, capsys):

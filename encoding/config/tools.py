@@ -56,8 +56,9 @@ class MemoryOptions:
     backend: str = option("nccl", "what the simulated ranks of fsdp communicate through: nccl (GPUs, in place; "
                           "default) or gloo (CPU processes: each all-gather and reduce-scatter is staged in a buffer "
                           "of its own)", choices=BACKENDS, scripts=MEMORY)
-    calibrate: bool = option(False, "learn the kernels' workspaces that fake tensors miss from real steps of 1-3 "
-                             "samples on the real device (a GPU where there is one, else the CPU)", scripts=MEMORY)
+    calibrate: bool = option(False, "learn the kernels' workspaces that fake tensors miss from real steps of 1, S "
+                             "and S+1 samples on the real device (a GPU where there is one, S=1; else the CPU, S its "
+                             "intra-op threads, at least 2)", scripts=MEMORY)
     max_batch: bool = option(False, "also find, per strategy, the largest total batch that fits --memory-limit "
                              "(simulated)", scripts=MEMORY)
     advise: bool = option(False, "per strategy x recomputation policy (none, backbone, all): the largest batch that "

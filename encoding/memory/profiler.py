@@ -16,7 +16,7 @@ import torch
 from .program import DeviceProgram, ProgramResult, StepSpec, run_program
 from .tracker import Workspaces, batch_key
 
-__all__ = ["measure_program_cpu", "learn_workspaces", "trace_events"]
+__all__ = ["measure_program_cpu", "learn_workspaces", "calibration_shares", "trace_events"]
 
 #: The profiler range that marks the measured step.
 _MARK = "encoding.memory.step"
@@ -162,19 +162,26 @@ def measure_program_cpu(spec: StepSpec, program: DeviceProgram) -> ProgramResult
     return ProgramResult(_profiled_peak(events, cpu), seconds)
 
 
+def calibration_shares(device: torch.device) -> List[int]:
+    """The batch shares :func:`learn_workspaces` runs by default on ``device`` (see there)."""
+    threads = max(torch.get_num_threads(), 2) if device.type == "cpu" else 1
+    return sorted({1, threads, threads + 1})
+
+
 def learn_workspaces(spec: StepSpec, shares: Optional[Sequence[int]] = None,
                      device: torch.device = torch.device("cpu")) -> Workspaces:
     """Learn kernels' workspaces from real steps (one per share) of a device that runs a replica.
 
     Args:
         spec: the step (its callables create tensors on the current default device, which is set to ``device``).
-        shares: the batch shares to run (default: 1, and on the CPU the intra-op thread count ``T`` and ``T + 1``,
-            on a GPU 2).
+        shares: the batch shares to run (default: 1, and on the CPU ``S = max(T, 2)`` and ``S + 1`` for ``T``
+            intra-op threads, on a GPU 2). Beyond them the last segment is extrapolated, so it must not start at one
+            sample, where a kernel may pick another algorithm than for two (on one thread, as under ``torchrun``,
+            1 and 2 alone planned a 4-sample device 60% over its real peak).
         device: where to run them (the CPU, or a CUDA device: the profiler's CUDA memory events are used).
     """
     if shares is None:
-        threads = torch.get_num_threads() if device.type == "cpu" else 1
-        shares = sorted({1, threads, threads + 1})
+        shares = calibration_shares(device)
     table: Dict[tuple, Dict[int, int]] = {}
     for share in shares:
         program = DeviceProgram("balanced", share, share * 2, source=False, replicas=2)

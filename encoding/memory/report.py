@@ -25,7 +25,7 @@ from .ahead import TracesAhead, traces_ahead
 from .balance import max_batch, strategy_peaks
 from .planner import AMP_DTYPES, loop_name
 from .optimizers import optimizer_factory
-from .profiler import learn_workspaces
+from .profiler import calibration_shares, learn_workspaces
 from .simulate import Simulator
 from .spec import buildable_policies, step_spec
 from .tracker import CUDA_BLOCK, MIB
@@ -100,7 +100,8 @@ def memory_report(args: argparse.Namespace, progress: bool = True, ahead: bool =
     workspaces = None
     if args.calibrate:
         device = _calibration_device(args)
-        _say(progress, f"calibrating on {device}: real steps of 1-3 samples ...")
+        _say(progress, f"calibrating on {device}: real steps of {', '.join(map(str, calibration_shares(device)))} "
+                       "samples ...")
         workspaces = learn_workspaces(spec, device=device)
     # recorded: the advice replays the programs the table simulated (the same step at the same crop)
     simulator = Simulator(spec, CUDA_BLOCK, workspaces=workspaces, backend=args.backend, record=args.advise)
