@@ -22,7 +22,8 @@ def _share_the_cores() -> None:
     about a sixth slower. A thread count given in ``OMP_NUM_THREADS`` is kept."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
-        os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // workers))
 
 
 _share_the_cores()  # before torch is imported: its thread pool reads OMP_NUM_THREADS
