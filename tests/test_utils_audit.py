@@ -2,6 +2,7 @@
 leftover temporary files, unreadable training logs and generated palettes for more than 256 classes."""
 import io
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -29,6 +30,20 @@ def test_truncated_legacy_checkpoint_is_one_checkpoint_error(tmp_path):
             with pytest.raises(CheckpointError) as info:
                 read(str(path))
             assert str(path) in str(info.value) and "\n" not in str(info.value), (cut, read.__name__)
+            # a GLOBAL line cut in the middle ("GLOBAL .", "collections.Ord") is no object to refuse as unsafe
+            assert "truncated or corrupt" in str(info.value), (cut, str(info.value))
+
+
+@pytest.mark.parametrize("dotted, nothing", [(".", True), ("collections.Ord", True), ("torch._utils._rebuild", True),
+                                             ("a..b", True), ("collections.OrderedDict", False),
+                                             ("argparse.Namespace", False), ("not_imported_module.run", False)])
+def test_a_refused_global_names_nothing_only_when_it_cannot_be_an_object(dotted, nothing):
+    """Nothing is imported to decide: a module not imported yet may hold a real (unsafe) object."""
+    from encoding.utils.torch_files import global_naming_nothing
+
+    message = f"Weights only load failed ... WeightsUnpickler error: Unsupported global: GLOBAL {dotted} was not"
+    assert global_naming_nothing(message) == (dotted if nothing else None)
+    assert "not_imported_module" not in sys.modules
 
 
 @pytest.mark.parametrize("window", [[1.0, math.nan, 3.0], [math.nan, 5.0], [2.0, 7.0, math.nan], [math.nan]])

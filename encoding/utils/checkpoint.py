@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from ..errors import EncodingError
 from .dist import is_fully_sharded
 from .files import atomic_write
+from .torch_files import global_naming_nothing, looks_like_torch_file
 
 __all__ = ["CheckpointError", "NonFiniteError", "first_nonfinite", "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION",
            "CHECKPOINT_NAME", "BEST_NAME", "unwrap_model", "save_checkpoint", "load_checkpoint", "load_model_state",
@@ -285,22 +286,18 @@ def load_model_state(model: nn.Module, state: Mapping[str, Tensor], strict: bool
     return [] if strict else skipped
 
 
-def _looks_like_torch_file(path: str) -> bool:
-    """Whether the file starts like ``torch.save`` output: a zip archive or a pickle (protocol >= 2)."""
-    with open(path, "rb") as f:
-        head = f.read(4)
-    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
-
-
 def _read(path: str, map_location: Any) -> Any:
     """``torch.load(path, weights_only=True)``, with our errors for unsafe, truncated, corrupt or foreign files."""
-    if os.path.isfile(path) and os.path.getsize(path) > 0 and not _looks_like_torch_file(path):
+    if os.path.isfile(path) and os.path.getsize(path) > 0 and not looks_like_torch_file(path):
         raise CheckpointError(f"{path!r} is not a checkpoint: it is not a file written by torch.save")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise
-    except pickle.UnpicklingError:
+    except pickle.UnpicklingError as err:
+        if (nothing := global_naming_nothing(str(err))) is not None:  # a cut GLOBAL line, not an object to refuse
+            raise CheckpointError(f"cannot read checkpoint {path!r}: the file is truncated or corrupt (it names "
+                                  f"{nothing!r}, which is nothing)") from None
         raise CheckpointError(f"refused to load {path!r}: it holds Python objects other than tensors, numbers, "
                               "strings and plain containers, and unpickling those could run arbitrary code. Use "
                               "weights saved as a plain state dict.") from None
