@@ -12,6 +12,7 @@
 * the checkout's ``runs/`` (where ``train.py`` writes by default) is watched for the whole session
   (:class:`runs_guard.RunsGuard`): a suite that creates, changes, deletes, opens or lists anything there fails.
 """
+import contextlib
 import importlib.util
 import os
 
@@ -101,6 +102,17 @@ def tiny_eval_set(root=None, mode="val", num_val=5):
     """The tiny validation split as ``test.py`` loads it (file names returned) in ``mode``."""
     return get_segmentation_dataset("shapes", root=None if root is None else str(root), split="val", mode=mode,
                                     return_name=True, num_train=8, num_val=num_val, progress=False, **TINY_SIZES)
+
+
+@contextlib.contextmanager
+def intra_op_threads(count):
+    """``count`` intra-op threads inside the block (restored after)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def load_script(name):

@@ -1,6 +1,5 @@
 """Activation checkpointing (issue 17): exact against training without it — BatchNorm state, SyncBatchNorm over
 replicas and processes, dropout, AMP — plus per-replica random streams, failures, and the memory it saves."""
-import contextlib
 import copy
 import json
 import os
@@ -21,6 +20,7 @@ from encoding.nn.recompute import enable_checkpointing, is_recomputing
 from encoding.parallel import DataParallelCriterion, DataParallelModel, get_replica_context
 from encoding.parallel.rng import ReplicaRandom, replica_seed
 from encoding.utils.dist import end_worker
+from conftest import intra_op_threads
 from test_dist import _free_port  # the same free-port helper as the other gloo test
 
 NCLASS = 4
@@ -312,17 +312,6 @@ def tiny_spec(policy, crop=32):
                     make_inputs=lambda b: ((torch.randn(b, 3, crop, crop),), {}),
                     make_target=lambda b: torch.randint(0, NCLASS, (b, crop, crop)),
                     criterion=SegmentationLosses(aux=True, nclass=NCLASS))
-
-
-@contextlib.contextmanager
-def intra_op_threads(count):
-    """``count`` intra-op threads inside the block (restored after)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("machine_threads", [1, 8], ids=["1-core-machine", "8-core-machine"])

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import intra_op_threads
+
 from encoding.memory import (DeviceProgram, MemoryBalancer, Simulator, StepSpec, cli, learn_workspaces, max_batch,
                              measure_program_cpu, plan_split, segmentation_spec, simulate_program, strategy_peaks)
 from encoding.memory.cli import parse_memory
@@ -123,9 +125,7 @@ def test_calibrated_simulation_of_a_dilated_resnet_matches_real_allocations(thre
     samples, and one sample's algorithm, extrapolated, planned 60% too much."""
     from encoding.memory.profiler import calibration_shares
 
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with intra_op_threads(threads):
         assert calibration_shares(torch.device("cpu")) == [1, 2, 3]
         spec = segmentation_spec("fcn", "resnet18", nclass=NCLASS, crop_size=48, aux=True)
         workspaces = learn_workspaces(spec)
@@ -133,8 +133,6 @@ def test_calibrated_simulation_of_a_dilated_resnet_matches_real_allocations(thre
         real = measure_program_cpu(spec, program).peak
         plain = simulate_program(spec, program).peak
         calibrated = simulate_program(spec, program, workspaces=workspaces).peak
-    finally:
-        torch.set_num_threads(saved)
     assert abs(calibrated - real) <= 0.03 * real, (calibrated / MIB, real / MIB)
     assert plain < calibrated
 

@@ -169,19 +169,13 @@ def real_steps():
     must not be counted."""
     import multiprocessing
 
+    from unittest import mock
+
     steps = {}
-    for isa in ISAS:
-        saved = os.environ.get("ONEDNN_MAX_CPU_ISA")
-        if isa is not None:
-            os.environ["ONEDNN_MAX_CPU_ISA"] = isa  # what the spawned process starts with
-        try:
-            with multiprocessing.get_context("spawn").Pool(1) as pool:
-                steps.update({(isa, *case): step for case, step in zip(REAL_CASES, pool.map(_measured, REAL_CASES))})
-        finally:
-            if saved is None:
-                os.environ.pop("ONEDNN_MAX_CPU_ISA", None)
-            else:
-                os.environ["ONEDNN_MAX_CPU_ISA"] = saved
+    for isa in ISAS:  # the environment the spawned process starts with
+        with mock.patch.dict(os.environ, {"ONEDNN_MAX_CPU_ISA": isa} if isa else {}), \
+                multiprocessing.get_context("spawn").Pool(1) as pool:
+            steps.update({(isa, *case): step for case, step in zip(REAL_CASES, pool.map(_measured, REAL_CASES))})
     return steps
 
 

@@ -100,9 +100,9 @@ def memory_report(args: argparse.Namespace, progress: bool = True, ahead: bool =
     workspaces = None
     if args.calibrate:
         device = _calibration_device(args)
-        _say(progress, f"calibrating on {device}: real steps of {', '.join(map(str, calibration_shares(device)))} "
-                       "samples ...")
-        workspaces = learn_workspaces(spec, device=device)
+        shares = calibration_shares(device)
+        _say(progress, f"calibrating on {device}: real steps of {', '.join(map(str, shares))} samples ...")
+        workspaces = learn_workspaces(spec, shares, device=device)
     # recorded: the advice replays the programs the table simulated (the same step at the same crop)
     simulator = Simulator(spec, CUDA_BLOCK, workspaces=workspaces, backend=args.backend, record=args.advise)
     report = {"config": _config(args, "measured" if args.devices is not None else "simulated"), "strategies": {}}

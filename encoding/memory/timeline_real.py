@@ -135,7 +135,8 @@ def align(events: List[tuple], real: RealStep, min_bytes: int = MIN_BYTES, round
         elif event[0] == "f" and event[1] in sizes:
             tokens.append(("f", sizes.pop(event[1]), x, event[1]))
     out = Alignment([t[:3] for t in tokens], [], [], [])
-    simulated_span, (real_span, real_free) = _sim_spans(tokens), _real_lives(real.events, min_bytes)
+    simulated_span, _ = _lives([(kind, alloc) for kind, _, _, alloc in tokens])
+    real_span, real_free = _lives(_real_events(real.events, min_bytes))
     address: Dict[int, Any] = {}  # simulated allocation -> real address
     allocated: Dict[int, int] = {}  # simulated allocation -> its real allocation's event
     live: Dict[Any, int] = {}  # real addresses matched and live
@@ -166,37 +167,28 @@ def align(events: List[tuple], real: RealStep, min_bytes: int = MIN_BYTES, round
     return out
 
 
-def _sim_spans(tokens: List[tuple]) -> List[int]:
-    """Per token: for an allocation, the allocations made while it lives (to its free, or to the end)."""
-    spans, opened = [0] * len(tokens), {}
-    allocations = 0
-    for position, (kind, _, _, alloc) in enumerate(tokens):
-        if kind == "a":
-            opened[alloc] = (position, allocations)
-            allocations += 1
-        elif alloc in opened:
-            where, before = opened.pop(alloc)
-            spans[where] = allocations - before - 1
-    for where, before in opened.values():
-        spans[where] = allocations - before - 1
-    return spans
-
-
-def _real_lives(events: List[Tuple[Any, int]], min_bytes: int) -> Tuple[List[int], Dict[int, int]]:
-    """Per real allocation of at least ``min_bytes`` (by event): the allocations of such storages made while it
-    lives, and the event that frees it (none if it outlives the step)."""
+def _lives(events: List[Tuple[str, Any]]) -> Tuple[List[int], Dict[int, int]]:
+    """Per ``("a", key)`` event (an allocation): the allocations made while it lives, to the ``("f", key)`` that frees
+    it or to the end; and, by allocation, the event that frees it. Other events (``("-", None)``) only hold a place."""
     spans, frees, opened = [0] * len(events), {}, {}
     allocations = 0
-    for index, (addr, nbytes) in enumerate(events):
-        if nbytes >= min_bytes:
-            opened[addr] = (index, allocations)
+    for index, (kind, key) in enumerate(events):
+        if kind == "a":
+            opened[key] = (index, allocations)
             allocations += 1
-        elif nbytes < 0 and addr in opened:
-            where, before = opened.pop(addr)
+        elif kind == "f" and key in opened:
+            where, before = opened.pop(key)
             spans[where], frees[where] = allocations - before - 1, index
     for where, before in opened.values():
         spans[where] = allocations - before - 1
     return spans, frees
+
+
+def _real_events(events: List[Tuple[Any, int]], min_bytes: int) -> List[Tuple[str, Any]]:
+    """A real step's events as :func:`_lives` reads them: allocations of at least ``min_bytes`` and frees, by
+    address."""
+    return [("a", addr) if nbytes >= min_bytes else ("f", addr) if nbytes < 0 else ("-", None)
+            for addr, nbytes in events]
 
 
 def _outliving(candidates: List[int], needed: int, real_span: List[int]) -> Optional[int]:
