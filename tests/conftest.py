@@ -115,6 +115,14 @@ def intra_op_threads(count):
         torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (restored after): real CPU kernels' workspaces depend on the thread count
+    (the convolution keeps a buffer per thread that fake tensors cannot see, what ``--calibrate`` learns)."""
+    with intra_op_threads(1):
+        yield
+
+
 def load_script(name):
     """``experiments/segmentation/<name>.py`` as a module."""
     spec = importlib.util.spec_from_file_location(f"{name}_script", os.path.join(SCRIPTS, f"{name}.py"))

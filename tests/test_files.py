@@ -1,14 +1,13 @@
 """encoding.datasets.prepare.download (local, file:// and HTTP with Range, resume, extraction) and encoding.utils.files
 (checksums, staging)."""
 import hashlib
-import http.server
 import io
 import os
 import tarfile
-import threading
 import zipfile
 
 import pytest
+from payload_server import serve_payload
 
 from encoding.datasets.prepare.download import DownloadError, download, extract
 from encoding.utils.files import ChecksumError, check_checksum, file_checksum, staged_dir, verify_checksum
@@ -106,51 +105,24 @@ def test_idempotent_rerun_and_refetch_of_bad_copy(tmp_path):
         verify_checksum(dest, "md5:" + "1" * 32)
 
 
-class _RangeHandler(http.server.BaseHTTPRequestHandler):
-    """Serves PAYLOAD at /data.bin with Range support; counts requests per Range header."""
-
-    requests = []
-
-    def do_GET(self):  # noqa: N802 - http.server naming
-        if self.path != "/data.bin":
-            self.send_error(404)
-            return
-        rng = self.headers.get("Range")
-        type(self).requests.append(rng)
-        start = int(rng.split("=")[1].split("-")[0]) if rng else 0
-        body = PAYLOAD[start:]
-        self.send_response(206 if rng else 200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture()
-def http_url():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RangeHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    _RangeHandler.requests = []
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+def http_server():
+    with serve_payload("/data.bin", PAYLOAD) as server:
+        yield server
 
 
-def test_http_download_and_range_resume(tmp_path, http_url):
-    dest = str(tmp_path / "data.bin")
-    download(http_url + "/data.bin", dest, checksum="md5:" + _md5(), progress=False)
-    assert _RangeHandler.requests == [None]
+def test_http_download_and_range_resume(tmp_path, http_server):
+    url, dest = http_server.url + "/data.bin", str(tmp_path / "data.bin")
+    download(url, dest, checksum="md5:" + _md5(), progress=False)
+    assert http_server.ranges("/data.bin") == [None]
     os.remove(dest)
     _write(dest + ".part", PAYLOAD[:5000])
-    download(http_url + "/data.bin", dest, checksum="md5:" + _md5(), progress=False)
-    assert _RangeHandler.requests[-1] == "bytes=5000-"
+    download(url, dest, checksum="md5:" + _md5(), progress=False)
+    assert http_server.ranges("/data.bin")[-1] == "bytes=5000-"
     with open(dest, "rb") as f:
         assert f.read() == PAYLOAD
     with pytest.raises(DownloadError, match="404"):
-        download(http_url + "/missing.bin", str(tmp_path / "m.bin"), progress=False, retries=1)
+        download(http_server.url + "/missing.bin", str(tmp_path / "m.bin"), progress=False, retries=1)
 
 
 def _make_zip(path, files):

@@ -20,6 +20,8 @@ from encoding.memory.simulate import new_fake_mode
 from encoding.memory.tracker import AllocationTracker, MIB
 from encoding.nn import SegmentationLosses
 
+from conftest import intra_op_threads
+
 NCLASS = 6
 
 
@@ -59,17 +61,6 @@ def shard_spec(crop=32, keep_outputs=False, amp=None):
                     amp_dtype=amp)
 
 
-@contextlib.contextmanager
-def one_thread():
-    """Real CPU kernels' workspaces depend on the thread count: the ranks run on one, so does the calibration."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def close(simulated, real, tolerance=0.03):
     return abs(simulated - real) <= tolerance * real
 
@@ -78,7 +69,7 @@ def close(simulated, real, tolerance=0.03):
 @pytest.mark.parametrize("strategy", ["gather", "balanced"])
 def test_keep_outputs_raises_the_peak_and_matches_real_allocations(strategy):
     program = device_programs(strategy, [2, 2])[0]
-    with one_thread():
+    with intra_op_threads(1):  # the ranks run on one thread; so does the calibration
         plain, kept = shard_spec(crop=48), shard_spec(crop=48, keep_outputs=True)
         workspaces = learn_workspaces(kept)
         real = measure_program_cpu(kept, program).peak
@@ -96,7 +87,7 @@ def test_sharded_ranks_match_a_real_two_process_gloo_run():
     a real 2-process gloo group."""
     split = [2, 2]
     real = measure_ranks_cpu(shard_spec, {}, ["fsdp", "zero1", "ddp"], split)
-    with one_thread():
+    with intra_op_threads(1):
         workspaces = learn_workspaces(shard_spec())
     simulator = Simulator(shard_spec(), workspaces=workspaces, backend="gloo")
     for strategy, results in real.items():
@@ -162,7 +153,7 @@ def test_sharded_programs_per_rank():
 def test_bf16_simulation_matches_a_real_cpu_bf16_step():
     spec = shard_spec(crop=48, amp=torch.bfloat16)
     program = DeviceProgram("balanced", 2, 2, source=True, replicas=1)
-    with one_thread():
+    with intra_op_threads(1):
         real = measure_program_cpu(spec, program).peak
         simulated = simulate_program(spec, program, workspaces=learn_workspaces(spec)).peak
     assert close(simulated, real), (simulated / MIB, real / MIB)

@@ -134,16 +134,6 @@ def test_the_tool_refuses_what_the_timeline_cannot_draw(tmp_path, extra, message
     assert not os.listdir(tmp_path)  # refused before any work: nothing written
 
 
-@pytest.fixture
-def one_thread():
-    """One intra-op thread: the CPU convolution keeps a buffer per thread that fake tensors cannot see (what
-    ``--calibrate`` learns); at this size two threads' buffers would be a third of the step."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 #: The programs measured for real (ddp's real step runs a real DDP: gloo threads).
 REAL_CASES = [("gather", True), ("gather", False), ("balanced", True), ("balanced", False)]
 
@@ -157,7 +147,7 @@ def _measured(case):
     """The real CPU step of one of :data:`REAL_CASES` (run in a fresh process: see ``real_steps``)."""
     from encoding.memory.timeline_real import measure_timeline_cpu
 
-    torch.set_num_threads(1)  # as the one_thread fixture, for the same reason
+    torch.set_num_threads(1)  # as conftest's one_thread fixture: a convolution keeps a buffer per thread
     strategy, source = case
     return measure_timeline_cpu(_spec(), next(p for p in device_programs(strategy, [2, 2]) if p.source == source))
 

@@ -21,14 +21,6 @@ def _bench():
     return module
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_classifier_sample_within_3_percent(one_thread):
     """A classifier: (N,) targets, CrossEntropyLoss(label_smoothing=0.1); activations decide the peak."""
     from torchvision.models import squeezenet1_1

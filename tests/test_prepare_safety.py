@@ -2,14 +2,12 @@
 says so in one line: JSON file names, archive kind clashes, tar links without the data filter, bad options, bad
 annotation / label files, re-runs after a dataset folder was removed, symlinked dataset folders, HTTP 416 and 4xx.
 Everything is built here and served from local files or a local HTTP server (no network)."""
-import http.server
 import io
 import json
 import os
 import shutil
 import sys
 import tarfile
-import threading
 import zipfile
 
 import numpy as np
@@ -22,6 +20,7 @@ from encoding.datasets.prepare.coco_masks import build_coco_masks
 from encoding.datasets.prepare.download import DownloadError, download, extract
 from encoding.datasets.prepare.pcontext_json import convert_context_annotations
 import test_datasets
+from payload_server import serve_payload
 
 
 #: pycocotools' COCO replaced by test_datasets' small stand-in (a pytest fixture).
@@ -306,48 +305,17 @@ def test_a_symlinked_dataset_folder_is_merged_into_its_target(tmp_path):
 PAYLOAD = b"REAL-CONTENT" * 10
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    """``/data.zip``: PAYLOAD with Range support and 416 past its end; ``/<code>``: that HTTP error."""
-
-    hits = []
-
-    def do_GET(self):  # noqa: N802 - http.server naming
-        type(self).hits.append((self.path, self.headers.get("Range")))
-        if self.path != "/data.zip":
-            self.send_error(int(self.path.strip("/")))
-            return
-        rng = self.headers.get("Range")
-        start = int(rng.split("=")[1].split("-")[0]) if rng else 0
-        if start >= len(PAYLOAD):
-            self.send_response(416)
-            self.send_header("Content-Range", f"bytes */{len(PAYLOAD)}")
-            self.end_headers()
-            return
-        body = PAYLOAD[start:]
-        self.send_response(206 if rng else 200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture()
 def server():
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    _Handler.hits = []
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    with serve_payload("/data.zip", PAYLOAD) as served:
+        yield served
 
 
 @pytest.mark.parametrize("stale", [b"STALE-GARBAGE" * 30, b"X" * len(PAYLOAD)], ids=["larger", "same-size"])
 def test_a_416_answer_keeps_a_partial_file_only_of_the_remote_size(tmp_path, server, stale):
     dest = tmp_path / "data.zip"
     (tmp_path / "data.zip.part").write_bytes(stale)
-    download(server + "/data.zip", str(dest), progress=False, retries=1)
+    download(server.url + "/data.zip", str(dest), progress=False, retries=1)
     expected = stale if len(stale) == len(PAYLOAD) else PAYLOAD  # the right size: complete, as resumed downloads
     assert dest.read_bytes() == expected and not (tmp_path / "data.zip.part").exists()
 
@@ -356,10 +324,10 @@ def test_permanent_http_errors_are_not_retried(tmp_path, server, monkeypatch):
     fetching = sys.modules["encoding.datasets.prepare.download"]  # the package's `download` is the function
     monkeypatch.setattr(fetching.time, "sleep", lambda seconds: None)
     with pytest.raises(DownloadError, match="404"):
-        download(server + "/404", str(tmp_path / "a.zip"), progress=False, retries=3)
-    assert len(_Handler.hits) == 1
+        download(server.url + "/404", str(tmp_path / "a.zip"), progress=False, retries=3)
+    assert len(server.hits) == 1
     for code in (503, 429, 408):  # transient: retried
-        _Handler.hits = []
+        server.hits.clear()
         with pytest.raises(DownloadError, match=f"after 3 attempt.*{code}"):
-            download(server + f"/{code}", str(tmp_path / "a.zip"), progress=False, retries=3)
-        assert len(_Handler.hits) == 3, code
+            download(server.url + f"/{code}", str(tmp_path / "a.zip"), progress=False, retries=3)
+        assert len(server.hits) == 3, code
