@@ -159,6 +159,46 @@ def test_what_cannot_compile_says_so_in_one_line_and_runs_eager(monkeypatch):
         assert not is_compiled(compile_model(Tiny()))
 
 
+#: :class:`Tiny`'s forward, compiled and eager, in a process of its own: the largest difference of the outputs (a
+#: CompileWarning, eager in disguise, fails it). Inference only: the backward's graphs go through the same cache.
+_CAPPED_STEP = """
+import copy, sys, warnings
+import torch
+sys.path.insert(0, sys.argv[1])
+from test_compile import Tiny, _batch
+from encoding.engine.compiled import CompileWarning, compile_model
+warnings.simplefilter("error", CompileWarning)
+torch.manual_seed(0)
+eager = Tiny()
+compiled = compile_model(copy.deepcopy(eager), dynamic=False)
+x = _batch()[0]
+with torch.no_grad():
+    print((eager(x)["out"] - compiled(x)["out"]).abs().max().item())
+"""
+
+
+def test_capped_cpu_kernels_do_not_read_graphs_compiled_for_another_instruction_set(tmp_path):
+    """torch's inductor graph cache is not keyed by ``ATEN_CPU_CAPABILITY``: a network compiled once with the
+    machine's kernels, then with the capability capped below them, read the first graph (torch 2.14: outputs of 1e23
+    under avx2 after AVX-512, a compile error under default after AVX2). Capped, the graph cache is not used. The
+    processes share the suite's inductor cache (as the other compile tests: its C++ headers are built once)."""
+    import os
+    import subprocess
+    import sys
+
+    native = torch.backends.cpu.get_cpu_capability()
+    if native == "DEFAULT":
+        pytest.skip("the CPU's kernels are torch's baseline already: no capability below them to cap to")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    for capability in (None, "avx2" if native.startswith("AVX512") else "default"):
+        run_env = env if capability is None else {**env, "ATEN_CPU_CAPABILITY": capability}
+        done = subprocess.run([sys.executable, "-c", _CAPPED_STEP, os.path.dirname(__file__)], env=run_env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (capability, done.stderr[-3000:])
+        assert float(done.stdout.split()[-1]) <= 1e-4, (capability, done.stdout)
+
+
 def test_compile_modes():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     assert compile_mode("none", [cpu]) is None and compile_mode("auto", [cpu]) == "default"

@@ -19,6 +19,7 @@ CUDA; ``mode="reduce-overhead"`` adds CUDA graphs (the default on a single CUDA 
 """
 from __future__ import annotations
 
+import os
 import shutil
 import types
 import warnings
@@ -30,8 +31,8 @@ from torch import nn
 from ..config.groups import COMPILE_CHOICES
 from ..nn.class_swap import ClassSwap
 
-__all__ = ["COMPILE_CHOICES", "CompileWarning", "compile_mode", "compile_problem", "compile_model", "is_compiled",
-           "eager_module"]
+__all__ = ["COMPILE_CHOICES", "CompileWarning", "compile_mode", "compile_problem", "capped_cpu_kernels",
+           "compile_model", "is_compiled", "eager_module"]
 
 
 class CompileWarning(RuntimeWarning):
@@ -112,6 +113,16 @@ def _simulated() -> bool:
     return any(isinstance(mode, FakeTensorMode) for mode in _get_current_dispatch_mode_stack())
 
 
+def capped_cpu_kernels(devices: Iterable[torch.device]) -> bool:
+    """Whether the network runs on a CPU with ATen's kernels capped by ``ATEN_CPU_CAPABILITY``: then inductor's
+    graph cache is not used (:func:`compile_model`). torch keys that cache without the capability, so a graph
+    compiled once without the variable (or with another value) is served again with kernels of the other
+    instruction set (torch 2.14: a network's graph compiled under AVX-512, read under ``avx2``, gave outputs of
+    1e23; under ``default``, a compile error). The C++ kernels' own cache is keyed by their instruction set and
+    stays on."""
+    return bool(os.environ.get("ATEN_CPU_CAPABILITY", "").strip()) and any(d.type == "cpu" for d in devices)
+
+
 def _call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return module._call_impl(*args, **kwargs)
 
@@ -185,7 +196,8 @@ def compile_model(model: nn.Module, mode: Optional[str] = "default", *, dynamic:
         devices: where the network runs (default: its parameters' devices), for :func:`compile_problem`.
 
     Where compilation is not possible, a one-line :class:`CompileWarning` says why and ``model`` stays eager; a
-    failure to compile on the first call does the same then.
+    failure to compile on the first call does the same then. With ``ATEN_CPU_CAPABILITY`` set on a CPU, inductor's
+    graph cache is not used (:func:`capped_cpu_kernels`: torch does not key it by the capability).
     """
     if is_compiled(model):
         return model
@@ -197,8 +209,10 @@ def compile_model(model: nn.Module, mode: Optional[str] = "default", *, dynamic:
     if problem:
         warnings.warn(f"--compile: {problem}; running eager", CompileWarning, stacklevel=2)
         return model
-    options = dict(dynamic=dynamic, fullgraph=fullgraph, backend=backend)
-    if mode not in (None, "default"):
+    options: Dict[str, Any] = dict(dynamic=dynamic, fullgraph=fullgraph, backend=backend)
+    if backend == "inductor" and capped_cpu_kernels(devices):
+        options["options"] = {**torch._inductor.list_mode_options(mode or "default"), "fx_graph_cache": False}
+    elif mode not in (None, "default"):
         options["mode"] = mode
     model.__dict__.pop("_compiled_call_impl", None)  # nn.Module.__init__'s None: the class's descriptor reads it
     model.__dict__["_compilation"] = _Compilation(options)
