@@ -52,10 +52,79 @@ def test_validation_options_are_refused_with_no_val(argv):
     """``--no-val`` turns validation off: its options would change nothing (``--eval`` still reads them)."""
     from encoding.config import ConfigError
 
-    option = argv[-2]
-    with pytest.raises(ConfigError, match=f"^{option} is an option of validation, which --no-val turns off"):
+    asked = " ".join(argv[-2:])
+    with pytest.raises(ConfigError, match=f"^{asked} is an option of validation, which --no-val turns off: "):
         resolve("train", ["--no-val"] + argv)
     assert resolve("train", argv) is not None
+
+
+def test_a_config_file_option_its_own_settings_leave_unused_is_refused_as_on_the_command_line(tmp_path):
+    """``momentum`` with ``optimizer: adamw`` in a ``--config`` file was taken and read nowhere (refused only on the
+    command line). Refused where the file's settings leave it unused and its value is not the run's own without the
+    file (a saved ``config.yaml`` records every value: it still repeats its run); a command line that changes the
+    setting overrides the file."""
+    from encoding.config import ConfigError
+    from encoding.utils.configfile import write_config
+
+    write_config(str(tmp_path / "mine.yaml"), {"optimizer": "adamw", "momentum": 0.5})
+    with pytest.raises(ConfigError, match=r"^--momentum 0\.5 \(config file .*mine\.yaml\) is an option of "
+                                          "--optimizer sgd: here it would change nothing$"):
+        resolve("train", ["--config", str(tmp_path / "mine.yaml")])
+    assert resolve("train", ["--config", str(tmp_path / "mine.yaml"), "--optimizer", "sgd"]).optim.momentum == 0.5
+    write_config(str(tmp_path / "sgd.yaml"), {"optimizer": "sgd", "momentum": 0.5})
+    assert resolve("train", ["--config", str(tmp_path / "sgd.yaml"), "--optimizer", "adamw"]).optim.optimizer == "adamw"
+    for argv in (["--optimizer", "adamw"], ["--no-val", "--batch-size", "4"], ["--lr-scheduler", "cos"]):
+        saved = resolve("train", argv)  # a run's config.yaml: every value, the unused ones at their defaults
+        write_config(str(tmp_path / "run.yaml"), saved.options())
+        assert resolve("train", ["--config", str(tmp_path / "run.yaml")]).options() == saved.options()
+    write_config(str(tmp_path / "noval.yaml"), {"no-val": True, "batch-size": 4, "test-batch-size": 8})
+    with pytest.raises(ConfigError, match="^--test-batch-size 8 .* is an option of validation, which --no-val"):
+        resolve("train", ["--config", str(tmp_path / "noval.yaml")])
+
+
+@pytest.mark.parametrize("argv", [["--lr", "0.5"], ["--epochs", "3"], ["--clip-grad", "1"], ["--no-val"],
+                                  ["--weight-decay", "0.001"], ["--train-limit", "4"]])
+def test_training_options_are_refused_with_eval(argv):
+    """``train.py --eval`` evaluates the checkpoint and trains nothing: the options of training were accepted and read
+    nowhere (``--no-val`` too, which contradicts it). Its validation options apply; a saved ``config.yaml`` given
+    with ``--eval`` still evaluates (its training values are the run's record)."""
+    from encoding.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^{argv[-1] if argv[-1] == '--no-val' else ' '.join(argv[-2:])} is an "
+                                          "option of training, which --eval skips: here it would change nothing$"):
+        resolve("train", ["--eval", "--resume", "model.pth"] + argv)
+    assert resolve("train", argv) is not None
+    assert resolve("train", ["--eval", "--resume", "model.pth", "--val-limit", "3", "--test-batch-size", "2"])
+
+
+def test_a_saved_config_evaluates_with_eval(tmp_path):
+    from encoding.utils.configfile import write_config
+
+    saved = resolve("train", ["--epochs", "3", "--lr", "0.01", "--optimizer", "sgd", "--momentum", "0.8"])
+    write_config(str(tmp_path / "config.yaml"), saved.options())
+    settings = resolve("train", ["--config", str(tmp_path / "config.yaml"), "--eval", "--resume", "model.pth"])
+    assert settings.run.eval and settings.optim.epochs == 3
+
+
+@pytest.mark.parametrize("argv, has", [(["--crop-size", "48"], "has 32"), (["--base-size", "64"], "has 40"),
+                                       (["--scale-range", "0.5,2"], None), (["--skip-bad"], "has False"),
+                                       (["--train-split", "val"], "has 'train'")])
+def test_options_that_build_datasets_are_refused_with_given_datasets_built_otherwise(argv, has, tiny_shapes, tmp_path):
+    """``train.main(argv, datasets=(train, val))``: the options that build a dataset were accepted, read nowhere
+    and recorded in the run's config.yaml (samples of 64 pixels under ``crop-size: 32``). Refused where the given
+    datasets were built otherwise (or cannot say); the same values as theirs are taken, as a hand-built config's."""
+    from conftest import TINY, load_script
+    from encoding.config import ConfigError
+    from encoding.engine import TrainingConfig, run_training
+
+    train = load_script("train")
+    out = ["--output-dir", str(tmp_path / "runs")]
+    with pytest.raises(ConfigError, match=f"^{argv[0]} .*the datasets given to the run are built already"
+                                          + (f" \\(the given ShapesSegmentation {has}\\)" if has else ";")):
+        train.main(TINY + out + argv, datasets=tiny_shapes)
+    with pytest.raises(ConfigError, match="^--crop-size 48: the datasets given"):
+        run_training(TrainingConfig(crop_size=48, output_dir=str(tmp_path / "runs")), datasets=tiny_shapes)
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_missing_pretrained_backbone_file_is_refused_before_any_work(tmp_path):

@@ -93,7 +93,7 @@ def test_train_script_runs_checkpoints_and_resumes(tiny_shapes, tmp_path):
                              "--resume", os.path.join(run_dir, "checkpoint.pth")], datasets=tiny_shapes)
     with open(os.path.join(run_dir, "log.csv"), newline="") as f:
         assert [row["epoch"] for row in csv.DictReader(f)] == ["0", "1"]
-    evaluated = script.main(TINY + ["--output-dir", out, "--eval", "--resume", os.path.join(run_dir,
+    evaluated = script.main(TINY[:-2] + ["--output-dir", out, "--eval", "--resume", os.path.join(run_dir,
                                                                                               "model_best.pth")],
                             datasets=tiny_shapes)
     assert set(evaluated) >= {"pixAcc", "mIoU"}

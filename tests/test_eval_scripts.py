@@ -95,7 +95,7 @@ def test_the_protocol_names_what_is_scored():
     assert protocol(EvaluationConfig(mode="val", crop_size=64)) == "resized centre crops of 64 px"
     assert protocol(EvaluationConfig(inference="slide", crop_size=30)) == "whole images, sliding windows 30 / stride 20"
     assert protocol(EvaluationConfig(multi_scale=True, scales=(0.75, 1.0))) == "whole images, scales 0.75, 1 + flip"
-    assert protocol(EvaluationConfig(split="test")) == "predictions only"
+    assert protocol(EvaluationConfig(split="test", save_pred="preds")) == "predictions only"
 
 
 def test_save_pred_leaves_the_score_unchanged(trained, tmp_path):
@@ -374,3 +374,40 @@ def test_the_python_evaluation_config_refuses_what_the_command_line_refuses():
         EvaluationConfig(resume="x.pth", mode="val", base_size=100)
     assert EvaluationConfig(resume="x.pth", multi_scale=True, scales=(0.5,)).scales == (0.5,)
     assert EvaluationConfig(resume="x.pth", mode="val", test_batch_size=4).test_batch_size == 4
+
+
+@pytest.mark.parametrize("real", [False, True], ids=["no-file", "checkpoint"])
+@pytest.mark.parametrize("options", [{}, {"multi_scale": True}, {"inference": "slide", "crop_size": 30},
+                                     {"mode": "val", "crop_size": 30}, {"split": "test", "save_pred": "preds"}])
+def test_a_completed_evaluation_config_is_copied_and_rebuilt_as_it_is(options, real, tiny_run):
+    """``dataclasses.replace`` and a rebuild from the fields raised ConfigError (``--scales is an option of
+    --multi-scale``): the scales, batch and window the rules filled in counted as given the second time; with a
+    real checkpoint, the sizes taken from it did (``--base-size is the size whole images are resized to``)."""
+    import dataclasses
+    from encoding.config import ConfigError
+    from encoding.inference.evaluation import EvaluationConfig
+
+    resume = tiny_run[1] if real else "x.pth"
+    config = EvaluationConfig(resume=resume, **options)
+    assert dataclasses.replace(config, limit=3) == EvaluationConfig(resume=resume, limit=3, **options)
+    assert EvaluationConfig(**dataclasses.asdict(config)) == config
+    if not config.multi_scale:  # a value changed is still given, and refused where the mode never reads it
+        with pytest.raises(ConfigError, match="--scales is an option of --multi-scale"):
+            dataclasses.replace(config, scales=(0.5,))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"mode": "test"}, "--mode test predicts without scoring .* pass --save-pred DIR"),
+    ({"split": "test"}, "--mode test predicts without scoring .* pass --save-pred DIR"),
+    ({"inference": "slide", "crop_size": 30, "mode": "test"}, "--mode test predicts without scoring"),
+    ({"mode": "test", "save_pred": "P", "out_dir": "O"}, "--out-dir is where the scores .* go; --mode test "
+                                                         "scores nothing"),
+])
+def test_the_python_evaluation_config_refuses_a_mode_test_that_writes_nothing(options, message):
+    """test.py refused these; a hand-built EvaluationConfig took them and build_evaluation predicted into nothing."""
+    from encoding.config import ConfigError
+    from encoding.inference.evaluation import EvaluationConfig
+
+    with pytest.raises(ConfigError, match=message):
+        EvaluationConfig(resume="x.pth", **options)
+    assert EvaluationConfig(resume="x.pth", split="test", save_pred="P").mode == "test"

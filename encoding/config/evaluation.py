@@ -73,9 +73,11 @@ def _preset(name: str) -> Dict[str, Any]:
 
 def evaluation_rules(script: str, values: Dict[str, Any], sources: Dict[str, str], rule: Callable) -> None:
     """The rules of ``test.py`` / ``demo.py``: PE's scales of the dataset; ``test.py``'s mode, window and stride.
+    ``--mode slide`` is ``inference="slide"`` (a hand-built config may pair it with an explicit mode, kept).
 
     Raises:
-        ConfigError: options of different modes together.
+        ConfigError: options of different modes together, an option the mode never reads, a ``--mode test`` that
+            would write nothing.
     """
     values["torchvision_weights"] = values["torchvision_weights"] or values.get("pretrained") == "torchvision"
     if _given(sources, "scales") and not values.get("multi_scale"):  # else set and never read
@@ -85,7 +87,7 @@ def evaluation_rules(script: str, values: Dict[str, Any], sources: Dict[str, str
              f"PyTorch-Encoding's for {values['dataset']}")
     if script != "test":
         return
-    slide = values["mode"] == "slide"
+    slide = values["mode"] == "slide" or values.get("inference") == "slide"
     if slide and values["multi_scale"] or (values["window"] or values["stride"]) and not slide:
         raise ConfigError("--mode slide is single-scale, without --multi-scale" if slide else "--window / --stride "
                           "are options of --mode slide")
@@ -101,6 +103,7 @@ def evaluation_rules(script: str, values: Dict[str, Any], sources: Dict[str, str
         raise ConfigError(f"{'--multi-scale' if values['multi_scale'] else '--save-pred'} works on whole images: use "
                           "--mode testval (its default) or --mode test")
     _check_unread(values, sources)
+    _check_outputs(values, sources)
     if _given(sources, "test_batch_size") and values["mode"] != "val":
         given = "slide" if values.get("inference") == "slide" else values["mode"]
         raise ConfigError(f"--test-batch-size is the batch of --mode val; --mode {given} runs whole images, one per "
@@ -120,6 +123,16 @@ def _check_unread(values: Dict[str, Any], sources: Dict[str, str]) -> None:
         raise ConfigError("--crop-size is --mode slide's window when --window is not given; pass one of them")
 
 
+def _check_outputs(values: Dict[str, Any], sources: Dict[str, str]) -> None:
+    """Refuse a ``test.py --mode test`` that would write nothing: it scores nothing and keeps only ``--save-pred``."""
+    if values["mode"] == "test" and not values["save_pred"]:
+        raise ConfigError("--mode test predicts without scoring (the test split has no masks) and keeps only what "
+                          "--save-pred DIR asks for: pass --save-pred DIR")
+    if values["mode"] == "test" and _given(sources, "out_dir"):
+        raise ConfigError("--out-dir is where the scores (metrics.json) go; --mode test scores nothing: its "
+                          "predictions go to --save-pred DIR")
+
+
 def _given(sources: Dict[str, str], name: str) -> bool:
     """Whether the user set ``name`` on the command line (``test.py`` / ``demo.py`` read no config file), not a
     default, the checkpoint's value or a rule."""
@@ -127,9 +140,9 @@ def _given(sources: Dict[str, str], name: str) -> bool:
 
 
 def evaluation_fields() -> List[Tuple[str, Any, dataclasses.Field]]:
-    """The fields of an evaluation's flat config (:class:`~encoding.inference.evaluation.EvaluationConfig`): ``test.py``'s
-    option fields with their defaults, and ``inference``; the model-specific options default to ``None`` (the
-    weights' own, as :func:`~.resolve.resolve` leaves them without a source)."""
+    """The fields of an evaluation's flat config (:class:`~encoding.inference.evaluation.EvaluationConfig`):
+    ``test.py``'s option fields with their defaults, and ``inference``; the model-specific options default to ``None``
+    (the weights' own, as :func:`~.resolve.resolve` leaves them without a source)."""
     made = [(f.name, f.type, dataclasses.field(default=None if f.name in MODEL_SPECIFIC else f.default,
                                                metadata=f.metadata)) for f, _ in option_specs("test")]
     inference = next(f for f in dataclasses.fields(EvalOptions) if f.name == "inference")
@@ -137,44 +150,56 @@ def evaluation_fields() -> List[Tuple[str, Any, dataclasses.Field]]:
 
 
 def given_options(values: Mapping[str, Any], inherited: Sequence[str] = ()) -> Dict[str, Any]:
-    """The values of a hand-built evaluation config that count as given, as on a command line: set and other than
-    their field's default, and not ``inherited`` from the weights."""
+    """The values of a hand-built evaluation config that count as given, as on a command line: set, other than their
+    field's default and than what :func:`evaluation_rules` fills in when they are unset, and not ``inherited`` from
+    the weights. A config completed once (copied with ``dataclasses.replace``, rebuilt from its fields) is so
+    completed again, unchanged."""
     defaults = {name: field.default for name, _, field in evaluation_fields()}
-    return {name: value for name, value in values.items()
-            if name in defaults and value is not None and value != defaults[name] and name not in inherited}
+    set_ = [name for name, value in values.items()
+            if name in defaults and value is not None and value != defaults[name] and name not in inherited]
+    return {name: values[name] for name in set_ if not _rules_fill(values, name, defaults[name])}
+
+
+def _rules_fill(values: Mapping[str, Any], name: str, default: Any) -> bool:
+    """Whether ``values[name]`` is what :func:`evaluation_rules` fills in for ``name`` unset (at ``default``)."""
+    trial = {**values, name: default}
+    try:
+        evaluation_rules("test", trial, {}, _fill)
+    except ConfigError:  # refused whatever ``name`` is: the rules' own check refuses these values
+        return False
+    return trial[name] == values[name]
+
+
+def _fill(values: Dict[str, Any], sources: Dict[str, str], name: str, value: Any, why: str) -> None:
+    """The ``rule`` of a hand-built config (:func:`evaluation_rules`): the value, without a source."""
+    values[name] = value
 
 
 def fill_evaluation(values: Dict[str, Any], resolved: bool = False, inherited: Sequence[str] = ()) -> None:
     """Complete the values of a hand-built evaluation config with ``test.py``'s rules (:func:`evaluation_rules`:
-    the mode from the split and the other options, the window and stride of ``mode="slide"``, the batch, the
-    scales), as the command line would.
+    the mode from the split and the other options, the window and stride of ``inference="slide"``, the batch, the
+    scales; a ``mode="test"`` without ``save_pred`` or with ``out_dir`` refused), as the command line would.
 
     Args:
         values: the config's fields, completed in place.
         resolved: the values come from resolved options (``test.py``'s: their rules applied and their command line
-            checked); else every value other than a default is taken as given, as on a command line.
+            checked); else the values :func:`given_options` names are taken as given, as on a command line.
         inherited: the names whose values came from the weights (not given: as ``test.py``'s checkpoint source).
 
     Raises:
-        ConfigError: options of different modes together, or an option the mode does not read.
+        ConfigError: options of different modes together, an option the mode does not read, or a ``mode="test"``
+            that would write nothing.
     """
-    def rule(values: Dict[str, Any], sources: Dict[str, str], name: str, value: Any, why: str) -> None:
-        values[name] = value
-
-    explicit = values["mode"]
-    if values["inference"] == "slide":  # the mode the command line's --mode slide stands for
-        values["mode"] = "slide"
     given = {} if resolved else {name: "command line" for name in given_options(values, inherited)}
-    evaluation_rules("test", values, given, rule)
-    if values["inference"] == "slide" and explicit not in (None, "slide"):  # an explicit testval / test is kept
-        values["mode"] = explicit
+    evaluation_rules("test", values, given, _fill)
 
 
 def protocol(values: Any) -> str:
     """What an evaluation scores, in words (``metrics.json``'s first key, the title of ``test.py``'s table):
     ``"whole images at the training scale"`` (``testval``: the long side resized to the training ``base_size``, the
     logits back to the image's size; ``"whole images, sliding windows 512 / stride 341"`` or ``"whole images,
-    scales 0.75, 1, 1.25 + flip"`` for the other inferences), ``"resized centre crops of 480 px"`` (``val``, as training validates) or ``"predictions only"``.
+    scales 0.75, 1, 1.25 + flip"`` for the other inferences), ``"resized centre crops of 480 px"`` (``val``, as
+    training validates) or ``"predictions only"``.
 
     Args:
         values: an evaluation's options (``test.py``'s namespace or an ``EvaluationConfig``), its rules applied.

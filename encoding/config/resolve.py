@@ -34,7 +34,7 @@ import os
 import sys
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -169,12 +169,16 @@ def resolve(script: str = "train", argv: Optional[Sequence[str]] = None, *, reci
     values: Dict[str, Any] = {}
     sources: Dict[str, str] = {}
     names = {f.name for f, _ in option_specs(script)}
+    views: Dict[str, Dict[str, Any]] = {}  # the values before the config file's and before the command line's
     for source, layer in layers:
+        views.setdefault(source.split(" ")[0], dict(values))
         for name, value in layer.items():
             if name in names:
                 values[name] = value
                 if source != "default":
                     sources[name] = source
+    if script == "train":
+        _refuse_unused(values, sources, views["config"], views["command"])
     _rules(script, values, sources, recipe, given)
     return _settings(script, values, sources, path)
 
@@ -218,27 +222,71 @@ def _rule(values: Dict[str, Any], sources: Dict[str, str], name: str, value: Any
     sources[name] = f"rule: {why}"
 
 
-#: ``train.py``'s options that apply only with another setting: ``(option, whether it applies, to what it belongs)``;
-#: asked for on the command line without it, they are refused (a saved ``config.yaml`` records every value).
-ONLY_WITH = (("aux_weight", lambda v: v["aux"], "--aux"), ("se_weight", lambda v: v["se_loss"], "--se-loss"),
-             ("momentum", lambda v: v["optimizer"] == "sgd", "--optimizer sgd"),
-             ("lr_step", lambda v: v["lr_scheduler"] == "step", "--lr-scheduler step"),
-             ("threshold", lambda v: v["binary"] or v["binary_class"] is not None, "--binary / --binary-class"),
-             ("val_fraction", lambda v: v["dataset"] == "folder", "--dataset folder"),
-             ("unknown_labels", lambda v: v["dataset"] == "folder", "--dataset folder"),
-             ("log_images", lambda v: v["tensorboard"] or v["wandb"], "--tensorboard / --wandb"),
-             ("dist_timeout", lambda v: launched_by_torchrun(), "a torchrun launch"),
-             *((name, lambda v: not v["no_val"] or v["eval"], "validation, which --no-val turns off")
-               for name in ("val_split", "val_limit", "test_batch_size", "log_images")))
+class OnlyWith(NamedTuple):
+    """An option of ``train.py`` that applies only with another setting (:data:`ONLY_WITH`)."""
+
+    name: str
+    applies: Callable[[Mapping[str, Any]], bool]  # of the resolved values
+    owner: str  # the setting it belongs to, as the refusal names it
+    in_files: bool = True  # refused in a ``--config`` file too (see :func:`_refuse_unused`)
+
+
+#: ``train.py``'s options that ``--eval`` (evaluate the checkpoint, train nothing) never reads.
+EVAL_SKIPS = ("loss", "aux_weight", "se_weight", "class_weights", "epochs", "start_epoch", "lr", "lr_scheduler",
+              "lr_step", "warmup_epochs", "head_lr_mult", "optimizer", "momentum", "weight_decay", "clip_grad",
+              "train_split", "train_limit", "scale_range", "verify_data", "no_val", "ft", "overwrite", "tensorboard",
+              "wandb", "log_images")
+
+#: ``train.py``'s options that apply only with another setting. Asked for without it they would change nothing: on
+#: the command line they are refused; in a ``--config`` file too where the file's own settings leave them unused
+#: (not the launch's, not ``--eval``'s: a run's saved ``config.yaml`` repeats the run under ``torchrun`` or not and
+#: evaluates its checkpoint with ``--eval``).
+ONLY_WITH = (OnlyWith("aux_weight", lambda v: v["aux"], "--aux"),
+             OnlyWith("se_weight", lambda v: v["se_loss"], "--se-loss"),
+             OnlyWith("momentum", lambda v: v["optimizer"] == "sgd", "--optimizer sgd"),
+             OnlyWith("lr_step", lambda v: v["lr_scheduler"] == "step", "--lr-scheduler step"),
+             OnlyWith("threshold", lambda v: v["binary"] or v["binary_class"] is not None, "--binary / --binary-class"),
+             OnlyWith("val_fraction", lambda v: v["dataset"] == "folder", "--dataset folder"),
+             OnlyWith("unknown_labels", lambda v: v["dataset"] == "folder", "--dataset folder"),
+             OnlyWith("log_images", lambda v: v["tensorboard"] or v["wandb"], "--tensorboard / --wandb"),
+             OnlyWith("dist_timeout", lambda v: launched_by_torchrun(), "a torchrun launch", in_files=False),
+             *(OnlyWith(name, lambda v: not v["no_val"] or v["eval"], "validation, which --no-val turns off")
+               for name in ("val_split", "val_limit", "test_batch_size", "log_images")),
+             *(OnlyWith(name, lambda v: not v["eval"], "training, which --eval skips", in_files=False)
+               for name in EVAL_SKIPS))
+
+
+def _refuse_unused(values: Dict[str, Any], sources: Dict[str, str], before_file: Dict[str, Any],
+                   file_view: Dict[str, Any]) -> None:
+    """Refuse :data:`ONLY_WITH`'s options asked for where they change nothing: on the command line; in the
+    ``--config`` file, where the file's settings leave them unused as the final ones do and the value is not the
+    one the run takes without the file (a run's saved ``config.yaml`` records every value, the unused ones at their
+    defaults). ``before_file``, ``file_view``: the values before the file was read, and after it."""
+    for option in ONLY_WITH:
+        source, value = sources.get(option.name, ""), values[option.name]
+        if option.applies(values) or not (source == "command line" or (
+                option.in_files and source.startswith("config file") and not option.applies(file_view)
+                and value != _without_file(option.name, before_file, file_view))):
+            continue
+        items = value if isinstance(value, (tuple, list)) else [value]
+        shown = "" if isinstance(value, bool) else " " + ",".join(f"{v:g}" if isinstance(v, float) else str(v)
+                                                                  for v in items)
+        where = "" if source == "command line" else f" ({source})"
+        raise ConfigError(f"{cli_name(option.name)}{shown}{where} is an option of {option.owner}: here it would "
+                          "change nothing")
+
+
+def _without_file(name: str, before_file: Dict[str, Any], file_view: Dict[str, Any]) -> Any:
+    """The value of ``name`` without the config file's (``test_batch_size``: its rule's, the batch size)."""
+    if name == "test_batch_size" and before_file[name] is None:
+        return file_view["batch_size"]
+    return before_file[name]
 
 
 def _rules(script: str, values: Dict[str, Any], sources: Dict[str, str], recipe: Dict[str, Any],
            given: Dict[str, Any]) -> None:
-    """The documented rules of :data:`RULES`, each applied once; :data:`ONLY_WITH`'s refusals."""
+    """The documented rules of :data:`RULES`, each applied once."""
     if script == "train":
-        for name, applies, owner in ONLY_WITH:
-            if sources.get(name) == "command line" and not applies(values):
-                raise ConfigError(f"{cli_name(name)} is an option of {owner} (without it, it would change nothing)")
         if "lr" not in given and "batch_size" in given and recipe.get("lr") and recipe.get("batch_size"):
             _rule(values, sources, "lr", recipe["lr"] * values["batch_size"] / recipe["batch_size"],
                   f"the recipe's lr {recipe['lr']:g} x --batch-size {values['batch_size']} / {recipe['batch_size']}")

@@ -43,8 +43,8 @@ from ..utils.rundir import run_lock
 from ..utils.table import format_table
 from . import state
 from .directory import RUN_CONFIG_NAME, check_run_dir, clear_earlier_run, made_dirs, replaces_earlier_run
-from .data import (ConfigError, check_data_options, check_split, data_metadata, dataset_name, dataset_options,
-                   draws_holdout, image_sizes, run_criterion, write_holdout)
+from .data import (ConfigError, check_data_options, check_given_data, check_split, data_metadata, dataset_name,
+                   dataset_options, draws_holdout, image_sizes, run_criterion, write_holdout)
 from .run import Hook, TrainingRun, base_dataset, resume, train
 
 __all__ = ["AMP_DTYPES", "RUN_CONFIG_NAME", "parse_device_ids", "ConfigError", "check_network", "check_devices",
@@ -235,7 +235,6 @@ def check_settings(settings: Settings) -> None:
                           output_stride=s["output_stride"], head_channels=s["head_channels"])
         if settings.script == "test":
             check_split(s["dataset"], s["split"], "--split", masks=s["mode"] != "test")
-            _check_test_outputs(s["mode"], s["save_pred"], settings.source("out_dir"))
         check_devices(s.get("device_ids"))
         return
     check_training(settings.training())
@@ -243,16 +242,6 @@ def check_settings(settings: Settings) -> None:
     if base is not None and crop is not None and crop > base:
         sys.stderr.write(f"warning: --crop-size {crop} is larger than --base-size {base}: training images are "
                          "scaled around the base size, so most of each crop will be padding\n")
-
-
-def _check_test_outputs(mode: str, save_pred: Optional[str], out_dir_source: str) -> None:
-    """Refuse a ``test.py --mode test`` that would write nothing: it scores nothing and keeps only ``--save-pred``."""
-    if mode == "test" and not save_pred:
-        raise ConfigError("--mode test predicts without scoring (the test split has no masks) and keeps only what "
-                          "--save-pred DIR asks for: pass --save-pred DIR")
-    if mode == "test" and out_dir_source == "command line":
-        raise ConfigError("--out-dir is where the scores (metrics.json) go; --mode test scores nothing: its "
-                          "predictions go to --save-pred DIR")
 
 
 def config_header(config: TrainingConfig) -> str:
@@ -356,6 +345,8 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
     if config.data_root:  # recorded absolute: test.py, demo.py and load_model find the data from any folder
         config = replace(config, data_root=os.path.abspath(os.path.expanduser(config.data_root)))
     check_training(config, given_datasets=datasets is not None)
+    if datasets is not None:
+        check_given_data(config, datasets)
     check_run_dir(config)
     if config.deterministic:
         enable_determinism()

@@ -5,6 +5,7 @@ the classes, colours and ignore value from the checkpoint; :func:`data_metadata`
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from typing import Any, Dict, List, Optional
@@ -14,6 +15,7 @@ from torch.utils.data import Subset
 
 from . import builders, state
 from ..config import BUILTIN_SIZES, ConfigError  # noqa: F401 (their home: encoding.config)
+from ..config.fields import cli_name
 from ..datasets import DatasetError, datasets as DATASETS
 from ..datasets.folder import HOLDOUT_NAME, find_splits, holdout_path
 from ..datasets.metadata import BinaryTarget, binary_class_id, binary_setup, dataset_metadata
@@ -23,8 +25,8 @@ from ..utils.determinism import SeededSamples
 from ..utils.dist import is_main_process
 
 __all__ = ["BUILTIN_SIZES", "ConfigError", "eval_dataset_options", "binary_targets", "check_classes", "check_split",
-           "check_data_options", "dataset_options", "draws_holdout", "write_holdout", "image_sizes", "data_metadata",
-           "dataset_name", "run_criterion"]
+           "check_data_options", "BUILDING_OPTIONS", "check_given_data", "dataset_options", "draws_holdout",
+           "write_holdout", "image_sizes", "data_metadata", "dataset_name", "run_criterion"]
 
 
 def check_split(dataset: str, split: str, option: str, *, masks: bool = True) -> None:
@@ -54,6 +56,36 @@ def check_data_options(c: Any) -> None:
         raise ConfigError(f"--loss {c.loss}: a binary run takes {', '.join(BINARY_LOSSES)}")
     if (c.binary or c.binary_class) and (c.se_loss or c.class_weights):
         raise ConfigError("--binary: one output channel, no --se-loss or --class-weights")
+
+
+#: The options that build a run's datasets -> the attribute of a given ``(train, val)`` pair holding what it was
+#: built with (``None``: none to compare with). With given datasets these are the caller's (:func:`check_given_data`).
+BUILDING_OPTIONS = {"data_root": "root", "train_split": "split", "val_split": "split", "base_size": "base_size",
+                    "crop_size": "crop_size", "skip_bad": "skip_bad", "scale_range": None, "val_fraction": None,
+                    "unknown_labels": None}
+
+
+def check_given_data(c: Any, datasets: Any) -> None:
+    """Refuse an option that builds datasets, asked for on the command line (for a config built by hand: a value
+    other than the default) with ``(train, val)`` datasets given, where the given ones were not built with it: it
+    would change nothing (a saved ``config.yaml``, which records every value, still repeats its run).
+
+    Raises:
+        ConfigError: naming the option, its value and the given dataset's.
+    """
+    defaults = {f.name: f.default for f in dataclasses.fields(c)}
+    for name, attribute in BUILDING_OPTIONS.items():
+        value = getattr(c, name)
+        if not (c.sources.get(name) == "command line" or (not c.sources and value != defaults[name])):
+            continue
+        data = _unwrapped(datasets[1] if name == "val_split" else datasets[0])
+        own = getattr(data, attribute, None) if attribute else None
+        if name == "data_root" and own is not None:
+            value = os.path.abspath(os.path.expanduser(value))
+        if own is None or own != value:
+            has = f" (the given {type(data).__name__} has {own!r})" if own is not None else ""
+            raise ConfigError(f"{cli_name(name)} {value}: the datasets given to the run are built already{has}; "
+                              "build them with it, or leave the option out")
 
 
 def dataset_options(config: Any, fresh: bool = False) -> Dict[str, Any]:

@@ -190,7 +190,8 @@ class _Evaluation:
             return []
         defaults = {name: field.default for name, _, field in evaluation_fields()}
         _, recorded = weights_layer("test", given_options(vars(self)), weights_options)
-        taken = [k for k, v in recorded.items() if k in defaults and v is not None and getattr(self, k) == defaults[k]]
+        taken = [k for k, v in recorded.items()  # a value equal to the recorded one: taken (a copy of a config)
+                 if k in defaults and v is not None and getattr(self, k) in (defaults[k], v)]
         for name in taken:
             setattr(self, name, recorded[name])
         return taken
