@@ -58,7 +58,7 @@ def test_export_refuses_to_overwrite_a_file_of_its_input_model_folder(tmp_path, 
     FOLDER/model.safetensors over the weights): every file of the folder is an input."""
     from encoding.inference import save_pretrained
 
-    model = get_segmentation_model("fcn", backbone="vgg_tiny", nclass=3).eval()
+    model = get_segmentation_model("fcn", dataset="shapes", backbone="vgg_tiny").eval()
     model.info = ModelInfo.of_dataset("shapes", model="fcn", backbone="vgg_tiny")
     folder = str(tmp_path / "shared")
     save_pretrained(model, folder)
@@ -119,3 +119,48 @@ def test_dynamic_export_cli_checks_the_file_at_another_size(tmp_path, recwarn):
         eager = load_model(ckpt)(image)["out"]
     assert (torch.export.load(str(output)).module()(image) - eager).abs().max().item() <= 1e-4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model_best.pth", "psp.json", "psp.pt2"]
+
+
+def test_export_model_in_python_refuses_the_files_its_model_was_loaded_from(tmp_path):
+    """Before: export_model(load_model("run2.pth"), "run2.pth", ...) replaced the checkpoint with the exported program
+    (the command line refused it; the Python API's inputs= defaulted to ()). load_model records the files it read."""
+    import encoding
+    from encoding.errors import UsageError
+    from encoding.export import export_model
+    from encoding.inference import save_pretrained
+
+    ckpt = network_checkpoint(tmp_path / "run2.pth", "fcn")
+    before = open(ckpt, "rb").read()
+    model = encoding.load_model(ckpt)
+    with pytest.raises(UsageError, match="that is the input file") as err:
+        export_model(model, ckpt, "exported", input_size=(32, 32))
+    assert "\n" not in str(err.value) and "run2.pth" in str(err.value)
+    assert open(ckpt, "rb").read() == before and sorted(os.listdir(tmp_path)) == ["run2.pth"]
+    written = export_model(model, str(tmp_path / "run2.pt2"), "exported", input_size=(32, 32), dynamic=False)
+    assert str(tmp_path) not in open(written[1]).read()  # the record is the model's, not the metadata's
+    assert not any("source" in k for k in model.state_dict())
+    # a model folder's files too: neither export_model nor save_pretrained writes over them
+    folder = save_pretrained(model, str(tmp_path / "shared"))
+    shared = encoding.load_model(folder)
+    files = {name: open(os.path.join(folder, name), "rb").read() for name in os.listdir(folder)}
+    with pytest.raises(UsageError, match="that is the input file"):
+        export_model(shared, os.path.join(folder, "config.pt2"), "exported", input_size=(32, 32))
+    with pytest.raises(UsageError, match="that is the input file"):
+        save_pretrained(shared, folder)
+    assert {name: open(os.path.join(folder, name), "rb").read() for name in os.listdir(folder)} == files
+
+
+def test_export_of_a_hub_id_defaults_to_the_current_folder(tmp_path, monkeypatch, capsys):
+    """Before: --resume someone/shapes-fcn without --output wrote ./someone/model.pt2 (the folder beside a checkpoint
+    of that name)."""
+    import encoding
+    import encoding.export.cli as export_cli_module
+
+    model = encoding.load_model(network_checkpoint(tmp_path / "model_best.pth", "fcn"))
+    monkeypatch.setattr(export_cli_module, "load_model", lambda source, **kwargs: model)  # the Hub download
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert export_cli(["--resume", "someone/shapes-fcn", "--format", "exported", "--static"]) == 0
+    assert sorted(os.listdir(work)) == ["model.json", "model.pt2"]
+    assert export_cli_module.default_folder(str(tmp_path / "model_best.pth")) == str(tmp_path)

@@ -279,12 +279,16 @@ def _damage(folder, how):
         open(config, "w").write("[" * 200000 + "]" * 200000)
     elif how == "missing weights":
         os.remove(weights)
+    elif how == "appended bytes":  # a folder recording no digest: only the header's sizes can tell
+        _edited(folder, lambda c: c.pop("weights_sha256"))
+        open(weights, "ab").write(b"\0" * 1000)
 
 
 DAMAGE_SAID = {"truncated weights": "byte range", "huge header": "a header of 1000000000000 bytes",
                "garbage header": "no safetensors header", "wrong dtype": "wrong dtype", "missing info": "no 'info'",
                "classes of the wrong type": "wrong type", "unknown info field": "colour",
-               "deeply nested json": "nested too deeply", "missing weights": "model.safetensors"}
+               "deeply nested json": "nested too deeply", "missing weights": "model.safetensors",
+               "appended bytes": "appended to"}
 
 
 @pytest.mark.parametrize("how", list(DAMAGE_SAID))

@@ -157,3 +157,33 @@ def test_a_hand_built_config_evaluates_the_network_its_weights_record(tmp_path):
     with pytest.raises(Exception, match="--base-size"):  # a given size the mode never reads is still refused
         EvaluationConfig(resume=path, mode="val", base_size=100)
     assert EvaluationConfig(resume=path, mode="val").base_size == 40  # the weights' own: not a given option
+
+
+def test_a_device_other_than_the_models_is_refused_in_one_line_naming_both(fcn):
+    """Before: segment(..., device="meta") moved the image only, and torch failed inside the model. segment runs the
+    model where its parameters are and never moves the caller's model."""
+    image = np.zeros((20, 30, 3), np.uint8)
+    with pytest.raises(InferenceOptionError) as err:
+        encoding.segment(fcn, image, device="meta")
+    message = str(err.value)
+    assert "\n" not in message and "'meta'" in message and "cpu" in message and "model.to(" in message
+    with pytest.raises(InferenceOptionError, match="device 'gpu'"):
+        encoding.segment(fcn, image, device="gpu")
+    assert all(p.device.type == "cpu" for p in fcn.parameters())
+    assert torch.equal(encoding.segment(fcn, image, device=torch.device("cpu")), encoding.segment(fcn, image))
+
+
+def test_demo_py_labels_are_segment_at_the_training_scale(tmp_path):
+    """docs/inference.md: demo.py's (and test.py's) whole-image labels are segment(model, image, scales=(1.0,)): the
+    image resized to the recorded base_size (40 here, the image's long side 130), not segment's default pass."""
+    torch.manual_seed(0)
+    net = get_segmentation_model("unet", dataset="shapes", backbone="vgg_tiny_s2")
+    path = str(tmp_path / "model_best.pth")
+    save_checkpoint({"model": net, "args": {"dataset": "shapes", "model": "unet", "backbone": "vgg_tiny_s2",
+                                            "crop_size": 32, "base_size": 40}}, path)
+    image = str(tmp_path / "img.png")
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (90, 130, 3), dtype=np.uint8)).save(image)
+    outputs = load_script("demo").main([image, "--resume", path, "--out-dir", str(tmp_path / "out")])
+    saved = np.array(Image.open(outputs[0][0]))
+    model = encoding.load_model(path)
+    np.testing.assert_array_equal(saved, encoding.segment(model, image, scales=(1.0,)).numpy())

@@ -211,6 +211,22 @@ def test_save_pretrained_refuses_weights_its_loader_would_refuse(tmp_path, dtype
     assert not (tmp_path / "shared").exists()
 
 
+@pytest.mark.parametrize("info, said", [
+    (ModelInfo.of_dataset("shapes", crop_size=32), "config.json names no model"),
+    (ModelInfo.of_dataset("shapes", model="unet", backbone="vgg_tiny"), "the weights do not fit unet"),
+    (ModelInfo.of_dataset("shapes", model="fcn", backbone="vgg_tiny", aux=True), "the weights do not fit fcn"),
+])
+def test_save_pretrained_refuses_an_info_its_loader_would_refuse(tmp_path, info, said):
+    """Before: the folder was written, and encoding.load_model refused it (no model named; another architecture or
+    aux than the network's weights). Now the loader's own checks refuse it before anything is written."""
+    model = _model()
+    model.info = info
+    with pytest.raises(UsageError) as err:
+        save_pretrained(model, tmp_path / "shared")
+    assert said in _one_line(err) and "save_pretrained" in str(err.value)
+    assert not (tmp_path / "shared").exists()
+
+
 # 5. exports hold the main output only ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,options", [("fcn", {"aux": True}), ("encnet", {"aux": True, "se_loss": True})])
@@ -263,6 +279,25 @@ def test_onnx_without_the_onnx_package_names_the_extra_before_tracing(tmp_path, 
         export_model(_model(), str(tmp_path / "m.onnx"), "onnx", (32, 32))
     assert "encoding[export]" in _one_line(err) and "onnx" in str(err.value)
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_onnx_without_onnxruntime_is_refused_before_tracing_not_left_unchecked(tmp_path, monkeypatch, untraceable):
+    """Before: without onnxruntime a dynamic ONNX export was written without its check at another size (the check
+    compared nothing). onnxruntime is part of the export extra: its absence is one line naming it, nothing traced."""
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.raises(MissingDependency) as err:
+        export_model(_model(), str(tmp_path / "m.onnx"), "onnx", (32, 48), dynamic=True)
+    assert "onnxruntime" in _one_line(err) and "encoding[export]" in str(err.value)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("size", [(0, 32), (-4, 32), (32.5, 32), (32,), (True, 32), "32"])
+def test_an_input_size_that_is_not_two_positive_ints_is_refused_before_tracing(tmp_path, size, untraceable):
+    """Before: torch's errors (negative dimension, randn's TypeError, a kernel larger than the input)."""
+    with pytest.raises(UsageError) as err:
+        export_model(_model(), str(tmp_path / "m.pt2"), "exported", size)
+    assert _one_line(err).startswith(f"input_size {size!r}") and "--input-size" in str(err.value)
+    assert os.listdir(tmp_path) == []
 
 
 # 9. the caller's model keeps its mode ------------------------------------------------------------------------------

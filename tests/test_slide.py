@@ -121,6 +121,41 @@ def test_window_batch_options_are_checked(unet):
     assert f"as many as {DEFAULT_WINDOW_MEMORY >> 20} MiB holds on a CPU" in action.help  # the help says the default
 
 
+@pytest.mark.parametrize("scales", [(0.0,), (-1.0,), (float("nan"),), (float("inf"),), (1.0, 0), "1", (True,)])
+def test_scales_that_are_not_finite_numbers_above_zero_are_refused_in_one_line(unet, scales):
+    """Before: torch's RuntimeError (sizes 0 / negative), ValueError (NaN to int), OverflowError, TypeError."""
+    with pytest.raises(InferenceOptionError) as err:
+        encoding.segment(unet, np.zeros((40, 40, 3), np.uint8), scales=scales)
+    assert str(err.value).startswith("scales") and "\n" not in str(err.value)
+    with pytest.raises(InferenceOptionError):
+        MultiEvalModule(unet, 7, base_size=72, crop_size=32, scales=scales)
+
+
+def test_scales_whose_largest_image_is_over_the_pixel_limit_are_refused_before_any_forward(unet, monkeypatch):
+    """Before: scales=(1000.0,) tried to allocate 212 GB. The largest resized image is checked against the pixel
+    limit of decoded images (ENCODING_MAX_PIXELS) before anything is resized or run."""
+    recorder = Recorder(unet)
+    recorder.info = unet.info  # base_size 72: a 40 x 60 image at scale 10 is 480 x 720 = 345,600 pixels
+    monkeypatch.setenv("ENCODING_MAX_PIXELS", "300000")
+    with pytest.raises(InferenceOptionError) as err:
+        encoding.segment(recorder, np.zeros((40, 60, 3), np.uint8), scales=(1.0, 10.0))
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("scales (1.0, 10.0)") and "480 x 720" in message
+    assert "300,000" in message and recorder.batches == []
+    monkeypatch.setenv("ENCODING_MAX_PIXELS", "400000")
+    assert encoding.segment(recorder, np.zeros((40, 60, 3), np.uint8), scales=(1.0, 10.0)).shape == (40, 60)
+
+
+def test_numpy_ints_are_taken_as_window_stride_and_batch(unet):
+    """Before: window=np.int64(64) passed segment's check, then SlidingWindow raised a TypeError."""
+    image = np.random.default_rng(0).integers(0, 256, (50, 77, 3), dtype=np.uint8)
+    expected = encoding.segment(unet, image, mode="slide", window=32, stride=21, window_batch=2)
+    got = encoding.segment(unet, image, mode="slide", window=np.int64(32), stride=np.int32(21),
+                           window_batch=np.int64(2))
+    assert torch.equal(got, expected)
+    assert SlidingWindow(unet, np.int64(32)).window == (32, 32)
+
+
 class HostRead(nn.Module):
     """A network that reads a value on the host: fake tensors cannot simulate it."""
 

@@ -1,4 +1,5 @@
-"""``python -m encoding.export --resume PATH [--format onnx|exported] [--output FILE] [--input-size H W] [--static]``."""
+"""``python -m encoding.export --resume PATH [--format onnx|exported] [--output FILE] [--input-size H W]
+[--static]``."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,7 @@ from ..utils.cli import run_cli
 from ..utils.files import source_files
 from .core import SUFFIXES, check_output, export_model
 
-__all__ = ["build_parser", "format_of", "main", "cli"]
+__all__ = ["build_parser", "format_of", "default_folder", "main", "cli"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +29,13 @@ def format_of(output: Optional[str]) -> str:
     return next((name for name, known in SUFFIXES.items() if known == suffix), "onnx")
 
 
+def default_folder(resume: str) -> str:
+    """Where the export of ``--resume`` goes without ``--output``: beside a local checkpoint file or model folder;
+    the current folder for a Hugging Face Hub id ``user/repo`` or a preset name (no local path: ``user/`` is no
+    folder of the user's)."""
+    return os.path.dirname(os.path.abspath(resume)) if os.path.exists(resume) else os.curdir
+
+
 def main(argv: Optional[List[str]] = None) -> List[str]:
     """Export as ``argv`` says; returns the paths written."""
     parser = build_parser()
@@ -40,7 +48,7 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     if named not in (None, args.format):  # an explicit --format wins; the file's name will mislead other tools
         sys.stderr.write(f"python -m encoding.export: note: --output {args.output} has the suffix of --format {named} "
                          f"and will hold --format {args.format} (name it *{SUFFIXES[args.format]})\n")
-    output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.resume)), "model" + SUFFIXES[args.format])
+    output = args.output or os.path.join(default_folder(args.resume), "model" + SUFFIXES[args.format])
     inputs = source_files(args.resume)
     try:  # before the checkpoint is read: an output that would destroy it, or itself, is a bad option value
         check_output(output, inputs)

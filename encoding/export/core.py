@@ -11,6 +11,7 @@ ONNX, with its metadata.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import inspect
 import json
@@ -24,7 +25,9 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind
 from ..config.tools import FORMATS
 from ..errors import EncodingError, MissingDependency, UsageError
 from ..inference.loading import ModelInfo, model_info
+from ..inference.sources import input_files
 from ..names import network_name
+from ..utils.cli import positive_int
 from ..utils.files import atomic_path, atomic_write, refuse_own_input
 from ..utils.images import max_pixels
 from ..utils.metrics import main_output
@@ -165,16 +168,26 @@ def metadata_path(path: str) -> str:
     return os.path.splitext(path)[0] + ".json"
 
 
-def check_output(path: str, inputs: Sequence[Optional[str]] = ()) -> None:
+def check_output(path: str, inputs: Sequence[Optional[str]] = (), option: str = "--output") -> None:
     """Refuse an export ``path`` whose model file or metadata would be the same file, or one of ``inputs``.
 
+    Args:
+        path: the model file to write (its metadata: :func:`metadata_path`).
+        inputs: the files the export read (its checkpoint, a model folder's files).
+        option: how the message names ``path`` (the command's ``--output``, Python's ``export_model path``).
+
     Raises:
-        ValueError: one line naming the path.
+        UsageError: one line naming the path.
     """
     if os.path.splitext(path)[1].lower() == ".json":
-        raise ValueError(f"--output {path}: the metadata is written to <name>.json beside the model file, so the "
-                         "model file cannot be a .json file (e.g. --output model.onnx / model.pt2)")
-    refuse_own_input([path, metadata_path(path)], list(inputs), "--output")
+        raise UsageError(f"{option} {path}: the metadata is written to <name>.json beside the model file, so the "
+                         "model file cannot be a .json file (e.g. model.onnx / model.pt2)")
+    try:
+        refuse_own_input([path, metadata_path(path)], list(inputs), option)
+    except UsageError:
+        raise
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def _write(program: torch.export.ExportedProgram, path: str, fmt: str, meta: Dict[str, Any],
@@ -197,15 +210,16 @@ def _write(program: torch.export.ExportedProgram, path: str, fmt: str, meta: Dic
 
 
 def check_format_installed(fmt: str) -> None:
-    """Refuse ``fmt`` when what writes it is not installed: ONNX needs ``onnx`` and ``onnxscript`` (the extra
-    ``export``), checked before any trace.
+    """Refuse ``fmt`` when what writes and checks it is not installed: ONNX needs ``onnx`` and ``onnxscript`` to
+    write it and ``onnxruntime`` to check a dynamic export at another size (the extra ``export`` ships all three),
+    checked before any trace.
 
     Raises:
         MissingDependency: one line naming the package and the extra to install.
     """
     if fmt != "onnx":
         return
-    for package in ("onnx", "onnxscript"):
+    for package in ("onnx", "onnxscript", "onnxruntime"):
         try:
             __import__(package)
         except ImportError:
@@ -257,8 +271,8 @@ def _other_size(size: Sequence[int]) -> Tuple[int, int, int, int]:
 
 def _verifier(model: nn.Module, fmt: str, size: Sequence[int], name: str) -> Any:
     """``verify(path)`` of :func:`_write` for a dynamic export: the written file at another batch and size must give
-    the eager model's logits, else :class:`ExportError` (nothing is written). ONNX files are checked with onnxruntime
-    when it is installed (the check of the traced program itself covers the rest)."""
+    the eager model's logits, else :class:`ExportError` (nothing is written). ONNX files are run by onnxruntime
+    (required for ONNX exports: :func:`check_format_installed`)."""
     image = torch.randn(*_other_size(size), generator=torch.Generator().manual_seed(0))
     device = next(model.parameters()).device
 
@@ -267,8 +281,6 @@ def _verifier(model: nn.Module, fmt: str, size: Sequence[int], name: str) -> Any
             eager = main_output(model(image.to(device))).float().cpu()
             got = _run_file(path, fmt, image.to(device))
         bound = TOLERANCE * max(1.0, eager.abs().max().item())
-        if got is None:
-            return
         error = (got.float().cpu() - eager).abs().max().item() if got.shape == eager.shape else float("inf")
         if not error <= bound:
             raise ExportError(f"the dynamic {fmt} export of {name} gives logits off by {error:.3g} at input "
@@ -277,15 +289,13 @@ def _verifier(model: nn.Module, fmt: str, size: Sequence[int], name: str) -> Any
     return verify
 
 
-def _run_file(path: str, fmt: str, image: Tensor) -> Optional[Tensor]:
-    """The logits of the exported file at ``path`` for ``image`` (``None``: no runtime to check ONNX with)."""
+def _run_file(path: str, fmt: str, image: Tensor) -> Tensor:
+    """The logits of the exported file at ``path`` for ``image`` (an ONNX file run by onnxruntime)."""
     try:
         if fmt == "exported":
             return torch.export.load(path).module()(image)
-        try:
-            import onnxruntime
-        except ImportError:
-            return None
+        import onnxruntime  # the "export" extra (check_format_installed)
+
         session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
         return torch.from_numpy(session.run(None, {INPUT_NAME: image.cpu().numpy()})[0])
     except ExportError:
@@ -307,12 +317,28 @@ def traced_size(info: ModelInfo, input_size: Optional[Sequence[int]], name: str)
     if input_size is None and info.crop_size is None:
         raise UsageError(f"export of {name}: the model records no training crop size to trace at; give one with "
                          "--input-size H W (input_size=(H, W) in Python)")
-    height, width = tuple(input_size) if input_size is not None else (info.crop_size, info.crop_size)
+    height, width = _checked_size(input_size) if input_size is not None else (info.crop_size, info.crop_size)
     if height * width > max_pixels():
         raise UsageError(f"--input-size {height} {width}: {height * width:,} pixels is over the pixel limit of "
                          f"{max_pixels():,} (the example input and the network's activations are allocated at that "
                          "size; raise the limit with ENCODING_MAX_PIXELS)")
     return height, width
+
+
+def _checked_size(input_size: Any) -> Tuple[int, int]:
+    """``input_size`` as ``(H, W)``, each checked by the command line's own ``--input-size`` rule
+    (:func:`~encoding.utils.cli.positive_int` of its text: ``32.5``, ``0``, ``True`` are refused).
+
+    Raises:
+        UsageError: one line naming ``input_size`` and its value.
+    """
+    try:
+        if isinstance(input_size, (str, bytes)) or len(input_size) != 2:
+            raise argparse.ArgumentTypeError("expected two numbers, (H, W)")
+        return positive_int(str(input_size[0])), positive_int(str(input_size[1]))
+    except (TypeError, argparse.ArgumentTypeError) as err:
+        raise UsageError(f"input_size {str(repr(input_size))[:60]}: {err} (the traced (H, W): two positive whole "
+                         "numbers of pixels; --input-size H W)") from None
 
 
 def export_model(model: nn.Module, path: str, fmt: str, input_size: Optional[Tuple[int, int]] = None,
@@ -327,21 +353,25 @@ def export_model(model: nn.Module, path: str, fmt: str, input_size: Optional[Tup
         input_size: ``(H, W)`` of the traced input (default: the training crop).
         dynamic: dynamic batch, height and width instead of the fixed ``1 x 3 x H x W``; the written file is then
             checked against the eager model at another batch and size before it replaces ``path``.
-        inputs: files the export reads (the checkpoint): neither file written may be one of them.
+        inputs: files the export reads (the checkpoint): neither file written may be one of them, nor one of
+            the files :func:`encoding.load_model` read ``model`` from (recorded on it:
+            :func:`~encoding.inference.sources.input_files`).
 
     Returns:
         The paths written (the model file, the JSON metadata), each atomically.
 
     Raises:
         ValueError: an unknown format, a model without info, or an output path that is an input, a directory or
-            the metadata's own path (``.json``); no ``input_size`` for a model that records no crop size, or one
-            over the pixel limit. MissingDependency: ``onnx`` without the ``export`` extra (before any trace).
+            the metadata's own path (``.json``); no ``input_size`` for a model that records no crop size, one that
+            is not two positive ints, or one over the pixel limit (:class:`UsageError`, one line).
+            MissingDependency: ``onnx`` without the ``export`` extra (onnx, onnxscript, onnxruntime; before any
+            trace).
             ExportError: torch cannot export it, or a dynamic export that differs from the eager model at another
             size (nothing written).
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
-    check_output(path, inputs)
+    check_output(path, [*inputs, *input_files(model)], "export_model path")
     check_format_installed(fmt)
     info = model_info(model)
     name = network_name(str(info.options.get("model") or ""), info.options.get("backbone"))

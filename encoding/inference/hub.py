@@ -13,8 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import tempfile
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 from torch import nn
@@ -24,10 +25,12 @@ from ..models.external import ExternalModel
 from ..models.network import NetworkSpec
 from ..names import is_hub_id, network_name
 from ..utils.checkpoint import CheckpointError, check_state_fits, unwrap_model
-from ..utils.files import atomic_write, makedirs, refuse_own_input
+from ..utils.files import atomic_write, makedirs, refuse_own_input, source_files
 from ..utils.trust import OPT_IN, UntrustedCode, check_trusted, code_named, reading
-from .loading import SOURCE_READERS, ModelInfo, check_network_options, model_info, network_files, to_import
-from .safetensors_header import MAX_HEADER_BYTES, bad_folder as _bad, read_safetensors_header
+from .loading import SOURCE_READERS, ModelInfo, attach_info, check_network_options, model_info, network_files, \
+    to_import
+from .sources import input_files
+from .safetensors_header import MAX_HEADER_BYTES, bad_folder as _bad, file_size, read_bytes, read_safetensors_header
 
 __all__ = ["MODEL_CONFIG_NAME", "WEIGHTS_NAME", "MAX_CONFIG_BYTES", "MAX_HEADER_BYTES", "save_pretrained",
            "load_pretrained", "read_safetensors_header", "push_to_hub", "HubUnavailable", "is_pretrained_source"]
@@ -60,18 +63,21 @@ def save_pretrained(model: nn.Module, directory: Union[str, os.PathLike], *,
 
     Raises:
         ValueError: ``model`` carries no ModelInfo; weights that are not float32 (a ``.half()`` model: save
-            ``model.float()``); a ``directory`` that is a file, or the folder a ``transformers:PATH`` network is
-            built from (its config.json and weights would be overwritten). One line each, before anything is written.
+            ``model.float()``); a ``model.info`` that :func:`load_pretrained` would refuse (no ``model``, or a
+            network whose keys or shapes are not the weights': another architecture, ``aux`` or backbone); a
+            ``directory`` that is a file, the folder a ``transformers:PATH`` network is built from, or a file the
+            model was loaded from (each would be overwritten). One line each, before anything is written.
     """
     network = _unwrapped(model)  # torch.compile / DataParallel wrappers: the network's own keys
     info = model_info(model if isinstance(getattr(model, "info", None), ModelInfo) else network)
     state = network.state_dict()
     _check_float32(state, os.fspath(directory))
-    directory = _target(os.fspath(directory), info)
     data: Dict[str, Any] = {"format": _FORMAT, "version": 1, "info": info.to_json()}
     net = getattr(network, "net", None)
     if isinstance(network, ExternalModel) and hasattr(getattr(net, "config", None), "to_dict"):
         data["transformers_config"] = net.config.to_dict()
+    _check_loadable(os.fspath(directory), json.loads(json.dumps(data, default=str)), state)  # as it will be read
+    directory = _target(os.fspath(directory), info, input_files(model))
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items()}
     weights = _safetensors().save(tensors, metadata={"format": "pt"})
     data["weights_sha256"] = hashlib.sha256(weights).hexdigest()  # a config.json read with other weights is refused
@@ -99,15 +105,16 @@ def _check_float32(state: Dict[str, torch.Tensor], directory: str) -> None:
                          f"{', '.join(wrong[:3])}{' ...' if len(wrong) > 3 else ''}; save model.float()")
 
 
-def _target(directory: str, info: ModelInfo) -> str:
-    """``directory`` created, once it is known that it is no file and not the folder of a ``transformers:PATH``
-    network (the files written would replace its config.json and weights)."""
+def _target(directory: str, info: ModelInfo, inputs: List[str]) -> str:
+    """``directory`` created, once it is known that it is no file, not the folder of a ``transformers:PATH``
+    network (the files written would replace its config.json and weights), and that no file written is one of
+    ``inputs`` (the files the model was loaded from: :func:`~encoding.inference.sources.input_files`)."""
     directory = os.path.expanduser(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise UsageError(f"save_pretrained({directory}): that is a file; give a folder (created when missing)")
     written = [os.path.join(directory, name) for name in (WEIGHTS_NAME, MODEL_CONFIG_NAME, CARD_NAME)]
     try:
-        refuse_own_input(written, network_files(info.options.get("model")), "writing")
+        refuse_own_input(written, network_files(info.options.get("model")) + inputs, "writing")
         return makedirs(directory)
     except (ValueError, OSError) as err:
         raise UsageError(f"save_pretrained({directory}): {str(err).splitlines()[0]}") from None
@@ -127,7 +134,8 @@ def model_card(info: ModelInfo, metrics: Optional[Dict[str, Any]] = None,
         lines += ["", "## Metrics", "", "| metric | value |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in metrics.items()]
     lines += ["", "## Use", "", "```python", "import encoding", "",
-              'model = encoding.load_model("THIS_FOLDER_OR_USER/REPO")', 'labels = encoding.segment(model, "image.jpg")',
+              'model = encoding.load_model("THIS_FOLDER_OR_USER/REPO")',
+              'labels = encoding.segment(model, "image.jpg")',
               "```"]
     named = code_named(info.options)
     if named:
@@ -239,10 +247,9 @@ def _network(info: ModelInfo, data: Dict[str, Any]) -> NetworkSpec:
     return NetworkSpec.from_options(info.options, info.out_channels, recompute="none", transformers_config=stored)
 
 
-def _fitting_model(info: ModelInfo, data: Dict[str, Any], stored: Dict[str, torch.Tensor], folder: str
-                   ) -> nn.Module:
-    """The network of ``config.json``, built only once its ``meta`` twin (no memory) has the stored tensors' keys,
-    shapes and dtypes: an edited ``head_channels`` is refused before anything is allocated."""
+def _check_network(info: ModelInfo, data: Dict[str, Any], stored: Dict[str, torch.Tensor], folder: str) -> None:
+    """Refuse a ``config.json`` whose network, built as a ``meta`` twin (no memory), has not the stored tensors'
+    keys, shapes and dtypes: an edited ``head_channels`` is refused before anything is allocated."""
     name = info.options["model"]
     try:
         with torch.device("meta"):
@@ -253,7 +260,24 @@ def _fitting_model(info: ModelInfo, data: Dict[str, Any], stored: Dict[str, torc
         raise _bad(folder, f"its network ({name}) cannot be built: "
                    f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
     _check_fits(twin, stored, folder, name)
-    return _network(info, data).build()
+
+
+def _check_loadable(directory: str, data: Dict[str, Any], state: Dict[str, torch.Tensor]) -> None:
+    """Refuse to save a folder that :func:`load_pretrained` would refuse: the loader's own checks of ``config.json``
+    (``data``, as it will be read back) and of the weights (``state``) against the network it names (a
+    ``module:factory`` network only when its module is imported already: saving imports no code).
+
+    Raises:
+        UsageError: one line naming ``directory`` and the loader's reason (before anything is written).
+    """
+    try:
+        info = _read_info(directory, data)
+        if all(module in sys.modules for _, module in code_named({"model": info.options["model"]})):
+            _check_network(info, data, state, directory)  # (saving imports no code the process has not imported)
+    except UsageError as err:
+        raise UsageError(f"save_pretrained({directory}): its loader would refuse the folder ({err}); model.info "
+                         "must name the network and its options, e.g. ModelInfo.of_dataset(dataset, model=..., "
+                         "backbone=..., aux=...)") from None
 
 
 def load_pretrained(source: Union[str, os.PathLike], *, device: Optional[Union[str, torch.device]] = None,
@@ -288,30 +312,27 @@ def load_pretrained(source: Union[str, os.PathLike], *, device: Optional[Union[s
     check_trusted(to_import({**info.options, "dataset": info.dataset}), folder, trust_code)
     if data.get("transformers_config") is not None and not isinstance(data["transformers_config"], dict):
         raise _bad(folder, f"{MODEL_CONFIG_NAME}: 'transformers_config' is no object")
-    stored = read_safetensors_header(os.path.join(folder, WEIGHTS_NAME), folder)
+    size = file_size(os.path.join(folder, WEIGHTS_NAME))
+    stored = read_safetensors_header(os.path.join(folder, WEIGHTS_NAME), folder)  # and that size
     with reading(folder, trust_code):
-        model = _fitting_model(info, data, stored, folder)
+        _check_network(info, data, stored, folder)
+        model = _network(info, data).build()
     reader = _safetensors()
     from safetensors import SafetensorError
-    weights = _weights_bytes(folder, data.get("weights_sha256"))
+    weights = _weights_bytes(folder, data.get("weights_sha256"), size)
     try:
         state = reader.load(weights)
         model.load_state_dict(_keyed_as(state, model.state_dict()), strict=True)
     except (OSError, RuntimeError, ValueError, SafetensorError) as err:
         raise _bad(folder, f"{WEIGHTS_NAME}: {str(err).splitlines()[0]}") from None
-    model.info = info
-    return (model if device is None else model.to(device)).eval()
+    return attach_info(model, info, device, source_files(folder))
 
 
-def _weights_bytes(folder: str, digest: Any) -> bytes:
-    """The bytes of the folder's weights, refused when ``config.json`` records another SHA-256 than theirs (weights
-    of another save: one interrupted between its files, or files copied from two folders). A folder recording no
-    digest (saved before it was recorded) is read as it is."""
-    try:
-        with open(os.path.join(folder, WEIGHTS_NAME), "rb") as f:
-            weights = f.read()
-    except OSError as err:
-        raise _bad(folder, f"{WEIGHTS_NAME}: {err.strerror or err}") from None
+def _weights_bytes(folder: str, digest: Any, size: int) -> bytes:
+    """The bytes of the folder's weights (:func:`read_bytes`: the ``size`` checked), refused when ``config.json``
+    records another SHA-256 than theirs (weights of another save: one interrupted between its files, or files copied
+    from two folders). A folder recording no digest (saved before it was recorded) is read as it is."""
+    weights = read_bytes(os.path.join(folder, WEIGHTS_NAME), folder, size)
     if digest is not None and digest != hashlib.sha256(weights).hexdigest():
         raise _bad(folder, f"{WEIGHTS_NAME} is not the file {MODEL_CONFIG_NAME} was saved with (its weights_sha256 "
                    "differs: another save's weights, or an interrupted one); save the model again")

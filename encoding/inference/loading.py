@@ -31,9 +31,10 @@ from ..utils.images import max_pixels
 from ..utils.palette import generated_palette, palette_of
 from ..utils.trust import UntrustedCode, check_trusted, reading
 from ..engine import state
+from .sources import record_sources
 
 __all__ = ["ModelInfo", "NETWORK_OPTIONS", "DATA_OPTIONS", "load_model", "model_info", "check_network_options",
-           "to_import"]
+           "to_import", "attach_info"]
 
 #: What a checkpoint records about its data (:func:`encoding.datasets.metadata.dataset_metadata`) and the binary
 #: options: :class:`ModelInfo` takes them from the checkpoint, so no dataset class is needed to use the model.
@@ -224,8 +225,12 @@ def model_info(model: nn.Module) -> ModelInfo:
     return info
 
 
-def _with_info(model: nn.Module, info: ModelInfo, device: Optional[Union[str, torch.device]]) -> nn.Module:
+def attach_info(model: nn.Module, info: ModelInfo, device: Optional[Union[str, torch.device]],
+                sources: List[str]) -> nn.Module:
+    """``model`` with ``info`` as ``model.info`` and ``sources`` recorded as the files it was read from
+    (:func:`~encoding.inference.sources.record_sources`), on ``device``, in eval mode."""
     model.info = info
+    record_sources(model, sources)
     return (model if device is None else model.to(device)).eval()
 
 
@@ -250,7 +255,9 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
             (needed for a file that records none, e.g. a plain state dict).
 
     Returns:
-        The model, with a :class:`ModelInfo` as ``model.info``.
+        The model, with a :class:`ModelInfo` as ``model.info``; the files read are recorded on it
+        (:func:`~encoding.inference.sources.input_files`): :func:`encoding.export.export_model` and
+        :func:`~encoding.inference.hub.save_pretrained` refuse to write over them.
 
     Raises:
         FileNotFoundError: ``source`` is neither a file nor a preset name.
@@ -301,7 +308,7 @@ def load_model(source: Union[str, os.PathLike], *, device: Optional[Union[str, t
             raise UsageError(f"{path!r}: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
         model = _fitting_network(network, info.out_channels, checkpoint.data["model"], path)
     checkpoint.restore_weights(model)
-    return _with_info(model, info, device)
+    return attach_info(model, info, device, [path, *network_files(network.get("model"))])
 
 
 def _check_given(path: str, recorded: Dict[str, Any], given: Dict[str, Any]) -> None:
@@ -348,7 +355,8 @@ def _fitting_network(network: Dict[str, Any], nclass: int, weights: Any, path: s
 
 
 #: Readers of shared models (``(accepts(source), load(source, device=..., trust_code=...))``) that
-#: :func:`load_model` asks before reading a checkpoint file: :mod:`encoding.inference.hub` registers its folders and Hub ids.
+#: :func:`load_model` asks before reading a checkpoint file: :mod:`encoding.inference.hub` registers its folders and
+#: Hub ids.
 SOURCE_READERS: List[Tuple[Callable[[str], bool], Callable[..., nn.Module]]] = []
 
 
@@ -379,4 +387,5 @@ def _load_preset(name: str, device: Optional[Union[str, torch.device]], weights:
     built = {"aux": preset["aux"], "se_loss": preset["se_loss"],
              **{k: v for k, v in options.items() if k in ("aux", "se_loss", "output_stride", "head_channels")}}
     model = get_model(name, pretrained=weights if weights is not None else True, **built)  # as its info says
-    return _with_info(model, ModelInfo.of_dataset(**{**options, **named, **built}), device)
+    return attach_info(model, ModelInfo.of_dataset(**{**options, **named, **built}), device,
+                       source_files(os.fspath(weights)) if weights is not None else [])

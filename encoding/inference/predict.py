@@ -31,17 +31,16 @@ from torch import Tensor, nn
 
 from ..datasets.base import BaseDataset
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD, image_transform
-from ..errors import UsageError
 from ..memory.fakes import new_fake_mode
 from ..memory.tracker import AllocationTracker
 from ..models import MultiEvalModule, SlidingWindow
-from ..models.multieval import WindowBatch, flip_average
+from ..models.multieval import InferenceOptionError, WindowBatch, flip_average
 from ..utils.images import rgb_of
 from ..utils.metrics import labels_of, main_output
 from .loading import ModelInfo, model_info
 
-__all__ = ["INFERENCE_MODES", "DEFAULT_WINDOW_MEMORY", "InferenceOptionError", "check_windows", "to_batch",
-           "default_window_memory", "window_bytes", "WindowBudget", "inference_module", "segment"]
+__all__ = ["INFERENCE_MODES", "DEFAULT_WINDOW_MEMORY", "InferenceOptionError", "check_windows", "run_device",
+           "to_batch", "default_window_memory", "window_bytes", "WindowBudget", "inference_module", "segment"]
 
 #: The values of ``mode``: the whole image at once, or mmsegmentation's sliding window.
 INFERENCE_MODES = ("whole", "slide")
@@ -52,13 +51,6 @@ ImageLike = Union[str, os.PathLike, Image.Image, np.ndarray, Tensor]
 #: network take two thirds of the time the 693 that 512 MiB held took; FCN-ResNet50's 480 px windows, one per
 #: forward, 11.6 s against 12.5 s two per forward).
 DEFAULT_WINDOW_MEMORY = 64 * 2 ** 20
-
-
-class InferenceOptionError(UsageError):
-    """A window / stride / window batch that inference cannot use, or a size it needs that ``model.info`` lacks (one
-    line naming the value or the size and the argument to pass; scripts exit with status 2)."""
-
-    exit_status = 2
 
 
 def check_windows(window: Optional[int], stride: Optional[int]) -> None:
@@ -215,6 +207,7 @@ def inference_module(model: nn.Module, *, mode: str = "whole", window: Optional[
             ``window`` and no ``crop_size`` (the message names the size and the argument to pass).
     """
     check_windows(window, stride)
+    window, stride = (None if v is None else int(v) for v in (window, stride))  # numpy's ints as Python's
     batch = _window_batch(model, window_batch, window_memory, flip)
     if mode not in INFERENCE_MODES:
         raise ValueError(f"unknown inference mode {mode!r}; valid: {', '.join(INFERENCE_MODES)}")
@@ -286,6 +279,27 @@ def _window_batch(model: nn.Module, window_batch: Optional[int], window_memory: 
     return int(window_batch)
 
 
+def run_device(model: nn.Module, device: Optional[Union[str, torch.device]] = None) -> torch.device:
+    """Where :func:`segment` runs ``model``: the device of its parameters (the CPU for a model without any).
+    ``device``, when given, must name that device (``"cuda"`` names any CUDA device): the caller's model is never
+    moved behind its back, as :func:`~encoding.inference.loading.load_model` puts it where ``device=`` says.
+
+    Raises:
+        InferenceOptionError: an unknown device, or another than the model's (one line naming both).
+    """
+    own = next((p.device for p in model.parameters()), torch.device("cpu"))
+    if device is None:
+        return own
+    try:
+        wanted = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise InferenceOptionError(f"device {str(repr(device))[:60]}: {str(err).splitlines()[0]}") from None
+    if wanted.type != own.type or wanted.index not in (None, own.index):
+        raise InferenceOptionError(f"device={str(wanted)!r}: the model's parameters are on {own}; segment runs the "
+                                   f"model where it is: move it first (model.to({str(wanted)!r})) or drop device=")
+    return own
+
+
 @torch.inference_mode()
 def segment(model: nn.Module, image: ImageLike, *, mode: str = "whole", window: Optional[int] = None,
             stride: Optional[int] = None, scales: Optional[Sequence[float]] = None, flip: bool = False,
@@ -302,7 +316,8 @@ def segment(model: nn.Module, image: ImageLike, *, mode: str = "whole", window: 
         mode, window, stride, scales, flip: how (see :func:`inference_module`).
         window_batch, window_memory: how many windows one forward runs, or the memory they may take (see
             :func:`inference_module`).
-        device: where to run (default: the model's parameters' device).
+        device: where to run: the model's parameters' device (the default), which a given device must be (the
+            model is not moved: ``model.to(device)`` first; see :func:`run_device`).
 
     Returns:
         ``H x W`` ``int64`` class ids on the CPU (``B x H x W`` for a batch).
@@ -315,7 +330,9 @@ def segment(model: nn.Module, image: ImageLike, *, mode: str = "whole", window: 
 
     Raises:
         ValueError: an image of the wrong type or shape, or empty (``0 x 0``); a bad mode, window or stride; a
-            size the window or scales need that ``model.info`` does not record (:class:`InferenceOptionError`).
+            size the window or scales need that ``model.info`` does not record, a scale that is not a finite number
+            above 0, scales whose largest resized image is over the pixel limit, a ``device`` other than the
+            model's (:class:`InferenceOptionError`).
 
     Example:
         >>> model = encoding.load_model("runs/shapes/unet/default/model_best.pth")   # doctest: +SKIP
@@ -324,8 +341,7 @@ def segment(model: nn.Module, image: ImageLike, *, mode: str = "whole", window: 
     info = getattr(model, "info", None)
     norm = (info.mean, info.std) if isinstance(info, ModelInfo) else (IMAGENET_MEAN, IMAGENET_STD)
     batch = to_batch(image, *norm)
-    if device is None:
-        device = next(model.parameters()).device
+    device = run_device(model, device)
     module = inference_module(model, mode=mode, window=window, stride=stride, scales=scales, flip=flip,
                               info=info if isinstance(info, ModelInfo) else None, window_batch=window_batch,
                               window_memory=window_memory)

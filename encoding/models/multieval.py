@@ -22,16 +22,45 @@ image, no padding, logits averaged by coverage count), or the whole image at onc
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
+import numbers
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
 from ..datasets.transforms import IMAGENET_MEAN, IMAGENET_STD
+from ..errors import UsageError
 from ..nn.blocks import resize
+from ..utils.images import max_pixels
 from ..utils.metrics import main_output
 
-__all__ = ["MultiEvalModule", "SlidingWindow", "WindowBatch", "flip_average", "batched_windows"]
+__all__ = ["MultiEvalModule", "SlidingWindow", "WindowBatch", "InferenceOptionError", "check_scales", "flip_average",
+           "batched_windows"]
+
+
+class InferenceOptionError(UsageError):
+    """A window / stride / window batch / scale that inference cannot use, or a size it needs that ``model.info``
+    lacks (one line naming the value or the size and the argument to pass; scripts exit with status 2). Also
+    ``encoding.inference.predict.InferenceOptionError``."""
+
+    exit_status = 2
+
+
+def check_scales(scales: Any) -> Tuple[float, ...]:
+    """``scales`` as a tuple of floats, each a finite number above 0 (a scale multiplies ``base_size``).
+
+    Raises:
+        InferenceOptionError: one line naming ``scales`` and the value (no scale at all, a string, a bool, 0, a
+            negative, NaN or infinite scale).
+    """
+    values = tuple(scales) if isinstance(scales, Iterable) and not isinstance(scales, (str, bytes)) else None
+    if not values:
+        raise InferenceOptionError(f"scales must be a list of numbers above 0, got {str(repr(scales))[:60]}")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+            raise InferenceOptionError(f"scales {str(repr(scales))[:60]}: each scale must be a finite number above "
+                                       f"0, got {value!r}")
+    return tuple(float(v) for v in values)
 
 #: How many windows one forward runs: a positive int, or a function of one window (the input of one window position,
 #: ``B x C x h x w``) that returns it (e.g. from a memory budget: :class:`encoding.inference.predict.WindowBudget`),
@@ -156,8 +185,7 @@ class MultiEvalModule(nn.Module):
         crop_size = _recorded(module, "crop_size", crop_size, 480)
         mean = _recorded(module, "mean", mean, IMAGENET_MEAN)
         std = _recorded(module, "std", std, IMAGENET_STD)
-        if not scales:
-            raise ValueError("MultiEvalModule needs at least one scale")
+        scales = check_scales(scales)
         if not 0 < stride_rate <= 1:
             raise ValueError(f"stride_rate must be in (0, 1], got {stride_rate}")
         if len(mean) != len(std):
@@ -165,7 +193,7 @@ class MultiEvalModule(nn.Module):
         self.module = module
         self.nclass = nclass
         self.base_size, self.crop_size = base_size, crop_size
-        self.scales = tuple(scales)
+        self.scales = scales
         self.flip = flip
         if stride is not None and not 0 < stride <= crop_size:
             raise ValueError(f"stride must be in [1, crop_size={crop_size}], got {stride}")
@@ -179,6 +207,7 @@ class MultiEvalModule(nn.Module):
             raise ValueError(f"MultiEvalModule expects B x {len(self.pad_value)} x H x W images, "
                              f"got shape {tuple(image.shape)}")
         h, w = image.shape[-2:]
+        self._check_pixels(h, w)
         scores = None
         for scale in self.scales:
             size = self._scaled_size(h, w, scale)
@@ -195,6 +224,17 @@ class MultiEvalModule(nn.Module):
 
     def _scaled_size(self, h: int, w: int, scale: float) -> Tuple[int, int]:
         return scaled_size(h, w, self.base_size, scale)
+
+    def _check_pixels(self, h: int, w: int) -> None:
+        """Refuse scales whose largest resized ``h x w`` image is over the pixel limit
+        (:func:`~encoding.utils.images.max_pixels`), before anything is allocated at that size."""
+        scale = max(self.scales)
+        height, width = self._scaled_size(h, w, scale)
+        if height * width > max_pixels():
+            raise InferenceOptionError(
+                f"scales {self.scales!r}: the {h} x {w} image at scale {scale:g} (long side base_size {self.base_size} "
+                f"x {scale:g}) is {height} x {width} = {height * width:,} pixels, over the pixel limit of "
+                f"{max_pixels():,} (smaller scales, or raise the limit with ENCODING_MAX_PIXELS)")
 
     def _evaluate_scale(self, image: Tensor) -> Tensor:
         """Logits of the whole (resized) image, by one padded pass or by sliding windows."""
@@ -308,10 +348,11 @@ class SlidingWindow(nn.Module):
 
 
 def _pair(value: Union[int, Sequence[int]], name: str) -> Tuple[int, int]:
-    pair = (value, value) if isinstance(value, int) else tuple(value)
-    if len(pair) != 2 or not all(isinstance(v, int) and v > 0 for v in pair):
+    """``value`` (an int, numpy's too, or ``(height, width)``) as two Python ints, each positive."""
+    pair = (value, value) if isinstance(value, numbers.Integral) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0 for v in pair):
         raise ValueError(f"{name} must be a positive int or (height, width), got {value!r}")
-    return pair
+    return int(pair[0]), int(pair[1])
 
 
 def _windows(size: int, window: int, stride: int) -> List[Tuple[int, int]]:
