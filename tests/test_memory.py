@@ -571,3 +571,14 @@ def test_tool_plans_the_optimizer_and_the_loss_it_is_given(tmp_path, capsys):
     argv = ["--simulate", "2", "--optimizer", "adamw", "--momentum", "0.5"]
     capsys.readouterr()
     assert "--momentum is read only with --optimizer sgd" in _one_line_error(argv, capsys)
+
+
+def test_out_dir_with_both_json_and_chart_is_refused(tmp_path, capsys):
+    """``--out-dir X --json a.json --chart b.png`` accepted --out-dir and wrote nothing there: refused as every option
+    the run never reads; with one of the two files left to it, it is read."""
+    files = ["--json", str(tmp_path / "a.json"), "--chart", str(tmp_path / "b.png")]
+    message = _one_line_error(files + ["--out-dir", str(tmp_path / "x")], capsys)
+    assert "--out-dir is read only with --json or --chart left out" in message and "would not use it" in message
+    args = cli.parse_args(files[:2] + ["--out-dir", str(tmp_path / "x")])
+    assert args.chart_path == str(tmp_path / "x" / "memory_balance.png")
+    assert cli.parse_args(files).json_path == str(tmp_path / "a.json")

@@ -86,7 +86,7 @@ def test_single_image_shapes():
     assert_matches(metric.compute(), reference_scores(logits.argmax(1).numpy(), target.numpy(), 6))
 
 
-@pytest.mark.parametrize("ignore_index", [255, 2])
+@pytest.mark.parametrize("ignore_index", [255, 6, -100])
 def test_other_ignore_values_use_the_general_path(ignore_index):
     logits, target = random_batch(seed=4)
     target = target.clone()
@@ -94,8 +94,47 @@ def test_other_ignore_values_use_the_general_path(ignore_index):
     metric = SegmentationMetric(6, ignore_index=ignore_index)
     metric.update(logits, target)
     assert_matches(metric.compute(), reference_scores(logits.argmax(1).numpy(), target.numpy(), 6, ignore_index))
-    if ignore_index == 2:  # ignoring an in-range class removes its row and column entries from the target side
-        assert metric.compute()["confusion"][2].sum() == 0
+
+
+@pytest.mark.parametrize("ignore_index", [0, 2])
+def test_an_ignore_index_that_is_a_class_is_refused(ignore_index):
+    """An ignored class in [0, nclass) could never be scored: its pixels are never target, its predictions all count
+    as false positives, so its IoU read 0 and pulled mIoU down. Refused, in the metric and in confusion_matrix."""
+    from encoding.errors import EncodingError
+
+    with pytest.raises(ValueError, match=rf"ignore_index={ignore_index} .*\[0, 3\).*never be scored.*-1 or 255") as err:
+        SegmentationMetric(3, ignore_index=ignore_index)
+    assert isinstance(err.value, EncodingError) and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=rf"ignore_index={ignore_index} "):
+        confusion_matrix(torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2]), nclass=3, ignore_index=ignore_index)
+    assert SegmentationMetric(3, ignore_index=3).ignore_index == 3  # just outside the classes: fine
+
+
+def test_nan_logits_are_refused_not_scored_as_class_0():
+    """argmax of an all-NaN pixel is 0 (and a NaN anywhere wins the max): such pixels were scored as ordinary
+    predictions. Logits holding NaN are refused, naming how many values are NaN; labels are unaffected."""
+    from encoding.errors import EncodingError
+
+    target = torch.tensor([[[0, 1], [2, 1]]])
+    logits = torch.zeros(1, 3, 2, 2)
+    logits[0, :, 0, 0] = float("nan")  # one all-NaN pixel (3 values) and one NaN logit of another pixel
+    logits[0, 2, 1, 1] = float("nan")
+    metric = SegmentationMetric(3)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        with pytest.raises(ValueError, match=r"4 of 12 values are NaN") as err:
+            metric.update(logits.to(dtype), target)
+        assert isinstance(err.value, EncodingError)
+    with pytest.raises(ValueError, match=r"4 of 12 values are NaN"):
+        metric.update({"out": logits}, target)
+    with pytest.raises(ValueError, match=r"4 of 12 values are NaN"):
+        confusion_matrix(logits[0], target[0], nclass=3)
+    binary = SegmentationMetric(2, binary=True)  # one-channel binary logits: sigmoid(NaN) > t was read as 0
+    with pytest.raises(ValueError, match=r"1 of 4 values are NaN"):
+        binary.update(logits[:, :1], torch.zeros(1, 2, 2, dtype=torch.long))
+    assert metric.confusion is None and binary.confusion is None  # nothing accumulated
+    metric.update(torch.nan_to_num(logits), target)  # finite logits and integer labels are scored as before
+    metric.update(target.clone(), target)
+    assert metric.confusion.sum() == 8
 
 
 def test_nan_aware_means_differ_from_pe_for_absent_classes():

@@ -225,10 +225,14 @@ def test_a_config_file_naming_code_needs_trust_code_on_the_command_line(tmp_path
     """train.py --config FILE: a file (shared, downloaded) that names a module:factory network imported it with no
     opt-in. Refused in one line, nothing imported; --trust-code on the command line runs it (the
     file cannot opt in for itself); --model on the command line is the user's own request."""
+    from encoding.config import ConfigError
     from encoding.config.resolve import resolve
 
     shared = tmp_path / "shared.yaml"
     shared.write_text(f"model: {SPEC}\ntrust-code: true\n")
+    with pytest.raises(ConfigError, match="key 'trust-code' cannot be set in a file .*--trust-code on the command"):
+        resolve("train", ["--config", str(shared)])
+    shared.write_text(f"model: {SPEC}\n")
     with pytest.raises(UntrustedCode) as caught:
         resolve("train", ["--config", str(shared)])
     _one_line_refusal(caught)

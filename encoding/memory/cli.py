@@ -67,6 +67,7 @@ _READ_WHEN = {
     "data_root": (lambda a: a.dataset == "folder", "--dataset folder (its class file)"),
     "backbone": (lambda a: not is_model_spec(a.model), "a network of the toolkit's (not a model spec)"),
     "momentum": (lambda a: a.optimizer == "sgd", "--optimizer sgd"),
+    "out_dir": (lambda a: not (a.json and a.chart), "--json or --chart left out (it holds the file they do not name)"),
 }
 
 

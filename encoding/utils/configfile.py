@@ -14,7 +14,7 @@ import difflib
 import json
 import os
 import reprlib
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import UsageError
 from .cli import arg, make_parser
@@ -80,13 +80,53 @@ def _read_text(path: str) -> str:
         raise ConfigFileError(f"{path}: not a text file (byte {err.start} is not UTF-8)") from None
 
 
+def _name(key: Any) -> str:
+    """The option a file's key stands for: ``crop_size`` and ``crop-size`` are both ``crop-size``."""
+    return str(key).replace("_", "-")
+
+
+def _given_once(path: str, keys: Iterable[Any]) -> None:
+    """Refuse a key given twice (``crop-size`` and ``crop_size`` are one option): the last one would silently win."""
+    seen: Dict[str, Any] = {}
+    for key in keys:
+        if _name(key) in seen:
+            also = "" if seen[_name(key)] == key else f" (as {_brief(seen[_name(key)])} before)"
+            raise ConfigFileError(f"{path}: a key given twice: {_brief(key)}{also}; give each option once")
+        seen[_name(key)] = key
+
+
+def _json_mapping(text: str) -> Tuple[Any, List[Any]]:
+    """``(value, top-level keys in the file's order, repeats included)`` of JSON ``text``."""
+    objects: List[list] = []
+
+    def keep(pairs: list) -> Dict[str, Any]:
+        objects.append(pairs)  # the outermost object is completed last
+        return dict(pairs)
+
+    data = json.loads(text, object_pairs_hook=keep) if text.strip() else {}
+    return data, [k for k, _ in objects[-1]] if isinstance(data, dict) and objects else []
+
+
+def _yaml_mapping(yaml: Any, text: str) -> Tuple[Any, List[Any]]:
+    """``(value, top-level keys in the file's order, repeats included)`` of YAML ``text`` (one parse: PyYAML's
+    ``safe_load`` keeps the last of repeated keys; a ``<<`` merge's keys may be overridden, as YAML defines)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        pairs = node.value if isinstance(node, yaml.MappingNode) else []
+        keys = [k.value for k, _ in pairs if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge"]
+        return (loader.construct_document(node) if node is not None else None), keys
+    finally:
+        loader.dispose()
+
+
 def read_config(path: str) -> Dict[str, Any]:
     """The mapping of the YAML (``.yaml`` / ``.yml``, needs PyYAML) or JSON (``.json``) file ``path``.
 
     Raises:
         ConfigFileError: no such file, another extension, PyYAML missing, a syntax error, not a mapping, not UTF-8
-            text, larger than :data:`MAX_BYTES`, or expanding past :data:`MAX_VALUES` values / :data:`MAX_DEPTH`
-            levels.
+            text, larger than :data:`MAX_BYTES`, expanding past :data:`MAX_VALUES` values / :data:`MAX_DEPTH`
+            levels, or a key given twice (``crop-size`` and ``crop_size`` are one).
     """
     ext = os.path.splitext(path)[1].lower()
     if ext not in (".yaml", ".yml", ".json"):
@@ -96,7 +136,7 @@ def read_config(path: str) -> Dict[str, Any]:
     text = _read_text(path)
     if ext == ".json":
         try:
-            data = json.loads(text) if text.strip() else {}
+            data, keys = _json_mapping(text)
         except ValueError as err:
             raise ConfigFileError(f"{path}: not valid JSON ({err})") from None
         except RecursionError:
@@ -108,7 +148,7 @@ def read_config(path: str) -> Dict[str, Any]:
             raise ConfigFileError(f"{path}: reading YAML needs PyYAML: pip install -e .[config] "
                                   "(or write the file as .json)") from None
         try:
-            data = yaml.safe_load(text)
+            data, keys = _yaml_mapping(yaml, text)
         except yaml.YAMLError as err:
             raise ConfigFileError(f"{path}: not valid YAML ({_clip(' '.join(str(err).split()))})") from None
         except RecursionError:
@@ -119,6 +159,7 @@ def read_config(path: str) -> Dict[str, Any]:
     _check_expansion(data, path)
     if not isinstance(data, dict):
         raise ConfigFileError(f"{path}: expected a mapping of option names to values, got {type(data).__name__}")
+    _given_once(path, keys)
     return data
 
 
@@ -130,12 +171,13 @@ def _options(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
         if not longs or isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
             continue
         for name in longs + [action.dest]:
-            options.setdefault(name.replace("_", "-"), action)
+            options.setdefault(_name(name), action)
     return options
 
 
 def _tokens(action: argparse.Action, value: Any, where: str) -> List[str]:
-    """The command-line tokens of ``value`` for ``action`` (``[]``: leave the option at its default)."""
+    """The command-line tokens of ``value`` for ``action`` (``[]``: leave the option at its default); a value
+    starting with ``-`` is one ``--option=value`` token (as two, argparse would read it as an option)."""
     option = next(s for s in action.option_strings if s.startswith("--"))
     if value is None:
         return []
@@ -153,12 +195,16 @@ def _tokens(action: argparse.Action, value: Any, where: str) -> List[str]:
         value = ",".join(str(v) for v in value)
     elif isinstance(value, dict):
         raise ConfigFileError(f"{where}: {option}: expected a value, got a mapping")
-    return [option, str(value)]
+    return [f"{option}={value}"] if str(value).startswith("-") else [option, str(value)]
 
 
 #: Options a file may not set, and why: they are about the command, not the run.
 NOT_IN_FILES = {"config": "a file does not name another file",
-                "traceback": "it is how errors are shown: --traceback on the command line, or ENCODING_TRACEBACK=1"}
+                "traceback": "it is how errors are shown: --traceback on the command line, or ENCODING_TRACEBACK=1",
+                "trust-code": "a file cannot opt in for itself: --trust-code on the command line"}
+#: Keys of :data:`NOT_IN_FILES` a file may hold turned off (``false`` / ``null``: the default, as a run's written
+#: options record them); refused when they would turn the option on.
+OFF_IN_FILES = ("trust-code",)
 
 
 def config_argv(parser: argparse.ArgumentParser, path: str, data: Optional[Mapping[str, Any]] = None,
@@ -168,17 +214,21 @@ def config_argv(parser: argparse.ArgumentParser, path: str, data: Optional[Mappi
     Args:
         parser: the script's parser (its long options are the valid keys).
         data: the file's mapping when already read.
-        exclude: keys a file may not set (:data:`NOT_IN_FILES`).
+        exclude: keys a file may not set (:data:`NOT_IN_FILES`; those of :data:`OFF_IN_FILES` may be off).
 
     Raises:
-        ConfigFileError: an unknown key (naming the closest option), or a value of the wrong shape.
+        ConfigFileError: an unknown key (naming the closest option), a key given twice (``crop-size`` and
+            ``crop_size``), a key of ``exclude`` that sets its option, or a value of the wrong shape.
     """
     data = read_config(path) if data is None else data
+    _given_once(path, data)
     options = _options(parser)
     argv: List[str] = []
     for key, value in data.items():
-        name = str(key).replace("_", "-")
+        name, where = _name(key), f"{path}: key {_brief(key)}"
         if name in exclude and name in options:
+            if name in OFF_IN_FILES and not _tokens(options[name], value, where):
+                continue  # off, the default: the command line alone turns it on
             why = NOT_IN_FILES.get(name, "the command line's")
             raise ConfigFileError(f"{path}: key {_brief(key)} cannot be set in a file ({why})")
         if name not in options or name in exclude:
@@ -186,7 +236,7 @@ def config_argv(parser: argparse.ArgumentParser, path: str, data: Optional[Mappi
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigFileError(f"{path}: unknown key {_brief(key)}{hint} (keys are {parser.prog}'s options "
                                   "without the leading dashes)")
-        argv += _tokens(options[name], value, f"{path}: key {_brief(key)}")
+        argv += _tokens(options[name], value, where)
     return argv
 
 

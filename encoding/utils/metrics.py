@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from ..errors import UsageError
 from ..parallel.scatter_gather import scatter
 from .dist import reduce_across_processes
 from .table import format_table
@@ -33,9 +34,7 @@ __all__ = ["SegmentationMetric", "main_output", "to_labels", "confusion_matrix",
 Output = Union[Tensor, Mapping[str, Any], Sequence[Any]]
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Input handling
-# ----------------------------------------------------------------------------------------------------------------------
+# --- Input handling ---------------------------------------------------------------------------------------------------
 def main_output(output: Any) -> Tensor:
     """The segmentation logits/labels of one model output: a tensor, ``output["out"]`` or ``output[0]``."""
     if isinstance(output, Tensor):
@@ -62,6 +61,9 @@ def to_labels(preds: Tensor, target: Tensor, nclass: Optional[int] = None,
 
     Returns:
         ``(labels, from_logits)``; labels from an argmax are always in ``[0, nclass)`` and need no range check.
+
+    Raises:
+        UsageError: logits holding NaN (the message counts them): a NaN pixel has no class (its argmax would read 0).
     """
     if target.is_floating_point() or target.is_complex():
         raise TypeError(f"target must hold integer class indices, got dtype {target.dtype} (note the argument "
@@ -79,13 +81,23 @@ def to_labels(preds: Tensor, target: Tensor, nclass: Optional[int] = None,
                                 f"got dtype {preds.dtype}; pass integer labels shaped like the target "
                                 f"{tuple(target.shape)} (e.g. squeeze a kept dimension)")
             if nclass == 2 and preds.shape[class_dim] == 1:
-                return binary_labels(preds.squeeze(class_dim), threshold), True
+                return binary_labels(_refuse_nan(preds, preds).squeeze(class_dim), threshold), True
             if nclass is not None and preds.shape[class_dim] != nclass:
                 raise ValueError(f"logits have {preds.shape[class_dim]} channels in dim {class_dim} but the metric "
                                  f"has nclass={nclass}")
-            return class_argmax(preds, class_dim), True
+            best = preds.max(class_dim)  # class_argmax's labels; its values are NaN wherever a logit is
+            _refuse_nan(preds, best.values)
+            return best.indices, True
     raise ValueError(f"predictions of shape {tuple(preds.shape)} do not match target of shape "
                      f"{tuple(target.shape)}: expected logits [B]xCxHxW or labels [B]xHxW")
+
+
+def _refuse_nan(logits: Tensor, reduced: Tensor) -> Tensor:
+    """``logits``, refused if any is NaN; ``reduced`` (them, or their max over classes: NaN where they are) is read."""
+    if torch.isnan(reduced).any():
+        raise UsageError(f"logits: {int(torch.isnan(logits).sum())} of {logits.numel()} values are NaN: a NaN pixel "
+                         "has no class (it would be scored as class 0); check the network's output")
+    return logits
 
 
 def binary_labels(logits: Tensor, threshold: float = 0.5) -> Tensor:
@@ -112,13 +124,18 @@ def class_argmax(logits: Tensor, dim: int = 1) -> Tensor:
 
 def _bad_values(values: Tensor, limit: int = 10) -> str:
     found = torch.unique(values).tolist()
-    text = ", ".join(map(str, found[:limit]))
-    return text + (f", ... ({len(found)} distinct)" if len(found) > limit else "")
+    return ", ".join(map(str, found[:limit])) + (f", ... ({len(found)} distinct)" if len(found) > limit else "")
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The one confusion-matrix update
-# ----------------------------------------------------------------------------------------------------------------------
+# --- The one confusion-matrix update ----------------------------------------------------------------------------------
+def _ignore_index(nclass: int, ignore_index: int) -> int:
+    """``ignore_index`` as an int, refused inside ``[0, nclass)``: that class could never be scored."""
+    if 0 <= int(ignore_index) < int(nclass):
+        raise UsageError(f"ignore_index={ignore_index} is one of the classes [0, {nclass}): that class could never be "
+                         f"scored (its IoU would read 0); map the ignored label outside [0, {nclass}), e.g. -1 or 255")
+    return int(ignore_index)
+
+
 def _bin_codes(labels: Tensor, target: Tensor, n: int, ignore: int, check_labels: bool) -> Tensor:
     """One bin per pixel: ``target * n + label``; then ``n*n`` ignored, ``n*n+1`` bad target, ``n*n+2`` bad label."""
     ignored = target == ignore
@@ -141,7 +158,7 @@ def confusion_matrix(preds: Tensor, target: Tensor, nclass: int, ignore_index: i
         target: integer labels ``[B]xHxW``; ``ignore_index`` marks pixels that are not scored. It is moved to the
             predictions' device.
         nclass: number of classes ``C``.
-        ignore_index: label of unscored pixels (PyTorch-Encoding convention: ``-1``).
+        ignore_index: label of unscored pixels (PyTorch-Encoding convention: ``-1``), outside ``[0, nclass)``.
         threshold: the foreground threshold of a one-channel binary output (``nclass=2``).
 
     Returns:
@@ -150,7 +167,7 @@ def confusion_matrix(preds: Tensor, target: Tensor, nclass: int, ignore_index: i
 
     Raises:
         ValueError: a target value outside ``[0, nclass)`` that is not ``ignore_index`` (or a predicted label outside
-            ``[0, nclass)``); the message names the offending values.
+            ``[0, nclass)``), named; a ``UsageError`` for an ``ignore_index`` in ``[0, nclass)`` or NaN logits.
 
     Example:
         >>> confusion_matrix(torch.tensor([0, 1, 1]), torch.tensor([0, 1, -1]), nclass=2)
@@ -159,7 +176,7 @@ def confusion_matrix(preds: Tensor, target: Tensor, nclass: int, ignore_index: i
     """
     if nclass < 1:
         raise ValueError(f"nclass must be >= 1, got {nclass}")
-    n, ignore = int(nclass), int(ignore_index)
+    n, ignore = int(nclass), _ignore_index(nclass, ignore_index)
     labels, from_logits = to_labels(preds, target, n, threshold)
     # non_blocking only towards an accelerator: a copy to the host would be read before it lands
     target = target.to(device=labels.device, dtype=torch.int64, non_blocking=labels.device.type != "cpu")
@@ -174,12 +191,9 @@ def confusion_matrix(preds: Tensor, target: Tensor, nclass: int, ignore_index: i
     return counts[: n * n].reshape(n, n)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Scores
-# ----------------------------------------------------------------------------------------------------------------------
+# --- Scores -----------------------------------------------------------------------------------------------------------
 def _nanmean(values: Tensor) -> float:
-    finite = values[~torch.isnan(values)]
-    return float(finite.mean()) if finite.numel() else math.nan
+    return float(values.nanmean())  # NaN when every value is
 
 
 def scores_from_confusion(confusion: Tensor) -> Dict[str, Any]:
@@ -212,17 +226,8 @@ def scores_from_confusion(confusion: Tensor) -> Dict[str, Any]:
         pix_acc = float(tp.sum()) / total
     else:
         fw_iou = pix_acc = math.nan
-    return {
-        "pixAcc": pix_acc,
-        "mIoU": _nanmean(iou),
-        "mAcc": _nanmean(acc),
-        "fwIoU": fw_iou,
-        "mDice": _nanmean(dice),
-        "IoU": iou,
-        "Acc": acc,
-        "Dice": dice,
-        "confusion": confusion.detach().to("cpu", torch.int64),
-    }
+    return {"pixAcc": pix_acc, "mIoU": _nanmean(iou), "mAcc": _nanmean(acc), "fwIoU": fw_iou, "mDice": _nanmean(dice),
+            "IoU": iou, "Acc": acc, "Dice": dice, "confusion": confusion.detach().to("cpu", torch.int64)}
 
 
 def binary_scores(confusion: Tensor) -> Dict[str, float]:
@@ -244,9 +249,7 @@ def binary_scores(confusion: Tensor) -> Dict[str, float]:
             "precision": ratio(tp, tp + fp), "recall": ratio(tp, tp + fn)}
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The accumulating metric
-# ----------------------------------------------------------------------------------------------------------------------
+# --- The accumulating metric ------------------------------------------------------------------------------------------
 def _per_replica(outputs: List[Tensor], target: Union[Tensor, Sequence[Tensor]]) -> List[Tensor]:
     """One target per replica output: given as a list, or the whole batch scattered like the outputs."""
     if not outputs:
@@ -287,7 +290,7 @@ class SegmentationMetric:
 
     Args:
         nclass: number of classes.
-        ignore_index: target label of unscored pixels (default ``-1``, the PE convention).
+        ignore_index: target label of unscored pixels (default ``-1``, the PE convention); never in ``[0, nclass)``.
         device: where the accumulated matrix lives (default: the device of the first predictions seen). Each update
             runs its ``bincount`` on the predictions' device and only the ``nclass x nclass`` result moves.
         binary: a foreground / background metric (``nclass=2``): :meth:`compute` adds :func:`binary_scores`.
@@ -309,7 +312,7 @@ class SegmentationMetric:
             raise ValueError(f"threshold must be in (0, 1), got {threshold}")
         self.binary, self.threshold = bool(binary), float(threshold)
         self.nclass = int(nclass)
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = _ignore_index(nclass, ignore_index)
         self.device = torch.device(device) if device is not None else None
         self.confusion: Optional[Tensor] = None
         self._local: Optional[Tensor] = None  # this process's own counts while ``confusion`` holds the reduced sum
@@ -334,8 +337,8 @@ class SegmentationMetric:
         with one class dim more (dim 1, or 0 against ``HxW``; or ``1xCxHxW`` against ``HxW``), or lists of such pairs.
 
         Raises:
-            ValueError: shapes that do not match, or target values outside ``[0, nclass)`` other than
-                ``ignore_index`` (the message names them).
+            ValueError: shapes that do not match, target values outside ``[0, nclass)`` other than
+                ``ignore_index`` (the message names them), or logits holding NaN (a ``UsageError`` counting them).
         """
         pe_order = _pe_order(preds_or_logits, target)
         if pe_order is not None:
@@ -359,8 +362,7 @@ class SegmentationMetric:
         if self._local is not None:  # counting on after a reduction: back to this process's own counts
             self.confusion, self._local = self._local, None
         if self.confusion is None:
-            device = self.device if self.device is not None else batch_confusion.device
-            self.confusion = torch.zeros(self.nclass, self.nclass, dtype=torch.int64, device=device)
+            self.confusion = torch.zeros_like(batch_confusion, device=self.device or batch_confusion.device)
         self.confusion += batch_confusion.to(self.confusion.device)
 
     def reduce_from_all_processes(self) -> None:
@@ -378,8 +380,7 @@ class SegmentationMetric:
 
     def compute(self) -> Dict[str, Any]:
         """All scores; see :func:`scores_from_confusion` for the keys (and :func:`binary_scores` when binary)."""
-        confusion = (torch.zeros(self.nclass, self.nclass, dtype=torch.int64) if self.confusion is None
-                     else self.confusion)
+        confusion = torch.zeros((self.nclass,) * 2, dtype=torch.int64) if self.confusion is None else self.confusion
         scores = scores_from_confusion(confusion)
         return {**scores, **binary_scores(confusion)} if self.binary else scores
 
@@ -391,8 +392,7 @@ class SegmentationMetric:
     def get_all(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         """PyTorch-Encoding's accumulated counts ``(correct, labeled, inter, union)`` (int64: two scalars, two
         per-class vectors), e.g. for ``torch_dist_sum`` then ``get_pixacc_miou`` as PE's ``train_dist.py``."""
-        confusion = (torch.zeros(self.nclass, self.nclass, dtype=torch.int64) if self.confusion is None
-                     else self.confusion)
+        confusion = torch.zeros((self.nclass,) * 2, dtype=torch.int64) if self.confusion is None else self.confusion
         inter = confusion.diagonal()
         return inter.sum(), confusion.sum(), inter.clone(), confusion.sum(0) + confusion.sum(1) - inter
 
