@@ -183,7 +183,7 @@ def test_every_exception_class_of_the_package_derives_from_encoding_error():
     modules = _package_modules()
     assert len(modules) > 100  # the walk saw the package
     classes = {f"{cls.__module__}.{cls.__qualname__}": cls for m in modules for cls in _exception_classes(m)}
-    assert {"encoding.errors.UsageError", "encoding.inference.predict.InferenceOptionError",
+    assert {"encoding.errors.UsageError", "encoding.models.multieval.InferenceOptionError",
             "encoding.engine.signals.Interrupted", "encoding.parallel.parallel_apply.ReplicaAbortedError"} <= set(classes)
     outside = sorted(name for name, cls in classes.items() if not issubclass(cls, EncodingError))
     assert outside == ["encoding.app.cli.Stopped", "encoding.errors.RunInterrupted"], outside

@@ -345,8 +345,6 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
     if config.data_root:  # recorded absolute: test.py, demo.py and load_model find the data from any folder
         config = replace(config, data_root=os.path.abspath(os.path.expanduser(config.data_root)))
     check_training(config, given_datasets=datasets is not None)
-    if datasets is not None:
-        check_given_data(config, datasets)
     check_run_dir(config)
     if config.deterministic:
         enable_determinism()
@@ -360,7 +358,9 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
               "raise --epochs to train further")
         return {}
     if resumed:
-        check_resume(config, checkpoint, given_datasets=datasets is not None)
+        check_resume(config, checkpoint, given_datasets=datasets is not None)  # names the checkpoint: first
+    if datasets is not None:
+        check_given_data(config, datasets)
     with made_dirs(config.run_dir), run_lock(config.run_dir, enabled=not config.eval):  # before any work
         run = build_training(config, datasets=datasets, checkpoint=checkpoint)  # the checkpoint's weights fit
         if replaces_earlier_run(config) and main:  # --overwrite: only now that the run can start
