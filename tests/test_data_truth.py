@@ -398,3 +398,66 @@ def test_a_dataset_of_one_class_is_refused_before_anything_is_written(tmp_path, 
                                      "--unknown-labels", "ignore"]) == 2
     assert "--dataset folder: 1 class (background): nothing to tell apart" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("layout, val", [("splitdirs", "valid"), ("mmseg", "validation"), ("lists", "valid"),
+                                         ("nested", "val")])
+def test_a_validation_split_under_another_name_or_nested_in_images_validates(tmp_path, layout, val):
+    """A val split named ``valid`` / ``validation`` (Roboflow's, ADE20K's), or ``images/{train,val}`` +
+    ``masks/{train,val}``: it was silently passed over (or pooled with train) and a hold-out of 1 training image
+    validated. It is the val split; two names of one split are refused; a stray image beside the split folders too."""
+    from folder_data import write_pair
+
+    j, root = os.path.join, str(tmp_path / "d")
+    for i in range(8):
+        split = "train" if i < 6 else val
+        if layout == "splitdirs":
+            write_pair(j(root, split, "images"), j(root, split, "masks"), f"img{i}", i)
+        elif layout == "mmseg":
+            write_pair(j(root, "img_dir", split), j(root, "ann_dir", split), f"img{i}", i)
+        elif layout == "nested":
+            write_pair(j(root, "images", split), j(root, "masks", split), f"img{i}", i)
+        else:
+            write_pair(j(root, "images"), j(root, "masks"), f"img{i}", i)
+    if layout == "lists":
+        os.makedirs(j(root, "splits"))
+        for name, ids in (("train", range(6)), (val, range(6, 8))):
+            with open(j(root, "splits", name + ".txt"), "w") as f:
+                f.write("".join(f"img{i}\n" for i in ids))
+    train, test = (FolderSegmentation(root, split=s, mode="testval") for s in ("train", "val"))
+    assert sorted(os.path.basename(p) for p in test.images) == ["img6.jpg", "img7.jpg"]
+    assert len(train) == 6 and test.holdout is None and set(test.SPLITS) == {"train", "val"}
+    if layout == "splitdirs":  # val/ beside valid/: which one validates would be a guess
+        write_pair(j(root, "val", "images"), j(root, "val", "masks"), "img9", 9)
+        with pytest.raises(DatasetError, match=r"valid: is split 'val' as 'val' is: keep one"):
+            FolderSegmentation(root, split="val")
+    if layout == "nested":
+        write_pair(j(root, "images"), j(root, "masks"), "loose", 1)
+        with pytest.raises(DatasetError, match=r"images/loose\.jpg: is outside the split folders of .*images "
+                                               r"\(train, val\): move it into one of them"):
+            FolderSegmentation(root, split="val")
+
+
+@pytest.mark.parametrize("text, names", [("0 background\n2 dog\n1 cat\n", ("background", "cat", "dog")),
+                                         ("0: background 0 0 0\n1: cat 255 0 0\n2: dog 0 0 255\n",
+                                          ("background", "cat", "dog")),
+                                         ("background\ncat\ndog\n", ("background", "cat", "dog")),
+                                         ("1 cat\n2 dog\n3 bird\n", None)])
+def test_a_classes_txt_numbering_its_classes_names_each_mask_value_by_its_number(tmp_path, text, names):
+    """A classes.txt of ``id name`` lines (a common label-map file) was read as names ``'0 background'``, ``'2 dog'``
+    in line order: value 1 was named "2 dog". The ids now order the names; ids that are not 0..n-1 (1-based ones) are
+    refused in one line naming the file."""
+    from folder_data import make_folder
+
+    root = make_folder(str(tmp_path / "d"), "flat")
+    with open(os.path.join(root, "classes.txt"), "w") as f:
+        f.write(text)
+    if names is None:
+        with pytest.raises(DatasetError, match=r"classes\.txt: numbers its classes \[1, 2, 3\]: the numbers must be "
+                                               r"the mask values 0\.\.2, each once"):
+            FolderSegmentation(root)
+        return
+    data = FolderSegmentation(root)
+    assert data.CLASSES == names
+    if "255 0 0" in text:
+        assert data.PALETTE == ((0, 0, 0), (255, 0, 0), (0, 0, 255))

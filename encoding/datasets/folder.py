@@ -6,7 +6,10 @@ Layouts of the folder ``DIR`` (``train.py --dataset folder --data-root DIR``), t
   (``0001``) or an ``image mask`` pair of paths relative to ``DIR`` (:func:`~.pairing.read_pair_list`);
 * ``DIR/{train,val}/{images,masks}``;
 * mmsegmentation's ``DIR/img_dir/{train,val}`` + ``DIR/ann_dir/{train,val}``;
+* ``DIR/images/{train,val}`` + ``DIR/masks/{train,val}``;
 * ``DIR/images/*`` + ``DIR/masks/*``.
+
+A split folder or list may be named ``valid`` / ``validation`` (``training``, ``testing``): it is that split.
 
 Images and masks are matched by file stem (any extension PIL reads; sub-folders keep their relative path), or by the
 stem without a suffix that every mask shares (``0001.jpg`` + ``0001_mask.png``; :mod:`.pairing`). Without a ``val``
@@ -32,12 +35,12 @@ from .base import BaseDataset
 from .labels import INVALID_LABEL, table_classes
 from .folder_meta import color_lookup, format_colors, read_class_file, read_mask
 from .layout import DatasetError, shared_images
-from .pairing import Pair, Problem, pair_folders, read_pair_list
+from .pairing import Pair, Problem, by_stem, pair_folders, read_pair_list
 from .scan import FolderScan, cache_file, check_scan, record_key, scan_pairs
 from .transforms import LABEL_IGNORE
 
 __all__ = ["FolderSegmentation", "find_splits", "hold_out", "holdout_path", "read_holdout", "HOLDOUT_NAME",
-           "LEGACY_HOLDOUT_NAME", "HOLDOUT_SEED"]
+           "LEGACY_HOLDOUT_NAME", "HOLDOUT_SEED", "SPLIT_ALIASES"]
 
 #: The hold-out list a training run writes to its run directory (JSON: any legal file name survives).
 HOLDOUT_NAME = "holdout.json"
@@ -80,29 +83,70 @@ def read_holdout(path: str) -> List[str]:
     return names
 
 
-def find_splits(root: str) -> Tuple[str, Dict[str, List[Pair]], List[Problem]]:
-    """``(layout name, split -> pairs, unpaired files)`` of a folder dataset; ``all`` is the only key of an unsplit
-    folder. The unpaired files are problems for the scan's report (:func:`~.pairing.pair_folders`).
+#: Other names of the splits (Roboflow's ``valid``, ADE20K's ``training`` / ``validation``), read as those splits.
+SPLIT_ALIASES = {"training": "train", "valid": "val", "validation": "val", "testing": "test"}
+_SPLIT_NAMES = ("train", "val", "test")
+
+
+def _by_split(names: List[str], where: str) -> Dict[str, str]:
+    """Split -> the folder or list (named in ``where``) holding it, an alias read as its split.
 
     Raises:
-        DatasetError: no known layout, no file that pairs, or list entries without files.
+        DatasetError: two names of one split (``val`` and ``valid``): which one validates would be a guess.
+    """
+    found: Dict[str, str] = {}
+    for name in sorted(names):
+        split = SPLIT_ALIASES.get(name, name)
+        if split in found:
+            raise DatasetError(os.path.join(where, name), f"is split {split!r} as {found[split]!r} is: keep one "
+                                                          "(or list the samples in splits/*.txt)")
+        found[split] = name
+    return found
+
+
+def _split_dirs(folder: str, inside: str = "") -> Dict[str, str]:
+    """Split -> sub-folder of ``folder`` named after a split or an alias (holding ``inside`` when given)."""
+    names = [n for n in os.listdir(folder) if SPLIT_ALIASES.get(n, n) in _SPLIT_NAMES
+             and os.path.isdir(os.path.join(folder, n, inside))] if os.path.isdir(folder) else []
+    return _by_split(names, folder)
+
+
+def find_splits(root: str) -> Tuple[str, Dict[str, List[Pair]], List[Problem]]:
+    """``(layout name, split -> pairs, unpaired files)`` of a folder dataset; ``all`` is the only key of an unsplit
+    folder. The unpaired files are problems for the scan's report (:func:`~.pairing.pair_folders`). A split folder or
+    list named ``valid`` / ``validation`` (``training``, ``testing``) is that split (:data:`SPLIT_ALIASES`).
+
+    Raises:
+        DatasetError: no known layout, no file that pairs, list entries without files, or two names of one split.
     """
     join = os.path.join
     if os.path.isdir(join(root, "splits")):
-        names = sorted(n[:-4] for n in os.listdir(join(root, "splits")) if n.endswith(".txt"))
-        if not names:
+        files = {n: join(root, "splits", f + ".txt") for n, f in _by_split(
+            [n[:-4] for n in os.listdir(join(root, "splits")) if n.endswith(".txt")], join(root, "splits")).items()}
+        if not files:
             raise DatasetError(join(root, "splits"), "holds no <split>.txt list file")
-        lists = {n: read_pair_list(root, join(root, "splits", n + ".txt")) for n in names}
+        lists = {n: read_pair_list(root, path) for n, path in files.items()}
         for name, pairs in lists.items():
-            _check_once(pairs, join(root, "splits", name + ".txt"), root, training=_training_list(name))
-        _check_apart(lists, root)
+            _check_once(pairs, files[name], root, training=_training_list(name))
+        _check_apart(lists, root, files)
         return "splits", lists, []
-    split_dirs = [n for n in ("train", "val", "test") if os.path.isdir(join(root, n, "images"))]
+    split_dirs, nested = _split_dirs(root, "images"), _split_dirs(join(root, "images"))
     if split_dirs:
-        layout, folders = "split folders", {n: (join(root, n, "images"), join(root, n, "masks")) for n in split_dirs}
+        layout, folders = "split folders", {n: (join(root, d, "images"), join(root, d, "masks"))
+                                            for n, d in split_dirs.items()}
     elif os.path.isdir(join(root, "img_dir")):
-        names = sorted(n for n in os.listdir(join(root, "img_dir")) if os.path.isdir(join(root, "img_dir", n)))
-        layout, folders = "mmsegmentation", {n: (join(root, "img_dir", n), join(root, "ann_dir", n)) for n in names}
+        names = _by_split([n for n in os.listdir(join(root, "img_dir")) if os.path.isdir(join(root, "img_dir", n))],
+                          join(root, "img_dir"))
+        layout, folders = "mmsegmentation", {n: (join(root, "img_dir", d), join(root, "ann_dir", d))
+                                             for n, d in names.items()}
+    elif nested:  # images/{train,val}/ + masks/{train,val}/: the sub-folders are the splits, never one pool
+        stray = next((p for k, p in by_stem(join(root, "images")).items() if k.split(os.sep)[0] not in
+                      nested.values()), None)
+        if stray is not None:
+            raise DatasetError(stray, f"is outside the split folders of {join(root, 'images')} "
+                                      f"({', '.join(sorted(nested.values()))}): move it into one of them")
+        layout, folders = "images + masks by split", {n: (join(root, "images", d), join(root, "masks", d))
+                                                      for n, d in nested.items()}
     elif os.path.isdir(join(root, "images")):
         layout, folders = "images + masks", {"all": (join(root, "images"), join(root, "masks"))}
     else:
@@ -144,16 +188,16 @@ def _training_list(name: str) -> bool:
     return name.startswith("train")
 
 
-def _check_apart(lists: Dict[str, List[Pair]], root: str) -> None:
-    """Refuse a validation (or test) list that shares images with the training list: its scores would be of images
-    the network trained on."""
+def _check_apart(lists: Dict[str, List[Pair]], root: str, files: Dict[str, str]) -> None:
+    """Refuse a validation (or test) list (``files``: each split's list file) that shares images with the training
+    list: its scores would be of images the network trained on."""
     trained = [image for image, _ in lists.get("train", ())]
     for name, pairs in lists.items():
         shared = [] if _training_list(name) else shared_images(trained, [image for image, _ in pairs])
         if shared:
-            raise DatasetError(os.path.join(root, "splits", name + ".txt"), f"lists {len(shared)} image(s) that "
-                               f"train.txt lists too (e.g. {os.path.relpath(shared[0], root)}): its scores would be of "
-                               "images the network trained on; list each image in one split")
+            raise DatasetError(files[name], f"lists {len(shared)} image(s) that {os.path.basename(files['train'])} "
+                               f"lists too (e.g. {os.path.relpath(shared[0], root)}): its scores would be of images "
+                               "the network trained on; list each image in one split")
 
 
 def hold_out(pairs: List[Pair], fraction: float, seed: int, root: str,

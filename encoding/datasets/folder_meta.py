@@ -39,6 +39,8 @@ __all__ = ["CLASS_FILES", "MAX_CLASS_FILE", "MAX_CLASSES", "LOSSY_FORMATS", "Cla
 #: The class files looked for in a folder dataset's root, in this order.
 CLASS_FILES = ("classes.yaml", "classes.yml", "classes.json", "classes.txt")
 RGB = Tuple[int, int, int]
+#: A line of a classes.txt that starts with its class id: ``0 background``, ``1: cat 255 0 0``.
+_NUMBERED = re.compile(r"(\d{1,4})(?:\s*[:,=]\s*|\s+)(\S.*)")
 #: Mask formats that alter values when saved (masks must be lossless: PNG, TIFF, BMP, ...); a WebP or TIFF mask is
 #: lossy where its file says so (:func:`_lossy`).
 LOSSY_FORMATS = ("JPEG", "MPO", "JPEG2000", "AVIF", "HEIF")
@@ -125,11 +127,18 @@ def _from_mapping(data: Any, path: str) -> ClassSpec:
 
 
 def _from_text(text: str, path: str) -> ClassSpec:
+    """One class per line (``name [r g b]``), in id order; lines that all start with the id (``0 background``,
+    ``1: cat``) are put in its order, the ids being the mask values ``0..n-1`` each once."""
+    lines = [ln.split("#", 1)[0].strip() for ln in text.splitlines() if not ln.lstrip().startswith("#")]
+    lines = [ln for ln in lines if ln]
+    numbered = [_NUMBERED.match(ln) for ln in lines]
+    if not lines or not all(numbered):
+        numbered = []
+    elif sorted(int(m.group(1)) for m in numbered) != list(range(len(lines))):
+        raise DatasetError(path, f"numbers its classes {[int(m.group(1)) for m in numbered][:10]}: the numbers must "
+                                 f"be the mask values 0..{len(lines) - 1}, each once (255 = unlabelled, not listed)")
     names, colors = [], []
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip() if not line.lstrip().startswith("#") else ""
-        if not line:
-            continue
+    for line in [m.group(2) for m in sorted(numbered, key=lambda m: int(m.group(1)))] or lines:
         parts = re.split(r"[\s,]+", line)
         if len(parts) >= 4 and all(p.isdigit() for p in parts[-3:]):
             names.append(_name(" ".join(parts[:-3]), path))
