@@ -423,3 +423,55 @@ def test_the_page_plans_the_starters_network_and_refuses_a_bad_one_when_built(tm
              if getattr(c, "elem_id", None) in ("plan-model", "plan-limit", "plan-reserve")]
     tool = parse_args(["--advise"])  # no network served: the memory tool's own defaults, not restated
     assert plain == [tool.model, tool.memory_limit, tool.reserve]
+
+
+def test_an_image_url_is_refused_before_gradio_downloads_it(tiny_folder, tmp_path, monkeypatch):  # noqa: F811
+    """A request naming its image by an ``https://`` URL (with Gradio's ``meta`` marker): Gradio downloaded it into
+    its cache before the handler ran, past its upload limit and holding the whole answer in memory (400 MiB raised
+    the server's peak by 800 MiB), and the page segmented what it fetched. Refused before any download; an upload
+    still goes through."""
+    import asyncio
+
+    import gradio as gr
+    from gradio import processing_utils
+    from PIL import Image
+
+    import encoding
+    from encoding.app.page import build_page
+
+    uploads = tmp_path / "uploads"
+    uploads.mkdir()
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(uploads))
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(uploads / "photo.png")
+    fetched = []
+
+    async def download(url, cache_dir):  # Gradio's fetch of a URL, recorded instead of made
+        fetched.append(url)
+        return str(uploads / "photo.png")
+
+    monkeypatch.setattr(processing_utils, "async_ssrf_protected_download", download)
+    (tmp_path / "work").mkdir()
+    page = build_page(encoding.load_model(tiny_folder), str(tmp_path / "work"))
+    segment = next(fn for fn in page.fns.values() if fn.api_name == "segment")
+    meta = {"_type": "gradio.FileData"}
+    options = ["whole", False, None, None, "1"]
+    for url in ("https://example.com/huge.png", "http://example.com/a.png"):
+        with pytest.raises(gr.Error, match=r"the image is a URL: this page fetches nothing") as err:
+            asyncio.run(page.preprocess_data(segment, [{"path": url, "meta": meta}, *options], None))
+        assert "example.com" not in str(err.value)
+    assert fetched == []
+    upload = asyncio.run(page.preprocess_data(segment, [{"path": str(uploads / "photo.png"), "meta": meta},
+                                                        *options], None))
+    assert upload[0] == str(uploads / "photo.png")
+
+
+def test_a_gradio_without_the_download_step_the_page_guards_is_refused(tmp_path, monkeypatch):
+    """The URL guard replaces one Gradio method; a Gradio without it would serve request URLs unguarded: refused."""
+    import gradio as gr
+
+    from encoding.app.segment_tab import image_input
+    from encoding.errors import MissingDependency
+
+    monkeypatch.delattr(gr.blocks.Block, "async_move_resource_to_block_cache")
+    with gr.Blocks(), pytest.raises(MissingDependency, match="async_move_resource_to_block_cache"):
+        image_input(str(tmp_path), label="image")

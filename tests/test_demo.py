@@ -57,3 +57,20 @@ def test_demo_segments_a_folder_and_a_quoted_glob(tiny_run, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and "no file matches this pattern" in err[0], err
     assert not (tmp_path / "none").exists()
+
+
+def test_demo_refuses_its_own_input_and_a_file_as_out_dir_in_one_line(tiny_run, tmp_path, capsys):
+    """An output that is one of the inputs (``x.png`` writes ``x_mask.png``, given too) was refused by a
+    ``ValueError`` that demo.py took for a bug: its traceback and exit status 1. An ``--out-dir`` that is a file
+    failed after the network ran, ``[Errno 17] File exists``. Both are one line, exit status 2, before any work."""
+    _, checkpoint, _ = tiny_run
+    x, x_mask = _images(str(tmp_path), ["x.png", "x_mask.png"])
+    before = open(x_mask, "rb").read()
+    demo = load_script("demo")
+    capsys.readouterr()
+    for argv, says in (([x, x_mask, "--out-dir", str(tmp_path), "--overwrite"], "that is the input file"),
+                       ([x, "--out-dir", x_mask], f"--out-dir {x_mask}: that is a file; give a folder")):
+        status = demo.cli([*argv, "--resume", checkpoint])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == 2 and len(err) == 1 and says in err[0], err
+    assert open(x_mask, "rb").read() == before and sorted(os.listdir(tmp_path)) == ["x.png", "x_mask.png"]

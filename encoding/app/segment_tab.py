@@ -10,6 +10,7 @@ from urllib.parse import unquote_to_bytes
 
 from torch import nn
 
+from ..errors import MissingDependency
 from ..inference.loading import model_info
 from ..utils.files import atomic_write
 from ..utils.images import max_pixels
@@ -86,11 +87,16 @@ def image_input(workdir: str, examples: Sequence[str] = (), **options: Any) -> A
     (Gradio's own preprocessing would decode it first, whatever its size, and answer with its internals). An image
     sent inline (a ``data:`` URL) is written to a file of ``workdir`` as it is (the handler removes it once done
     with it: :meth:`~.workfiles.WorkFolders.release`); a path is taken only inside Gradio's upload folder or among
-    the page's ``examples`` (:func:`_uploaded_file`). The one method is replaced on the instance: a subclass of a
-    Gradio component makes Gradio write a ``.pyi`` file beside this module."""
+    the page's ``examples`` (:func:`_uploaded_file`), and an ``http(s)://`` URL is refused before Gradio downloads
+    it (:func:`_refuse_url`). The methods are replaced on the instance: a subclass of a Gradio component makes Gradio
+    write a ``.pyi`` file beside this module."""
     import gradio as gr
 
     image = gr.Image(type="filepath", image_mode=None, **options)
+    move_to_cache = getattr(image, "async_move_resource_to_block_cache", None)
+    if move_to_cache is None:  # the Gradio step that downloads a request's URL: never served unguarded
+        raise MissingDependency(f"gradio {gr.__version__}: its image box has no async_move_resource_to_block_cache "
+                                "step to guard against request URLs (the page knows gradio 6's); install gradio 6")
 
     def uploaded_file(payload: Any) -> Optional[str]:
         if payload is None:
@@ -99,8 +105,28 @@ def image_input(workdir: str, examples: Sequence[str] = (), **options: Any) -> A
             return _data_url_file(str(payload.url), workdir)
         return _uploaded_file(str(payload.path), examples) if getattr(payload, "path", None) else None
 
+    async def no_download(path: Any) -> Optional[str]:
+        _refuse_url(path)
+        return await move_to_cache(path)
+
     image.preprocess = uploaded_file
+    image.async_move_resource_to_block_cache = no_download
     return image
+
+
+def _refuse_url(path: Any) -> None:
+    """Refuse an image named by an ``http(s)://`` URL, before Gradio fetches it: Gradio downloads a request's URL
+    into its cache before the handler sees it, bypassing its upload limit, and holds the whole answer in memory
+    (a 400 MiB answer raised the server's peak memory by 800 MiB).
+
+    Raises:
+        gradio.Error: ``path`` is an ``http://`` or ``https://`` URL (the message does not repeat it).
+    """
+    import gradio as gr
+
+    if str(path or "").lower().startswith(("http://", "https://")):
+        raise gr.Error("the image is a URL: this page fetches nothing a request names; send the image itself (an "
+                       "upload, or a data: URL in the request)")
 
 
 def segment_handler(model: nn.Module, workdir: str):

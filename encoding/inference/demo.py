@@ -69,10 +69,13 @@ def demo_outputs(paths: Sequence[str], out_dir: str, overwrite: bool = False) ->
     inputs' common folder, and their extension if they still collide, so that no output overwrites another.
 
     Raises:
-        UsageError: an input given twice (a ``ValueError``).
+        UsageError: an input given twice (a ``ValueError``); ``out_dir`` is a file; an output is an input (even
+            with ``overwrite``).
         UsageError: an output exists (unless ``overwrite``); the message names it (exit status 2, a refusal before
             any work, as ``train.py``'s of a run directory that holds a run).
     """
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UsageError(f"--out-dir {out_dir}: that is a file; give a folder (created when missing)")
     absolute = [os.path.abspath(p) for p in paths]
     for i, path in enumerate(absolute):
         if path in absolute[:i]:

@@ -150,13 +150,14 @@ non_negative_int, non_negative_float = _number(int, 0, True), _number(float, 0.0
 
 
 def scales(text: str) -> tuple:
-    """Comma-separated positive numbers, e.g. ``0.75,1.25``."""
+    """Comma-separated positive finite numbers, e.g. ``0.75,1.25`` (``inf`` is refused here, not by a later
+    ``OverflowError``)."""
     try:
         values = tuple(float(item) for item in text.split(",") if item.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(not s > 0 for s in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    if not values or any(not 0 < s < float("inf") for s in values):
+        raise argparse.ArgumentTypeError(f"expected positive finite numbers, got {text!r}")
     return values
 
 

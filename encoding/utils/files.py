@@ -30,7 +30,7 @@ import stat
 import uuid
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
-from ..errors import EncodingError
+from ..errors import EncodingError, UsageError
 from .progress import progress_bar as tqdm
 
 from .rundir import KERNEL_LOCKS, FileLock, pid_alive
@@ -223,8 +223,8 @@ def refuse_own_input(outputs: Union[str, Sequence[Union[str, Tuple[str, str]]]],
         option: how to name the outputs given as plain paths in the message (e.g. ``"--output"``).
 
     Raises:
-        ValueError: one line naming the option and path: an output is an input, a directory, or two outputs are
-            one file.
+        UsageError: one line naming the option and path: an output is an input, a directory, or two outputs are
+            one file (a ``ValueError``: a script ends in that line, exit status 2).
     """
     outputs = [outputs] if isinstance(outputs, (str, os.PathLike)) else list(outputs)
     named = [out if isinstance(out, tuple) else (option, out) for out in outputs]
@@ -234,14 +234,14 @@ def refuse_own_input(outputs: Union[str, Sequence[Union[str, Tuple[str, str]]]],
     written: dict = {}
     for name, out in ((name, os.fspath(out)) for name, out in named):
         if os.path.isdir(out):
-            raise ValueError(f"{name} {out}: is a directory; give a file path")
+            raise UsageError(f"{name} {out}: is a directory; give a file path")
         real, identity = os.path.realpath(out), _identity(out)
         source = read.get(real) or (identities.get(identity) if identity is not None else None)
         if source is not None:
-            raise ValueError(f"{name} {out}: that is the input file {source}; writing it would destroy it "
+            raise UsageError(f"{name} {out}: that is the input file {source}; writing it would destroy it "
                              "(give another path)")
         if real in written:
-            raise ValueError(f"{name} {out}: the same file as {written[real]}, both written; give another path")
+            raise UsageError(f"{name} {out}: the same file as {written[real]}, both written; give another path")
         written[real] = f"{name} {out}"
 
 
