@@ -15,6 +15,7 @@ from conftest import ROOT, load_script
 from encoding.datasets import FolderSegmentation
 from encoding.datasets import DatasetError
 from encoding.datasets.metadata import dataset_metadata
+from encoding.datasets.pairing import read_pair_list
 from folder_data import make_folder, photo, save_rotated_jpeg, tree, truncate
 
 TINY = ["--crop-size", "16", "--base-size", "24", "--batch-size", "4", "--workers", "0", "--epochs", "1"]
@@ -322,6 +323,28 @@ def test_split_lists_take_names_with_spaces(tmp_path):
         f.write("images/IMG 2.jpg\tmasks/IMG 2.png\nimages/IMG 3.jpg\n")
     train_set, val_set = FolderSegmentation(root), FolderSegmentation(root, split="val")
     assert [os.path.basename(p) for p in train_set.images + val_set.images] == [f"IMG {i}.jpg" for i in range(4)]
+
+
+def test_a_list_entry_naming_another_extension_is_refused_in_one_line(tmp_path):
+    """``0001.png`` listed as ``0001.jpg`` was matched by its stem and taken silently: an entry with an extension
+    names that file (refused, naming the list, the line and the file that exists); a stem alone still pairs."""
+    root = _photos(str(tmp_path / "d"), n=3)
+    os.rename(os.path.join(root, "images", "0001.jpg"), os.path.join(root, "images", "0001.png"))
+    os.makedirs(os.path.join(root, "splits"))
+    listed = os.path.join(root, "splits", "train.txt")
+    for text in ("0000\n# the photo\n0001.jpg\n", "0000.jpg\nimages/0001.jpg\n0002\n"):
+        with open(listed, "w", encoding="utf-8") as f:
+            f.write(text)
+        with pytest.raises(DatasetError) as err:
+            FolderSegmentation(root)
+        line = 3 if text.startswith("0000\n") else 2
+        assert str(err.value).splitlines() == [
+            f"{listed}: line {line} lists {text.splitlines()[line - 1]!r}, which does not exist; the image of that "
+            f"stem is {os.path.join('images', '0001.png')!r}: list that file, or the stem alone"]
+    with open(listed, "w", encoding="utf-8") as f:
+        f.write("0000.JPG\n0001\nimages/0001.png\n0002.jpg\n")  # the case of an extension is not a format
+    names = [os.path.basename(image) for image, _ in read_pair_list(root, listed)]
+    assert names == ["0000.jpg", "0001.png", "0001.png", "0002.jpg"]
 
 
 # -- 10. hostile or unusual class files --------------------------------------------------------------------------

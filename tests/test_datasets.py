@@ -421,6 +421,31 @@ def test_pcontext_conversion_and_mapping(tmp_path):
     assert convert_context_annotations(json_path, voc_root, progress=False) == counts
 
 
+def test_pcontext_lists_train_and_val_reports_other_phases_and_refuses_no_phase(tmp_path, capsys):
+    """As the Detail API (PyTorch-Encoding's reader): ``train`` and ``val`` images make the two lists; another phase
+    (``test``) was left out silently, now in one printed line; an image without a phase went to ``train`` silently
+    (the Detail API fails on it), now a DatasetError naming the file and the image."""
+    whole = np.ones((4, 4), bool)
+    records = [("a.jpg", "train", 4, 4, [(2, whole)]), ("b.jpg", "val", 4, 4, [(2, whole)]),
+               ("c.jpg", "test", 4, 4, [(2, whole)]), ("d.jpg", "test", 4, 4, [(2, whole)])]
+    json_path, voc = context_json(str(tmp_path / "ok.json"), records), str(tmp_path / "voc")
+    capsys.readouterr()
+    assert convert_context_annotations(json_path, voc, progress=False) == {"train": 1, "val": 1}
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["PASCAL-Context: left out 2 image(s) of another phase than train / val ('test': 2)"], out
+    lists = os.path.join(voc, "ImageSets", "SegmentationContext")
+    assert [open(os.path.join(lists, n + ".txt")).read() for n in ("train", "val")] == ["a\n", "b\n"]
+    assert sorted(os.listdir(os.path.join(voc, "SegmentationClassContext"))) == ["a.png", "b.png"]
+    with open(json_path) as f:
+        data = json.load(f)
+    del data["images"][1]["phase"]
+    with open(json_path, "w") as f:
+        json.dump(data, f)
+    with pytest.raises(DatasetError, match=r"ok\.json: image 'b\.jpg' has no 'phase'"):
+        convert_context_annotations(json_path, str(tmp_path / "voc2"), progress=False)
+    assert not os.path.exists(os.path.join(str(tmp_path / "voc2"), "ImageSets"))
+
+
 def test_coco_masks_built_with_pycocotools_api(tmp_path, fake_pycocotools):
     base = make_coco(str(tmp_path))
     with pytest.raises(DatasetError, match=r"val2017\.txt.*python -m encoding\.datasets\.prepare coco"):

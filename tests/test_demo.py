@@ -74,3 +74,65 @@ def test_demo_refuses_its_own_input_and_a_file_as_out_dir_in_one_line(tiny_run, 
         err = capsys.readouterr().err.strip().splitlines()
         assert status == 2 and len(err) == 1 and says in err[0], err
     assert open(x_mask, "rb").read() == before and sorted(os.listdir(tmp_path)) == ["x.png", "x_mask.png"]
+
+
+def _count_decodes(monkeypatch):
+    """The files whose pixels Pillow decodes, one entry per decode (``ImageFile.load`` of an image not loaded yet)."""
+    from PIL import ImageFile
+    decoded, original = [], ImageFile.ImageFile.load
+
+    def load(self):
+        if self.tile:
+            decoded.append(os.path.basename(self.filename))
+        return original(self)
+    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
+    return decoded
+
+
+def test_demo_decodes_each_image_once_and_shows_progress(tiny_run, tmp_path, monkeypatch, capsys):
+    """The up-front check reads the headers only (size against the pixel limit); each image is decoded once, when
+    it is segmented (it was decoded twice: the check decoded every pixel). Several images draw a progress bar on
+    stderr (``encoding.utils.progress``), each image keeps its line on stdout."""
+    _, checkpoint, _ = tiny_run
+    paths = _images(str(tmp_path / "photos"), ["a.png", "b.jpg", "c.png"], size=(40, 32))
+    decoded = _count_decodes(monkeypatch)
+    monkeypatch.setenv("ENCODING_PROGRESS", "lines")
+    capsys.readouterr()
+    load_script("demo").main(paths + ["--resume", checkpoint, "--out-dir", str(tmp_path / "out")])
+    assert sorted(decoded) == ["a.png", "b.jpg", "c.png"], decoded
+    out, err = capsys.readouterr()
+    assert [line.split(":")[0] for line in out.strip().splitlines()] == paths
+    assert "demo: 100%" in err and "3/3" in err, err
+
+
+def _truncate(path):
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])  # the header is whole, the pixels are cut
+
+
+def test_demo_refuses_a_bad_header_before_any_work_and_a_truncated_image_when_reached(tiny_run, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """A file whose header is no image's, or whose size is over the pixel limit, is refused before any work; one
+    whose header is fine but whose pixels are cut stops the run in one line naming it when it is reached: the
+    images before it keep their outputs (docs/training.md)."""
+    _, checkpoint, _ = tiny_run
+    a, b, c = _images(str(tmp_path / "photos"), ["a.png", "b.png", "c.png"], size=(64, 48))
+    monkeypatch.setenv("ENCODING_PROGRESS", "off")  # stderr holds the error alone
+    demo = load_script("demo")
+    (tmp_path / "notes.png").write_text("not an image")
+    capsys.readouterr()
+    status = demo.cli([a, str(tmp_path / "notes.png"), "--resume", checkpoint, "--out-dir", str(tmp_path / "o1")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and "notes.png" in err[0] and "cannot decode image" in err[0], err
+    assert not (tmp_path / "o1").exists()
+    monkeypatch.setenv("ENCODING_MAX_PIXELS", "1000")
+    status = demo.cli([a, b, "--resume", checkpoint, "--out-dir", str(tmp_path / "o2")])
+    monkeypatch.delenv("ENCODING_MAX_PIXELS")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and "a.png" in err[0] and "over the limit" in err[0], err
+    assert not (tmp_path / "o2").exists()
+    _truncate(b)
+    status = demo.cli([a, b, c, "--resume", checkpoint, "--out-dir", str(tmp_path / "o3")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and "b.png" in err[0] and "cannot decode image" in err[0], err
+    assert sorted(os.listdir(tmp_path / "o3")) == ["a_mask.png", "a_overlay.png"]

@@ -56,16 +56,17 @@ def _decoding(path: str) -> Iterator[None]:
         raise DatasetError(path, f"cannot decode image ({e})") from e
 
 
-def check_image(path: str) -> Tuple[int, int]:
-    """Decode every pixel of the image ``path`` (a truncated file is caught) and return its ``(width, height)`` as
-    :func:`read_rgb` shows it (the EXIF orientation applied), without converting or keeping the pixels.
+def check_image(path: str, decode: bool = True) -> Tuple[int, int]:
+    """Decode every pixel of the image ``path`` (a truncated file is caught): its ``(width, height)`` as
+    :func:`read_rgb` shows it; ``decode=False``: the header only, size checked against the pixel limit, as stored.
 
     Raises:
-        DatasetError: as :func:`read_rgb`.
+        DatasetError: as :func:`read_rgb` (``decode=False``: a header that is no image's); ``ImageTooLarge``.
     """
     with _decoding(path), open_image(path) as im:
-        im.load()
-        return upright_size(im)
+        if decode:
+            im.load()
+        return upright_size(im) if decode else im.size
 
 
 def read_rgb(path: str) -> np.ndarray:
@@ -73,8 +74,8 @@ def read_rgb(path: str) -> np.ndarray:
 
     The size is checked from the header first (:func:`~encoding.utils.images.open_image`: the one pixel limit); the
     EXIF orientation is applied (:func:`~encoding.utils.images.upright`: a phone's portrait JPEG comes out upright,
-    the rule the folder scan applies too), 16-bit and 32-bit grey images are
-    scaled to 8 bits (``65535 -> 255``, not clipped to white), grey-scale, palette, CMYK and alpha images become RGB.
+    the rule the folder scan applies too), 16-bit and 32-bit grey images are scaled to 8 bits (``65535 -> 255``, not
+    clipped to white), grey-scale, palette, CMYK and alpha images become RGB.
 
     Raises:
         DatasetError: the file is missing or is not a readable image (the message names it).

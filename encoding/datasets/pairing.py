@@ -6,7 +6,7 @@
 for the scan's report (every one named); when nothing pairs at all it says how to name the files or to use
 ``splits/*.txt``, with an example. :func:`read_pair_list` reads such a list: one sample per line, a stem, or an
 ``image mask`` pair of paths relative to the root (a name may hold spaces: a line that names an existing file is
-taken whole, and a tab separates a pair of such names).
+taken whole, and a tab separates a pair of such names); an entry with an extension names that very file.
 """
 from __future__ import annotations
 
@@ -109,11 +109,27 @@ def _split_line(line: str, root: str, images: Dict[str, str]) -> List[str]:
     return line.split(None, 1)
 
 
-def read_pair_list(root: str, split_file: str) -> List[Pair]:
-    """The pairs of a list file: stems over ``images/`` + ``masks/``, or ``image mask`` relative paths.
+def _refuse_another_extension(split_file: str, number: int, entry: str, image: str, root: str) -> None:
+    """An entry that names a file (``0001.jpg``) means that file, never another of its stem (``0001.png``).
 
     Raises:
-        DatasetError: an entry without its files, a file that is not UTF-8 text, or an empty list.
+        DatasetError: naming the list, the line and the file that exists.
+    """
+    named, found = os.path.splitext(entry)[1], os.path.splitext(image)[1]
+    if named.lower() != found.lower():
+        raise DatasetError(split_file, f"line {number} lists {entry!r}, which does not exist; the image of that stem "
+                           f"is {os.path.relpath(image, root)!r}: list that file, or the stem alone")
+
+
+def read_pair_list(root: str, split_file: str) -> List[Pair]:
+    """The pairs of a list file: stems over ``images/`` + ``masks/``, or ``image mask`` relative paths. An entry with
+    an extension (``0001.jpg``, ``images/0001.jpg``) names that image file; a stem (``0001``) takes the one image of
+    that stem.
+
+    Raises:
+        DatasetError: an entry without its files, an entry naming an image file whose stem exists only with another
+            extension (one line naming the list, the line and the file that exists), a file that is not UTF-8 text,
+            or an empty list.
     """
     images, masks = by_stem(os.path.join(root, "images")), by_stem(os.path.join(root, "masks"))
     suffix = mask_suffix(images, masks)
@@ -124,7 +140,9 @@ def read_pair_list(root: str, split_file: str) -> List[Pair]:
     except UnicodeDecodeError:
         raise DatasetError(split_file, "is not UTF-8 text: save the list as UTF-8") from None
     pairs = []
-    for line in (ln for ln in lines if ln and not ln.startswith("#")):
+    for number, line in enumerate(lines, start=1):
+        if not line or line.startswith("#"):
+            continue
         parts = _split_line(line, root, images)
         if len(parts) >= 2:
             pairs.append((os.path.join(root, parts[0]), os.path.join(root, parts[1])))
@@ -135,6 +153,8 @@ def read_pair_list(root: str, split_file: str) -> List[Pair]:
         if stem not in images or stem not in masks:
             side = "an image in images/" if stem not in images else "a mask in masks/"
             raise DatasetError(split_file, f"lists {parts[0]!r}, which has no {side}")
+        if parts[0] not in images:
+            _refuse_another_extension(split_file, number, parts[0], images[stem], root)
         pairs.append((images[stem], masks[stem]))
     for image, mask in pairs:
         for path, kind in ((image, "image"), (mask, "mask")):

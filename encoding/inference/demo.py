@@ -3,7 +3,8 @@
 * :func:`expand_images`: the images the arguments name, as users type them: files, folders (every image in it,
   sorted) and quoted globs (``"photos/*.jpg"``);
 * :func:`demo_outputs`: the ``(mask, overlay)`` PNGs of each input, never colliding, never silently replacing a file;
-* :func:`segment_files`: read, segment and write one image at a time (the memory does not grow with their number);
+* :func:`segment_files`: read (decode once), segment and write one image at a time (the memory does not grow with
+  their number);
 * :func:`write_pngs`: several PNGs all or nothing (atomic files; a failure leaves none of them).
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from ..datasets.layout import DatasetError
 from ..errors import UsageError
 from ..utils.files import atomic_write, refuse_own_input
 from ..utils.images import image_extensions
@@ -120,13 +122,22 @@ def segment_files(model: nn.Module, paths: Sequence[str], outputs: Sequence[Tupl
     """Segment the images one at a time (memory independent of their number) and write each one's mask and
     overlay (:func:`write_pngs`); yields the names of the classes present in each image after writing it. The
     class names and colours are the model's (:class:`~.loading.ModelInfo`, from its checkpoint), else
-    ``dataset``'s."""
+    ``dataset``'s.
+
+    Raises:
+        DatasetError: an image cannot be decoded (its header was checked before, by ``demo.py``); the message names
+            it and says how many images before it are written.
+    """
     info = getattr(model, "info", None)
     if info is None:
         info = ModelInfo.of_dataset(dataset)
     class_names, palette = list(info.classes), info.palette
-    for path, (mask_path, overlay_path) in zip(paths, outputs):
-        image = read_image(path)
+    for done, (path, (mask_path, overlay_path)) in enumerate(zip(paths, outputs)):
+        try:
+            image = read_image(path)
+        except DatasetError as err:  # a header read well, but not the pixels: the images before keep their outputs
+            raise DatasetError(err.path, f"{err.problem}; stopped there, the {done} image(s) before it are "
+                               "written (rerun the others into another --out-dir, or pass --overwrite)") from err
         labels = segment(model, image, device=device)
         picture = overlay_with_legend(denormalize(image), labels, palette, class_names, alpha, blend_background)
         del image

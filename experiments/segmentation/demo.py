@@ -9,8 +9,9 @@ A folder stands for every image in it (sorted by name), a quoted glob for the fi
 
 Any image size; JPEG or PNG; grey-scale (16-bit too), palette and RGBA images are converted to RGB, EXIF-rotated
 photos are read upright. Inputs of the same name in different folders keep their folders under ``--out-dir``; an
-existing output is refused unless ``--overwrite``. Images are processed one at a time. The network's options come
-from the checkpoint unless given. Runs on the CPU when there is no GPU.
+existing output is refused unless ``--overwrite``. Only the headers are read before any work; images are then
+decoded once and processed one at a time (a progress bar on stderr over several). The network's options come from
+the checkpoint unless given. Runs on the CPU when there is no GPU.
 """
 import os
 import sys
@@ -23,21 +24,25 @@ from encoding.datasets.base import check_image  # noqa: E402
 from encoding.inference.demo import demo_outputs, expand_images, segment_files  # noqa: E402
 from encoding.inference.evaluation import EvaluationConfig, evaluation_module  # noqa: E402
 from encoding.utils.cli import run_cli  # noqa: E402
+from encoding.utils.progress import progress_bar  # noqa: E402
 
 
 def main(argv=None) -> list:
     """Run ``demo.py`` with ``argv``; returns the written ``(mask, overlay)`` paths, one pair per image."""
     args = parse_args(argv, "demo")
     images = expand_images(args.images)  # folders and quoted globs, as users type them
-    for path in images:  # every input and output is checked before any work (headers only)
-        check_image(path)
+    for path in images:  # every input and output is checked before any work (headers only: decoded once, below)
+        check_image(path, decode=False)
     outputs = demo_outputs(images, args.out_dir, args.overwrite)
     device = select_devices(None, use_cuda=not args.no_cuda).model_device  # the first GPU, else the CPU
     config = EvaluationConfig.from_options(args)
     model = evaluation_module(config.network(device), config)
     results = segment_files(model, images, outputs, args.dataset, device, args.alpha, args.blend_background)
-    for path, (mask_path, overlay_path), present in zip(images, outputs, results):
-        print(f"{path}: {', '.join(present)} -> {mask_path}, {overlay_path}")
+    with progress_bar(total=len(images), desc="demo", unit="image", disable=len(images) < 2, leave=False,
+                      dynamic_ncols=True) as bar:  # on stderr; one line per image on stdout
+        for path, (mask_path, overlay_path), present in zip(images, outputs, results):
+            bar.write(f"{path}: {', '.join(present)} -> {mask_path}, {overlay_path}")
+            bar.update()
     return outputs
 
 

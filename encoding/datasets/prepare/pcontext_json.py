@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any, Dict, List, Mapping, Tuple
 
 import numpy as np
@@ -104,6 +104,25 @@ def _read_detail(json_path: str) -> Tuple[List[Mapping[str, Any]], Dict[Any, Lis
     return images, by_image
 
 
+def _split_phases(images: List[Mapping[str, Any]], json_path: str) -> Tuple[List[Mapping[str, Any]], Dict[str, int]]:
+    """The images of phase ``train`` or ``val`` (the two lists, as the Detail API's ``Detail(..., phase)`` that
+    PyTorch-Encoding reads them with) and the number left out per other phase (``test``...).
+
+    Raises:
+        DatasetError: naming ``json_path``: an image without a ``phase`` (its split cannot be told).
+    """
+    kept, left_out = [], Counter()
+    for image in images:
+        if "phase" not in image:
+            raise DatasetError(json_path, f"image {image.get('file_name')!r} has no 'phase' (expected 'train' or "
+                                          "'val'; its split cannot be told)")
+        if image["phase"] in ("train", "val"):
+            kept.append(image)
+        else:
+            left_out[str(image["phase"])] += 1
+    return kept, dict(left_out)
+
+
 def convert_context_annotations(json_path: str, voc_root: str, *, overwrite: bool = False,
                                 progress: bool = True) -> Dict[str, int]:
     """Convert ``trainval_merged.json`` into label PNGs and split lists under ``voc_root`` (``VOCdevkit/VOC2010``).
@@ -112,19 +131,23 @@ def convert_context_annotations(json_path: str, voc_root: str, *, overwrite: boo
     (:func:`~.annotations.staged_conversion`: masks staged and renamed into place, then the lists, then a marker). A
     complete conversion (its marker there) is kept unless ``overwrite``; an interrupted one is done again.
 
+    Only the images of phase ``train`` and ``val`` are converted and listed, as the Detail API reads them; the
+    number of those of another phase (``test``...) is printed in one line.
+
     Returns:
-        Number of images per phase, e.g. ``{"train": 4998, "val": 5105}``.
+        Number of images per list, e.g. ``{"train": 4998, "val": 5105}``.
 
     Raises:
-        DatasetError: naming ``json_path``: not a PASCAL-in-Detail file, an image whose ``file_name`` is not a
-            plain file name or whose size is not usable (:mod:`.annotations`), a negative category id, an annotation
-            of another size than its image.
+        DatasetError: naming ``json_path``: not a PASCAL-in-Detail file, an image without a ``phase``, an image
+            whose ``file_name`` is not a plain file name or whose size is not usable (:mod:`.annotations`), a
+            negative category id, an annotation of another size than its image.
     """
     mask_dir, list_dir = os.path.join(voc_root, CONTEXT_MASK_DIR), os.path.join(voc_root, CONTEXT_LIST_DIR)
     list_files = {p: os.path.join(list_dir, p + ".txt") for p in ("train", "val")}
     if not overwrite and converted(mask_dir, list(list_files.values())):
         return {p: _count_ids(path) for p, path in list_files.items()}
     images, by_image = _read_detail(json_path)
+    images, left_out = _split_phases(images, json_path)
     lookup = _category_lookup()
     phases: Dict[str, List[str]] = defaultdict(list)
     with staged_conversion(mask_dir) as (staging, lists):
@@ -137,7 +160,10 @@ def convert_context_annotations(json_path: str, voc_root: str, *, overwrite: boo
             except (ValueError, KeyError, TypeError) as e:
                 raise DatasetError(json_path, f"bad annotation for {image.get('file_name')}: {e}") from e
             Image.fromarray(mask).save(os.path.join(staging, stem + ".png"))
-            phases[str(image.get("phase", "train"))].append(stem)
+            phases[image["phase"]].append(stem)
         for phase, path in list_files.items():
             lists[path] = "".join(stem + "\n" for stem in sorted(phases.get(phase, [])))
-    return {p: len(v) for p, v in phases.items()}
+    if left_out:
+        print(f"PASCAL-Context: left out {sum(left_out.values())} image(s) of another phase than train / val ("
+              + ", ".join(f"{phase!r}: {n}" for phase, n in sorted(left_out.items())) + ")", flush=True)
+    return {p: len(phases.get(p, [])) for p in list_files}
