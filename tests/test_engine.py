@@ -152,6 +152,19 @@ def test_builders_compose_without_an_options_namespace(tiny_shapes):
         builders.wrap_model(nn.Conv2d(3, 2, 1), nn.CrossEntropyLoss(), ddp, balance="memory")
 
 
+def test_each_process_keeps_a_batch_when_its_share_is_smaller_than_one(tiny_shapes, monkeypatch):
+    """Under torchrun the last partial batch is dropped by each process's share, not the whole set's: 8 samples,
+    2 processes, ``--batch-size 6`` train one batch of 4 on each (one of 6 in one process), not none."""
+    with monkeypatch.context() as m:  # rank 0 of 2 (the sampler asks torch.distributed)
+        m.setattr(torch.distributed, "get_world_size", lambda *a, **k: 2)
+        m.setattr(torch.distributed, "get_rank", lambda *a, **k: 0)
+        loaders = builders.build_loaders("shapes", batch_size=6, workers=0, datasets=tiny_shapes, distributed=True,
+                                         validated=False)
+    assert [len(batch[0]) for batch in loaders.train] == [4]
+    loaders = builders.build_loaders("shapes", batch_size=6, workers=0, datasets=tiny_shapes, validated=False)
+    assert [len(batch[0]) for batch in loaders.train] == [6]
+
+
 def test_training_with_balance_memory_plans_from_the_runs_own_loss(shapes_root, tmp_path):
     """``train.py --device-ids cpu,cpu,cpu --balance memory``: one epoch on tiny shapes, split planned by the
     simulator from the run's criterion, every batch split over the replicas."""

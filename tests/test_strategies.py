@@ -217,13 +217,20 @@ def test_torchrun_strategy_writes_a_checkpoint_test_py_evaluates(strategy, shape
     launcher.write_text(LAUNCHER.format(tests=os.path.join(ROOT, "tests"), scripts=SCRIPTS))
     env = {**os.environ, "ENCODING_DATA": str(shapes_root), "OMP_NUM_THREADS": "1"}
     out = tmp_path / "runs"
+    # fsdp: previews too, whose forwards gather the sharded weights from both processes (rank 0's alone hung)
+    previews = ["--tensorboard", "--log-images", "1"] if strategy == "fsdp" else []
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(launcher), *TINY, "--batch-size", "2", "--no-cuda", "--strategy", strategy,
-                           "--amp", "bf16", "--dist-timeout", "60", "--output-dir", str(out)],
+                           "--amp", "bf16", "--dist-timeout", "60", "--output-dir", str(out), *previews],
                           env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"{strategy.upper()} rank 0/2" in done.stdout
     checkpoint = out / "shapes" / "unet" / "default" / "checkpoint.pth"
+    if previews:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        events = EventAccumulator(str(checkpoint.parent))
+        events.Reload()
+        assert [e.step for e in events.Images("val/0")] == [0]
     saved = load_checkpoint(checkpoint)
     model = builders.build_model("unet", "shapes", backbone="vgg_tiny", output_stride=8)
     assert saved["model"].keys() == model.state_dict().keys()  # the bare model's keys, plain tensors

@@ -175,7 +175,8 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
 
     Args:
         dataset: name in :data:`encoding.datasets.datasets`.
-        batch_size: training batch (per process under DDP); ``test_batch_size`` defaults to it.
+        batch_size: training batch (per process under DDP); ``test_batch_size`` defaults to it. The last partial
+            batch is dropped, unless the process's share of the training set is smaller than one batch.
         root, train_split, val_split, base_size, crop_size: passed to the dataset.
         workers: DataLoader workers (kept alive between epochs).
         train_limit, val_limit: use only the first N samples.
@@ -203,7 +204,8 @@ def build_loaders(dataset: str, *, batch_size: int, test_batch_size: Optional[in
     common = dict(num_workers=workers, pin_memory=pin_memory, persistent_workers=workers > 0,
                   worker_init_fn=seed_worker)
     train = DataLoader(SeededSamples(train_set, seed), batch_size=batch_size, sampler=train_sampler,
-                       drop_last=len(train_set) > batch_size, generator=torch.Generator().manual_seed(seed), **common)
+                       drop_last=len(train_sampler) > batch_size,  # this process's share
+                       generator=torch.Generator().manual_seed(seed), **common)
     val = DataLoader(val_set, batch_size=test_batch_size or batch_size, shuffle=False, sampler=val_sampler,
                      generator=torch.Generator().manual_seed(seed), **common)
     return Loaders(train, val, [train_sampler])

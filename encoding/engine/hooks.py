@@ -2,9 +2,8 @@
 
 :func:`~.run.train` calls, on each hook in order, ``before_train`` once, then for every epoch ``before_epoch``,
 ``before_step`` after every forward (a hook may refuse the step by raising), ``after_step`` after every optimizer
-step and ``after_epoch``, and ``after_train`` once at the end, also when the run
-stops with an error (``state.error`` then holds it). Each call gets the :class:`RunState`. The built-in hooks
-(:func:`default_hooks`) are the rules of a run, in this order:
+step and ``after_epoch``, and ``after_train`` once at the end, also when the run stops with an error (``state.error``
+then holds it). Each call gets the :class:`RunState`. The built-in hooks (:func:`default_hooks`), in this order:
 
 * :class:`DivergenceCheck`: a NaN/inf loss stops the run before its step (:class:`RunFailed`; nothing of the epoch
   is saved);
@@ -38,7 +37,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import EncodingError, RunInterrupted
 from ..utils.checkpoint import CHECKPOINT_NAME, NonFiniteError, save_checkpoint
-from ..utils.dist import is_main_process
+from ..utils.dist import is_fully_sharded, is_main_process
 from ..utils.logger import EpochLogger
 from ..utils.curves import write_curves
 from ..utils.rundir import remove_stale_temp_files
@@ -292,15 +291,17 @@ class EpochLog(Hook):
 
 
 class Previews(Hook):
-    """Every ``run.log_images`` epochs (and after the last), preview images of validation predictions go to
-    TensorBoard / W&B (:func:`~.previews.validation_previews`); nothing without such a sink."""
+    """Every ``run.log_images`` epochs (and after the last), previews of validation predictions go to TensorBoard /
+    W&B (:func:`~.previews.validation_previews`): the main process's, all processes running their forwards in FSDP."""
 
     def __init__(self, log: EpochLog) -> None:
         self.log = log
 
     def after_epoch(self, state: RunState) -> None:
         run, epoch, log = state.run, state.epoch, self.log.log
-        if log.sinks and run.log_images and (epoch % run.log_images == 0 or epoch + 1 == run.epochs):
+        wanted = run.log_options.get("tensorboard") or run.log_options.get("wandb")  # the same on every process
+        due = run.log_images and (epoch % run.log_images == 0 or epoch + 1 == run.epochs)
+        if wanted and due and (log.sinks or is_fully_sharded(run.model)):
             palette = run.options.get("palette") or run.options["dataset"]
             log.images(epoch, validation_previews(run.model, run.datasets()[1], palette))
 

@@ -33,7 +33,8 @@ def validation_previews(model: nn.Module, dataset: Any, palette: Any, count: int
 
     Args:
         model: the (possibly wrapped) model; its plain module predicts, one image at a time, on its own device
-            (a DDP-wrapped model is not called: only the main process makes previews).
+            (a DDP-wrapped model is not called: only the main process makes previews; an FSDP-sharded one gathers
+            its weights from every process in each forward: every process calls this function).
         dataset: ``(image, mask, ...)`` samples (a validation split).
         palette: a dataset name or explicit palette (:func:`~encoding.utils.palette.overlay`).
         device: where the images go (default: the device of the model's first parameter).
