@@ -53,6 +53,36 @@ def test_failing_evaluation_keeps_the_trained_epoch_and_verify_data_finds_it_fir
     assert "3 val samples" in capsys.readouterr().out
 
 
+def test_verify_data_drops_bad_training_samples_before_the_loaders_and_the_schedule_count_them(tmp_path, capsys):
+    """--verify-data --skip-bad with 3 of 8 training images broken: the samples were dropped after the loaders had
+    counted 8, so each epoch drew 8 indices over the 5 left (three trained twice) and the schedule counted 8 steps.
+    Dropped as the run is built now; a run built without it refuses a drop by train(verify_data=True)."""
+    import warnings
+
+    from encoding.engine import TrainingConfig, build_training, train
+    from encoding.engine.hooks import RunFailed
+
+    data = tmp_path / "data"
+    tiny_shapes_pair(data)
+    for i in range(3):
+        _truncate(os.path.join(data, "shapes-seed0-8-4", "JPEGImages", f"train_{i:05d}.jpg"))
+
+    def built(*argv):
+        options = load_train_script().parse_args(TINY + ["--output-dir", str(tmp_path / "runs"), *argv])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # "skipping bad sample", met while verifying
+            return build_training(TrainingConfig(**vars(options)), datasets=tiny_shapes_pair(data, skip_bad=True))
+
+    run = built("--batch-size", "1", "--verify-data", "--skip-bad")
+    assert "verify: dropped 3 bad sample(s) of 'train'" in capsys.readouterr().out
+    assert len(run.train_loader) == 5 and sorted(i for _, i in run.train_loader.sampler) == list(range(5))
+    assert len(run.train_loader.dataset) == 5
+    with pytest.raises(RunFailed, match=r"verify: 3 bad sample\(s\) dropped after the loaders counted them"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        train(built("--batch-size", "1", "--skip-bad"), verify_data=True)
+
+
 @pytest.mark.parametrize("name", ["pascal_voc", "pascal_aug", "ade20k", "citys", "pcontext"])
 def test_missing_dataset_names_an_existing_prepare_script_and_data_root(name, tmp_path):
     with pytest.raises(DatasetError) as info:

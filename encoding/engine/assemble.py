@@ -44,7 +44,7 @@ from ..utils.table import format_table
 from . import state
 from .directory import RUN_CONFIG_NAME, check_run_dir, clear_earlier_run, made_dirs, replaces_earlier_run
 from .data import (ConfigError, check_data_options, check_given_data, check_split, data_metadata, dataset_name,
-                   dataset_options, draws_holdout, image_sizes, run_criterion, write_holdout)
+                   dataset_options, draws_holdout, drop_bad_samples, image_sizes, run_criterion, write_holdout)
 from .run import Hook, TrainingRun, base_dataset, resume, train
 
 __all__ = ["AMP_DTYPES", "RUN_CONFIG_NAME", "parse_device_ids", "ConfigError", "check_network", "check_devices",
@@ -281,13 +281,16 @@ def build_training(config: TrainingConfig, *, datasets: Optional[Tuple[Dataset, 
     placement = builders.select_devices(parse_device_ids(c.device_ids), use_cuda=not c.no_cuda,
                                         distributed=distributed)
     device = placement.model_device
+    counts = dict(batch_size=c.batch_size, test_batch_size=c.test_batch_size, workers=c.workers, seed=c.seed,
+                  train_limit=c.train_limit, val_limit=c.val_limit, distributed=distributed,
+                  pin_memory=device.type == "cuda")  # how the loaders draw and count the samples
     loaders = builders.build_loaders(
-        c.dataset, batch_size=c.batch_size, test_batch_size=c.test_batch_size, root=c.data_root,
-        train_split=c.train_split, val_split=c.val_split, workers=c.workers, train_limit=c.train_limit,
-        val_limit=c.val_limit, distributed=distributed, seed=c.seed, pin_memory=device.type == "cuda",
-        skip_bad=c.skip_bad, datasets=datasets, dataset_options=dataset_options(c, fresh=replacing),
-        validated=not c.no_val,
-        **image_sizes(c))
+        c.dataset, root=c.data_root, train_split=c.train_split, val_split=c.val_split, skip_bad=c.skip_bad,
+        datasets=datasets, dataset_options=dataset_options(c, fresh=replacing), validated=not c.no_val,
+        **counts, **image_sizes(c))
+    built = (base_dataset(loaders.train), base_dataset(loaders.val))
+    if c.verify_data and not c.eval and drop_bad_samples(built):  # before the samplers and the schedule count
+        loaders = builders.build_loaders(c.dataset, datasets=built, **counts)
     train_data, binary = base_dataset(loaders.train), c.binary or c.binary_class is not None
     meta = data_metadata(c, train_data, base_dataset(loaders.val), binary, holdout=not replacing)
     class_names = meta["classes"]
@@ -376,7 +379,7 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
         if is_main_process():
             write_config(os.path.join(config.run_dir, RUN_CONFIG_NAME), saved_config(config),
                          header=config_header(config))
-        result = train(run, checkpoint if resumed else None, verify_data=config.verify_data, hooks=hooks)
+        result = train(run, checkpoint if resumed else None, hooks=hooks)  # data verified when built
     if result and is_main_process():
         print(format_table(result, run.class_names))
         print(f"done in {time.perf_counter() - started:.1f} s: pixAcc {result['pixAcc']:.4f}, "

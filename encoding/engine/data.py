@@ -24,7 +24,7 @@ from ..nn.binary import BINARY_LOSSES
 from ..utils.determinism import SeededSamples
 from ..utils.dist import is_main_process
 
-__all__ = ["BUILTIN_SIZES", "ConfigError", "eval_dataset_options", "binary_targets", "check_classes", "check_split",
+__all__ = ["BUILTIN_SIZES", "ConfigError", "drop_bad_samples", "eval_dataset_options", "binary_targets", "check_classes", "check_split",
            "check_data_options", "BUILDING_OPTIONS", "check_given_data", "dataset_options", "draws_holdout",
            "write_holdout", "image_sizes", "data_metadata", "dataset_name", "run_criterion"]
 
@@ -86,6 +86,22 @@ def check_given_data(c: Any, datasets: Any) -> None:
             has = f" (the given {type(data).__name__} has {own!r})" if own is not None else ""
             raise ConfigError(f"{cli_name(name)} {value}: the datasets given to the run are built already{has}; "
                               "build them with it, or leave the option out")
+
+
+def drop_bad_samples(datasets: Any) -> int:
+    """Read every sample of ``datasets`` once (``--verify-data``): the first bad file raises, or with ``--skip-bad``
+    the bad samples are dropped (each dataset's ``verify``); returns how many were dropped in all.
+
+    Raises:
+        DatasetError: a bad file, without ``skip_bad`` (the message names it).
+    """
+    dropped = 0
+    for dataset in datasets:
+        bad = dataset.verify()
+        if bad and is_main_process():
+            print(f"verify: dropped {bad} bad sample(s) of {dataset.split!r} (--skip-bad)")
+        dropped += bad
+    return dropped
 
 
 def dataset_options(config: Any, fresh: bool = False) -> Dict[str, Any]:

@@ -7,7 +7,7 @@ then holds it). Each call gets the :class:`RunState`. The built-in hooks (:func:
 
 * :class:`DivergenceCheck`: a NaN/inf loss stops the run before its step (:class:`RunFailed`; nothing of the epoch
   is saved);
-* :class:`VerifyData`: read every sample once before training (``--verify-data``);
+* :class:`VerifyData`: read every sample once before training (``--verify-data`` reads them as the run is built);
 * :class:`Evaluation`: score the model after every epoch (an evaluation that fails or is interrupted saves the
   trained epoch first, marked unevaluated: the resume evaluates it; an :class:`~encoding.errors.EncodingError` or
   ``OSError`` becomes a one-line :class:`RunFailed`, any other exception, a bug, keeps its traceback);
@@ -41,6 +41,7 @@ from ..utils.dist import is_fully_sharded, is_main_process
 from ..utils.logger import EpochLogger
 from ..utils.curves import write_curves
 from ..utils.rundir import remove_stale_temp_files
+from .data import drop_bad_samples
 from .directory import kept
 from .loop import check_finite_loss, evaluate
 from .signals import GracefulInterrupt, Interrupted
@@ -135,13 +136,12 @@ class DivergenceCheck(Hook):
 
 
 class VerifyData(Hook):
-    """Read every sample once before training (``--verify-data``); the bad ones are dropped (``--skip-bad``)."""
+    """Read every sample once before training; a sample dropped here (``skip_bad``) is refused: loaders counted it."""
 
     def before_train(self, state: RunState) -> None:
-        for dataset in state.run.datasets():
-            bad = dataset.verify()
-            if bad and is_main_process():
-                print(f"verify: dropped {bad} bad sample(s) of {dataset.split!r} (--skip-bad)")
+        if dropped := drop_bad_samples(state.run.datasets()):
+            raise RunFailed(f"verify: {dropped} bad sample(s) dropped after the loaders counted them: build the run "
+                            "with verify_data=True in its configuration (other samples would fill their places)")
 
 
 class Checkpointer(Hook):

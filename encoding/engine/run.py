@@ -188,7 +188,8 @@ def train(run: TrainingRun, checkpoint: Optional[Checkpoint] = None, *, verify_d
         run: the run (its ``start`` set by :func:`resume`).
         checkpoint: the checkpoint the run resumed its training state from: the best model file and the log are
             completed from it (not read again).
-        verify_data: read every sample once before training.
+        verify_data: read every sample once before training (``VerifyData``); a sample dropped then (``skip_bad``)
+            is refused: the loaders counted it. A configuration's ``verify_data`` reads them as the run is built.
         hooks: the caller's :class:`~.hooks.Hook` objects.
 
     Raises:
