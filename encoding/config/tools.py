@@ -86,8 +86,9 @@ class ExportOptions:
 
     format: Optional[str] = option(None, "onnx: an ONNX file (onnxruntime); exported: a torch.export ExportedProgram (.pt2) "
                                    "(default: by --output's suffix, else onnx)", choices=FORMATS, scripts=EXPORT)
-    output: Optional[str] = option(None, "the model file (default: beside the checkpoint, a Hub id's or preset's in the "
-                                   "current folder; model.onnx / model.pt2); metadata: FILE's name with .json", metavar="FILE", scripts=EXPORT)
+    output: Optional[str] = option(None, "the model file (default: beside the checkpoint, a Hub id's or preset's "
+                                   "in the current folder; model.onnx / model.pt2); metadata: FILE's name with .json",
+                                   metavar="FILE", scripts=EXPORT)
     input_size: Optional[Tuple[int, int]] = option(None, "the traced input size (default: the checkpoint's training "
                                                    "crop)", parse=positive_int, nargs=2, metavar=("H", "W"),
                                                    scripts=EXPORT)

@@ -24,9 +24,10 @@ from ..nn.binary import BINARY_LOSSES
 from ..utils.determinism import SeededSamples
 from ..utils.dist import is_main_process
 
-__all__ = ["BUILTIN_SIZES", "ConfigError", "drop_bad_samples", "eval_dataset_options", "binary_targets", "check_classes", "check_split",
-           "check_data_options", "BUILDING_OPTIONS", "check_given_data", "dataset_options", "draws_holdout",
-           "write_holdout", "image_sizes", "data_metadata", "dataset_name", "run_criterion"]
+__all__ = ["BUILTIN_SIZES", "ConfigError", "drop_bad_samples", "eval_dataset_options", "binary_targets",
+           "check_classes", "check_split", "check_data_options", "BUILDING_OPTIONS", "check_given_data",
+           "dataset_options", "draws_holdout", "write_holdout", "image_sizes", "data_metadata", "dataset_name",
+           "run_criterion"]
 
 
 def check_split(dataset: str, split: str, option: str, *, masks: bool = True) -> None:

@@ -182,12 +182,7 @@ def check_output(path: str, inputs: Sequence[Optional[str]] = (), option: str = 
     if os.path.splitext(path)[1].lower() == ".json":
         raise UsageError(f"{option} {path}: the metadata is written to <name>.json beside the model file, so the "
                          "model file cannot be a .json file (e.g. model.onnx / model.pt2)")
-    try:
-        refuse_own_input([path, metadata_path(path)], list(inputs), option)
-    except UsageError:
-        raise
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+    refuse_own_input([path, metadata_path(path)], list(inputs), option)
 
 
 def _write(program: torch.export.ExportedProgram, path: str, fmt: str, meta: Dict[str, Any],
