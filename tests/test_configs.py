@@ -254,6 +254,29 @@ def test_a_recipe_learning_rate_scales_with_the_batch_size_when_lr_is_not_given(
     assert explicit.lr == 0.01
 
 
+def test_under_torchrun_the_recipe_learning_rate_follows_the_batch_of_the_whole_job(tmp_path, monkeypatch):
+    """--batch-size is per process under torchrun: the rate is the recipe's for the job's batch, so 8 processes x
+    --batch-size 2 train at the recipe's rate for 16, as one process with --batch-size 16 does."""
+    from encoding.config import resolve
+
+    _write(tmp_path / "ade20k.yaml", "dataset: ade20k\nmodel: fcn\nbackbone: resnet50\nepochs: 10\nbatch-size: 16\n"
+                                     "lr: 0.004\noptimizer: sgd\nweight-decay: 0\n")
+
+    def settings(*given):
+        return resolve("train", ["--dataset", "ade20k", *given], recipes=str(tmp_path))
+
+    single = settings("--batch-size", "16").training().lr
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    job = settings("--batch-size", "2")
+    assert job.optim.lr == pytest.approx(single) == pytest.approx(0.004)
+    assert job.source("lr") == "rule: the recipe's lr 0.004 x --batch-size 2 x 8 processes / 16"
+    own = settings()  # the recipe's batch, in each of 8 processes: 8 x its rate
+    assert own.optim.lr == pytest.approx(0.032)
+    assert own.source("lr") == "rule: the recipe's lr 0.004 x its batch 16 x 8 processes / 16"
+    assert settings("--batch-size", "2", "--lr", "0.01").optim.lr == 0.01
+
+
 @pytest.mark.parametrize("value, expected", [(True, True), (False, False), ("weights/mit_b0.safetensors",
                                                                             "weights/mit_b0.safetensors")])
 def test_an_option_with_an_optional_value_reads_back_from_a_config_file(tmp_path, monkeypatch, value, expected):

@@ -16,8 +16,9 @@ The order (a later source wins):
 
 Then the rules, each applied once, here and nowhere else (:data:`RULES`):
 
-* ``lr``: a recipe's rate is for its batch: with ``--batch-size`` given and ``--lr`` not, it scales linearly
-  (PyTorch-Encoding's ``lr = recipe lr / recipe batch * batch``);
+* ``lr``: a recipe's rate is for its batch, the batch of one step of the whole job: without ``--lr`` it scales
+  linearly with ``--batch-size`` (PyTorch-Encoding's ``lr = recipe lr / recipe batch * batch``) and, under
+  ``torchrun``, where the batch is per process, with the processes (``WORLD_SIZE``);
 * ``head_lr_mult``: unless given, 10 with ``--pretrained-backbone`` (PE's), else 1;
 * ``output_stride``, ``head_channels``: the recipe's only for the recipe's own model, else the model's (``None``);
 * ``base_size``, ``crop_size``, ``scale_range``: unset, the dataset's own (``BASE_SIZE``, ``CROP_SIZE``,
@@ -40,7 +41,7 @@ import torch
 
 from ..datasets import datasets as DATASETS
 from ..utils.configfile import ConfigFileError, parse_config, read_config
-from ..utils.dist import launched_by_torchrun
+from ..utils.dist import launched_by_torchrun, launched_world_size
 from ..utils.trust import check_trusted
 from .errors import ConfigError
 from .evaluation import MODEL_SPECIFIC, NETWORK_OPTIONS, evaluation_rules, weights_layer
@@ -287,9 +288,7 @@ def _rules(script: str, values: Dict[str, Any], sources: Dict[str, str], recipe:
            given: Dict[str, Any]) -> None:
     """The documented rules of :data:`RULES`, each applied once."""
     if script == "train":
-        if "lr" not in given and "batch_size" in given and recipe.get("lr") and recipe.get("batch_size"):
-            _rule(values, sources, "lr", recipe["lr"] * values["batch_size"] / recipe["batch_size"],
-                  f"the recipe's lr {recipe['lr']:g} x --batch-size {values['batch_size']} / {recipe['batch_size']}")
+        _lr_rule(values, sources, recipe, given)
         if "head_lr_mult" not in given and values["pretrained"]:
             _rule(values, sources, "head_lr_mult", 10.0, "10 with --pretrained-backbone (PyTorch-Encoding's)")
         if values["warmup_epochs"] is None:
@@ -312,6 +311,19 @@ def _rules(script: str, values: Dict[str, Any], sources: Dict[str, str], recipe:
                                       or values["scale_range"][0] > values["scale_range"][1]):
         raise ConfigError(f"--scale-range {','.join(map(str, values['scale_range']))}: expected MIN,MAX with "
                           "MIN <= MAX")
+
+
+def _lr_rule(values: Dict[str, Any], sources: Dict[str, str], recipe: Dict[str, Any], given: Dict[str, Any]) -> None:
+    """A recipe's lr is for its batch, the batch of one step of the whole job: without ``--lr`` it scales with the
+    job's batch, ``--batch-size`` (or the recipe's) x the ``torchrun`` processes, each of which takes that batch."""
+    processes = launched_world_size()
+    if "lr" in given or not (recipe.get("lr") and recipe.get("batch_size")) or \
+            ("batch_size" not in given and processes == 1):
+        return
+    batch = f"--batch-size {values['batch_size']}" if "batch_size" in given else f"its batch {values['batch_size']}"
+    job = f"{batch} x {processes} processes" if processes > 1 else batch
+    _rule(values, sources, "lr", recipe["lr"] * values["batch_size"] * processes / recipe["batch_size"],
+          f"the recipe's lr {recipe['lr']:g} x {job} / {recipe['batch_size']}")
 
 
 def _cpu_run(values: Dict[str, Any]) -> bool:

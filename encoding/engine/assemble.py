@@ -35,7 +35,7 @@ from ..models.network import NetworkSpec
 from ..parallel import resolve_devices
 from ..utils.configfile import write_config
 from ..utils.determinism import enable_determinism
-from ..utils.dist import get_rank, init_distributed_mode, is_main_process, timeout_problem
+from ..utils.dist import get_rank, init_distributed_mode, is_main_process, launched_world_size, timeout_problem
 from ..utils.images import set_max_pixels
 from ..utils.metrics import SegmentationMetric
 from ..utils.monitor import MonitorUnavailable, require
@@ -193,7 +193,7 @@ def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint, *, give
         raise ConfigError(f"--optimizer {config.optimizer}: {path} was trained with --optimizer "
                           f"{saved['optimizer']} and a resume continues its optimizer state; pass --optimizer "
                           f"{saved['optimizer']}, or --ft to start a new optimizer from its weights")
-    checkpoint.check_world_size(state.launched_world_size())
+    checkpoint.check_world_size(launched_world_size())
     iteration, epoch = int(checkpoint.data.get("iteration", 0)), checkpoint.done
     if iteration and config.epochs <= epoch:
         raise ConfigError(f"--epochs {config.epochs}: {path} stopped after iteration {iteration} of epoch {epoch} "

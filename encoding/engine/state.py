@@ -43,7 +43,7 @@ from ..utils.rundir import RunDirLock, RunDirLocked, remove_stale_temp_files
 from .sharding import load_optimizer_state
 
 __all__ = ["Checkpoint", "ResumePoint", "ResumeRefused", "read", "training_state", "restore_best", "resumable",
-           "complete_finished", "saved_options", "launched_world_size", "gathered_rng_states", "hook_states",
+           "complete_finished", "saved_options", "gathered_rng_states", "hook_states",
            "load_hook_states"]
 
 PathLike = Union[str, os.PathLike]
@@ -167,11 +167,6 @@ class Checkpoint(NamedTuple):
         if self.unevaluated is not None:
             return self.data.get("epoch", -1) - 1, None
         return self.data.get("epoch", -1), self.data.get("log_row")
-
-
-def launched_world_size() -> int:
-    """The processes of this run: ``torchrun``'s ``WORLD_SIZE`` (known before the process group starts), else 1."""
-    return int(os.environ.get("WORLD_SIZE", "1")) if "RANK" in os.environ else 1
 
 
 def read(path: PathLike, allow_foreign: bool = False) -> Checkpoint:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 __all__ = [
     "launched_by_torchrun",
+    "launched_world_size",
     "init_distributed_mode",
     "is_dist_avail_and_initialized",
     "get_rank",
@@ -69,6 +70,11 @@ def launched_by_torchrun() -> bool:
     """Whether ``torchrun`` started this process (``RANK`` and ``WORLD_SIZE`` in the environment), known before any
     process group is made."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launched_world_size() -> int:
+    """The processes of this run: ``torchrun``'s ``WORLD_SIZE`` (known before the process group starts), else 1."""
+    return int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else 1
 
 
 def init_distributed_mode(backend: Optional[str] = None, timeout_s: Optional[float] = None) -> bool:
