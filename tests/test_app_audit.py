@@ -112,6 +112,9 @@ def test_a_window_under_half_the_training_crop_is_refused_before_any_work(tiny_f
     handler = segment_handler(model, _workdir(monkeypatch, tmp_path))
     with pytest.raises(gr.Error, match="window 2: at least 16 pixels"):
         handler(images["scene"], "slide", False, 2, None, "1")
+    for value in (float("inf"), float("nan"), "inf", "sixteen", -16, 16.5):  # a request, not the number field
+        with pytest.raises(gr.Error, match=r"window: expected a positive whole number of pixels \(or 0: the default\), got "):
+            handler(images["scene"], "slide", False, value, None, "1")
     monkeypatch.setattr(segmentation, "segment", segment)
     monkeypatch.setattr(segmentation, "read_rgb", read_rgb)
     for request in (SegmentRequest("slide", window=16, stride=4), SegmentRequest("slide"),

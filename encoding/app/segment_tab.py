@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import os
 from typing import Any, List, Optional, Sequence, Tuple
 from urllib.parse import unquote_to_bytes
@@ -31,9 +32,13 @@ def _window(value: Any, name: str) -> Optional[int]:
     else a positive whole number."""
     if value is None or value == "" or value == 0:
         return None
-    if float(value) != int(float(value)) or int(float(value)) < 0:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number != int(number) or number < 0:
         raise ValueError(f"{name}: expected a positive whole number of pixels (or 0: the default), got {value}")
-    return int(float(value))
+    return int(number)
 
 
 def _data_url_file(url: str, folder: str) -> str:
