@@ -179,8 +179,8 @@ class OptimOptions:
     test_batch_size: Optional[int] = option(None, "validation batch (default: --batch-size)", parse=positive_int,
                                             scripts=("train", "test"),
                                             per_script={"test": dict(help="default: 16 (val mode)")})
-    lr: float = option(0.006, "default: the recipe's, scaled linearly with --batch-size", parse=positive_float,
-                       recipe=True, scripts=TRAIN)
+    lr: float = option(0.006, "default: the recipe's, scaled linearly with --batch-size (x the torchrun processes)",
+                       parse=positive_float, recipe=True, scripts=TRAIN)
     lr_scheduler: str = option("poly", "the learning-rate schedule", choices=("poly", "cos", "step"), scripts=TRAIN)
     lr_step: int = option(0, "epochs between two x0.1 decays (--lr-scheduler step)", parse=non_negative_int,
                           scripts=TRAIN)
