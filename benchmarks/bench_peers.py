@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Train-step speed of our DeepLabV3+, FPN and UPerNet (ResNet-50) against segmentation_models_pytorch's.
+"""Train-step speed of our DeepLabV3+, FPN and UPerNet (ResNet-50, or ``--backbone``) against
+segmentation_models_pytorch's.
 
 For each pair, both models are built from scratch (no weights) with the same number of classes and trained on the
 same random batch: forward, cross-entropy, backward, SGD step (momentum 0.9). The two sides run in alternating rounds
@@ -46,12 +47,17 @@ PAIRS: Dict[str, Tuple[str, dict, dict]] = {
 }
 
 
-def build_pair(name: str, nclass: int, smp_like: bool) -> Tuple[nn.Module, nn.Module]:
-    """Our model ``name`` on ResNet-50 (its default output stride) and smp's counterpart, both untrained."""
+#: The encoders both libraries build under one name (smp's ``encoder_name``, our ``backbone``).
+BACKBONES = ("resnet18", "resnet34", "resnet50", "resnet101")
+
+
+def build_pair(name: str, nclass: int, smp_like: bool, backbone: str = "resnet50") -> Tuple[nn.Module, nn.Module]:
+    """Our model ``name`` on ``backbone`` (its default output stride) and smp's counterpart on the same encoder, both
+    untrained."""
     import segmentation_models_pytorch as smp
     smp_class, smp_options, our_options = PAIRS[name]
-    ours = get_segmentation_model(name, backbone="resnet50", nclass=nclass, **(our_options if smp_like else {}))
-    theirs = getattr(smp, smp_class)(encoder_name="resnet50", encoder_weights=None, classes=nclass, **smp_options)
+    ours = get_segmentation_model(name, backbone=backbone, nclass=nclass, **(our_options if smp_like else {}))
+    theirs = getattr(smp, smp_class)(encoder_name=backbone, encoder_weights=None, classes=nclass, **smp_options)
     return ours, theirs
 
 
@@ -95,7 +101,7 @@ def compare(name: str, args: argparse.Namespace) -> Dict[str, object]:
     """Alternating rounds of ours and smp's train steps for the pair ``name``; returns the row of the table."""
     torch.manual_seed(0)
     device = torch.device(args.device)
-    ours, theirs = build_pair(name, args.nclass, args.smp_like)
+    ours, theirs = build_pair(name, args.nclass, args.smp_like, args.backbone)
     models = {"ours": ours.to(device), "smp": theirs.to(device)}
     if args.compile:
         models["compiled"] = compile_model(copy.deepcopy(ours), compile_mode(args.compile_mode, [device]),
@@ -134,8 +140,8 @@ def table_lines(rows: List[Dict[str, object]], args: argparse.Namespace) -> List
     where = f"CPU, {torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name(
         args.device)
     lines = [f"Train step (forward, cross-entropy, backward, SGD), {where}, input "
-             f"{args.batch}x3x{args.size}x{args.size}, {args.nclass} classes, {args.rounds} alternating rounds x "
-             f"{args.iters} steps (median; per-round ratios in brackets)"
+             f"{args.batch}x3x{args.size}x{args.size}, {args.backbone}, {args.nclass} classes, {args.rounds} "
+             f"alternating rounds x {args.iters} steps (median; per-round ratios in brackets)"
              f"{', our smp-like options' if args.smp_like else ''}:", "",
              "| ours | smp | ours img/s | smp img/s | ratio (rounds) | params ours / smp (M) | "
              "GFLOPs ours / smp | ratio x GFLOPs |", "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -156,6 +162,7 @@ def table_lines(rows: List[Dict[str, object]], args: argparse.Namespace) -> List
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(PAIRS), default=list(PAIRS))
+    parser.add_argument("--backbone", default="resnet50", choices=BACKBONES, help="both sides' encoder")
     parser.add_argument("--size", type=int, default=128)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--nclass", type=int, default=21)

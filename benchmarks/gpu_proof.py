@@ -266,7 +266,8 @@ def compile_speed(proof: Proof) -> None:
         return
     quick, compiled = proof.args.quick, proof.cuda or not proof.args.quick
     argv = ["--smp-like", "--device", str(proof.device)] + (["--compile", "--compile-mode", "auto"] if compiled else [])
-    argv += ["--models", "fcfpn", "--size", "32", "--rounds", "1", "--iters", "1"] if quick else ["--iters", "10"]
+    argv += ["--models", "fcfpn", "--backbone", "resnet18", "--size", "32", "--rounds", "1", "--iters", "1"] if quick \
+        else ["--iters", "10"]
     args = bench_peers.build_parser().parse_args(argv)
     proof.lines += bench_peers.table_lines([bench_peers.compare(name, args) for name in args.models], args)
     if not compiled:

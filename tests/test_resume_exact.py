@@ -99,21 +99,23 @@ def _assert_bitwise_equal(a, b):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """An uninterrupted --deterministic run of EPOCHS epochs (subprocess): its data root, final weights, how long
-    its training took and how long its first epoch took (seconds, from the epoch's summary line: what follows the
-    last epoch, e.g. the curves plot, does not count)."""
+    its training took and how long its first epoch took (seconds, from the epochs' summary lines, each printed once
+    the epoch's checkpoint is written: what follows the last epoch, e.g. the curves plot, does not count)."""
     base = tmp_path_factory.mktemp("reference")
     proc = _spawn(base / "data", base / "runs", ["--epochs", str(EPOCHS)])
     _wait_until_training(proc)
     started = time.monotonic()
-    first_epoch = None
+    first_epoch = duration = None
     for line in proc.stdout:
         if line.startswith("epoch 0:"):
             first_epoch = time.monotonic() - started
+        if line.startswith(f"epoch {EPOCHS - 1}:"):
+            duration = time.monotonic() - started
             break
     out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and first_epoch is not None, out + err
-    return (base / "data", _weights(os.path.join(run_dir_of(base / "runs", "fcn"), CHECKPOINT_NAME)),
-            time.monotonic() - started, first_epoch)
+    assert proc.returncode == 0 and None not in (first_epoch, duration), out + err
+    return (base / "data", _weights(os.path.join(run_dir_of(base / "runs", "fcn"), CHECKPOINT_NAME)), duration,
+            first_epoch)
 
 
 # -- kill -9, then resume ----------------------------------------------------------------------------------------------
