@@ -36,8 +36,8 @@ def plan_split(source_cost: Callable[[int], float], other_cost: Callable[[int], 
     Device 0 has its own cost curve (it also holds the module, optimizer state and reduced gradients); the other
     devices share one. Both must be non-decreasing in the number of samples. For a given ``b0`` on device 0, the
     rest is best spread evenly (heaviest: ``ceil((batch - b0) / (num_devices - 1))``), so the search is over
-    ``b0``: a binary search for where device 0 overtakes the others, plus the even split as a candidate. Ties go to
-    the split closest to even.
+    ``b0``: a search outward from the even split for where device 0 overtakes the others (:func:`_first_true`), plus
+    the even split as a candidate. Ties go to the split closest to even.
 
     Args:
         source_cost: device 0's cost of ``b`` samples.
@@ -63,17 +63,35 @@ def plan_split(source_cost: Callable[[int], float], other_cost: Callable[[int], 
     def heaviest(b0: int) -> float:
         return max(source_cost(b0), others(b0))
 
-    lo, hi = 0, batch  # smallest b0 whose device 0 is at least as heavy as the others
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if source_cost(mid) >= others(mid):
-            hi = mid
-        else:
-            lo = mid + 1
+    lo = _first_true(lambda b0: source_cost(b0) >= others(b0), even[0], batch)  # device 0 as heavy as the others
     candidates = {even[0], lo, max(lo - 1, 0)}
     best = min(sorted(candidates), key=lambda b0: (heaviest(b0), abs(b0 - even[0])))
     split = rest(best)
     return split + [0] * (num_devices - len(split))
+
+
+def _first_true(test: Callable[[int], bool], start: int, end: int) -> int:
+    """The smallest ``b`` in ``[0, end]`` with ``test(b)`` (``end`` where none is), for a ``test`` false then true:
+    strides doubling away from ``start`` bracket it, a bisection finds it. The answer lies near ``start`` (the even
+    split), so a large batch costs about ``2 log2`` of the distance evaluations (simulations), not ``log2(end)``."""
+    step = 1
+    if test(start):
+        hi = start
+        while hi > 0 and test(max(0, hi - step)):
+            hi, step = max(0, hi - step), step * 2
+        lo = max(0, hi - step) + 1 if hi > 0 else 0
+    else:
+        lo = min(start + 1, end)
+        while lo + step - 1 < end and not test(lo + step - 1):
+            lo, step = lo + step, step * 2
+        hi = min(end, lo + step - 1)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if test(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def _even_split(batch: int, num_devices: int) -> List[int]:
