@@ -474,7 +474,9 @@ def test_a_read_only_data_root_trains_and_is_left_as_it_was(train, tmp_path):
     assert (run / "holdout.json").is_file() and (run / "checkpoint.pth").is_file()
 
 
-def test_a_relative_data_root_is_recorded_absolute_and_test_runs_from_another_folder(train, tmp_path, monkeypatch):
+def test_a_relative_data_root_is_recorded_absolute_and_test_runs_from_another_folder(train, tmp_path, monkeypatch,
+                                                                                    capsys):
+    """A relative --data-root is recorded as an absolute path: test.py, started in another folder, finds the data."""
     import torch
     work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
     _photos(str(work / "mydata"), n=6)
@@ -484,8 +486,9 @@ def test_a_relative_data_root_is_recorded_absolute_and_test_runs_from_another_fo
     ckpt = work / "runs" / "folder" / "unet" / "default" / "checkpoint.pth"
     args = torch.load(ckpt, weights_only=True)["args"]
     assert args["data_root"] == str(work / "mydata") and args["classes"] == ["class_0", "class_1", "class_2"]
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "segmentation", "test.py"), "--resume",
-                          str(ckpt), "--workers", "0", "--out-dir", str(elsewhere / "eval")], capture_output=True,
-                         text=True, cwd=str(elsewhere), env=ENV)
-    assert out.returncode == 0 and "class_1" in out.stdout, out.stderr
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    status = load_script("test").cli(["--resume", str(ckpt), "--workers", "0", "--out-dir", "eval"])
+    out = capsys.readouterr()
+    assert status == 0 and "class_1" in out.out, out.err
     assert json.load(open(elsewhere / "eval" / "metrics.json"))

@@ -169,18 +169,21 @@ def _bad(tmp_path, case):
 
 
 @pytest.mark.parametrize("case", ["unpaired", "size", "values", "unreadable"])
-def test_each_bad_data_case_is_one_line_naming_the_file_exit_2_nothing_left(case, tmp_path):
+def test_each_bad_data_case_is_one_line_naming_the_file_exit_2_nothing_left(case, tmp_path, capsys, monkeypatch,
+                                                                           scripts):
+    """The dataset raises naming the file; train.py's command line says it in one line on stderr, exit status 2,
+    and leaves no run directory."""
     path, what = _bad(tmp_path, case)
     with pytest.raises(DatasetError, match=what) as err:
         FolderSegmentation(os.path.dirname(os.path.dirname(path)))
     assert err.value.path == path
+    monkeypatch.delenv("ENCODING_TRACEBACK", raising=False)
     out = tmp_path / "runs"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "segmentation", "train.py"),
-                           "--dataset", "folder", "--data-root", os.path.dirname(os.path.dirname(path)),
-                           "--output-dir", str(out), *TINY], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and path in lines[0], proc.stderr
+    capsys.readouterr()
+    status = scripts["train"].cli(["--dataset", "folder", "--data-root", os.path.dirname(os.path.dirname(path)),
+                                   "--output-dir", str(out), *TINY])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and path in lines[0], lines
     assert not out.exists()
 
 
