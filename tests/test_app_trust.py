@@ -1,5 +1,6 @@
 """The web page is a server: it runs no code a request names (nor an uploaded ``.py``), checks an image's size from its
 header before decoding it, bounds its queue and the plans it simulates, and keeps serving after each refusal."""
+import functools
 import os
 import struct
 import sys
@@ -34,15 +35,21 @@ def _payload(folder):
     return folder / "marker.txt"
 
 
-def _huge_png(path, side=12000):
-    """A ``side x side`` grey PNG of one flat colour (about 150 KB), written without holding its pixels."""
+@functools.lru_cache(maxsize=None)
+def _huge_png_bytes(side):
+    """The bytes of :func:`_huge_png`, deflated once per side (0.8 s at 12000) for the tests that write one."""
     def chunk(kind, data):
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     packer, row = zlib.compressobj(9), b"\x00" + b"\x80" * side
     idat = b"".join(packer.compress(row) for _ in range(side)) + packer.flush()
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
-                     + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+
+
+def _huge_png(path, side=12000):
+    """A ``side x side`` grey PNG of one flat colour (about 150 KB), written without holding its pixels."""
+    path.write_bytes(_huge_png_bytes(side))
     return str(path)
 
 
@@ -85,7 +92,8 @@ def test_a_request_naming_module_code_is_refused_and_imports_nothing(guarded):
         text = _refused(lambda: _plan(guarded["client"], PlanRequest(**{**PLAN.__dict__, "model": model})))
         assert f"model {model!r} names code to import" in text and "--plan-model" in text
     assert not guarded["marker"].exists()  # neither imported nor called
-    assert _plan(guarded["client"], PLAN)[0].startswith("python -m encoding.memory")  # still serving
+    still = PlanRequest(**{**PLAN.__dict__, "advise": False})  # a plan without the advice's search: answered
+    assert _plan(guarded["client"], still)[0].startswith("python -m encoding.memory")  # still serving
 
 
 def test_an_uploaded_python_file_never_becomes_code(guarded):

@@ -348,9 +348,11 @@ def test_lighter_head_options_separable_aspp_and_fuse_channels():
     (FCFPN, UperNet) sets the width of the stride-4 fusing conv. Both keep the output contract and shrink the head."""
     from encoding.models.flops import count_flops
     x = torch.randn(2, 3, 64, 64)
+    built = {}  # each network built once: the checks below look again at the same ones
     for name, options in (("deeplabv3plus", dict(separable=True)), ("fcfpn", dict(fuse_channels=128)),
                           ("upernet", dict(fuse_channels=256))):
         plain, light = build(name), build(name, **options)
+        built[name], built[name, "light"] = plain, light
         outputs = light(x)
         assert outputs["out"].shape == (2, NCLASS, 64, 64)
         outputs["out"].mean().backward()
@@ -358,18 +360,19 @@ def test_lighter_head_options_separable_aspp_and_fuse_channels():
         heads = [sum(p.numel() for p in m.head_parameters()) for m in (plain, light)]
         assert heads[1] < 0.75 * heads[0], (name, heads)
         assert count_flops(light, (64, 64)) < count_flops(plain, (64, 64))
-    head = build("deeplabv3plus", separable=True).classifier
+    head = built["deeplabv3plus", "light"].classifier
     spatial = [m for m in head.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)]
     assert spatial and all(m.groups == m.in_channels for m in spatial)
     assert [m.dilation[0] for m in spatial[:3]] == [6, 12, 18]
     fuse = build("upernet", fuse_channels=96).classifier.fuse
     assert fuse[0].out_channels == 96 and fuse[-1].in_channels == 96
     # UperNet's pyramid-pooling branches: c4 / 4 channels each by default (PE's), pool_channels= sets them
-    top, narrow = build("upernet").classifier.top, build("upernet", pool_channels=8).classifier.top
+    narrow_net = build("upernet", pool_channels=8)
+    top, narrow = built["upernet"].classifier.top, narrow_net.classifier.top
     c4 = top[0].branches[0][1].in_channels
     assert [b[1].out_channels for b in top[0].branches] == [c4 // 4] * 4 and top[0].out_channels == 2 * c4
     assert [b[1].out_channels for b in narrow[0].branches] == [8] * 4 and narrow[1].in_channels == c4 + 32
-    assert build("upernet", pool_channels=8)(x)["out"].shape == (2, NCLASS, 64, 64)
+    assert narrow_net(x)["out"].shape == (2, NCLASS, 64, 64)
 
 
 def test_pretrained_backbone_offline_error_and_cache(offline_hub):
