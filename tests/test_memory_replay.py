@@ -21,10 +21,17 @@ def fcn_spec(crop, policy):
                              recompute=policy)
 
 
+#: the direct simulations' own simulators, one per (spec, crop, policy), shared by this module's tests (a simulator
+#: steps one warmed optimizer per model and caches each program's peak): none is ever handed to the advice
+_DIRECT = {}
+
+
 def direct(spec_for, strategy, policy, share, crop, devices):
     """The heaviest device's peak by a simulation of its own (nothing shared with the advice)."""
-    sim = Simulator(spec_for(crop, policy), CUDA_BLOCK)
-    return max(sim.peaks(strategy, [share] * devices))
+    key = (spec_for, crop, policy)
+    if key not in _DIRECT:
+        _DIRECT[key] = Simulator(spec_for(crop, policy), CUDA_BLOCK)
+    return max(_DIRECT[key].peaks(strategy, [share] * devices))
 
 
 @pytest.mark.parametrize("policy", ["none", "all"])
