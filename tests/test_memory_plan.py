@@ -54,7 +54,7 @@ class UnusedParameter(ShardNet):
 
 
 def shard_spec(crop=32, keep_outputs=False, amp=None):
-    """Module level: the spawned ranks of measure_ranks_cpu rebuild it by name."""
+    """Module level: the new ranks of measure_ranks_cpu rebuild it by name."""
     return StepSpec(build_model=lambda: ShardNet(), make_inputs=lambda b: ((torch.randn(b, 3, crop, crop),), {}),
                     make_target=lambda b: torch.randint(0, NCLASS, (b, crop, crop)),
                     criterion=SegmentationLosses(aux=True, nclass=NCLASS), keep_outputs=keep_outputs,
@@ -132,7 +132,7 @@ def test_the_profiler_count_loses_no_free_of_a_collective_buffer():
 
 
 def dying_spec():
-    """Module level (spawned ranks): a rank that dies without a word (as one that cannot even start)."""
+    """Module level (new rank processes): a rank that dies without a word (as one that cannot even start)."""
     os._exit(3)
 
 
@@ -319,7 +319,7 @@ def test_tool_new_options_fail_in_one_line(argv, message, capsys):
 
 
 def wide_spec():
-    """Module level (spawned ranks): a net whose parameters outweigh its activations, so a rank's peak falls
+    """Module level (new rank processes): a net whose parameters outweigh its activations, so a rank's peak falls
     where a collective runs."""
     return StepSpec(build_model=lambda: ShardNet(width=64), make_inputs=lambda b: ((torch.randn(b, 3, 4, 4),), {}),
                     make_target=lambda b: torch.randint(0, NCLASS, (b, 4, 4)),

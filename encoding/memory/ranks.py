@@ -28,11 +28,11 @@ def measure_ranks_cpu(make_spec: Callable[..., StepSpec], spec_kwargs: Dict[str,
                       split: Sequence[int], threads: int = 1, timeout: float = 1800.0
                       ) -> Dict[str, List[ProgramResult]]:
     """Each rank's real CPU peak of each strategy with samples per rank ``split``: per strategy, ``len(split)`` new
-    spawned processes in a gloo group, each running its device program under ``torch.profiler`` (new processes per
-    strategy: nothing another strategy's run left behind counts).
+    processes (:func:`_rank_context`) in a gloo group, each running its device program under ``torch.profiler``
+    (new processes per strategy: nothing another strategy's run left behind counts).
 
     Args:
-        make_spec: a module-level function (the processes are spawned: it is pickled by name) returning the step,
+        make_spec: a module-level function (the processes are new: it is pickled by name) returning the step,
             called in every process with ``spec_kwargs``.
         spec_kwargs: its keyword arguments (picklable).
         strategies: from ``"ddp"``, ``"fsdp"`` and ``"zero1"``.
@@ -55,7 +55,7 @@ def measure_ranks_cpu(make_spec: Callable[..., StepSpec], spec_kwargs: Dict[str,
 
 def _measure_ranks(make_spec: Callable[..., StepSpec], spec_kwargs: Dict[str, Any], strategy: str,
                    split: List[int], threads: int, timeout: float) -> List[ProgramResult]:
-    context = mp.get_context("spawn")
+    context = _rank_context()
     queue = context.Queue()
     with tempfile.TemporaryDirectory() as folder:
         init = "file://" + os.path.join(folder, "store")
@@ -82,6 +82,17 @@ def _measure_ranks(make_spec: Callable[..., StepSpec], spec_kwargs: Dict[str, An
                 if process.is_alive():
                     process.kill()
     return [ProgramResult(*results[rank]) for rank in range(len(split))]
+
+
+def _rank_context() -> Any:
+    """How the ranks start: forked from a ``forkserver`` that imported this module (torch, ``encoding``) once and ran
+    nothing, so each rank is a fresh process without importing them again (seconds a rank); spawned where there is
+    no ``forkserver`` (Windows)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
 
 
 def _check_alive(processes: List[Any], results: Dict[int, Any], strategy: str, deadline: float) -> None:
