@@ -186,6 +186,23 @@ def test_checkpoint_dataset_class_runs_no_code_without_trust_code(tmp_path, payl
         datasets.pop("payload_data", None)
 
 
+@pytest.mark.parametrize("module", ["encoding.export.__main__", "encoding.datasets.scan.__main__",
+                                    "encoding.app.cli"])
+def test_a_dataset_class_in_the_packages_tools_is_named_code(tmp_path, module):
+    """Only encoding.datasets holds the package's own dataset classes: a checkpoint naming another module of the
+    package (a tool's __main__ ran that tool at import: the export CLI on the caller's argv) is refused like
+    anyone's, before the import."""
+    entry_point = module.endswith(".__main__")  # imported by nothing else: its absence proves the refusal came first
+    if entry_point:
+        sys.modules.pop(module, None)
+    path = _checkpoint(tmp_path / "model_best.pth", get_segmentation_model("fcn", nclass=7, backbone="vgg_tiny"),
+                       model="fcn", backbone="vgg_tiny", dataset="mine", dataset_class=f"{module}:Data")
+    with pytest.raises(UntrustedCode) as caught:
+        encoding.load_model(path)
+    _one_line_refusal(caught, module)
+    assert not entry_point or module not in sys.modules
+
+
 def test_built_in_architectures_need_no_opt_in(tmp_path, payload):
     """torchvision: networks (and registry architectures) name no code: loaded without the opt-in."""
     torch.manual_seed(0)

@@ -3,4 +3,5 @@ import sys
 
 from .cli import cli
 
-sys.exit(cli())
+if __name__ == "__main__":  # importing this module runs nothing
+    sys.exit(cli())

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from ..errors import EncodingError
 from .dist import is_fully_sharded
 from .files import atomic_write
-from .torch_files import global_naming_nothing, looks_like_torch_file
+from .torch_files import global_naming_nothing, torch_file_problem
 
 __all__ = ["CheckpointError", "NonFiniteError", "first_nonfinite", "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION",
            "CHECKPOINT_NAME", "BEST_NAME", "unwrap_model", "save_checkpoint", "load_checkpoint", "load_model_state",
@@ -288,8 +288,8 @@ def load_model_state(model: nn.Module, state: Mapping[str, Tensor], strict: bool
 
 def _read(path: str, map_location: Any) -> Any:
     """``torch.load(path, weights_only=True)``, with our errors for unsafe, truncated, corrupt or foreign files."""
-    if os.path.isfile(path) and os.path.getsize(path) > 0 and not looks_like_torch_file(path):
-        raise CheckpointError(f"{path!r} is not a checkpoint: it is not a file written by torch.save")
+    if os.path.isfile(path) and (problem := torch_file_problem(path)) is not None:  # before torch.load allocates
+        raise CheckpointError(f"{path!r} {problem}")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
@@ -318,7 +318,8 @@ def read_state_dict(path: PathLike) -> Mapping[str, Tensor]:
 
     Raises:
         FileNotFoundError: the file does not exist.
-        CheckpointError: unsafe, truncated or corrupt, or no state dict inside.
+        CheckpointError: unsafe (a compressed or oversized zip record too), truncated or corrupt, or no state dict
+            inside.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):

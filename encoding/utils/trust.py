@@ -5,7 +5,8 @@ a ``package.module:factory`` model spec (imported, then called) or a dataset cla
 (imported). That code is the author's, not the user's: like Hugging Face's ``trust_remote_code``, it is imported only
 when the user opts in (``trust_code=True`` in Python, ``--trust-code`` on the command lines). Registry architectures
 and the built-in ``torchvision:`` / ``transformers:`` architectures name no code (the weights are safetensors or
-``weights_only`` state dicts), nor do the package's own dataset classes.
+``weights_only`` state dicts), nor do the package's own dataset classes (``encoding.datasets``; any other module of
+the package, a tool's ``__main__`` above all, is named code like anyone's).
 
 * :func:`reading` marks the code that runs while data from a source is read: inside ``reading(source,
   trust_code=False)`` every :func:`allow_import` of named code raises :class:`UntrustedCode`;
@@ -39,8 +40,11 @@ class UntrustedCode(UsageError):
 
 
 def _own(module: str) -> bool:
-    """Whether ``module`` is one of the package's own (``encoding`` or below it)."""
-    return module == "encoding" or module.startswith("encoding.")
+    """Whether ``module`` holds the package's own dataset classes: ``encoding.datasets`` or below it, never a
+    ``__main__`` (importing a tool's entry point runs the tool). Any other module of the package is named code too:
+    data has no reason to import it."""
+    parts = module.split(".")
+    return parts[:2] == ["encoding", "datasets"] and "__main__" not in parts
 
 
 def code_named(options: Mapping[str, Any]) -> List[Tuple[str, str]]:
