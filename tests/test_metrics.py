@@ -329,6 +329,22 @@ def test_pe_batch_helpers_match_reference():
     assert abs(correct / labeled - metric.get()[0]) < 1e-12
 
 
+def test_pe_pixel_accuracy_of_labels_checks_what_it_can():
+    """Labels give no class count: a 255 (VOC's unlabeled value) counted as a labeled, wrong pixel is said aloud;
+    with nclass it is refused as with logits; values below -1 are refused either way."""
+    target = torch.tensor([[[0, 1, 255, 255, -1]]])
+    labels = torch.tensor([[[0, 1, 1, 1, 0]]])
+    with pytest.warns(UserWarning, match="255 .*map it to -1, or pass nclass"):
+        assert batch_pix_accuracy(labels, target) == (2, 4)
+    with pytest.raises(ValueError, match="got 255"):
+        batch_pix_accuracy(labels, target, nclass=2)
+    target[0, 0, 2:4] = -1
+    assert batch_pix_accuracy(labels, target, nclass=2) == batch_pix_accuracy(labels, target) == (2, 2)
+    target[0, 0, 2] = -5
+    with pytest.raises(ValueError, match="got -5"):
+        batch_pix_accuracy(labels, target)
+
+
 def test_csail_style_helpers():
     rng = np.random.default_rng(5)
     lab = rng.integers(0, 5, size=(9, 11))    # 0 = unlabeled, classes 1..4 (num_class=5 counts the 0)

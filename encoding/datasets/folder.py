@@ -316,11 +316,19 @@ class FolderSegmentation(BaseDataset):
         colours = sorted(self._colour_classes.items())
         return super().label_encoding() + (json.dumps({"colour classes": colours}).encode() if colours else b"[]")
 
+    @property
+    def pred_offset(self) -> int:
+        """1 with the class file's ``reduce_zero_label`` (class ``k`` is raw value ``k + 1``), else 0."""
+        return int(self.scan.spec.reduce_zero_label)
+
     def label_table(self) -> np.ndarray:  # type: ignore[override]
-        """Raw value -> class index: the class ids, the ignore value (255 = foreground for 0/255 masks), and
-        values outside the classes ignored with ``unknown_labels="ignore"``."""
+        """Raw value -> class index: the class ids (from value 1 with ``reduce_zero_label``, 0 then ignored), the
+        ignore value (255 = foreground for 0/255 masks), and values outside the classes ignored with
+        ``unknown_labels="ignore"``."""
         table = np.full(256, self.UNKNOWN_LABEL, dtype=np.uint8)
-        table[:self.NUM_CLASS] = np.arange(self.NUM_CLASS)
+        table[self.pred_offset:self.pred_offset + self.NUM_CLASS] = np.arange(self.NUM_CLASS)
+        if self.pred_offset:  # reduce_zero_label: 0 is unlabelled
+            table[0] = LABEL_IGNORE
         if self.scan.binary_255:
             table[255] = 1
         else:

@@ -7,8 +7,10 @@ A class file names the classes in id order and may give their colours and the ig
     colors: [[0, 0, 0], [255, 0, 0], [0, 0, 255]]   # optional (also "palette")
     ignore_index: 255                           # optional, the default
     ignore_color: [255, 255, 255]               # optional: the ignore colour of RGB masks
+    reduce_zero_label: true                     # optional (mmseg's): index value 0 is ignored, class k is k + 1
 
-    # classes.txt: one class per line, optionally followed by its colour ("cat 255 0 0")
+    # classes.txt: one class per line, optionally followed by its colour ("cat 255 0 0"); a line
+    # "reduce_zero_label: true" sets that key
 
 Masks are index images (mode ``L`` / ``P`` / 16-bit, or RGB whose three channels are equal) holding class ids, or
 RGB colour-coded masks (CVAT / LabelMe / Label Studio exports) mapped through the class file's colours. Without a
@@ -29,6 +31,7 @@ import numpy as np
 from PIL import Image
 
 from ..utils.images import ImageTooLarge, open_image, upright
+from .class_text import MAX_CLASS_FILE, load_yaml, read_text
 from .layout import DatasetError
 
 __all__ = ["CLASS_FILES", "MAX_CLASS_FILE", "MAX_CLASSES", "LOSSY_FORMATS", "ClassSpec", "TransparentMask",
@@ -41,12 +44,13 @@ CLASS_FILES = ("classes.yaml", "classes.yml", "classes.json", "classes.txt")
 RGB = Tuple[int, int, int]
 #: A line of a classes.txt that starts with its class id: ``0 background``, ``1: cat 255 0 0``.
 _NUMBERED = re.compile(r"(\d{1,4})(?:\s*[:,=]\s*|\s+)(\S.*)")
+#: The one key line of a classes.txt: ``reduce_zero_label: true``.
+_REDUCE = re.compile(r"reduce_zero_label\s*[:=]\s*(true|false)", re.IGNORECASE)
 #: Mask formats that alter values when saved (masks must be lossless: PNG, TIFF, BMP, ...); a WebP or TIFF mask is
 #: lossy where its file says so (:func:`_lossy`).
 LOSSY_FORMATS = ("JPEG", "MPO", "JPEG2000", "AVIF", "HEIF")
 _INDEX_MODES = ("L", "P", "I", "I;16", "I;16L", "I;16B", "1")
-#: The bounds of a class file: its size in bytes and its number of classes (ids 0..253, 255 = ignore).
-MAX_CLASS_FILE = 1 << 20
+#: The bound of a class file's number of classes (ids 0..253, 255 = ignore); of its size: MAX_CLASS_FILE.
 MAX_CLASSES = 254
 #: The scan counts a mask's values in pieces of this many pixels; a mask with more distinct values is no mask.
 PIECE_PIXELS = 1 << 20
@@ -55,13 +59,15 @@ MAX_MASK_VALUES = 4096
 
 @dataclass(frozen=True)
 class ClassSpec:
-    """The classes of a dataset: names in id order, optional colours, the raw ignore value and ignore colour."""
+    """The classes of a dataset: names in id order, optional colours, the raw ignore value and ignore colour;
+    ``reduce_zero_label``: index masks hold class ``k`` as ``k + 1`` and 0 is ignored (mmsegmentation's key)."""
 
     names: Tuple[str, ...]
     colors: Optional[Tuple[RGB, ...]] = None
     ignore_index: int = 255
     ignore_color: Optional[RGB] = None
     source: str = ""
+    reduce_zero_label: bool = False
 
 
 def _color(value: Any, where: str) -> RGB:
@@ -123,20 +129,27 @@ def _from_mapping(data: Any, path: str) -> ClassSpec:
         colors = [_color(c, path) for c in given]
     ignore = data.get("ignore_index", data.get("ignore", 255))
     ignore_color = data.get("ignore_color", data.get("ignore_colour"))
-    return _spec(names, colors, ignore, None if ignore_color is None else _color(ignore_color, path), path)
+    reduce = data.get("reduce_zero_label", False)
+    if not isinstance(reduce, bool):
+        raise DatasetError(path, f"reduce_zero_label must be true or false, got {_short(reduce)}")
+    return _spec(names, colors, ignore, None if ignore_color is None else _color(ignore_color, path), path, reduce)
 
 
 def _from_text(text: str, path: str) -> ClassSpec:
     """One class per line (``name [r g b]``), in id order; lines that all start with the id (``0 background``,
-    ``1: cat``) are put in its order, the ids being the mask values ``0..n-1`` each once."""
+    ``1: cat``) are put in its order, the ids being the mask values ``0..n-1`` (``1..n`` with a line
+    ``reduce_zero_label: true``) each once."""
     lines = [ln.split("#", 1)[0].strip() for ln in text.splitlines() if not ln.lstrip().startswith("#")]
-    lines = [ln for ln in lines if ln]
+    keys = [_REDUCE.fullmatch(ln) for ln in lines]
+    reduce = any(k is not None and k.group(1).lower() == "true" for k in keys)
+    lines = [ln for ln, k in zip(lines, keys) if ln and k is None]
     numbered = [_NUMBERED.match(ln) for ln in lines]
     if not lines or not all(numbered):
         numbered = []
-    elif sorted(int(m.group(1)) for m in numbered) != list(range(len(lines))):
+    elif sorted(int(m.group(1)) for m in numbered) != list(range(reduce, len(lines) + reduce)):
         raise DatasetError(path, f"numbers its classes {[int(m.group(1)) for m in numbered][:10]}: the numbers must "
-                                 f"be the mask values 0..{len(lines) - 1}, each once (255 = unlabelled, not listed)")
+                                 f"be the mask values {int(reduce)}..{len(lines) - 1 + reduce}, each once (255 = "
+                                 "unlabelled, not listed)")
     names, colors = [], []
     for line in [m.group(2) for m in sorted(numbered, key=lambda m: int(m.group(1)))] or lines:
         parts = re.split(r"[\s,]+", line)
@@ -146,7 +159,7 @@ def _from_text(text: str, path: str) -> ClassSpec:
         else:
             names.append(_name(line, path))
         _check_count(len(names), path)
-    return _spec(names, colors, 255, None, path)
+    return _spec(names, colors, 255, None, path, reduce)
 
 
 def _check_count(count: int, path: str) -> None:
@@ -155,7 +168,8 @@ def _check_count(count: int, path: str) -> None:
                                  f"classes: at most {MAX_CLASSES} (mask values 0..{MAX_CLASSES - 1}, 255 = ignore)")
 
 
-def _spec(names: List[str], colors: List[RGB], ignore: Any, ignore_color: Optional[RGB], path: str) -> ClassSpec:
+def _spec(names: List[str], colors: List[RGB], ignore: Any, ignore_color: Optional[RGB], path: str,
+          reduce: bool = False) -> ClassSpec:
     if not names:
         raise DatasetError(path, "names no class")
     repeated = sorted(n for n, k in Counter(names).items() if k > 1)
@@ -168,42 +182,12 @@ def _spec(names: List[str], colors: List[RGB], ignore: Any, ignore_color: Option
     if ignore_color is not None and ignore_color in colors:
         raise DatasetError(path, f"ignore_color {list(ignore_color)} is the colour of class "
                                  f"{names[colors.index(ignore_color)]!r}: its pixels would be ignored")
-    if type(ignore) is not int or not len(names) <= ignore <= 255:  # noqa: E721 (a bool is not an ignore value)
-        raise DatasetError(path, f"ignore_index {_short(ignore)} must be an integer in [{len(names)}, 255] (the "
-                                 "mask value of unlabelled pixels, after the class ids)")
-    return ClassSpec(tuple(names), tuple(colors) or None, ignore, ignore_color, path)
-
-
-def _read_text(path: str) -> str:
-    """The text of a class file: at most :data:`MAX_CLASS_FILE` bytes of UTF-8, else one line saying why not."""
-    size = os.path.getsize(path)
-    if size > MAX_CLASS_FILE:
-        raise DatasetError(path, f"class file of {size:,} bytes is over {MAX_CLASS_FILE:,} bytes: is it the right "
-                                 "file?")
-    with open(path, "rb") as f:
-        raw = f.read(MAX_CLASS_FILE + 1)
-    if b"\0" in raw:
-        raise DatasetError(path, "is a binary file, not a class file (text: one class per line, or YAML / JSON)")
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise DatasetError(path, f"is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}): save it "
-                                 "as UTF-8") from None
-
-
-def _load_yaml(text: str) -> Any:
-    """``yaml.safe_load`` without aliases (``*name``): a "billion laughs" file is refused, not expanded."""
-    import yaml  # PyYAML: only for a classes.yaml
-
-    class NoAliases(yaml.SafeLoader):
-        def compose_node(self, parent: Any, index: Any) -> Any:
-            if self.check_event(yaml.AliasEvent):
-                mark = self.peek_event().start_mark
-                raise yaml.YAMLError(f"line {mark.line + 1}: YAML aliases (*{self.peek_event().anchor}) are not "
-                                     "allowed in a class file")
-            return super().compose_node(parent, index)
-
-    return yaml.load(text, Loader=NoAliases)  # noqa: S506 (a SafeLoader)
+    if type(ignore) is not int or not len(names) + reduce <= ignore <= 255:  # noqa: E721 (a bool is no value)
+        hint = "; if 0 means unlabelled, add reduce_zero_label: true (0 ignored, class k stored as k + 1)"
+        raise DatasetError(path, f"ignore_index {_short(ignore)} must be an integer in [{len(names) + reduce}, 255] "
+                                 "(the mask value of unlabelled pixels, after the class ids)"
+                                 + (hint if ignore == 0 and type(ignore) is int and not reduce else ""))
+    return ClassSpec(tuple(names), tuple(colors) or None, ignore, ignore_color, path, reduce)
 
 
 def read_class_file(root: str) -> Optional[ClassSpec]:
@@ -220,11 +204,11 @@ def read_class_file(root: str) -> Optional[ClassSpec]:
         path = os.path.join(root, name)
         if not os.path.isfile(path):
             continue
-        text = _read_text(path)
+        text = read_text(path)
         if name.endswith(".txt"):
             return _from_text(text, path)
         try:
-            data = json.loads(text) if name.endswith(".json") else _load_yaml(text)
+            data = json.loads(text) if name.endswith(".json") else load_yaml(text)
         except ImportError:
             raise DatasetError(path, "reading a YAML class file needs PyYAML (pip install pyyaml), or write "
                                      "classes.json / classes.txt") from None

@@ -8,7 +8,8 @@ declared in ``encoding.utils`` and ``encoding.utils.metrics`` beside its definit
 """
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Tuple
+import warnings
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -27,23 +28,33 @@ _STAR = ("encoding.utils.metrics",)
 
 
 @old_name("encoding.utils", "encoding.utils.metrics", new=_NEW, star=_STAR)
-def batch_pix_accuracy(output: Tensor, target: Tensor) -> Tuple[int, int]:
+def batch_pix_accuracy(output: Tensor, target: Tensor, nclass: Optional[int] = None) -> Tuple[int, int]:
     """Correct and labeled pixel counts of a batch (PyTorch-Encoding helper).
 
     Args:
         output: logits ``BxCxHxW`` (or labels shaped like ``target``).
-        target: int labels ``BxHxW``; negative values are unlabeled.
+        target: int labels ``BxHxW``; ``-1`` marks unlabeled pixels.
+        nclass: the number of classes (not PE's): checks labels as logits are checked. Logits give it themselves.
 
     Returns:
-        ``(pixel_correct, pixel_labeled)`` as Python ints. Unlike PE, with logits a target value outside
-        ``[0, C)`` other than ``-1`` raises ``ValueError`` (as :func:`batch_intersection_union`) instead of being
-        counted as a labeled, wrong pixel (``255``) or as unlabeled (``-5``).
+        ``(pixel_correct, pixel_labeled)`` as Python ints. Unlike PE, a target value outside ``[0, C)`` other than
+        ``-1`` raises ``ValueError`` (as :func:`batch_intersection_union`) instead of being counted as a labeled,
+        wrong pixel (``255``) or as unlabeled (``-5``). With labels and no ``nclass`` the classes are unknown: a
+        negative value other than ``-1`` is refused, and a ``255`` (VOC's and Cityscapes' unlabeled value) is
+        counted as labeled with a warning (map it to ``-1``, or pass ``nclass``).
     """
     labels, from_logits = to_labels(output, target)
-    if from_logits:
-        conf = confusion_matrix(labels, target, output.shape[0 if target.dim() <= 2 else 1], ignore_index=-1)
+    if from_logits or nclass is not None:
+        conf = confusion_matrix(labels, target, nclass or output.shape[0 if target.dim() <= 2 else 1],
+                                ignore_index=-1)
         return int(conf.diagonal().sum()), int(conf.sum())
     target = target.to(labels.device)
+    if bool((target < -1).any()):
+        raise ValueError(f"target values must be class indices or -1 (unlabeled), got {int(target.min())}")
+    if bool((target == 255).any()):
+        warnings.warn("batch_pix_accuracy: the target holds 255 (VOC's and Cityscapes' unlabeled value), counted as "
+                      "a labeled pixel of class 255: map it to -1, or pass nclass to refuse values outside the "
+                      "classes", stacklevel=2)
     labeled = target >= 0
     correct = (labels == target) & labeled
     return int(correct.sum()), int(labeled.sum())

@@ -23,12 +23,12 @@ import json
 import os
 import tempfile
 import warnings
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ...utils.files import atomic_write, user_cache_file
-from ...utils.images import ImageTooLarge, max_pixels
+from ...utils.images import ImageTooLarge, max_pixels, open_image, orientation
 from .audit import UNKNOWN_LABELS, FolderScan, audit, resolve_classes
 from ..base import check_image
 from ..folder_meta import (LOSSY_FORMATS, ClassSpec, TransparentMask, color_lookup, format_colors, grey_index,
@@ -55,7 +55,7 @@ GROUPS = {
 }
 #: Names shown per group in the one-line report (all of them go to the list file when there are more).
 SHOWN = 3
-_CACHE_VERSION = 3
+_CACHE_VERSION = 4  # 4: records hold the EXIF orientations
 
 
 def _stamp(path: str) -> List[int]:
@@ -66,6 +66,7 @@ def _stamp(path: str) -> List[int]:
 def _record(image: str, mask: str) -> Dict[str, Any]:
     """One pair's record: sizes, the mask's format, encoding and value histogram, or the problem that stopped it."""
     record: Dict[str, Any] = {"stamp": [_stamp(image), _stamp(mask)]}
+    turned = 1
     for path, read in ((image, check_image), (mask, mask_histogram)):
         try:
             found = read(path)
@@ -77,12 +78,19 @@ def _record(image: str, mask: str) -> Dict[str, Any]:
             record["error"] = ["unreadable", err.path, err.problem]
         else:
             if path == image:
-                record["image_size"] = list(found)
-            else:
-                record.update({k: v for k, v in found.items() if k != "size"}, mask_size=found["size"])
+                record["image_size"], turned = list(found), _orientation(image)
+            else:  # the EXIF orientations of the image and its mask (read only when the image has one)
+                record.update({k: v for k, v in found.items() if k != "size"}, mask_size=found["size"],
+                              orientation=[turned, _orientation(mask) if turned != 1 else 1])
             continue
         break
     return record
+
+
+def _orientation(path: str) -> int:
+    """The EXIF orientation of the (readable) image ``path``, from its header: opened, not decoded."""
+    with open_image(path) as im:
+        return orientation(im)
 
 
 def record_key(root: str, image: str, mask: str) -> str:
@@ -163,8 +171,9 @@ def _problem(record: Dict[str, Any], allowed: Dict[int, int], spec: ClassSpec) -
     if not bad:
         return None
     shown = [v for v, _ in bad[:10]]
+    n, zero = len(spec.names), " (reduce_zero_label: 1..n, 0 ignored)" if spec.reduce_zero_label else ""
     what = (f"colours {format_colors(shown)} are not class colours" if record["kind"] == "color"
-            else f"label values {shown} are outside the {len(spec.names)} classes (and not ignore {spec.ignore_index})")
+            else f"label values {shown} are outside the {n} classes{zero} (and not ignore {spec.ignore_index})")
     what += f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
     return ("values", record["mask"], what), sum(c for _, c in bad)
 
@@ -244,8 +253,9 @@ def check_scan(records: Dict[str, Dict[str, Any]], spec: Optional[ClassSpec], un
     records = {k: _as_read(r, raw_colors) for k, r in records.items()}
     readable = {k: r for k, r in records.items() if "error" not in r and not _lossy(r)}
     spec, binary_255 = resolve_classes(list(readable.values()), spec, binary)
-    index = {i: i for i in range(len(spec.names))}
-    index.update({255: 1} if binary_255 else {spec.ignore_index: -1})
+    first = int(spec.reduce_zero_label)  # index value of class 0 (1: value 0 is ignored)
+    index = {i + first: i for i in range(len(spec.names))}
+    index.update({255: 1} if binary_255 else {spec.ignore_index: -1, **({0: -1} if first else {})})
     colors = {c: (i if i != spec.ignore_index else -1) for c, i in color_lookup(spec).items()}
     found, unknown_pixels, mapped = list(problems), {}, {}
     for key, record in records.items():
@@ -257,10 +267,36 @@ def check_scan(records: Dict[str, Dict[str, Any]], spec: Optional[ClassSpec], un
             unknown_pixels[key] = problem[1]
         mapped[key] = allowed
     if found:
-        raise report(found, root)
+        raise _with_hint(report(found, root), readable.values(), spec)
     scan = audit(records, mapped, spec, binary_255, unknown_pixels, binary=binary, train=train, root=root)
-    scan.warnings += _palette_swaps(records, spec, raw_colors, root)
+    scan.warnings += _palette_swaps(records, spec, raw_colors, root) + _turned_images(readable.values(), root)
     return scan
+
+
+def _with_hint(error: DatasetError, records: Iterable[Dict[str, Any]], spec: ClassSpec) -> DatasetError:
+    """``error``, with the hint ``reduce_zero_label`` when the class file names ``n`` classes and the index masks
+    hold 0 and ``n`` and nothing else outside ``0..n`` but the ignore value: 0 is likely "unlabelled"."""
+    values = {v for r in records if r.get("kind") == "index" for v in r["values"]} - {spec.ignore_index}
+    n = len(spec.names)
+    if spec.reduce_zero_label or not os.path.isfile(spec.source) or not {0, n} <= values <= set(range(n + 1)):
+        return error
+    return DatasetError(error.path, f"{error.problem}; if 0 means unlabelled, add reduce_zero_label: true to "
+                                    f"{spec.source}")
+
+
+def _turned_images(records: Iterable[Dict[str, Any]], root: str) -> List[str]:
+    """The warning of images whose EXIF orientation (another than their mask's) turns or flips them without
+    changing their size (a flip, 180 degrees, or a square image): their mask's size cannot tell whether it was
+    drawn on the image as displayed or as stored."""
+    turned = [(r, r["orientation"][0]) for r in records if len(set(r.get("orientation", [1]))) > 1
+              and (r["orientation"][0] in (2, 3, 4) or r["image_size"][0] == r["image_size"][1])]
+    if not turned:
+        return []
+    return [f"{len(turned)} image(s) carry an EXIF orientation that turns or flips them without changing their size "
+            f"(e.g. {_show(turned[0][0]['image'], root)}: orientation {turned[0][1]}), so their masks' "
+            "size cannot tell which reading they were drawn on: the masks are taken as drawn on the upright image, "
+            "as displayed; if they were drawn on the stored pixels, or to silence this, save the images upright "
+            "(PIL.ImageOps.exif_transpose) without the orientation tag"]
 
 
 def _palette_swaps(records: Dict[str, Dict[str, Any]], spec: ClassSpec, raw_colors: Mapping[int, int],
@@ -268,14 +304,15 @@ def _palette_swaps(records: Dict[str, Dict[str, Any]], spec: ClassSpec, raw_colo
     """Warnings of palette masks whose colour for a value is another class's colour in the class file
     (``raw_colors``: :func:`~.folder_meta.color_lookup`'s): a colour mask converted to a palette image (its values
     are palette slots, not class ids), read as class ids as every ``P`` mask is."""
-    colors = {c: i for c, i in raw_colors.items() if i < len(spec.names)}
+    colors, first = {c: i for c, i in raw_colors.items() if i < len(spec.names)}, int(spec.reduce_zero_label)
     swapped = [(r, v, colors[c]) for r in records.values() for v, c in r.get("palette", ())
-               if c in colors and colors[c] != v]
+               if c in colors and colors[c] != v - first]
     if not swapped:
         return []
     record, value, other = swapped[0]
     files = len({id(r) for r, _, _ in swapped})
+    read = spec.names[value - first] if 0 <= value - first < len(spec.names) else "no class"
     return [f"{files} palette mask(s) colour a value as another class (e.g. {_show(record['mask'], root)}: value "
-            f"{value} is read as {spec.names[value] if value < len(spec.names) else 'no class'!r} but coloured as "
+            f"{value} is read as {read!r} but coloured as "
             f"{spec.names[other]!r}): a palette mask's values are its class ids; if its colours are the classes, "
             "save it as RGB"]

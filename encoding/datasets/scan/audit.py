@@ -78,10 +78,12 @@ class FolderScan:
 
     def table(self) -> str:
         """The class-pixel table: per class its id, name, share of the pixels and of the masks holding it."""
-        rows = [(str(255 if self.binary_255 and i == 1 else i), name, n, k)
+        first = int(self.spec.reduce_zero_label)  # the value of class 0 in the masks
+        rows = [(str(255 if self.binary_255 and i == 1 else i + first), name, n, k)
                 for i, (name, n, k) in enumerate(zip(self.spec.names, self.pixels, self.images))]
         if not self.binary_255:  # 0/255 masks: 255 is the foreground, nothing is ignored
-            rows.append((str(self.spec.ignore_index), "(ignored)", self.ignored, self.ignored_images))
+            ignored = f"0,{self.spec.ignore_index}" if first else str(self.spec.ignore_index)
+            rows.append((ignored, "(ignored)", self.ignored, self.ignored_images))
         if self.unknown:
             rows.append(("-", "(no class, ignored)", self.unknown, self.unknown_files))
         width = max(len(r[1]) for r in rows)
@@ -102,7 +104,8 @@ def resolve_classes(records: Sequence[Dict[str, Any]], spec: Optional[ClassSpec]
     values = _index_values(records)
     zero_255 = _only_0_255(values)
     if spec is not None:
-        return spec, binary and zero_255 and len(spec.names) == 2 and spec.ignore_index == 255
+        return spec, (binary and zero_255 and len(spec.names) == 2 and spec.ignore_index == 255
+                      and not spec.reduce_zero_label)
     colored = next((r for r in records if r.get("kind") == "color"), None)
     if colored is not None:
         raise DatasetError(colored["mask"], "is an RGB colour mask: colour masks need the class colours in a class "
@@ -151,7 +154,7 @@ def _count(scan: FolderScan, records: Dict[str, Dict[str, Any]], mapped: Dict[st
 def _binary_mix(scan: FolderScan, records: Dict[str, Dict[str, Any]], binary: bool, root: str) -> None:
     """Refuse (``binary``) or warn of masks that mix 0/1 and 0/255 in a two-class dataset (not where the 0/1 masks
     hold 255 too: it is then their ignore value, and a mask of 0 and 255 one without foreground)."""
-    if len(scan.spec.names) != 2 or scan.binary_255:
+    if len(scan.spec.names) != 2 or scan.binary_255 or scan.spec.reduce_zero_label:  # 1 and 2 the classes
         return
     ones = [r for r in records.values() if r.get("kind") == "index" and 1 in r["values"]]
     high = [r for r in records.values() if r.get("kind") == "index" and set(r["values"]) <= {0, 255}
@@ -172,7 +175,7 @@ def _binary_mix(scan: FolderScan, records: Dict[str, Dict[str, Any]], binary: bo
 def _empty_classes(scan: FolderScan, root: str, train_count: int, zero_255: bool) -> None:
     """Refuse masks of no class pixel at all, a class without pixels while the ignore value is common, or while two
     classes' masks hold only 0 and 255 (``zero_255``: the 255 pixels are the missing class, however few); warn of
-    classes without pixels."""
+    classes without pixels (only, with ``reduce_zero_label``: the class file says the ignored 0 is no class)."""
     ignored = scan.share(scan.ignored)
     if scan.samples and not any(scan.pixels):  # nothing to learn or to score
         raise DatasetError(root or scan.spec.source, f"no mask pixel is of a class: {scan.share(scan.unknown):.1f} % "
@@ -180,8 +183,10 @@ def _empty_classes(scan: FolderScan, root: str, train_count: int, zero_255: bool
                            f"{ignored:.1f} % the ignore value {scan.spec.ignore_index}; check the class file against "
                            "the masks' values")
     binary_file = zero_255 and len(scan.spec.names) == 2 and scan.spec.ignore_index == 255
+    suspect = ((ignored >= 100 * SUSPECT_IGNORE or binary_file) and not scan.binary_255
+               and not scan.spec.reduce_zero_label)
     for i, name in enumerate(scan.spec.names):
-        if scan.pixels[i] == 0 and (ignored >= 100 * SUSPECT_IGNORE or binary_file) and not scan.binary_255:
+        if scan.pixels[i] == 0 and suspect:
             hint = ("did you mean --binary, or masks with values 0/1?" if len(scan.spec.names) == 2 else
                     f"is value {scan.spec.ignore_index} meant to be that class? save its pixels as value {i}, or set "
                     "ignore_index in the class file")
