@@ -247,3 +247,62 @@ def test_list_outputs_that_read_both_ways_after_sample_inputs_are_refused():
     fewer = wrapped(PerSample(images[:3]))  # shares 2 and 1: only the per-sample reading fits
     torch.testing.assert_close(torch.stack(wrapped.gather(fewer)),
                                torch.stack([image[:2].mean(dim=(1, 2)) for image in images[:3]]))
+
+
+class _TwoHeads(nn.Module):
+    """A PyTorch-Encoding-style model: a tuple of two outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        return self.a(x), self.b(x)
+
+
+class _ApartLoss(nn.CrossEntropyLoss):
+    """DANet's SegmentationMultiLosses pattern: PE's DataParallelCriterion called criterion(*output, *targets)."""
+
+    def forward(self, *inputs):
+        first, second, target = inputs
+        return super().forward(first, target) + 0.4 * super().forward(second, target)
+
+
+class _WholeLoss(nn.Module):
+    """This package's call: the tuple as one argument (a sum: exact by batch share)."""
+
+    reduction = "sum"
+
+    def forward(self, outputs, target):
+        return sum(nn.functional.cross_entropy(o, target, ignore_index=-1, reduction="sum") for o in outputs)
+
+
+def test_pe_style_criteria_take_a_tuple_output_apart():
+    """PE gave a tuple output's parts as separate arguments: its users' losses (forward(self, *inputs), or
+    f(pred1, pred2, target)) failed to unpack. They get them apart; a criterion taking the tuple whole gets it whole;
+    both equal the plain criterion on the whole batch (float64)."""
+    from encoding.parallel.criterion import takes_outputs_apart
+
+    torch.manual_seed(0)
+    net = _TwoHeads().double()
+    x, target = torch.randn(5, 3, 6, 6, dtype=torch.float64), torch.randint(-1, 4, (5, 6, 6))
+
+    def apart_fn(first, second, target):
+        return nn.functional.cross_entropy(first, target, ignore_index=-1) + \
+            nn.functional.cross_entropy(second, target, ignore_index=-1)
+
+    cases = [(_ApartLoss(ignore_index=-1, reduction="sum"), True), (_WholeLoss(), False), (apart_fn, True)]
+    for criterion, apart in cases:
+        assert takes_outputs_apart(criterion, 2, 1, {}) is apart
+        plain = criterion(*net(x), target) if apart else criterion(net(x), target)
+        for n in (1, 3):
+            wrapped = DataParallelCriterion(criterion, device_ids=["cpu"] * n)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                loss = wrapped(DataParallelModel(net, device_ids=["cpu"] * n)(x), target)
+            inexact = [w for w in caught if issubclass(w.category, InexactReductionWarning)]
+            if n == 1 or criterion is not apart_fn:  # a plain function of means: weighted by share, said once
+                assert not inexact and abs(loss.item() - plain.item()) <= 1e-9 * abs(plain.item())
+            else:
+                assert len(inexact) == 1 and abs(loss.item() - plain.item()) < 0.05 * abs(plain.item())
+    assert not takes_outputs_apart(nn.CrossEntropyLoss(), 2, 1, {})  # takes (input, target): whole (refused earlier)

@@ -4,8 +4,8 @@ Every old name is declared once, beside its object, with the module(s) where use
 (:func:`~encoding.legacy.declare.old_name`): ``@old_name("encoding.nn", new="encoding.nn.SyncBatchNorm")`` above
 ``class BatchNorm2d``. Importing this package (``import encoding`` does, last) imports the declaring modules, which
 bind each name in its modules; :data:`ALIASES` (module -> {old name: object}) is what they declared. A name with a new
-spelling emits one ``FutureWarning`` naming it when used. No core module knows about these names, and no module
-resolves names lazily (no module ``__getattr__``).
+spelling emits one ``EncodingDeprecationWarning`` (a ``FutureWarning``) naming it when used. No core module knows
+about these names, and no module resolves names lazily (no module ``__getattr__``).
 
 Declaring modules (each on the core it is built on), imported with this package:
 

@@ -1,8 +1,8 @@
 """Core objects under their old names: each declared once here, in the module where PyTorch-Encoding users import it.
 
 The PE objects that :mod:`encoding.legacy` defines are declared beside their definitions; this module holds the old
-names that are plain aliases of a core object. A function or a class warns (``FutureWarning``) naming the new
-spelling when used; a constant (``RESOURCES``, ...) is bound as it is. A module under an old path
+names that are plain aliases of a core object. A function or a class warns (``EncodingDeprecationWarning``) naming
+the new spelling when used; a constant (``RESOURCES``, ...) is bound as it is. A module under an old path
 (``encoding.nn.losses``, the engine's modules that moved to ``encoding.inference``: :data:`MOVED_MODULES`) holds its
 new module's names declared the same way.
 """
@@ -13,7 +13,7 @@ from typing import Any, Optional
 from .. import config, datasets, engine, inference, memory, models, nn, utils
 from ..datasets import get_segmentation_dataset, prepare
 from ..datasets.prepare.download import download
-from .declare import OWN, alias, old_module, old_name
+from .declare import OWN, PEERS, EncodingDeprecationWarning, alias, old_module, old_name
 
 __all__ = ["HEADS", "MOVED_MODULES", "ENGINE_EXPORTS"]
 
@@ -29,10 +29,14 @@ class DistSyncBatchNorm(nn.SyncBatchNorm):
         super().__init__(num_features, eps=eps, momentum=momentum, process_group=process_group, **kwargs)
 
 
-old_name("encoding.nn", new="encoding.nn.SyncBatchNorm")(DistSyncBatchNorm)
+old_name("encoding.nn", "encoding.nn.syncbn", new="encoding.nn.SyncBatchNorm")(DistSyncBatchNorm)
 
 alias(get_segmentation_dataset, "get_dataset", "encoding.datasets", new="encoding.datasets.get_segmentation_dataset")
 alias(download, "download", "encoding.utils", "encoding.utils.files", new="encoding.datasets.prepare.download.download")
+alias(utils.save_checkpoint, "save_checkpoint", "encoding.utils.files", new="encoding.utils.save_checkpoint")
+# PE's encoding/utils/misc.py: AverageMeter (now in encoding.utils.logger) and the warning of every old name
+old_module("encoding.utils.misc", "encoding.utils.logger", why=PEERS)
+old_name("encoding.utils", "encoding.utils.misc", star=("encoding.utils.misc",))(EncodingDeprecationWarning)
 # not a PE name: kept where scripts imported it (the dataset registry's palette names)
 alias(utils.palette.PALETTE_NAMES, "PALETTE_NAMES", "encoding.utils")
 # not a PE path: this package's own old module of Dice / Focal / Lovasz and LOSSES (one owner of the losses now)

@@ -39,21 +39,21 @@ class _FixedDimSyncBatchNorm(SyncBatchNorm):
         super()._check_input_dim(input)
 
 
-@old_name("encoding.nn", new="encoding.nn.SyncBatchNorm")
+@old_name("encoding.nn", "encoding.nn.syncbn", new="encoding.nn.SyncBatchNorm")
 class BatchNorm1d(_FixedDimSyncBatchNorm):
     """Synchronized BatchNorm over ``(N, C)`` or ``(N, C, L)`` input (PyTorch-Encoding's and vacancy's name)."""
 
     _dims, _torch_class = (2, 3), nn.BatchNorm1d
 
 
-@old_name("encoding.nn", new="encoding.nn.SyncBatchNorm")
+@old_name("encoding.nn", "encoding.nn.syncbn", new="encoding.nn.SyncBatchNorm")
 class BatchNorm2d(_FixedDimSyncBatchNorm):
     """Synchronized BatchNorm over ``(N, C, H, W)`` input (PyTorch-Encoding's and vacancy's name)."""
 
     _dims, _torch_class = (4,), nn.BatchNorm2d
 
 
-@old_name("encoding.nn", new="encoding.nn.SyncBatchNorm")
+@old_name("encoding.nn", "encoding.nn.syncbn", new="encoding.nn.SyncBatchNorm")
 class BatchNorm3d(_FixedDimSyncBatchNorm):
     """Synchronized BatchNorm over ``(N, C, D, H, W)`` input (PyTorch-Encoding's and vacancy's name)."""
 

@@ -17,7 +17,8 @@ and for a module under an old path, each public name of the module declared ther
 
 Each declaration binds the name in its modules when the declaring module is imported (``import encoding`` imports
 them: the alias table) and records it in :data:`DECLARED`; with ``new``, using the object (calling the function,
-building an instance of the class) emits one ``FutureWarning`` naming the new spelling. No module resolves names
+building an instance of the class) emits one :class:`EncodingDeprecationWarning` (a ``FutureWarning``) naming the
+new spelling. No module resolves names
 lazily (no module ``__getattr__``).
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ import types
 import warnings
 from typing import Any, Callable, Dict, Optional, Sequence, TypeVar
 
-__all__ = ["DECLARED", "PEERS", "OWN", "old_name", "alias", "old_module"]
+__all__ = ["DECLARED", "PEERS", "OWN", "EncodingDeprecationWarning", "old_name", "alias", "old_module"]
 
 T = TypeVar("T")
 
@@ -44,20 +45,27 @@ PEERS = "kept for PyTorch-Encoding / Synchronized-BatchNorm / mmcv code"
 OWN = "kept for code written for an older version of this package"
 
 
+class EncodingDeprecationWarning(FutureWarning):
+    """The warning of every old name (PyTorch-Encoding's name, also ``encoding.utils.EncodingDeprecationWarning``):
+    ``warnings.filterwarnings("ignore", category=EncodingDeprecationWarning)`` silences them. A ``FutureWarning``,
+    shown by default as before (PE's derived from ``DeprecationWarning``, which Python hides outside ``__main__``), so
+    a filter on ``FutureWarning`` catches it too; one on ``DeprecationWarning`` does not."""
+
+
 def _warning(name: str, where: tuple, new: str, why: str = PEERS) -> str:
     return f"{' / '.join(f'{w}.{name}' for w in where)} is an old name ({why}); use {new}"
 
 
 def _deprecate(obj: T, message: str) -> T:
-    """``obj`` (a class or a function) that emits ``FutureWarning(message)`` when used; ``__deprecated__`` holds the
-    message (PEP 702). A class warns when it is instantiated (not when a subclass is)."""
+    """``obj`` (a class or a function) that emits ``EncodingDeprecationWarning(message)`` when used;
+    ``__deprecated__`` holds the message (PEP 702). A class warns when it is instantiated (not when a subclass is)."""
     if isinstance(obj, type):
         init = obj.__init__
 
         @functools.wraps(init)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             if type(self) is obj:
-                warnings.warn(message, FutureWarning, stacklevel=2)
+                warnings.warn(message, EncodingDeprecationWarning, stacklevel=2)
             init(self, *args, **kwargs)
 
         obj.__init__ = __init__  # type: ignore[misc]
@@ -66,7 +74,7 @@ def _deprecate(obj: T, message: str) -> T:
 
     @functools.wraps(obj)  # type: ignore[arg-type]
     def warned(*args: Any, **kwargs: Any) -> Any:
-        warnings.warn(message, FutureWarning, stacklevel=2)
+        warnings.warn(message, EncodingDeprecationWarning, stacklevel=2)
         return obj(*args, **kwargs)  # type: ignore[operator]
 
     warned.__deprecated__ = message  # type: ignore[attr-defined]
@@ -79,7 +87,8 @@ def old_name(*where: str, new: Optional[str] = None, name: Optional[str] = None,
 
     Args:
         *where: the modules users import the name from (``"encoding.nn"``, ...).
-        new: the spelling to use instead; given, using the object emits a ``FutureWarning`` naming it.
+        new: the spelling to use instead; given, using the object emits an :class:`EncodingDeprecationWarning` naming
+            it.
         name: the old name, when it differs from the object's ``__name__``.
         star: the modules of ``where`` whose ``__all__`` lists the name, as the old module's did, so that users'
             ``from module import *`` brings it (PyTorch-Encoding's tests star-import ``encoding.utils.metrics``).

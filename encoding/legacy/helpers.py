@@ -19,12 +19,16 @@ from ..datasets.transforms import image_transform
 
 from ..utils.files import check_checksum, makedirs
 from ..utils.palette import PaletteLike, colorize, voc_palette
-from .declare import old_name
+from .declare import PEERS, old_module, old_name
 
 __all__ = ["get_mask_pallete", "mkdir", "check_sha1", "test_batchify_fn", "load_image"]
 
 
-@old_name("encoding.utils", "encoding.utils.palette", new="encoding.utils.colorize")
+old_module("encoding.utils.pallete", "encoding.utils.palette", why=PEERS)  # PE's spelling of the module
+
+
+@old_name("encoding.utils", "encoding.utils.palette", "encoding.utils.pallete", new="encoding.utils.colorize",
+          star=("encoding.utils.pallete",))
 def get_mask_pallete(npimg: Any, dataset: PaletteLike = "detail") -> Image.Image:
     """PyTorch-Encoding's name (and spelling) for :func:`encoding.utils.colorize`, on what its ``test.py`` hands it:
     ``make_pred``'s raw values. For ADE20K and PASCAL-Context (class ``k`` stored as ``k + 1``) the pixel values stay

@@ -139,6 +139,27 @@ def _recorded(module: nn.Module, name: str, given: Any, default: Any) -> Any:
     return default
 
 
+def _count(name: str, value: Any, pe_order: bool = False) -> Any:
+    """``value`` as an int when it is a positive whole number (numpy's too), ``None`` as is; otherwise one line naming
+    ``name`` and the value (with ``pe_order``: PyTorch-Encoding's positional ``device_ids, flip`` land here).
+
+    Raises:
+        TypeError: a bool, a list, a string, a float...
+        InferenceOptionError: 0 or a negative int.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        hint = ""
+        if pe_order:
+            hint = (" (PyTorch-Encoding's positional order was (module, nclass, device_ids, flip, scales): pass flip= "
+                    "and scales= by keyword; the evaluator runs on its module's device)")
+        raise TypeError(f"MultiEvalModule: {name} must be a positive int, got {value!r}{hint}")
+    if value < 1:
+        raise InferenceOptionError(f"MultiEvalModule: {name} must be a positive int, got {value!r}")
+    return int(value)
+
+
 class MultiEvalModule(nn.Module):
     """Evaluate a segmentation model over several scales and flips with sliding-window inference.
 
@@ -162,6 +183,14 @@ class MultiEvalModule(nn.Module):
             ``base_size``.
         std: per-channel normalization std of the input; ``None``: see ``base_size``.
         window_batch: windows per forward (an int, or a function of one window: :data:`WindowBatch`).
+        device_ids: PyTorch-Encoding's ``DataParallel`` devices (its 3rd positional parameter): only ``None``; the
+            module runs on its own device (several: :func:`encoding.engine.evaluate_images`).
+
+    Raises:
+        TypeError: ``nclass``, ``base_size``, ``crop_size`` or ``stride`` not an int (a bool, a list: PE's positional
+            ``device_ids, flip`` are refused, naming PE's order).
+        InferenceOptionError: such a size not positive, ``stride_rate`` outside ``(0, 1]``, a bad scale, or
+            ``device_ids`` given.
 
     Shape:
         - Input: normalized images ``B x C x H x W`` (any size; all images of the batch share it).
@@ -179,15 +208,21 @@ class MultiEvalModule(nn.Module):
                  crop_size: Optional[int] = None, scales: Sequence[float] = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75),
                  flip: bool = True, stride_rate: float = 2.0 / 3.0, mean: Optional[Sequence[float]] = None,
                  std: Optional[Sequence[float]] = None, window_batch: WindowBatch = 1,
-                 stride: Optional[int] = None) -> None:
+                 stride: Optional[int] = None, *, device_ids: None = None) -> None:
         super().__init__()
-        base_size = _recorded(module, "base_size", base_size, 520)
-        crop_size = _recorded(module, "crop_size", crop_size, 480)
+        if device_ids is not None:
+            raise InferenceOptionError(
+                f"MultiEvalModule(device_ids={device_ids!r}): PyTorch-Encoding's devices are not taken here; the "
+                "evaluator runs on its module's device (model.to(device)); for one image per device use "
+                "encoding.engine.evaluate_images(evaluator, loader, metric, devices=[...])")
+        nclass = _count("nclass", nclass)
+        base_size = _count("base_size", _recorded(module, "base_size", _count("base_size", base_size, True), 520))
+        crop_size = _count("crop_size", _recorded(module, "crop_size", _count("crop_size", crop_size, True), 480))
         mean = _recorded(module, "mean", mean, IMAGENET_MEAN)
         std = _recorded(module, "std", std, IMAGENET_STD)
         scales = check_scales(scales)
-        if not 0 < stride_rate <= 1:
-            raise ValueError(f"stride_rate must be in (0, 1], got {stride_rate}")
+        if isinstance(stride_rate, bool) or not isinstance(stride_rate, numbers.Real) or not 0 < stride_rate <= 1:
+            raise InferenceOptionError(f"stride_rate must be a number in (0, 1], got {stride_rate!r}")
         if len(mean) != len(std):
             raise ValueError(f"mean and std must have the same length, got {len(mean)} and {len(std)}")
         self.module = module
@@ -195,8 +230,9 @@ class MultiEvalModule(nn.Module):
         self.base_size, self.crop_size = base_size, crop_size
         self.scales = scales
         self.flip = flip
-        if stride is not None and not 0 < stride <= crop_size:
-            raise ValueError(f"stride must be in [1, crop_size={crop_size}], got {stride}")
+        stride = _count("stride", stride)
+        if stride is not None and stride > crop_size:
+            raise InferenceOptionError(f"stride must be in [1, crop_size={crop_size}], got {stride}")
         self.stride = stride or max(int(crop_size * stride_rate), 1)
         self.pad_value = tuple(-m / s for m, s in zip(mean, std))
         self.window_batch = window_batch

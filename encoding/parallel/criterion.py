@@ -7,6 +7,7 @@ whole batch where a replica's loss is undefined.
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 import numbers
@@ -113,6 +114,7 @@ class DataParallelCriterion(_DataParallelBase):
         self.criterion = criterion
         self.output_key, self.aux_weight, self.aux_key = output_key, aux_weight or None, aux_key
         self._warned = False
+        self._apart = False  # this call's: a tuple output given to the criterion apart (takes_outputs_apart)
 
     @property
     def module(self) -> Callable[..., Any]:
@@ -130,6 +132,8 @@ class DataParallelCriterion(_DataParallelBase):
         if not outputs:
             raise ValueError("DataParallelCriterion got an empty list of outputs")
         self._check_output(outputs[0])
+        self._apart = self.output_key is None and isinstance(outputs[0], (tuple, list)) and \
+            takes_outputs_apart(self.criterion, len(outputs[0]), len(targets), kwargs)
         if len(outputs) == 1:
             targets, kwargs = to_device((targets, kwargs), self._replica_device(outputs[0], 0))
             return self._whole_batch(outputs[0], targets, kwargs)
@@ -138,7 +142,8 @@ class DataParallelCriterion(_DataParallelBase):
         devices = [self._replica_device(o, i) for i, o in enumerate(outputs)]
         target_parts, kw_parts, _ = scatter_kwargs(targets, kwargs, devices, dim, split_sizes=sizes)
         criteria = self._replicate_criterion(devices)
-        calls = [_TermsCall(c, s, self.output_key, self.aux_key, self.aux_weight) for c, s in zip(criteria, sizes)]
+        calls = [_TermsCall(c, s, self.output_key, self.aux_key, self.aux_weight, self._apart)
+                 for c, s in zip(criteria, sizes)]
         results = parallel_apply(calls, [(o,) + tuple(t) for o, t in zip(outputs, target_parts)], kw_parts, devices)
         output_device = self.output_device if self.output_device is not None else devices[0]
         if all(isinstance(r, LossTree) for r in results):  # a dict or tuple of scalar losses, each reduced as one
@@ -160,7 +165,7 @@ class DataParallelCriterion(_DataParallelBase):
         """The criterion on one output (the whole batch, or a single replica's), ``output_key`` / ``aux_weight``
         applied."""
         if self.output_key is None:
-            return self.criterion(output, *targets, **kwargs)
+            return self.criterion(*(tuple(output) if self._apart else (output,)), *targets, **kwargs)
         loss = self.criterion(output[self.output_key], *targets, **kwargs)
         if self.aux_weight:
             loss = loss + self.aux_weight * self.criterion(output[self.aux_key], *targets, **kwargs)
@@ -250,6 +255,33 @@ def _torch_forward(criterion: Any) -> bool:
         and not hasattr(criterion, "loss_terms")
 
 
+def takes_outputs_apart(criterion: Any, outputs: int, targets: int, kwargs: Mapping[str, Any]) -> bool:
+    """Whether ``criterion`` takes a model's tuple of ``outputs`` as separate arguments, as PyTorch-Encoding's
+    ``DataParallelCriterion`` gave them (``criterion(*output, *targets)``; its users' losses, DANet's
+    ``SegmentationMultiLosses``, take ``forward(self, *inputs)``), rather than as one (``criterion(output,
+    *targets)``, this package's call): what its signature binds. Both bind: apart only for ``*inputs``. A criterion
+    with ``loss_terms`` (the protocol) or whose signature cannot be read takes the tuple whole."""
+    call = criterion.forward if isinstance(criterion, nn.Module) else criterion
+    try:
+        signature = inspect.signature(call)
+    except (TypeError, ValueError):
+        return False
+    if hasattr(criterion, "loss_terms"):
+        return False
+
+    def binds(count: int) -> bool:
+        try:
+            signature.bind(*[None] * count, **kwargs)
+            return True
+        except TypeError:
+            return False
+
+    whole, apart = binds(1 + targets), binds(outputs + targets)
+    if whole != apart:
+        return apart
+    return apart and any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values())
+
+
 def _finite(loss: Any) -> bool:
     """Whether every tensor of ``loss`` (a tensor or a container of them) is finite; fake and meta tensors (the
     memory simulator) count as finite."""
@@ -263,14 +295,14 @@ class _TermsCall:
     the ``output_key`` entry as the main output and ``aux_weight`` times the ``aux_key`` entry's terms added."""
 
     def __init__(self, criterion: Callable[..., Any], batch_size: int, output_key: Optional[Hashable],
-                 aux_key: Hashable, aux_weight: Optional[float]):
+                 aux_key: Hashable, aux_weight: Optional[float], apart: bool = False):
         self.criterion, self.batch_size = criterion, batch_size
         self.output_key, self.aux_key, self.aux_weight = output_key, aux_key, aux_weight
-        self.exact = True
+        self.apart, self.exact = apart, True  # apart: the tuple output given as separate arguments
 
     def __call__(self, output: Any, *targets: Any, **kwargs: Any) -> Any:
-        main = output if self.output_key is None else output[self.output_key]
-        result, self.exact = exact_loss_terms(self.criterion, (main,) + targets, kwargs, self.batch_size)
+        main = (tuple(output) if self.apart else (output,)) if self.output_key is None else (output[self.output_key],)
+        result, self.exact = exact_loss_terms(self.criterion, main + targets, kwargs, self.batch_size)
         if not self.aux_weight:
             return result
         aux, aux_exact = exact_loss_terms(self.criterion, (output[self.aux_key],) + targets, kwargs, self.batch_size)
