@@ -115,11 +115,15 @@ def test_a_window_under_half_the_training_crop_is_refused_before_any_work(tiny_f
     for value in (float("inf"), float("nan"), "inf", "sixteen", -16, 16.5):  # a request, not the number field
         with pytest.raises(gr.Error, match=r"window: expected a positive whole number of pixels \(or 0: the default\), got "):
             handler(images["scene"], "slide", False, value, None, "1")
+    # mode whole: a request's windows were dropped without a word; the form's (labelled "slide / multi-scale") unread
+    with pytest.raises(UsageError, match="^window / stride: options of mode slide / multi-scale, not of mode whole$"):
+        segment_image(model, images["scene"], SegmentRequest("whole", window=5, stride=1))
     monkeypatch.setattr(segmentation, "segment", segment)
     monkeypatch.setattr(segmentation, "read_rgb", read_rgb)
     for request in (SegmentRequest("slide", window=16, stride=4), SegmentRequest("slide"),
                     SegmentRequest("multi-scale", window=16, scales=(0.5,))):
         assert segment_image(model, images["scene"], request).labels.shape == (45, 61)
+    assert handler(images["scene"], "whole", False, 2, 1, "1")[2]  # the form's windows are not whole mode's
     from dataclasses import replace
 
     assert segmentation.min_window(model.info) == 16

@@ -2,6 +2,7 @@
 one adapter, trained / evaluated / reloaded / exported / planned through the toolkit's own paths."""
 import importlib
 import os
+import re
 import sys
 import textwrap
 
@@ -376,3 +377,30 @@ def test_head_lr_mult_reaches_a_spec_networks_heads_or_is_refused(tmp_path, fact
                             output_dir=str(tmp_path / "api"), sources={"head_lr_mult": "command line"})
     with pytest.raises(ConfigError, match=r"--head-lr-mult 5.0: my_models.tiny:build has no backbone module"):
         run_training(config)
+    shared = tmp_path / "shared.yaml"  # a --config file's value was taken and applied to nothing
+    shared.write_text("head-lr-mult: 5\n")
+    with pytest.raises(SystemExit) as stopped:
+        load_script("train").main(TINY + ["--output-dir", str(tmp_path / "runs"), "--model", factory_module,
+                                          "--config", str(shared)], datasets=tiny_shapes)
+    assert stopped.value.code == 2 and not (tmp_path / "runs").exists()
+    assert f"--head-lr-mult 5.0 (config file {shared}): my_models.tiny:build has no backbone module" in \
+        capsys.readouterr().err
+
+
+def test_a_spec_networks_backbone_is_refused_where_it_is_asked_for(tmp_path):
+    """A model spec has no backbone of the toolkit's: --backbone was refused on the command line but taken from a
+    --config file and recorded in the run's config.yaml, never used; the recipe's was recorded for every spec run.
+    Refused in a file too; none from the recipe; a file holding the recipe's (what runs recorded) still replays."""
+    from encoding.config import ConfigError
+    from encoding.config.resolve import resolve
+
+    assert resolve("train", ["--model", SPEC]).options()["backbone"] is None
+    shared = tmp_path / "shared.yaml"
+    for argv, where in ((["--backbone", "resnet101"], ""), (["--config", str(shared)], f" (config file {shared})")):
+        shared.write_text("backbone: resnet101\n")
+        with pytest.raises(ConfigError, match=rf"^--backbone resnet101{re.escape(where)}: the model spec {SPEC} "
+                                              "has no backbone of the toolkit's"):
+            resolve("train", ["--model", SPEC, *argv])
+    recorded = resolve("train", []).options()["backbone"]  # the shapes recipe's: what a spec run's config.yaml held
+    shared.write_text(f"backbone: {recorded}\nmodel: {SPEC}\n")
+    assert resolve("train", ["--config", str(shared), "--trust-code"]).options()["model"] == SPEC

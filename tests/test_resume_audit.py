@@ -268,3 +268,29 @@ def test_a_hooks_state_survives_a_resume(tiny_shapes, tmp_path):
     expected, rows = _rows(run_dir_of(tmp_path / "a")), _rows(run_dir_of(tmp_path / "b"))
     assert [r["hook_steps"] for r in rows] == [r["hook_steps"] for r in expected] == ["2", "4"]
     assert [r["hook_losses"] for r in rows] == [r["hook_losses"] for r in expected]
+
+
+# -- a network option that changes no weight's shape (round 15) --------------------------------------------------------
+def test_a_resume_or_eval_builds_the_network_its_weights_trained_in(tiny_shapes, tmp_path, capsys):
+    """--output-stride changes no weight: a resume or --eval without it loaded stride-16 weights into the stride-8
+    network (psp's own) and went on without a word. Refused, naming both; the same stride, or --ft, is taken."""
+    from training_runs import network_checkpoint, run_script
+    from encoding.engine import TrainingConfig, state
+    from encoding.engine.resuming import check_same_network
+
+    path = network_checkpoint(tmp_path / "psp16.pth")
+    base = TINY[:-2] + ["--output-dir", str(tmp_path / "runs"), "--model", "psp", "--backbone", "vgg_tiny",
+                        "--resume", path, "--eval"]
+    assert run_script("train", base, datasets=tiny_shapes) == 2
+    assert _one_line(capsys).endswith(f"error: no --output-stride (psp's own 8): {path} was trained with "
+                                      "--output-stride 16, a network of the same weights: pass --output-stride 16")
+    assert run_script("train", base + ["--output-stride", "16"], datasets=tiny_shapes) == 0
+    checkpoint = state.Checkpoint(path, {"args": {"model": "psp", "output_stride": 16}})
+    with pytest.raises(ValueError, match=r"^--output-stride 32: .* pass --output-stride 16, or --ft to start a new"):
+        check_same_network(TrainingConfig(model="psp", output_stride=32), checkpoint)
+    for saved, given in ((None, 8), (8, None), (16, 16)):  # the architecture's own stride, given or not
+        check_same_network(TrainingConfig(model="psp", output_stride=given),
+                           state.Checkpoint(path, {"args": {"model": "psp", "output_stride": saved}}))
+    with pytest.raises(ValueError, match=r"^no --output-stride \(deeplabv3plus's own 16\)"):
+        check_same_network(TrainingConfig(model="deeplabv3plus", output_stride=None),
+                           state.Checkpoint(path, {"args": {"model": "deeplabv3plus", "output_stride": 8}}))

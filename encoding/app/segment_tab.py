@@ -145,8 +145,9 @@ def segment_handler(model: nn.Module, workdir: str):
     def segment(image: Optional[str], mode: str, flip: bool, window: Any, stride: Any,
                 scales: str) -> Tuple[str, str, str, List[List[Any]], str]:
         try:
-            request = SegmentRequest(mode=mode, flip=bool(flip), window=_window(window, "window"),
-                                     stride=_window(stride, "stride"),
+            windows = mode != "whole"  # the form's window fields say "(slide / multi-scale)": "whole" reads none
+            request = SegmentRequest(mode=mode, flip=bool(flip), window=_window(window, "window") if windows else None,
+                                     stride=_window(stride, "stride") if windows else None,
                                      scales=parse_scales(scales) if mode == "multi-scale" else SegmentRequest.scales)
             result = segment_image(model, image, request)
         finally:

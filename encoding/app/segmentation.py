@@ -65,7 +65,7 @@ class SegmentRequest:
         """
         if self.mode not in MODES:
             raise UsageError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
-        windows = dict(window=self.window, stride=self.stride) if self.mode != "whole" else {}
+        windows = dict(window=self.window, stride=self.stride)  # in mode "whole": refused (check_request)
         if self.mode == "multi-scale":
             return dict(mode="whole", scales=list(self.scales), flip=self.flip, **windows)
         return dict(mode=self.mode, flip=self.flip, **windows)
@@ -206,6 +206,8 @@ def check_request(request: SegmentRequest, info: ModelInfo) -> None:
         ImageTooLarge: a window above the limit. UsageError: the window, the stride or the scales.
     """
     if request.mode == "whole":
+        if request.window is not None or request.stride is not None:
+            raise UsageError("window / stride: options of mode slide / multi-scale, not of mode whole")
         return
     smallest = min_window(info)
     if request.window is not None and request.window < smallest:

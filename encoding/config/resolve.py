@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 import torch
 
 from ..datasets import datasets as DATASETS
+from ..names import is_model_spec
 from ..utils.configfile import ConfigFileError, parse_config, read_config
 from ..utils.dist import launched_by_torchrun, launched_world_size
 from ..utils.trust import check_trusted
@@ -178,6 +179,7 @@ def resolve(script: str = "train", argv: Optional[Sequence[str]] = None, *, reci
                 values[name] = value
                 if source != "default":
                     sources[name] = source
+    _refuse_spec_backbone(values, sources, recipe)
     if script == "train":
         _refuse_unused(values, sources, views["config"], views["command"])
     _rules(script, values, sources, recipe, given)
@@ -200,8 +202,9 @@ def _recipe_values(script: str, recipe: Dict[str, Any], given: Dict[str, Any],
     weight's shape: the recipe's would evaluate another network than the one trained)."""
     model = given.get("model") or saved.get("model") or recipe["model"]
     own = WEIGHTS_OWN if script != "train" else ()
-    return {k: v for k, v in recipe.items()
-            if v is not None and k not in own and (k not in MODEL_SPECIFIC or model == recipe["model"])}
+    spec = is_model_spec(model)  # its own network: no backbone of the toolkit's, none from a recipe
+    return {k: v for k, v in recipe.items() if v is not None and k not in own and not (spec and k == "backbone")
+            and (k not in MODEL_SPECIFIC or model == recipe["model"])}
 
 
 def recipe_defaults(dataset: str, model: str, recipes: Optional[str] = None) -> Dict[str, Any]:
@@ -212,6 +215,25 @@ def recipe_defaults(dataset: str, model: str, recipes: Optional[str] = None) -> 
         ConfigError: an unreadable recipe (naming the file).
     """
     return _recipe_values("train", read_recipe(recipes or RECIPE_DIR, dataset), {"model": model}, {})
+
+
+def _refuse_spec_backbone(values: Dict[str, Any], sources: Dict[str, str], recipe: Dict[str, Any]) -> None:
+    """A model spec is its own network, with no backbone of the toolkit's: one asked for on the command line or in a
+    ``--config`` file is refused (it would change nothing). The recipe's backbone in a file is what a spec run's
+    config.yaml recorded before the recipe's backbone stopped applying to specs: left unused, as it was then.
+
+    Raises:
+        ConfigError: naming the backbone, where it came from and the spec.
+    """
+    source = sources.get("backbone", "")
+    if not (is_model_spec(values.get("model")) and values.get("backbone")) or \
+            not source.startswith(("command line", "config file")):
+        return
+    if source.startswith("config file") and values["backbone"] == recipe.get("backbone"):
+        return
+    where = "" if source == "command line" else f" ({source})"
+    raise ConfigError(f"--backbone {values['backbone']}{where}: the model spec {values['model']} has no backbone of "
+                      "the toolkit's (drop it; a factory's own options go to the factory)")
 
 
 #: The network options ``test.py`` / ``demo.py`` never take from a recipe (:func:`_recipe_values`).

@@ -30,12 +30,11 @@ from ..config.parser import option_specs
 from ..config.resolve import describe_sources
 from ..config.training import flat_options
 from ..datasets import class_weights as weights, datasets as DATASETS
-from ..names import is_model_spec
 from ..models.network import NetworkSpec
 from ..parallel import resolve_devices
 from ..utils.configfile import write_config
 from ..utils.determinism import enable_determinism
-from ..utils.dist import get_rank, init_distributed_mode, is_main_process, launched_world_size, timeout_problem
+from ..utils.dist import get_rank, init_distributed_mode, is_main_process, timeout_problem
 from ..utils.images import set_max_pixels
 from ..utils.metrics import SegmentationMetric
 from ..utils.monitor import MonitorUnavailable, require
@@ -44,11 +43,13 @@ from ..utils.table import format_table
 from . import state
 from .directory import RUN_CONFIG_NAME, check_run_dir, clear_earlier_run, made_dirs, replaces_earlier_run
 from .data import (ConfigError, check_data_options, check_given_data, check_split, data_metadata, dataset_name,
-                   dataset_options, draws_holdout, drop_bad_samples, image_sizes, run_criterion, write_holdout)
+                   dataset_options, drop_bad_samples, image_sizes, run_criterion, write_holdout)
+from .resuming import check_resume, check_same_network  # check_resume: its old home
 from .run import Hook, TrainingRun, base_dataset, resume, train
 
 __all__ = ["AMP_DTYPES", "RUN_CONFIG_NAME", "parse_device_ids", "ConfigError", "check_network", "check_devices",
-           "check_split", "check_training", "check_run_dir", "check_resume", "check_settings", "TrainingConfig",
+           "check_split", "check_training", "check_run_dir", "check_resume",
+           "check_settings", "TrainingConfig",
            "config_header", "saved_config",
            "build_training", "run_training"]
 
@@ -168,54 +169,14 @@ def check_training(config: "TrainingConfig", given_datasets: bool = False) -> No
 
 def _check_head_lr(c: "TrainingConfig", model: nn.Module) -> None:
     """Refuse a ``--head-lr-mult`` given for a network of one parameter group (no backbone module to tell from its
-    heads): it would apply to nothing. ``model``: the network (its ``meta`` twin before any work); a saved
-    config.yaml records every value, so only the command line's is refused."""
-    if c.head_lr_mult != 1 and c.sources.get("head_lr_mult") == "command line" and \
+    heads): it would apply to nothing. ``model``: the network (its ``meta`` twin before any work). Given on the
+    command line or in a ``--config`` file (a run's saved config.yaml records the rule's 1 for such a network)."""
+    source = c.sources.get("head_lr_mult", "")
+    if c.head_lr_mult != 1 and source.startswith(("command line", "config file")) and \
             len(builders.param_groups(model)) == 1:
-        raise ConfigError(f"--head-lr-mult {c.head_lr_mult}: {c.model} has no backbone module to tell from its heads "
-                          "(one learning rate for every parameter)")
-
-
-#: The options that make an epoch's samples and their order: a mid-epoch checkpoint continues only with its own.
-MID_EPOCH_OPTIONS = ("batch_size", "train_limit", "seed", "dataset", "data_root", "train_split")
-
-
-def check_resume(config: "TrainingConfig", checkpoint: state.Checkpoint, *, given_datasets: bool = False) -> None:
-    """Refuse the options a resume of ``checkpoint`` cannot honour (see ``docs/training.md``, "What a resume
-    honours"): another optimizer; in the middle of an epoch another :data:`MID_EPOCH_OPTIONS` value, or ``epochs``
-    that end before that epoch; a ``folder`` dataset's hold-out drawn with other ``val_fraction`` / ``seed``.
-
-    Raises:
-        ConfigError: naming the option, the checkpoint's value and what to do.
-    """
-    saved, path = checkpoint.data.get("args") or {}, checkpoint.path
-    if saved.get("optimizer") not in (None, config.optimizer):
-        raise ConfigError(f"--optimizer {config.optimizer}: {path} was trained with --optimizer "
-                          f"{saved['optimizer']} and a resume continues its optimizer state; pass --optimizer "
-                          f"{saved['optimizer']}, or --ft to start a new optimizer from its weights")
-    checkpoint.check_world_size(launched_world_size())
-    iteration, epoch = int(checkpoint.data.get("iteration", 0)), checkpoint.done
-    if iteration and config.epochs <= epoch:
-        raise ConfigError(f"--epochs {config.epochs}: {path} stopped after iteration {iteration} of epoch {epoch} "
-                          f"(counted from 0), which --epochs {config.epochs} does not reach; resume it with --epochs "
-                          f"{epoch + 1} or more, or --ft to start a new run from its weights")
-    for name in MID_EPOCH_OPTIONS if iteration else ():
-        if name in saved and saved[name] != getattr(config, name):
-            given, theirs = (_option(name, value) for value in (getattr(config, name), saved[name]))
-            raise ConfigError(f"{given}: {path} stopped after iteration {iteration} of epoch {epoch} with {theirs}; "
-                              f"resume it with {theirs} (the epoch's remaining samples depend on it)")
-    for name in ("val_fraction", "seed") if not given_datasets and draws_holdout(config) else ():
-        if saved.get(name) is not None and saved[name] != getattr(config, name):
-            option = "--" + name.replace("_", "-")
-            raise ConfigError(f"{option} {getattr(config, name)}: {path} drew its hold-out of {config.data_root} "
-                              f"with {option} {saved[name]}, and a resume validates on that hold-out; resume it with "
-                              f"{option} {saved[name]}, or --ft to start a new run from its weights")
-
-
-def _option(name: str, value: Any) -> str:
-    """``--data-root /x``, or ``no --data-root`` for an option left unset."""
-    option = "--" + name.replace("_", "-")
-    return f"no {option}" if value is None else f"{option} {value}"
+        raise ConfigError(f"--head-lr-mult {c.head_lr_mult}" + ("" if source == "command line" else f" ({source})")
+                          + f": {c.model} has no backbone module to tell from its heads (one learning rate for every "
+                          "parameter)")
 
 
 def check_settings(settings: Settings) -> None:
@@ -225,10 +186,7 @@ def check_settings(settings: Settings) -> None:
     Raises:
         ConfigError: one line naming the option and the value.
     """
-    s = settings.options()
-    if is_model_spec(s["model"]) and s["backbone"] and settings.source("backbone") == "command line":
-        raise ConfigError(f"--backbone {s['backbone']}: the model spec {s['model']} has no backbone of the "
-                          "toolkit's (drop --backbone; a factory's own options go to the factory)")
+    s = settings.options()  # a spec network's --backbone: refused as it is resolved
     if settings.script != "train":
         if not s["model_zoo"]:
             check_network(s["dataset"], s["model"], s["backbone"], aux=s["aux"], se_loss=s["se_loss"],
@@ -362,6 +320,8 @@ def run_training(config: TrainingConfig, datasets: Optional[Tuple[Dataset, Datas
         return {}
     if resumed:
         check_resume(config, checkpoint, given_datasets=datasets is not None)  # names the checkpoint: first
+    if checkpoint is not None and not config.ft:
+        check_same_network(config, checkpoint)
     if datasets is not None:
         check_given_data(config, datasets)
     with made_dirs(config.run_dir), run_lock(config.run_dir, enabled=not config.eval):  # before any work
