@@ -62,7 +62,21 @@ def test_run_cli_keeps_the_traceback_of_an_unexpected_exception(capsys, monkeypa
         assert run_cli("prog", _main_raising(bug), []) == 1
         err = capsys.readouterr().err
         assert "Traceback (most recent call last)" in err and f"{type(bug).__name__}: {bug}" in err, err
-        assert err.strip().splitlines()[-1].startswith("prog: unexpected error")
+        assert err.strip().splitlines()[-1] == "prog: unexpected error (a bug: please report it with the traceback " \
+            "above)"
+
+
+def test_an_unexpected_error_in_a_torchrun_job_may_be_another_ranks_failure(capsys, monkeypatch):
+    """A rank stopped by a bad file closes its connections and the others' next collective fails: their last line
+    said "a bug: please report it" of what was the data's failure on another rank."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    peer_gone = RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:3500: Connection reset by peer")
+    assert run_cli("train.py", _main_raising(peer_gone), []) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("train.py: unexpected error on rank 0 (RuntimeError); in a job of several processes "
+                           "another process's failure") and last.endswith("if none failed first, it is a bug: please "
+                                                                          "report it with the traceback above"), last
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])

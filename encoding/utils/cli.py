@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterable, List, Mapping, NoReturn, Optional, Tuple, TypeVar
 
 from ..errors import EXIT_FAILURE, EXIT_INTERRUPTED, EncodingError, RunInterrupted
-from .dist import end_worker, is_launched_worker
+from .dist import end_worker, is_launched_worker, launched_world_size
 
 __all__ = ["EXIT_INTERRUPTED", "TRACEBACK_ENV", "TRACEBACK_FLAG", "OneLineParser", "run_cli", "traceback_requested",
            "Arg", "arg", "add_arguments", "make_parser", "positive_int", "positive_float", "non_negative_int", "non_negative_float", "scales", "unit_float"]
@@ -76,11 +76,21 @@ def _run(prog: str, main: Callable[..., Any], argv: List[str], known: tuple, int
             traceback.print_exc()
         sys.stderr.write(f"{prog}: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}\n")
         return getattr(err, "exit_status", EXIT_FAILURE)
-    except Exception:  # a bug: its whole story
+    except Exception as err:  # a bug: its whole story
         traceback.print_exc()
-        sys.stderr.write(f"{prog}: unexpected error (a bug: please report it with the traceback above)\n")
+        sys.stderr.write(f"{prog}: {_unexpected(err)}\n")
         return EXIT_FAILURE
     return 0
+
+
+def _unexpected(err: Exception) -> str:
+    """What an unexpected error is: a bug, unless another process of the same ``torchrun`` job may have failed
+    first (a rank that stops on a bad file closes its connections: the others' next collective fails here)."""
+    if launched_world_size() < 2:
+        return "unexpected error (a bug: please report it with the traceback above)"
+    return (f"unexpected error on rank {os.environ.get('RANK', '?')} ({type(err).__name__}); in a job of several "
+            "processes another process's failure (its error is in its own output, above or in its log) breaks this "
+            "one's collectives: if none failed first, it is a bug: please report it with the traceback above")
 
 
 class OneLineParser(argparse.ArgumentParser):
