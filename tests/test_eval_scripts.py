@@ -411,3 +411,15 @@ def test_the_python_evaluation_config_refuses_a_mode_test_that_writes_nothing(op
     with pytest.raises(ConfigError, match=message):
         EvaluationConfig(resume="x.pth", **options)
     assert EvaluationConfig(resume="x.pth", split="test", save_pred="P").mode == "test"
+
+
+def test_an_earlier_evaluations_pictures_do_not_stay_beside_new_scores(trained, tmp_path):
+    """worst_images.png of a --save-pred evaluation stayed beside the metrics.json of the next one (without
+    --save-pred, or in another mode), as if it showed that evaluation's worst images."""
+    base, checkpoint, _ = trained
+    out = tmp_path / "scores"
+    run_test("--resume", checkpoint, "--out-dir", str(out), "--save-pred", str(tmp_path / "preds"), root=base)
+    assert (out / "worst_images.png").is_file() and (out / "confusion.png").is_file()
+    run_test("--resume", checkpoint, "--out-dir", str(out), root=base)
+    assert not (out / "worst_images.png").exists() and (out / "confusion.png").is_file()
+    assert read_metrics(out)["mode"] == "testval"

@@ -137,11 +137,12 @@ def test_predictions_are_never_written_into_the_evaluated_dataset(tmp_path):
     from conftest import tiny_shapes_pair
     from torch.utils.data import Subset
 
+    from encoding.errors import UsageError
     from encoding.inference.evaluation import _check_prediction_dir
 
     _, val = tiny_shapes_pair(str(tmp_path / "data"), num_val=2)
     masks = os.path.join(val.dataset_dir, "SegmentationClass")
-    for inside in (val.dataset_dir, masks):
-        with pytest.raises(ValueError, match="inside the dataset folder"):
+    for inside in (val.dataset_dir, masks):  # a usage error: test.py's one line and status 2 (not "a bug")
+        with pytest.raises(UsageError, match="inside the dataset folder"):
             _check_prediction_dir(inside, Subset(val, [0]))
     _check_prediction_dir(str(tmp_path / "preds"), val)  # elsewhere: fine

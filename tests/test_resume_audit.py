@@ -294,3 +294,22 @@ def test_a_resume_or_eval_builds_the_network_its_weights_trained_in(tiny_shapes,
     with pytest.raises(ValueError, match=r"^no --output-stride \(deeplabv3plus's own 16\)"):
         check_same_network(TrainingConfig(model="deeplabv3plus", output_stride=None),
                            state.Checkpoint(path, {"args": {"model": "deeplabv3plus", "output_stride": 8}}))
+
+
+def test_an_epoch_scoring_zero_is_still_the_best_so_far(tiny_shapes, tmp_path, monkeypatch):
+    """model_best.pth was written only for a score above 0: a run whose epochs all scored 0 (a first epoch on a small
+    dataset) left none, and the next command the docs give (test.py --resume .../model_best.pth) failed."""
+    from training_runs import train_tiny
+    from encoding.engine import hooks
+    from encoding.utils.checkpoint import load_checkpoint
+
+    real = hooks.evaluate
+
+    def scoring_zero(*args, **kwargs):
+        return {**real(*args, **kwargs), "pixAcc": 0.0, "mIoU": 0.0}
+
+    monkeypatch.setattr(hooks, "evaluate", scoring_zero)
+    status, checkpoint = train_tiny(tiny_shapes, tmp_path / "runs", epochs=2)
+    best = os.path.join(os.path.dirname(checkpoint), BEST_NAME)
+    assert status == 0 and os.path.isfile(best)
+    assert load_checkpoint(best)["epoch"] == 0 and load_checkpoint(checkpoint)["best_epoch"] == 0  # the first: 0 > 0

@@ -161,8 +161,8 @@ class Checkpointer(Hook):
                 restore_best(state.run.output_dir, state.checkpoint)
 
     def after_epoch(self, state: RunState) -> None:
-        score = (state.stats.get("pixAcc", 0.0) + state.stats.get("mIoU", 0.0)) / 2
-        state.is_best = score > state.best[0]
+        score = (state.stats.get("pixAcc", 0.0) + state.stats.get("mIoU", 0.0)) / 2  # first evaluated: best, even 0
+        state.is_best = "pixAcc" in state.stats and (score > state.best[0] or state.best[1] < 0)
         if state.is_best:
             state.best = (score, state.epoch)
         self.write_checkpoint(state, state.epoch, metrics=state.result, is_best=state.is_best, log_row=state.row())

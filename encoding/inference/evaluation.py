@@ -315,7 +315,7 @@ def _check_prediction_dir(out_dir: str, dataset: Any) -> None:
         return
     folder, target = os.path.realpath(folder), os.path.realpath(out_dir)
     if target == folder or target.startswith(folder + os.sep):
-        raise ValueError(f"--save-pred {out_dir}: inside the dataset folder {folder}, whose files the predictions "
+        raise UsageError(f"--save-pred {out_dir}: inside the dataset folder {folder}, whose files the predictions "
                          "could replace; give a folder outside it")
 
 

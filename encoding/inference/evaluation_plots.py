@@ -25,7 +25,7 @@ import torch
 from ..utils.curves import save_figure
 
 __all__ = ["CONFUSION_NAME", "IOU_NAME", "MAX_CLASSES", "confusion_view", "iou_order", "plot_confusion", "plot_iou",
-           "write_charts"]
+           "write_charts", "remove_stale"]
 
 #: The file names beside ``metrics.json``.
 CONFUSION_NAME, IOU_NAME = "confusion.png", "iou.png"
@@ -136,3 +136,15 @@ def write_charts(result: Mapping[str, Any], class_names: Sequence[str], out_dir:
         return []
     return [plot_confusion(result["confusion"], class_names, os.path.join(out_dir, CONFUSION_NAME)),
             plot_iou(result, class_names, os.path.join(out_dir, IOU_NAME))]
+
+
+def remove_stale(out_dir: str, written: Sequence[str], names: Sequence[str]) -> List[str]:
+    """Remove the files ``names`` in ``out_dir`` that this evaluation did not write (``written``): the pictures of an
+    earlier evaluation (a gallery of another mode, charts made before matplotlib went) would sit beside new scores
+    as if they were theirs. Returns the removed paths."""
+    kept = {os.path.basename(path) for path in written}
+    removed = [os.path.join(out_dir, name) for name in names if name not in kept]
+    removed = [path for path in removed if os.path.isfile(path)]
+    for path in removed:
+        os.remove(path)
+    return removed

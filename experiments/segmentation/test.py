@@ -27,7 +27,7 @@ from options import parse_args  # noqa: E402
 from encoding.config.evaluation import protocol  # noqa: E402
 from encoding.engine import evaluate, evaluate_images  # noqa: E402
 from encoding.inference.error_maps import WORST_NAME, error_maps_of  # noqa: E402
-from encoding.inference.evaluation_plots import write_charts  # noqa: E402
+from encoding.inference.evaluation_plots import CONFUSION_NAME, IOU_NAME, remove_stale, write_charts  # noqa: E402
 from encoding.inference.evaluation import EvaluationConfig, build_evaluation  # noqa: E402
 from encoding.utils import format_table, is_main_process  # noqa: E402
 from encoding.utils.cli import run_cli  # noqa: E402
@@ -71,6 +71,7 @@ def main(argv=None, data=None) -> dict:
     pictures = write_charts(result, job.class_names, job.out_dir)
     if worst:
         pictures.append(maps.write_gallery(os.path.join(job.out_dir, WORST_NAME), worst))
+    remove_stale(job.out_dir, pictures, (CONFUSION_NAME, IOU_NAME, WORST_NAME))  # an earlier evaluation's
     print(f"pixAcc {result['pixAcc']:.4f}, mIoU {result['mIoU']:.4f} ({scoring}); wrote {path}"
           + "".join(f", {os.path.basename(p)}" for p in pictures))
     return result
