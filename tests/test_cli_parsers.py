@@ -125,3 +125,15 @@ def test_the_config_finder_names_the_script_in_one_line(tmp_path, capsys):
         expand_config(parser, ["--config"])
     assert stop.value.code == 2
     assert capsys.readouterr().err == "train.py: error: argument --config: expected one argument (see --help)\n"
+
+
+def test_a_tools_help_names_no_other_scripts_sections():
+    """The option groups' summaries are written for train.py / test.py / demo.py: the tools' --help showed "weights:
+    Where test.py / demo.py take the weights from" and the page's --max-pixels under "the dataset, its splits"."""
+    from encoding.config import build_parser
+
+    for tool in ("memory", "export", "app"):
+        titles = [g.title for g in build_parser(tool)._action_groups if g._group_actions]
+        own = [t for t in titles if t.startswith(f"{tool}: ")]
+        assert len(own) == 1 and not any(".py" in t for t in titles if t not in own), titles
+    assert any(g.title.startswith("weights: Where test.py") for g in build_parser("test")._action_groups)

@@ -112,7 +112,8 @@ def build_parser(script: str = "train") -> argparse.ArgumentParser:
     for name, group in _groups().items():  # one --help section per group of fields
         fields = [(f, o) for f, o in option_fields(group) if (f, o) in specs]
         summary = (group.__doc__ or "").strip().splitlines()[0].replace("``", "").rstrip(".")
-        section = parser.add_argument_group(f"{name}: {summary}") if fields else None
+        title = f"{name}: {summary}" if script in SCRIPTS or name == script else name  # the others speak of scripts
+        section = parser.add_argument_group(title) if fields else None
         for f, o in fields:
             flags, kwargs = _arguments(f, o, script)
             section.add_argument(*flags, **kwargs)
