@@ -201,3 +201,24 @@ def test_balance_with_one_device_is_refused(capsys):
         assert info.value.code == 2 and "--balance memory splits each batch over several devices; this run has one "\
                "(" in err
     assert script.parse_args(["--balance", "memory", "--device-ids", "cpu,cpu"]).balance == "memory"
+
+
+def test_a_resume_path_of_a_run_folder_names_the_runs_file(tmp_path, capsys):
+    """--resume runs/shapes/unet/default (the folder), or its model_best.pth when the run wrote none: "no such
+    file" and nothing more. The run's file is named (model_best.pth, else checkpoint.pth), by train.py and test.py."""
+    from conftest import load_script
+    from encoding.config.evaluation import resume_problem
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pth").write_bytes(b"")
+    assert resume_problem(str(run)) == f"argument --resume: a folder, not a checkpoint: {run} (the run's file: " \
+                                       f"{run / 'checkpoint.pth'})"
+    assert resume_problem(str(run / "model_best.pth")).endswith(f"(the run's file: {run / 'checkpoint.pth'})")
+    (run / "model_best.pth").write_bytes(b"")
+    assert resume_problem(str(run)).endswith(f"(the run's file: {run / 'model_best.pth'})")
+    assert resume_problem(str(tmp_path / "x.pth")) == f"argument --resume: no such file: {tmp_path / 'x.pth'}"
+    for script in ("train", "test"):
+        with pytest.raises(SystemExit) as stop:
+            load_script(script).main(["--resume", str(run), "--workers", "0"])
+        assert stop.value.code == 2 and "a folder, not a checkpoint" in capsys.readouterr().err

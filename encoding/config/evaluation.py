@@ -7,13 +7,14 @@ import os
 import dataclasses
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..utils.checkpoint import BEST_NAME, CHECKPOINT_NAME
 from .errors import ConfigError
 from .fields import option_fields
 from .groups import GROUPS, EvalOptions
 from .parser import option_specs
 
-__all__ = ["NETWORK_OPTIONS", "MODEL_SPECIFIC", "MULTI_SCALES", "DEFAULT_SCALES", "weights_layer", "evaluation_rules",
-           "evaluation_fields", "given_options", "fill_evaluation", "protocol"]
+__all__ = ["NETWORK_OPTIONS", "MODEL_SPECIFIC", "MULTI_SCALES", "DEFAULT_SCALES", "weights_layer", "resume_problem",
+           "evaluation_rules", "evaluation_fields", "given_options", "fill_evaluation", "protocol"]
 
 #: The options that define a trained network (and the sizes its inputs were trained at): the fields marked
 #: ``network``. ``test.py`` / ``demo.py`` take them from the weights when not given; a checkpoint records them.
@@ -45,8 +46,8 @@ def weights_layer(script: str, given: Dict[str, Any],
         raise ConfigError("pass exactly one of --resume <checkpoint.pth>, --model-zoo NAME or --torchvision-weights"
                           + (f" (got {', '.join(sources)})" if sources else ""))
     if given.get("resume"):
-        if not os.path.isfile(given["resume"]):
-            raise ConfigError(f"argument --resume: no such file: {given['resume']}")
+        if problem := resume_problem(given["resume"]):
+            raise ConfigError(problem)
         from ..utils.trust import check_trusted, reading
         trust = bool(given.get("trust_code"))
         with reading(given["resume"], trust):  # a dataset class it names is imported only with --trust-code
@@ -57,6 +58,18 @@ def weights_layer(script: str, given: Dict[str, Any],
         return f"checkpoint model-zoo:{given['model_zoo']}", _preset(given["model_zoo"])
     return "checkpoint torchvision", {k: v for k, v in TORCHVISION_NETWORK.items() if k != "backbone"
                                       or "model" not in given}
+
+
+def resume_problem(path: str) -> Optional[str]:
+    """Why ``--resume path`` names no checkpoint file (``None``: it does), with the run's file to pass where the
+    path is a run folder, or a file missing beside one (``model_best.pth``, else ``checkpoint.pth``)."""
+    if os.path.isfile(path):
+        return None
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    near = [os.path.join(folder, name) for name in (BEST_NAME, CHECKPOINT_NAME)
+            if os.path.isfile(os.path.join(folder, name))]
+    what = "a folder, not a checkpoint" if os.path.isdir(path) else "no such file"
+    return f"argument --resume: {what}: {path}" + (f" (the run's file: {near[0]})" if near else "")
 
 
 def _preset(name: str) -> Dict[str, Any]:

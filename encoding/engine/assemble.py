@@ -26,6 +26,7 @@ from torch.utils.data import Dataset
 from . import builders
 from ..config import AMP_DTYPES, Settings, TrainingConfig
 from ..utils.renamed import renamed_keyword
+from ..config.evaluation import resume_problem
 from ..config.parser import option_specs
 from ..config.resolve import describe_sources
 from ..config.training import flat_options
@@ -115,8 +116,8 @@ def _check_start(c: "TrainingConfig") -> None:
     for flag, what in (("eval", "--eval evaluates"), ("ft", "--ft fine-tunes the weights of")):
         if getattr(c, flag) and not c.resume:
             raise ConfigError(f"{what} a checkpoint: pass --resume <checkpoint.pth>")
-    if c.resume and not os.path.isfile(c.resume):
-        raise ConfigError(f"argument --resume: no such file: {c.resume}")
+    if c.resume and (problem := resume_problem(c.resume)):
+        raise ConfigError(problem)
     if c.start_epoch >= c.epochs:
         raise ConfigError(f"--start-epoch {c.start_epoch} must be below --epochs {c.epochs}")
     if c.start_epoch and c.resume and not (c.ft or c.eval):
