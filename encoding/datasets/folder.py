@@ -319,7 +319,7 @@ class FolderSegmentation(BaseDataset):
     @property
     def pred_offset(self) -> int:
         """1 with the class file's ``reduce_zero_label`` (class ``k`` is raw value ``k + 1``), else 0."""
-        return int(self.scan.spec.reduce_zero_label)
+        return self.scan.spec.first_value
 
     def label_table(self) -> np.ndarray:  # type: ignore[override]
         """Raw value -> class index: the class ids (from value 1 with ``reduce_zero_label``, 0 then ignored), the

@@ -69,6 +69,11 @@ class ClassSpec:
     source: str = ""
     reduce_zero_label: bool = False
 
+    @property
+    def first_value(self) -> int:
+        """The index-mask value of class 0: 1 with ``reduce_zero_label`` (0 then ignored), else 0."""
+        return int(self.reduce_zero_label)
+
 
 def _color(value: Any, where: str) -> RGB:
     if isinstance(value, str):

@@ -49,8 +49,7 @@ from .resuming import check_resume, check_same_network  # check_resume: its old 
 from .run import Hook, TrainingRun, base_dataset, resume, train
 
 __all__ = ["AMP_DTYPES", "RUN_CONFIG_NAME", "parse_device_ids", "ConfigError", "check_network", "check_devices",
-           "check_split", "check_training", "check_run_dir", "check_resume",
-           "check_settings", "TrainingConfig",
+           "check_split", "check_training", "check_run_dir", "check_resume", "check_settings", "TrainingConfig",
            "config_header", "saved_config",
            "build_training", "run_training"]
 

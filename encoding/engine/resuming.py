@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..config import TrainingConfig
+from ..models.registry import ARCHITECTURES
 from ..names import is_model_spec
 from ..utils.dist import launched_world_size
 from . import state
@@ -18,7 +19,6 @@ def _stride(model: str, value: Optional[int]) -> Optional[int]:
     """The output stride a network is built with: ``value``, else a registered architecture's own."""
     if value is not None or is_model_spec(model):
         return value
-    from ..models.registry import ARCHITECTURES
     return ARCHITECTURES[model].output_stride if model in ARCHITECTURES else None
 
 

@@ -114,7 +114,6 @@ class DataParallelCriterion(_DataParallelBase):
         self.criterion = criterion
         self.output_key, self.aux_weight, self.aux_key = output_key, aux_weight or None, aux_key
         self._warned = False
-        self._apart = False  # this call's: a tuple output given to the criterion apart (takes_outputs_apart)
 
     @property
     def module(self) -> Callable[..., Any]:
@@ -132,17 +131,17 @@ class DataParallelCriterion(_DataParallelBase):
         if not outputs:
             raise ValueError("DataParallelCriterion got an empty list of outputs")
         self._check_output(outputs[0])
-        self._apart = self.output_key is None and isinstance(outputs[0], (tuple, list)) and \
-            takes_outputs_apart(self.criterion, len(outputs[0]), len(targets), kwargs)
+        apart = self.output_key is None and isinstance(outputs[0], (tuple, list)) and \
+            takes_outputs_apart(self.criterion, len(outputs[0]), len(targets), kwargs)  # PE's call
         if len(outputs) == 1:
             targets, kwargs = to_device((targets, kwargs), self._replica_device(outputs[0], 0))
-            return self._whole_batch(outputs[0], targets, kwargs)
+            return self._whole_batch(outputs[0], targets, kwargs, apart)
         dim = self.dim if self.dim is not None else getattr(outputs, "dim", 0)  # unset: split like the model
         sizes = self._split_sizes(outputs, dim)
         devices = [self._replica_device(o, i) for i, o in enumerate(outputs)]
         target_parts, kw_parts, _ = scatter_kwargs(targets, kwargs, devices, dim, split_sizes=sizes)
         criteria = self._replicate_criterion(devices)
-        calls = [_TermsCall(c, s, self.output_key, self.aux_key, self.aux_weight, self._apart)
+        calls = [_TermsCall(c, s, self.output_key, self.aux_key, self.aux_weight, apart)
                  for c, s in zip(criteria, sizes)]
         results = parallel_apply(calls, [(o,) + tuple(t) for o, t in zip(outputs, target_parts)], kw_parts, devices)
         output_device = self.output_device if self.output_device is not None else devices[0]
@@ -159,13 +158,13 @@ class DataParallelCriterion(_DataParallelBase):
             return loss
         # a replica without a defined loss (e.g. all its targets ignored): the whole batch defines it
         targets, kwargs = to_device((targets, kwargs), output_device)
-        return self._whole_batch(gather(outputs, output_device, dim), targets, kwargs)
+        return self._whole_batch(gather(outputs, output_device, dim), targets, kwargs, apart)
 
-    def _whole_batch(self, output: Any, targets: tuple, kwargs: dict) -> Any:
+    def _whole_batch(self, output: Any, targets: tuple, kwargs: dict, apart: bool) -> Any:
         """The criterion on one output (the whole batch, or a single replica's), ``output_key`` / ``aux_weight``
-        applied."""
+        applied; ``apart``: a tuple output given as separate arguments (:func:`takes_outputs_apart`)."""
         if self.output_key is None:
-            return self.criterion(*(tuple(output) if self._apart else (output,)), *targets, **kwargs)
+            return self.criterion(*(tuple(output) if apart else (output,)), *targets, **kwargs)
         loss = self.criterion(output[self.output_key], *targets, **kwargs)
         if self.aux_weight:
             loss = loss + self.aux_weight * self.criterion(output[self.aux_key], *targets, **kwargs)
@@ -261,12 +260,11 @@ def takes_outputs_apart(criterion: Any, outputs: int, targets: int, kwargs: Mapp
     ``SegmentationMultiLosses``, take ``forward(self, *inputs)``), rather than as one (``criterion(output,
     *targets)``, this package's call): what its signature binds. Both bind: apart only for ``*inputs``. A criterion
     with ``loss_terms`` (the protocol) or whose signature cannot be read takes the tuple whole."""
-    call = criterion.forward if isinstance(criterion, nn.Module) else criterion
-    try:
-        signature = inspect.signature(call)
-    except (TypeError, ValueError):
-        return False
     if hasattr(criterion, "loss_terms"):
+        return False
+    try:
+        signature = inspect.signature(criterion.forward if isinstance(criterion, nn.Module) else criterion)
+    except (TypeError, ValueError):
         return False
 
     def binds(count: int) -> bool:

@@ -253,7 +253,7 @@ def check_scan(records: Dict[str, Dict[str, Any]], spec: Optional[ClassSpec], un
     records = {k: _as_read(r, raw_colors) for k, r in records.items()}
     readable = {k: r for k, r in records.items() if "error" not in r and not _lossy(r)}
     spec, binary_255 = resolve_classes(list(readable.values()), spec, binary)
-    first = int(spec.reduce_zero_label)  # index value of class 0 (1: value 0 is ignored)
+    first = spec.first_value
     index = {i + first: i for i in range(len(spec.names))}
     index.update({255: 1} if binary_255 else {spec.ignore_index: -1, **({0: -1} if first else {})})
     colors = {c: (i if i != spec.ignore_index else -1) for c, i in color_lookup(spec).items()}
@@ -304,7 +304,7 @@ def _palette_swaps(records: Dict[str, Dict[str, Any]], spec: ClassSpec, raw_colo
     """Warnings of palette masks whose colour for a value is another class's colour in the class file
     (``raw_colors``: :func:`~.folder_meta.color_lookup`'s): a colour mask converted to a palette image (its values
     are palette slots, not class ids), read as class ids as every ``P`` mask is."""
-    colors, first = {c: i for c, i in raw_colors.items() if i < len(spec.names)}, int(spec.reduce_zero_label)
+    colors, first = {c: i for c, i in raw_colors.items() if i < len(spec.names)}, spec.first_value
     swapped = [(r, v, colors[c]) for r in records.values() for v, c in r.get("palette", ())
                if c in colors and colors[c] != v - first]
     if not swapped:

@@ -78,7 +78,7 @@ class FolderScan:
 
     def table(self) -> str:
         """The class-pixel table: per class its id, name, share of the pixels and of the masks holding it."""
-        first = int(self.spec.reduce_zero_label)  # the value of class 0 in the masks
+        first = self.spec.first_value
         rows = [(str(255 if self.binary_255 and i == 1 else i + first), name, n, k)
                 for i, (name, n, k) in enumerate(zip(self.spec.names, self.pixels, self.images))]
         if not self.binary_255:  # 0/255 masks: 255 is the foreground, nothing is ignored
